@@ -1,0 +1,3 @@
+//! `xlb`: the load balancer binary.
+
+fn main() {}

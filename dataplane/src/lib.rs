@@ -1,0 +1,1 @@
+//! xlb dataplane.

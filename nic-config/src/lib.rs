@@ -1,0 +1,1 @@
+//! Interface setup for xlb.

@@ -1,0 +1,3 @@
+//! xlb benchmarks and packet generator.
+
+fn main() {}

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs every Debian package the build, the tests and the demo need.
+# Idempotent: packages already present are skipped by apt-get.
+# Usage: scripts/install-deps.sh [build|test|demo|bench]   (default: test)
+set -euo pipefail
+what=${1:-test}
+export DEBIAN_FRONTEND=noninteractive
+# build: clang/llvm compile the XDP program and run bindgen (libxdp-sys);
+# libelf/zlib/m4/pkg-config are needed by the vendored libxdp/libbpf build.
+pkgs=(clang llvm libelf-dev zlib1g-dev pkg-config m4 make gcc libclang-dev)
+case "$what" in
+  build) ;;
+  test|demo|bench)
+    # testbed and end-to-end tests: namespaces, veth, offloads, servers and clients
+    pkgs+=(iproute2 ethtool iputils-ping curl nftables nginx-light socat wrk valgrind) ;;
+  *) echo "unknown target: $what" >&2; exit 2 ;;
+esac
+[ "$what" = bench ] && pkgs+=(netsniff-ng iptables linux-perf)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then echo "need root to install: ${missing[*]}" >&2; exit 1; fi
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi

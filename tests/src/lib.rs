@@ -1,0 +1,1 @@
+//! End-to-end tests for xlb on network namespaces.
