@@ -1,0 +1,17 @@
+# xlb — see README.md. Every target installs the Debian packages it needs first.
+SHELL := /bin/bash
+CARGO ?= cargo
+
+.PHONY: test lint deps
+
+deps:
+	bash scripts/install-deps.sh test
+
+## The whole test suite (CI runs this as root: namespace tests run for real).
+test: deps lint
+	$(CARGO) test --workspace --all-targets
+	$(CARGO) test --workspace --doc
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings

@@ -1,0 +1,510 @@
+//! Per-worker connection tracking.
+//!
+//! Two tables per address family, both open-addressing `hashbrown::HashTable`s with a
+//! **randomly seeded** foldhash (keys come from attackers; crates.md §6), split into
+//! [`SHARDS`] shards so expiry can sweep one shard at a time:
+//! - **forward**: client tuple `(client, vip, cport, vport, proto)` → [`Flow`] (backend ref,
+//!   state, expiry, SNAT port, where the client's packets came from);
+//! - **reverse**: reply tuple `(backend, client-or-SNAT address, bport, cport-or-SNAT port,
+//!   proto)` → [`RevFlow`] (the client tuple to restore). Only NAT flows have one (DSR
+//!   replies bypass xlb).
+//!
+//! Expiry is checked on lookup and by [`Conntrack::sweep`], which visits one shard per call.
+//! A reverse entry is valid only while its forward entry exists; sweeps drop orphans.
+//! When the forward table is full, a sweep is tried, then non-established entries of the
+//! swept shard are evicted early (like Linux `early_drop`), else the new flow is refused.
+//!
+//! Timeouts follow IPVS (`ipvsadm --set`; seed CT-04): established 900 s, FIN 120 s, UDP
+//! 300 s, all configurable.
+
+use core::hash::{BuildHasher, Hash};
+
+use hashbrown::HashTable;
+
+use crate::addr::Family;
+use crate::tables::BackendRef;
+use crate::wire::tcp_flags;
+
+/// Number of shards per table (a power of two).
+pub const SHARDS: usize = 64;
+
+/// A flow's 5-tuple. For IPv4 this is 14 bytes.
+#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug, Default)]
+pub struct FlowKey<A> {
+    /// Source address.
+    pub src: A,
+    /// Destination address.
+    pub dst: A,
+    /// Source port (ICMP: identifier).
+    pub sport: u16,
+    /// Destination port.
+    pub dport: u16,
+    /// IP protocol number.
+    pub proto: u8,
+}
+
+/// TCP connection state as xlb tracks it (a reduced IPVS state table, `ip_vs_proto_tcp.c`).
+#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug, Default)]
+#[repr(u8)]
+pub enum CtState {
+    /// Not TCP (UDP, SCTP): one state, `udp` timeout.
+    #[default]
+    Datagram = 0,
+    /// SYN seen, handshake not finished.
+    SynSent = 1,
+    /// Data flowing.
+    Established = 2,
+    /// FIN seen in either direction.
+    FinWait = 3,
+    /// RST seen.
+    Closed = 4,
+}
+
+impl CtState {
+    /// Whether the flow counts as an active connection for `lc`/`wlc`/`sed`/`nq` (IPVS
+    /// counts established TCP as active; here datagram flows count as active too).
+    #[inline]
+    pub fn is_active(self) -> bool {
+        matches!(self, Self::Datagram | Self::SynSent | Self::Established)
+    }
+
+    /// Name for `xlb conntrack`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Datagram => "UDP",
+            Self::SynSent => "SYN_SENT",
+            Self::Established => "ESTABLISHED",
+            Self::FinWait => "FIN_WAIT",
+            Self::Closed => "CLOSE",
+        }
+    }
+}
+
+/// Flow flags.
+pub mod flow_flags {
+    /// The flow's source is rewritten to the SNAT address and `snat_port`.
+    pub const SNAT: u8 = 0x01;
+    /// Direct server return: no reverse entry.
+    pub const DSR: u8 = 0x02;
+}
+
+/// Forward-entry value: 20 bytes.
+#[derive(Copy, Clone, PartialEq, Eq, Debug, Default)]
+pub struct Flow {
+    /// The backend (stale once the backend leaves the tables).
+    pub backend: BackendRef,
+    /// Expiry time in worker seconds.
+    pub expires_s: u32,
+    /// SNAT source port (host order) if [`flow_flags::SNAT`].
+    pub snat_port: u16,
+    /// State.
+    pub state: CtState,
+    /// [`flow_flags`].
+    pub flags: u8,
+    /// Source MAC of the client side's packets: replies go back to it.
+    pub peer_mac: [u8; 6],
+    /// Port the client side's packets arrived on.
+    pub in_port: u8,
+}
+
+/// Reverse-entry value: the client tuple to restore on replies.
+#[derive(Copy, Clone, PartialEq, Eq, Debug, Default)]
+pub struct RevFlow<A> {
+    /// Client address.
+    pub client: A,
+    /// VIP (frontend) address.
+    pub vip: A,
+    /// Client port.
+    pub cport: u16,
+    /// VIP port.
+    pub vport: u16,
+}
+
+impl<A: Copy> RevFlow<A> {
+    /// The forward key this reverse entry belongs to.
+    #[inline]
+    pub fn forward_key(&self, proto: u8) -> FlowKey<A> {
+        FlowKey { src: self.client, dst: self.vip, sport: self.cport, dport: self.vport, proto }
+    }
+}
+
+/// Conntrack timeouts in seconds (seed CT-04; IPVS defaults).
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub struct Timeouts {
+    /// Handshake in progress (IPVS `SYN_RECV` 60 s).
+    pub tcp_syn_s: u32,
+    /// Established TCP (`tcpTimeout`, 900 s).
+    pub tcp_established_s: u32,
+    /// After a FIN (`tcpFinTimeout`, 120 s).
+    pub tcp_fin_s: u32,
+    /// After a RST (IPVS `CLOSE` 10 s).
+    pub tcp_close_s: u32,
+    /// UDP and SCTP (`udpTimeout`, 300 s).
+    pub udp_s: u32,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self { tcp_syn_s: 60, tcp_established_s: 900, tcp_fin_s: 120, tcp_close_s: 10, udp_s: 300 }
+    }
+}
+
+impl Timeouts {
+    /// Timeout for a state, in seconds.
+    #[inline]
+    pub fn for_state(&self, s: CtState) -> u32 {
+        match s {
+            CtState::Datagram => self.udp_s,
+            CtState::SynSent => self.tcp_syn_s,
+            CtState::Established => self.tcp_established_s,
+            CtState::FinWait => self.tcp_fin_s,
+            CtState::Closed => self.tcp_close_s,
+        }
+    }
+}
+
+/// Next TCP state after a packet with `flags` (either direction).
+///
+/// Liberal on purpose (seed CT-06: never reset a flow for an out-of-window packet): only
+/// SYN, FIN and RST move the state; any ACK finishes a handshake.
+#[inline]
+pub fn tcp_next(state: CtState, flags: u8) -> CtState {
+    if flags & tcp_flags::RST != 0 {
+        return CtState::Closed;
+    }
+    if flags & tcp_flags::FIN != 0 {
+        return CtState::FinWait;
+    }
+    match state {
+        CtState::SynSent | CtState::Datagram if flags & tcp_flags::ACK != 0 => CtState::Established,
+        s => s,
+    }
+}
+
+/// Why an insert failed.
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub struct Full;
+
+type FwdEntry<A> = (FlowKey<A>, Flow);
+type RevEntry<A> = (FlowKey<A>, RevFlow<A>);
+
+/// A removed or expired flow, handed to the caller so it can fix per-backend counts.
+#[derive(Copy, Clone, Debug)]
+pub struct Removed {
+    /// Backend of the flow.
+    pub backend: BackendRef,
+    /// State at removal.
+    pub state: CtState,
+    /// Whether it was removed early to make room (else it expired).
+    pub evicted: bool,
+}
+
+/// Conntrack for one address family on one worker.
+#[derive(Debug)]
+pub struct Conntrack<A: Family> {
+    fwd: Box<[HashTable<FwdEntry<A>>]>,
+    rev: Box<[HashTable<RevEntry<A>>]>,
+    hasher: foldhash::fast::RandomState,
+    fwd_len: usize,
+    capacity: usize,
+    sweep_at: usize,
+}
+
+#[inline]
+fn shard_of(h: u64) -> usize {
+    // Middle bits: hashbrown uses the low bits for the bucket and the top 7 for the tag.
+    ((h >> 40) as usize) & (SHARDS - 1)
+}
+
+impl<A: Family> Conntrack<A> {
+    /// A table for at most `capacity` flows, memory reserved up front.
+    pub fn new(capacity: usize) -> Self {
+        let per = capacity.div_ceil(SHARDS) + capacity.div_ceil(SHARDS) / 4;
+        Self {
+            fwd: (0..SHARDS).map(|_| HashTable::with_capacity(per)).collect(),
+            rev: (0..SHARDS).map(|_| HashTable::with_capacity(per)).collect(),
+            hasher: foldhash::fast::RandomState::default(),
+            fwd_len: 0,
+            capacity,
+            sweep_at: 0,
+        }
+    }
+
+    /// Number of forward entries (flows).
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.fwd_len
+    }
+
+    /// Whether there are no flows.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.fwd_len == 0
+    }
+
+    /// Maximum number of flows.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    #[inline]
+    fn hash(&self, k: &FlowKey<A>) -> u64 {
+        self.hasher.hash_one(k)
+    }
+
+    /// The live forward entry for `k`; an expired entry is removed and reported through
+    /// `on_remove`, then `None` is returned.
+    #[inline]
+    pub fn get(&mut self, k: &FlowKey<A>, now_s: u32, on_remove: impl FnOnce(Removed)) -> Option<&mut Flow> {
+        let h = self.hash(k);
+        let shard = self.fwd.get_mut(shard_of(h))?;
+        match shard.find_entry(h, |e| e.0 == *k) {
+            Ok(e) if e.get().1.expires_s < now_s => {
+                let ((_, f), _) = e.remove();
+                self.fwd_len -= 1;
+                on_remove(Removed { backend: f.backend, state: f.state, evicted: false });
+                None
+            }
+            Ok(e) => Some(&mut e.into_mut().1),
+            Err(_) => None,
+        }
+    }
+
+    /// The reverse entry for a reply tuple, if any (validity against the forward table is
+    /// the caller's check: look the forward key up).
+    #[inline]
+    pub fn get_rev(&self, k: &FlowKey<A>) -> Option<RevFlow<A>> {
+        let h = self.hash(k);
+        self.rev.get(shard_of(h))?.find(h, |e| e.0 == *k).map(|e| e.1)
+    }
+
+    /// Whether a reverse key is taken (used to pick free SNAT ports).
+    #[inline]
+    pub fn rev_exists(&self, k: &FlowKey<A>) -> bool {
+        self.get_rev(k).is_some()
+    }
+
+    /// Inserts or replaces the forward entry. Makes room if full (see module docs).
+    ///
+    /// # Errors
+    /// [`Full`] if the table is full and nothing could be expired or evicted.
+    pub fn insert(
+        &mut self,
+        k: FlowKey<A>,
+        f: Flow,
+        now_s: u32,
+        mut on_remove: impl FnMut(Removed),
+    ) -> Result<(), Full> {
+        let h = self.hash(&k);
+        if let Some(shard) = self.fwd.get_mut(shard_of(h))
+            && let Ok(mut e) = shard.find_entry(h, |e| e.0 == k)
+        {
+            e.get_mut().1 = f;
+            return Ok(());
+        }
+        if self.fwd_len >= self.capacity {
+            self.sweep(now_s, &mut on_remove);
+            if self.fwd_len >= self.capacity {
+                self.early_drop(&mut on_remove);
+            }
+            if self.fwd_len >= self.capacity {
+                return Err(Full);
+            }
+        }
+        let hasher = &self.hasher;
+        let shard = self.fwd.get_mut(shard_of(h)).ok_or(Full)?;
+        shard.insert_unique(h, (k, f), |e| hasher.hash_one(e.0));
+        self.fwd_len += 1;
+        Ok(())
+    }
+
+    /// Inserts or replaces a reverse entry.
+    pub fn insert_rev(&mut self, k: FlowKey<A>, r: RevFlow<A>) {
+        let h = self.hash(&k);
+        let hasher = &self.hasher;
+        if let Some(shard) = self.rev.get_mut(shard_of(h)) {
+            match shard.find_entry(h, |e| e.0 == k) {
+                Ok(mut e) => e.get_mut().1 = r,
+                Err(_) => {
+                    shard.insert_unique(h, (k, r), |e| hasher.hash_one(e.0));
+                }
+            }
+        }
+    }
+
+    /// Removes a forward entry, returning it.
+    pub fn remove(&mut self, k: &FlowKey<A>) -> Option<Flow> {
+        let h = self.hash(k);
+        let shard = self.fwd.get_mut(shard_of(h))?;
+        let e = shard.find_entry(h, |e| e.0 == *k).ok()?;
+        let ((_, f), _) = e.remove();
+        self.fwd_len -= 1;
+        Some(f)
+    }
+
+    /// Removes a reverse entry.
+    pub fn remove_rev(&mut self, k: &FlowKey<A>) {
+        let h = self.hash(k);
+        if let Some(shard) = self.rev.get_mut(shard_of(h))
+            && let Ok(e) = shard.find_entry(h, |e| e.0 == *k)
+        {
+            e.remove();
+        }
+    }
+
+    /// Expires one shard of forward entries and drops orphaned reverse entries of the same
+    /// shard index. Cost: one shard, about `len / SHARDS` entries. Returns the number of
+    /// forward entries removed.
+    pub fn sweep(&mut self, now_s: u32, mut on_remove: impl FnMut(Removed)) -> usize {
+        let i = self.sweep_at;
+        self.sweep_at = (self.sweep_at + 1) % SHARDS;
+        let mut removed = 0;
+        if let Some(shard) = self.fwd.get_mut(i) {
+            shard.retain(|(_, f)| {
+                if f.expires_s < now_s {
+                    removed += 1;
+                    on_remove(Removed { backend: f.backend, state: f.state, evicted: false });
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        self.fwd_len -= removed;
+        // Orphan reverse entries: their forward entry is gone, or no longer uses this tuple.
+        let (fwd, rev, hasher) = (&self.fwd, &mut self.rev, &self.hasher);
+        if let Some(shard) = rev.get_mut(i) {
+            shard.retain(|(rk, r)| {
+                let fk = r.forward_key(rk.proto);
+                let h = hasher.hash_one(fk);
+                fwd.get(shard_of(h)).and_then(|s| s.find(h, |e| e.0 == fk)).is_some_and(|(_, f)| f.expires_s >= now_s)
+            });
+        }
+        removed
+    }
+
+    /// Evicts non-established flows from the most recently swept shard (early drop).
+    fn early_drop(&mut self, on_remove: &mut impl FnMut(Removed)) {
+        let i = (self.sweep_at + SHARDS - 1) % SHARDS;
+        let mut removed = 0;
+        if let Some(shard) = self.fwd.get_mut(i) {
+            shard.retain(|(_, f)| {
+                if f.state == CtState::Established || f.state == CtState::Datagram {
+                    true
+                } else {
+                    removed += 1;
+                    on_remove(Removed { backend: f.backend, state: f.state, evicted: true });
+                    false
+                }
+            });
+        }
+        self.fwd_len -= removed;
+    }
+
+    /// Visits every forward entry (for `xlb conntrack` dumps; not for the packet path).
+    pub fn for_each(&self, mut f: impl FnMut(&FlowKey<A>, &Flow)) {
+        for s in self.fwd.iter() {
+            for (k, v) in s.iter() {
+                f(k, v);
+            }
+        }
+    }
+
+    /// Removes every flow (tests, `xlb conntrack --flush`).
+    pub fn clear(&mut self) {
+        for s in self.fwd.iter_mut() {
+            s.clear();
+        }
+        for s in self.rev.iter_mut() {
+            s.clear();
+        }
+        self.fwd_len = 0;
+    }
+}
+
+/// Bytes one forward entry takes in the table (key + value, excluding the control byte).
+pub const fn fwd_entry_bytes<A: Family>() -> usize {
+    core::mem::size_of::<FwdEntry<A>>()
+}
+
+/// Bytes one reverse entry takes in the table (key + value, excluding the control byte).
+pub const fn rev_entry_bytes<A: Family>() -> usize {
+    core::mem::size_of::<RevEntry<A>>()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::addr::{V4, V6};
+
+    fn key(i: u16) -> FlowKey<V4> {
+        FlowKey { src: V4([10, 0, 0, 1]), dst: V4([10, 96, 0, 1]), sport: i, dport: 80, proto: 6 }
+    }
+
+    fn flow(exp: u32, st: CtState) -> Flow {
+        Flow { expires_s: exp, state: st, ..Flow::default() }
+    }
+
+    #[test]
+    fn entries_fit_the_64_byte_budget() {
+        assert!(fwd_entry_bytes::<V4>() <= 64, "{}", fwd_entry_bytes::<V4>());
+        assert!(rev_entry_bytes::<V4>() <= 64);
+        assert!(fwd_entry_bytes::<V6>() <= 64, "{}", fwd_entry_bytes::<V6>());
+    }
+
+    #[test]
+    fn expired_entry_is_a_miss_and_reported() {
+        let mut ct = Conntrack::<V4>::new(16);
+        ct.insert(key(1), flow(10, CtState::Established), 0, |_| {}).unwrap();
+        assert!(ct.get(&key(1), 10, |_| panic!("not expired yet")).is_some());
+        let mut seen = 0;
+        assert!(ct.get(&key(1), 11, |_| seen += 1).is_none());
+        assert_eq!((seen, ct.len()), (1, 0));
+    }
+
+    #[test]
+    fn full_table_evicts_expired_then_refuses() {
+        let mut ct = Conntrack::<V4>::new(SHARDS);
+        for i in 0..SHARDS as u16 {
+            ct.insert(key(i), flow(100, CtState::Established), 0, |_| {}).unwrap();
+        }
+        assert_eq!(ct.insert(key(999), flow(100, CtState::Established), 0, |_| {}), Err(Full));
+        // Once everything has expired, a sweep of one shard makes room.
+        let mut n = 0;
+        for _ in 0..SHARDS {
+            if ct.insert(key(999), flow(300, CtState::Established), 200, |_| n += 1).is_ok() {
+                break;
+            }
+        }
+        assert!(ct.get(&key(999), 200, |_| {}).is_some());
+        assert!(n >= 1);
+    }
+
+    #[test]
+    fn sweep_removes_orphaned_reverse_entries() {
+        let mut ct = Conntrack::<V4>::new(16);
+        let fk = key(5);
+        let rk = FlowKey { src: V4([10, 0, 1, 1]), dst: V4([10, 0, 0, 1]), sport: 8080, dport: 5, proto: 6 };
+        ct.insert(fk, flow(100, CtState::Established), 0, |_| {}).unwrap();
+        ct.insert_rev(rk, RevFlow { client: fk.src, vip: fk.dst, cport: 5, vport: 80 });
+        for _ in 0..SHARDS {
+            ct.sweep(0, |_| {});
+        }
+        assert!(ct.rev_exists(&rk), "live flow keeps its reverse entry");
+        ct.remove(&fk);
+        for _ in 0..SHARDS {
+            ct.sweep(0, |_| {});
+        }
+        assert!(!ct.rev_exists(&rk));
+    }
+
+    #[test]
+    fn tcp_state_moves_on_syn_ack_fin_rst_only() {
+        use tcp_flags::*;
+        assert_eq!(tcp_next(CtState::SynSent, ACK), CtState::Established);
+        assert_eq!(tcp_next(CtState::Established, ACK | PSH), CtState::Established);
+        assert_eq!(tcp_next(CtState::Established, FIN | ACK), CtState::FinWait);
+        assert_eq!(tcp_next(CtState::FinWait, ACK), CtState::FinWait);
+        assert_eq!(tcp_next(CtState::Established, RST), CtState::Closed);
+    }
+}

@@ -1,0 +1,375 @@
+//! Packet rewrites: addresses, ports, TTL, MACs (NAT), and IPIP / IP6IP6 encapsulation and
+//! MAC-only forwarding (DSR).
+//!
+//! All checksum changes are incremental (RFC 1624 eqn. 3, [`crate::csum`]): an address change
+//! updates the IPv4 header checksum and the L4 checksum through the pseudo-header; a port
+//! change updates the L4 checksum; SCTP's CRC32c is recomputed when ports change (RFC 9260
+//! §6.8; it does not cover addresses). A UDP/IPv4 zero checksum stays zero (RFC 768).
+//! Later fragments carry no L4 header, so only the IP header changes.
+
+use crate::addr::Family;
+use crate::csum::{self, L4Sum};
+use crate::wire::{self, Frag, Parsed, proto};
+
+/// A frame inside a larger buffer: `buf[head..head + len]` is the frame; bytes before `head`
+/// are headroom for encapsulation, bytes after are tailroom for generated replies.
+#[derive(Debug)]
+pub struct Packet<'a> {
+    /// The whole buffer (a UMEM frame, or a test vector).
+    pub buf: &'a mut [u8],
+    /// Offset of the frame's first byte (destination MAC).
+    pub head: usize,
+    /// Frame length in bytes.
+    pub len: usize,
+}
+
+impl<'a> Packet<'a> {
+    /// A packet whose frame fills `buf[head..head + len]`; `head + len` is clamped to the
+    /// buffer so the view is always valid.
+    pub fn new(buf: &'a mut [u8], head: usize, len: usize) -> Self {
+        let head = head.min(buf.len());
+        let len = len.min(buf.len() - head);
+        Self { buf, head, len }
+    }
+
+    /// The frame bytes.
+    #[inline]
+    pub fn frame(&self) -> &[u8] {
+        self.buf.get(self.head..self.head + self.len).unwrap_or(&[])
+    }
+
+    /// The frame bytes, mutable.
+    #[inline]
+    pub fn frame_mut(&mut self) -> &mut [u8] {
+        let (h, l) = (self.head, self.len);
+        self.buf.get_mut(h..h + l).unwrap_or(&mut [])
+    }
+
+    /// Bytes available after the frame.
+    #[inline]
+    pub fn tailroom(&self) -> usize {
+        self.buf.len() - self.head - self.len
+    }
+}
+
+/// Which L4 checksum rule applies to this packet, and where the field is (offset from the
+/// L4 header), if any.
+#[inline]
+pub fn l4_sum<A: Family>(p: &Parsed) -> (L4Sum, usize) {
+    if matches!(p.frag, Frag::Later { .. }) {
+        return (L4Sum::None, 0);
+    }
+    match p.proto {
+        proto::TCP => (L4Sum::Always, 16),
+        proto::UDP if A::IS_V6 => (L4Sum::Always, 6),
+        proto::UDP => (L4Sum::UdpV4, 6),
+        proto::ICMPV6 => (L4Sum::Always, 2),
+        _ => (L4Sum::None, 0),
+    }
+}
+
+/// Reads the source address.
+#[inline]
+pub fn src<A: Family>(f: &[u8], p: &Parsed) -> A {
+    f.get(p.l3 + A::SRC_OFF..).and_then(A::from_slice).unwrap_or(A::UNSPECIFIED)
+}
+
+/// Reads the destination address.
+#[inline]
+pub fn dst<A: Family>(f: &[u8], p: &Parsed) -> A {
+    f.get(p.l3 + A::DST_OFF..).and_then(A::from_slice).unwrap_or(A::UNSPECIFIED)
+}
+
+/// Rewrites the address at `off` in the IP header at `p.l3` (source or destination) and
+/// fixes the IPv4 header checksum and the L4 checksum.
+#[inline]
+fn set_addr<A: Family>(f: &mut [u8], p: &Parsed, off: usize, new: A) {
+    let at = p.l3 + off;
+    let Some(slot) = f.get(at..at + A::LEN) else { return };
+    let old = A::from_slice(slot).unwrap_or(A::UNSPECIFIED);
+    if old == new {
+        return;
+    }
+    if let Some(s) = f.get_mut(at..at + A::LEN) {
+        s.copy_from_slice(new.octets());
+    }
+    if !A::IS_V6
+        && let Some(hc) = wire::read_u16(f, p.l3 + 10)
+    {
+        wire::write_u16(f, p.l3 + 10, csum::update_bytes(hc, old.octets(), new.octets()));
+    }
+    let (kind, sum_at) = l4_sum::<A>(p);
+    if kind != L4Sum::None {
+        let at = p.l4 + sum_at;
+        if let Some(hc) = wire::read_u16(f, at) {
+            wire::write_u16(f, at, csum::update_l4(kind, hc, old.octets(), new.octets()));
+        }
+    }
+}
+
+/// Rewrites the source address (SNAT, reply un-DNAT).
+#[inline]
+pub fn set_src<A: Family>(f: &mut [u8], p: &Parsed, new: A) {
+    set_addr(f, p, A::SRC_OFF, new);
+}
+
+/// Rewrites the destination address (DNAT, reply un-SNAT).
+#[inline]
+pub fn set_dst<A: Family>(f: &mut [u8], p: &Parsed, new: A) {
+    set_addr(f, p, A::DST_OFF, new);
+}
+
+/// Rewrites the source (`which = 0`) or destination (`which = 2`) port of TCP/UDP/SCTP.
+#[inline]
+fn set_port<A: Family>(f: &mut [u8], p: &Parsed, which: usize, new: u16) {
+    if matches!(p.frag, Frag::Later { .. }) {
+        return;
+    }
+    let at = p.l4 + which;
+    let Some(old) = wire::read_u16(f, at) else { return };
+    if old == new {
+        return;
+    }
+    wire::write_u16(f, at, new);
+    match p.proto {
+        proto::SCTP if p.frag == Frag::None => {
+            if let Some(seg) = f.get_mut(p.l4..p.end) {
+                csum::sctp_crc_update_ports(seg);
+            }
+        }
+        proto::TCP | proto::UDP => {
+            let (kind, sum_at) = l4_sum::<A>(p);
+            let at = p.l4 + sum_at;
+            if let Some(hc) = wire::read_u16(f, at) {
+                wire::write_u16(f, at, csum::update_l4(kind, hc, &old.to_be_bytes(), &new.to_be_bytes()));
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Rewrites the source port.
+#[inline]
+pub fn set_sport<A: Family>(f: &mut [u8], p: &Parsed, new: u16) {
+    set_port::<A>(f, p, 0, new);
+}
+
+/// Rewrites the destination port.
+#[inline]
+pub fn set_dport<A: Family>(f: &mut [u8], p: &Parsed, new: u16) {
+    set_port::<A>(f, p, 2, new);
+}
+
+/// Decrements TTL / hop limit (RFC 791 §3.2; RFC 8200 §3) with an incremental IPv4 header
+/// checksum update. Returns `false`, changing nothing, if the packet must not be forwarded
+/// (TTL ≤ 1).
+#[inline]
+pub fn dec_ttl<A: Family>(f: &mut [u8], p: &Parsed) -> bool {
+    let at = p.l3 + A::TTL_OFF;
+    let Some(&ttl) = f.get(at) else { return false };
+    if ttl <= 1 {
+        return false;
+    }
+    if let Some(b) = f.get_mut(at) {
+        *b = ttl - 1;
+    }
+    if !A::IS_V6 {
+        // TTL is the high byte of the 16-bit word at offset 8 (TTL, protocol).
+        let pr = f.get(p.l3 + 9).copied().unwrap_or(0);
+        if let Some(hc) = wire::read_u16(f, p.l3 + 10) {
+            let old = u16::from_be_bytes([ttl, pr]);
+            let new = u16::from_be_bytes([ttl - 1, pr]);
+            wire::write_u16(f, p.l3 + 10, csum::update16(hc, old, new));
+        }
+    }
+    true
+}
+
+/// Writes the Ethernet addresses.
+#[inline]
+pub fn set_macs(f: &mut [u8], src: [u8; 6], dst: [u8; 6]) {
+    if let Some(h) = f.get_mut(0..12) {
+        h[0..6].copy_from_slice(&dst);
+        h[6..12].copy_from_slice(&src);
+    }
+}
+
+/// Bytes an encapsulation header adds: 20 (IPIP, RFC 2003) or 40 (IP6IP6, RFC 2473).
+#[inline]
+pub const fn encap_overhead<A: Family>() -> usize {
+    A::HEADER_LEN
+}
+
+/// Encapsulates the IP packet in a new outer header of the same family (IPIP, RFC 2003 §3.1;
+/// IPv6-in-IPv6, RFC 2473 §5), moving the Ethernet header (and VLAN tag) into the headroom.
+/// The outer header copies the inner TOS / traffic class and, for IPv4, the DF bit; TTL /
+/// hop limit 64; IPv6 flow label from `flow_hash` (RFC 6438) so the backend's RSS spreads.
+/// `p` is invalid afterwards (offsets moved); the caller re-parses if needed.
+///
+/// Returns `false`, changing nothing, if there is not enough headroom.
+pub fn encap<A: Family>(pkt: &mut Packet<'_>, p: &Parsed, outer_src: A, outer_dst: A, flow_hash: u32) -> bool {
+    let add = A::HEADER_LEN;
+    if pkt.head < add {
+        return false;
+    }
+    let inner_len = p.end - p.l3;
+    let l2 = p.l3; // Ethernet (+ tag) length
+    let new_head = pkt.head - add;
+    // Move the L2 header down into the headroom.
+    pkt.buf.copy_within(pkt.head..pkt.head + l2, new_head);
+    pkt.head = new_head;
+    pkt.len = l2 + add + inner_len;
+    let inner_first = pkt.buf.get(new_head + l2 + add).copied().unwrap_or(0);
+    let inner_second = pkt.buf.get(new_head + l2 + add + 1).copied().unwrap_or(0);
+    let f = pkt.frame_mut();
+    let Some(h) = f.get_mut(l2..l2 + add) else { return false };
+    h.fill(0);
+    if A::IS_V6 {
+        let tc = (inner_first << 4) | (inner_second >> 4);
+        let fl = flow_hash & 0x000f_ffff;
+        let w0 = (6u32 << 28) | (u32::from(tc) << 20) | fl;
+        h[0..4].copy_from_slice(&w0.to_be_bytes());
+        h[4..6].copy_from_slice(&u16::try_from(inner_len).unwrap_or(u16::MAX).to_be_bytes());
+        h[6] = proto::IPV6;
+        h[7] = 64;
+        h[8..24].copy_from_slice(outer_src.octets());
+        h[24..40].copy_from_slice(outer_dst.octets());
+    } else {
+        let df = f.get(l2 + add + 6).copied().unwrap_or(0) & 0x40;
+        let Some(h) = f.get_mut(l2..l2 + add) else { return false };
+        h[0] = 0x45;
+        h[1] = inner_second; // TOS of the inner header
+        h[2..4].copy_from_slice(&u16::try_from(inner_len + 20).unwrap_or(u16::MAX).to_be_bytes());
+        h[6] = df;
+        h[8] = 64;
+        h[9] = proto::IPIP;
+        h[12..16].copy_from_slice(outer_src.octets());
+        h[16..20].copy_from_slice(outer_dst.octets());
+        let c = csum::checksum(h);
+        h[10..12].copy_from_slice(&c.to_be_bytes());
+    }
+    if let Some(et) = f.get_mut(p.ethertype_at..p.ethertype_at + 2) {
+        et.copy_from_slice(&A::ETHERTYPE.to_be_bytes());
+    }
+    true
+}
+
+/// Picks an outer source address from `prefix` (host bits from `hash`), so each flow gets
+/// its own outer source and the backend's RSS spreads flows (Katran `create_encap_ipv4_src`).
+pub fn outer_source<A: Family>(prefix: &crate::addr::Cidr, hash: u32) -> A {
+    let mut b = [0u8; 16];
+    let n = A::LEN;
+    let net = crate::addr::mapped(prefix.addr);
+    let net = &net[16 - n..];
+    let bits = u32::from(prefix.len).min(u32::try_from(n * 8).unwrap_or(128));
+    let h = hash.to_be_bytes();
+    for i in 0..n {
+        let bit0 = u32::try_from(i * 8).unwrap_or(u32::MAX);
+        let mask: u8 = if bit0 + 8 <= bits {
+            0xff
+        } else if bit0 >= bits {
+            0
+        } else {
+            0xffu8 << (8 - (bits - bit0))
+        };
+        // The last 4 bytes take the hash; earlier host bytes stay zero.
+        let hb = if i + 4 >= n { h[i + 4 - n] } else { 0 };
+        b[i] = (net[i] & mask) | (hb & !mask);
+    }
+    A::from_slice(&b[..n]).unwrap_or(A::UNSPECIFIED)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::addr::{V4, V6};
+    use crate::build::{self, Frame};
+    use proptest::prelude::*;
+
+    fn parsed(f: &[u8]) -> Parsed {
+        let (l3, at) = wire::ethernet(f).unwrap();
+        match l3 {
+            wire::L3::V4 => wire::parse_v4(f, at).unwrap(),
+            _ => wire::parse_v6(f, at).unwrap(),
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn nat_rewrites_keep_checksums_valid_v4(src in any::<[u8;4]>(), dst in any::<[u8;4]>(),
+            sp in 1u16.., dp in 1u16.., nd in any::<[u8;4]>(), ns in any::<[u8;4]>(), np in 1u16..,
+            udp in any::<bool>(), payload in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let mut f = if udp { Frame::udp_v4(src, sp, dst, dp, &payload) } else {
+                Frame::ip(src.into(), dst.into(), proto::TCP, &build::tcp_segment(sp, dp, 0x18, 7, 9, &payload), &build::IpOpts::default())
+            };
+            let p = parsed(&f.bytes);
+            set_dst::<V4>(&mut f.bytes, &p, V4(nd));
+            set_dport::<V4>(&mut f.bytes, &p, np);
+            set_src::<V4>(&mut f.bytes, &p, V4(ns));
+            set_sport::<V4>(&mut f.bytes, &p, np ^ 0x5555);
+            prop_assert!(dec_ttl::<V4>(&mut f.bytes, &p));
+            prop_assert_eq!(build::verify(&f.bytes), Ok(()));
+        }
+
+        #[test]
+        fn nat_rewrites_keep_checksums_valid_v6(src in any::<[u8;16]>(), dst in any::<[u8;16]>(),
+            sp in 1u16.., dp in 1u16.., nd in any::<[u8;16]>(), np in 1u16..,
+            udp in any::<bool>(), payload in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let mut f = if udp { Frame::udp_v6(src, sp, dst, dp, &payload) } else { Frame::tcp_v6(src, sp, dst, dp, 0x10) };
+            let p = parsed(&f.bytes);
+            set_dst::<V6>(&mut f.bytes, &p, V6(nd));
+            set_dport::<V6>(&mut f.bytes, &p, np);
+            prop_assert!(dec_ttl::<V6>(&mut f.bytes, &p));
+            prop_assert_eq!(build::verify(&f.bytes), Ok(()));
+        }
+    }
+
+    #[test]
+    fn udp_v4_zero_checksum_is_kept_zero_through_dnat() {
+        let mut f = Frame::udp_v4([10, 0, 0, 1], 5, [10, 96, 0, 1], 53, b"q");
+        let p = parsed(&f.bytes);
+        f.bytes[p.l4 + 6..p.l4 + 8].fill(0);
+        set_dst::<V4>(&mut f.bytes, &p, V4([10, 1, 1, 1]));
+        set_dport::<V4>(&mut f.bytes, &p, 5353);
+        assert_eq!(&f.bytes[p.l4 + 6..p.l4 + 8], &[0, 0]);
+    }
+
+    #[test]
+    fn ipip_encap_moves_l2_into_headroom_and_builds_valid_outer_header() {
+        let f = Frame::tcp_v4([10, 0, 0, 1], 5, [10, 96, 0, 1], 80, 0x02);
+        let mut buf = vec![0xa5u8; 64 + f.bytes.len() + 64];
+        buf[64..64 + f.bytes.len()].copy_from_slice(&f.bytes);
+        let mut pkt = Packet::new(&mut buf, 64, f.bytes.len());
+        let p = parsed(pkt.frame());
+        assert!(encap::<V4>(&mut pkt, &p, V4([172, 16, 0, 9]), V4([10, 0, 1, 1]), 7));
+        assert_eq!(pkt.head, 44);
+        let out = pkt.frame().to_vec();
+        assert_eq!(out.len(), f.bytes.len() + 20);
+        assert_eq!(&out[..12], &f.bytes[..12]);
+        assert_eq!(out[14 + 9], proto::IPIP);
+        assert_eq!(&out[34..], &f.bytes[14..]);
+        assert_eq!(build::verify(&out), Ok(()));
+    }
+
+    #[test]
+    fn encap_without_headroom_changes_nothing() {
+        let mut f = Frame::tcp_v6([1; 16], 5, [2; 16], 80, 0x02);
+        let orig = f.bytes.clone();
+        let n = f.bytes.len();
+        let mut pkt = Packet::new(&mut f.bytes, 0, n);
+        let p = parsed(pkt.frame());
+        assert!(!encap::<V6>(&mut pkt, &p, V6([3; 16]), V6([4; 16]), 1));
+        assert_eq!(pkt.frame(), &orig[..]);
+    }
+
+    #[test]
+    fn outer_source_keeps_the_prefix_and_varies_host_bits() {
+        let c: crate::addr::Cidr = "172.16.0.0/16".parse().unwrap();
+        let a: V4 = outer_source(&c, 0xdead_beef);
+        assert_eq!(a, V4([172, 16, 0xbe, 0xef]));
+        let c6: crate::addr::Cidr = "fd00:1::/64".parse().unwrap();
+        let b: V6 = outer_source(&c6, 0x0102_0304);
+        assert_eq!(&b.0[..8], &[0xfd, 0, 0, 1, 0, 0, 0, 0]);
+        assert_eq!(&b.0[12..], &[1, 2, 3, 4]);
+    }
+}

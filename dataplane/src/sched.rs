@@ -1,0 +1,395 @@
+//! IPVS-style schedulers: pick a backend for a new flow.
+//!
+//! Per-worker state ([`SchedState`]) holds round-robin positions, smooth-WRR current
+//! weights, the random generator and the connection counts that conntrack maintains
+//! ([`ConnCounts`]). Counts are **per worker** (IPVS keeps one global count per real server);
+//! with RSS spreading flows evenly the per-worker minimum approximates the global one without
+//! sharing a cache line per new flow. Documented in docs/architecture.md.
+//!
+//! Sources: ipvsadm(8); Linux `net/netfilter/ipvs/ip_vs_{rr,wrr,lc,wlc,sh,dh,sed,nq,mh}.c`;
+//! kube-proxy's random choice (seed SCHED-01); Maglev NSDI'16 §3.4 via [`crate::maglev`].
+
+use crate::maglev;
+use crate::tables::{BackendRef, Scheduler, Service, Tables};
+
+/// Active and inactive connection counts per backend slot, on one worker.
+#[derive(Debug, Default)]
+pub struct ConnCounts {
+    slots: Vec<Count>,
+}
+
+#[derive(Copy, Clone, Debug, Default)]
+struct Count {
+    owner: BackendRef,
+    active: u32,
+    inactive: u32,
+}
+
+impl ConnCounts {
+    /// Makes room for `n` slots (called when tables change, never per packet).
+    pub fn ensure(&mut self, n: usize) {
+        if self.slots.len() < n {
+            self.slots.resize(n, Count::default());
+        }
+    }
+
+    fn slot(&mut self, r: BackendRef) -> Option<&mut Count> {
+        let c = self.slots.get_mut(r.index())?;
+        if c.owner != r {
+            // A new occupant of a reused slot starts from zero.
+            *c = Count { owner: r, active: 0, inactive: 0 };
+        }
+        Some(c)
+    }
+
+    /// A flow to `r` appeared, in the active or inactive class.
+    #[inline]
+    pub fn add(&mut self, r: BackendRef, active: bool) {
+        if let Some(c) = self.slot(r) {
+            if active {
+                c.active = c.active.saturating_add(1);
+            } else {
+                c.inactive = c.inactive.saturating_add(1);
+            }
+        }
+    }
+
+    /// A flow to `r` went away. A flow of a previous occupant of the slot changes nothing.
+    #[inline]
+    pub fn sub(&mut self, r: BackendRef, active: bool) {
+        if let Some(c) = self.slots.get_mut(r.index())
+            && c.owner == r
+        {
+            if active {
+                c.active = c.active.saturating_sub(1);
+            } else {
+                c.inactive = c.inactive.saturating_sub(1);
+            }
+        }
+    }
+
+    /// A flow changed class (e.g. established → FIN).
+    #[inline]
+    pub fn change(&mut self, r: BackendRef, was_active: bool, is_active: bool) {
+        if was_active != is_active {
+            self.sub(r, was_active);
+            self.add(r, is_active);
+        }
+    }
+
+    /// (active, inactive) for `r`.
+    #[inline]
+    pub fn get(&self, r: BackendRef) -> (u32, u32) {
+        match self.slots.get(r.index()) {
+            Some(c) if c.owner == r => (c.active, c.inactive),
+            _ => (0, 0),
+        }
+    }
+}
+
+#[derive(Debug, Default, Clone)]
+struct SvcState {
+    rr_next: u32,
+    wrr_current: Vec<i64>,
+}
+
+/// Per-worker scheduler state.
+#[derive(Debug)]
+pub struct SchedState {
+    generation: u64,
+    per_service: Vec<SvcState>,
+    rng: u64,
+    /// Connection counts, maintained by the pipeline as flows come and go.
+    pub conns: ConnCounts,
+}
+
+/// What a scheduler may look at in the packet.
+#[derive(Copy, Clone, Debug)]
+pub struct FlowInfo<'a> {
+    /// Client address octets (4 or 16).
+    pub src: &'a [u8],
+    /// Client port.
+    pub sport: u16,
+    /// Destination (frontend) address octets.
+    pub dst: &'a [u8],
+}
+
+impl SchedState {
+    /// State seeded with `seed` (use a per-worker random value).
+    pub fn new(seed: u64) -> Self {
+        Self { generation: u64::MAX, per_service: Vec::new(), rng: seed | 1, conns: ConnCounts::default() }
+    }
+
+    /// Adapts to a new tables snapshot: resets per-service positions (the service list may
+    /// have changed) and grows the count slots. Allocates; call once per batch, not per packet.
+    pub fn sync(&mut self, t: &Tables) {
+        if self.generation == t.generation {
+            return;
+        }
+        self.generation = t.generation;
+        self.per_service.clear();
+        self.per_service.extend(t.services.iter().map(|s| SvcState {
+            rr_next: 0,
+            wrr_current: if s.scheduler == Scheduler::WeightedRoundRobin {
+                vec![0; s.eligible.len()]
+            } else {
+                Vec::new()
+            },
+        }));
+        self.conns.ensure(t.backends.len());
+    }
+
+    /// xorshift64* (Vigna 2016): fast, not cryptographic; only spreads load.
+    #[inline]
+    fn next_random(&mut self) -> u64 {
+        let mut x = self.rng;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Picks a backend of service `si` for a new flow; `None` if it has no eligible backend.
+    /// No allocation.
+    #[inline]
+    pub fn pick(&mut self, si: usize, svc: &Service, f: FlowInfo<'_>) -> Option<BackendRef> {
+        let n = svc.eligible.len();
+        if n == 0 {
+            return None;
+        }
+        let idx = match svc.scheduler {
+            Scheduler::Random => {
+                let total = svc.cum_weights.last().copied().unwrap_or(0);
+                if total == 0 {
+                    return None;
+                }
+                let x = u32::try_from(self.next_random() % u64::from(total)).unwrap_or(0);
+                svc.cum_weights.partition_point(|&c| c <= x)
+            }
+            Scheduler::Maglev { port } => {
+                let h = maglev::source_hash(f.src, port.then_some(f.sport));
+                svc.maglev.as_ref().map_or(0, |m| m.lookup(h) as usize)
+            }
+            Scheduler::RoundRobin => {
+                let st = self.per_service.get_mut(si)?;
+                let i = st.rr_next as usize % n;
+                st.rr_next = u32::try_from((i + 1) % n).unwrap_or(0);
+                i
+            }
+            Scheduler::WeightedRoundRobin => self.smooth_wrr(si, svc)?,
+            Scheduler::LeastConnection => self.min_by(svc, |a, i, _w| (u64::from(a) << 8) + u64::from(i), |x, y| x < y),
+            Scheduler::WeightedLeastConnection => {
+                // overhead_a * w_b < overhead_b * w_a (ip_vs_wlc.c), compared as u128.
+                self.min_weighted(svc, |a, i| (u64::from(a) << 8) + u64::from(i))
+            }
+            Scheduler::ShortestExpectedDelay => self.min_weighted(svc, |a, _| u64::from(a) + 1),
+            Scheduler::NeverQueue => match svc.eligible.iter().position(|&r| self.conns.get(r).0 == 0) {
+                Some(i) => i,
+                None => self.min_weighted(svc, |a, _| u64::from(a) + 1),
+            },
+            Scheduler::SourceHash => bucket(svc, f.src),
+            Scheduler::DestinationHash => bucket(svc, f.dst),
+        };
+        svc.eligible.get(idx).copied()
+    }
+
+    /// nginx's smooth weighted round robin: add each weight to its current value, pick the
+    /// largest, subtract the total from it. Same proportions as IPVS wrr, better interleaving.
+    fn smooth_wrr(&mut self, si: usize, svc: &Service) -> Option<usize> {
+        let st = self.per_service.get_mut(si)?;
+        if st.wrr_current.len() != svc.weights.len() {
+            return Some(0);
+        }
+        let mut best = 0usize;
+        let mut best_v = i64::MIN;
+        let mut total = 0i64;
+        for (i, (c, &w)) in st.wrr_current.iter_mut().zip(svc.weights.iter()).enumerate() {
+            *c += i64::from(w);
+            total += i64::from(w);
+            if *c > best_v {
+                best_v = *c;
+                best = i;
+            }
+        }
+        if let Some(c) = st.wrr_current.get_mut(best) {
+            *c -= total;
+        }
+        Some(best)
+    }
+
+    fn min_by(&self, svc: &Service, cost: impl Fn(u32, u32, u16) -> u64, less: impl Fn(u64, u64) -> bool) -> usize {
+        let mut best = 0usize;
+        let mut best_c = u64::MAX;
+        for (i, (&r, &w)) in svc.eligible.iter().zip(svc.weights.iter()).enumerate() {
+            let (a, ina) = self.conns.get(r);
+            let c = cost(a, ina, w);
+            if i == 0 || less(c, best_c) {
+                best = i;
+                best_c = c;
+            }
+        }
+        best
+    }
+
+    /// Minimises `cost / weight` without division: `c_i * w_best < c_best * w_i`.
+    fn min_weighted(&self, svc: &Service, cost: impl Fn(u32, u32) -> u64) -> usize {
+        let mut best = 0usize;
+        let (mut bc, mut bw) = (u128::MAX, 1u128);
+        for (i, (&r, &w)) in svc.eligible.iter().zip(svc.weights.iter()).enumerate() {
+            let (a, ina) = self.conns.get(r);
+            let c = u128::from(cost(a, ina));
+            let w = u128::from(w.max(1));
+            if i == 0 || c * bw < bc * w {
+                best = i;
+                bc = c;
+                bw = w;
+            }
+        }
+        best
+    }
+}
+
+/// `sh`/`dh`: hash the address (fixed hash, same as Maglev's) into the 256-bucket table.
+#[inline]
+fn bucket(svc: &Service, addr: &[u8]) -> usize {
+    let n = svc.hash_buckets.len();
+    if n == 0 {
+        return 0;
+    }
+    let h = maglev::source_hash(addr, None);
+    svc.hash_buckets.get((h % n as u64) as usize).copied().unwrap_or(0) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tables::*;
+
+    fn tables(sched: Scheduler, weights: &[u16]) -> Tables {
+        let spec = TablesSpec {
+            services: vec![ServiceSpec {
+                name: "s".into(),
+                frontends: vec![Frontend {
+                    addr: "10.96.0.1".parse().unwrap(),
+                    proto: L4Proto::Tcp,
+                    port: 80,
+                    kind: FrontendKind::ClusterIp,
+                    masquerade: false,
+                    source_ranges: vec![],
+                }],
+                scheduler: sched,
+                affinity_timeout_s: None,
+                mode: ForwardingMode::Nat,
+                when_empty: EmptyAction::Reject,
+                backends: weights
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &w)| BackendSpec {
+                        addr: format!("10.0.0.{}", i + 1).parse().unwrap(),
+                        port: 80,
+                        weight: w,
+                        eligible: true,
+                        conditions: Conditions::default(),
+                        node_local: false,
+                        zone: None,
+                    })
+                    .collect(),
+            }],
+            ..Default::default()
+        };
+        TableBuilder::new().build(&spec).unwrap()
+    }
+
+    fn counts(sched: Scheduler, weights: &[u16], n: usize, hold: bool) -> Vec<usize> {
+        let t = tables(sched, weights);
+        let mut st = SchedState::new(42);
+        st.sync(&t);
+        let svc = &t.services[0];
+        let mut out = vec![0; weights.len()];
+        for i in 0..n {
+            let src = (i as u32).to_be_bytes();
+            let r = st.pick(0, svc, FlowInfo { src: &src, sport: i as u16, dst: &[10, 96, 0, 1] }).unwrap();
+            if hold {
+                st.conns.add(r, true);
+            }
+            let pos = svc.eligible.iter().position(|&e| e == r).unwrap();
+            out[pos] += 1;
+        }
+        out
+    }
+
+    #[test]
+    fn rr_cycles_through_backends_in_order() {
+        assert_eq!(counts(Scheduler::RoundRobin, &[1, 1, 1], 9, false), vec![3, 3, 3]);
+    }
+
+    #[test]
+    fn wrr_follows_weights_exactly_over_a_cycle() {
+        assert_eq!(counts(Scheduler::WeightedRoundRobin, &[5, 1, 1], 70, false), vec![50, 10, 10]);
+    }
+
+    #[test]
+    fn random_is_roughly_uniform() {
+        let c = counts(Scheduler::Random, &[1, 1, 1, 1], 40_000, false);
+        for x in c {
+            assert!((9_000..11_000).contains(&x), "{x}");
+        }
+    }
+
+    #[test]
+    fn lc_balances_held_connections() {
+        assert_eq!(counts(Scheduler::LeastConnection, &[1, 1, 1], 30, true), vec![10, 10, 10]);
+    }
+
+    #[test]
+    fn wlc_and_sed_follow_weights_for_held_connections() {
+        assert_eq!(counts(Scheduler::WeightedLeastConnection, &[2, 1], 30, true), vec![20, 10]);
+        let s = counts(Scheduler::ShortestExpectedDelay, &[2, 1], 30, true);
+        assert!(s[0] >= 19 && s[0] <= 21, "{s:?}");
+    }
+
+    #[test]
+    fn nq_prefers_idle_backends_first() {
+        let c = counts(Scheduler::NeverQueue, &[1, 1, 1], 3, true);
+        assert_eq!(c, vec![1, 1, 1]);
+    }
+
+    #[test]
+    fn sh_maps_one_source_to_one_backend_and_mh_too() {
+        for sched in [Scheduler::SourceHash, Scheduler::Maglev { port: false }] {
+            let t = tables(sched, &[1, 1, 1]);
+            let mut st = SchedState::new(1);
+            st.sync(&t);
+            let f = |p| FlowInfo { src: &[192, 0, 2, 7], sport: p, dst: &[10, 96, 0, 1] };
+            let first = st.pick(0, &t.services[0], f(1)).unwrap();
+            for p in 2..50 {
+                assert_eq!(st.pick(0, &t.services[0], f(p)).unwrap(), first);
+            }
+        }
+    }
+
+    #[test]
+    fn mh_with_port_spreads_one_source_over_backends() {
+        let t = tables(Scheduler::Maglev { port: true }, &[1, 1, 1]);
+        let mut st = SchedState::new(1);
+        st.sync(&t);
+        let mut seen = std::collections::HashSet::new();
+        for p in 0..100 {
+            seen.insert(st.pick(0, &t.services[0], FlowInfo { src: &[192, 0, 2, 7], sport: p, dst: &[] }).unwrap());
+        }
+        assert_eq!(seen.len(), 3);
+    }
+
+    #[test]
+    fn conn_counts_ignore_flows_of_a_previous_slot_occupant() {
+        let mut c = ConnCounts::default();
+        c.ensure(4);
+        let old = BackendRef(2);
+        let new = BackendRef(2 | (1 << 20));
+        c.add(old, true);
+        c.add(new, true);
+        c.sub(old, true);
+        assert_eq!(c.get(new), (1, 0));
+    }
+}

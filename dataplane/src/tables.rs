@@ -1,0 +1,969 @@
+//! Service tables: the immutable snapshot that workers read without locks.
+//!
+//! The control thread describes the wanted state as a [`TablesSpec`] (plain data, built from
+//! a config file or from Kubernetes objects), and a [`TableBuilder`] turns it into a
+//! [`Tables`] snapshot: VIP map, per-service scheduler data (Maglev lookup tables included),
+//! backend slots and next hops. [`TablesHandle`] publishes snapshots with `arc-swap`; a worker
+//! loads the current one once per RX batch (crates.md §5).
+//!
+//! Backends are named by a [`BackendRef`]: a slot index plus a reuse generation, stable across
+//! rebuilds for as long as the backend (service, address, port) stays in the tables. Conntrack
+//! stores the ref, so an established flow keeps its backend across table changes, and notices
+//! (ref mismatch) when its backend was removed.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use hashbrown::HashMap;
+
+use crate::addr::{Cidr, mapped};
+use crate::maglev::{self, MaglevBackend, MaglevTable};
+
+/// Layer-4 protocol of a service port (Kubernetes `ServicePort.protocol`, PORT-01).
+#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum L4Proto {
+    /// TCP, IP protocol 6 (RFC 9293).
+    Tcp = 6,
+    /// UDP, IP protocol 17 (RFC 768).
+    Udp = 17,
+    /// SCTP, IP protocol 132 (RFC 9260).
+    Sctp = 132,
+}
+
+impl L4Proto {
+    /// From an IP protocol number; `None` for protocols a service cannot have.
+    #[inline]
+    pub fn from_ip_proto(p: u8) -> Option<Self> {
+        match p {
+            6 => Some(Self::Tcp),
+            17 => Some(Self::Udp),
+            132 => Some(Self::Sctp),
+            _ => None,
+        }
+    }
+    /// The Kubernetes spelling: `TCP`, `UDP` or `SCTP`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Tcp => "TCP",
+            Self::Udp => "UDP",
+            Self::Sctp => "SCTP",
+        }
+    }
+}
+
+/// How a new flow picks its backend. Names as IPVS names them (ipvsadm(8) `--scheduler`;
+/// seed-features SCHED-01..10).
+#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug)]
+pub enum Scheduler {
+    /// Uniform (weighted) random choice: kube-proxy iptables/nftables default (SCHED-01).
+    Random,
+    /// Maglev hashing (NSDI'16 §3.4) on the source address, plus the source port when
+    /// `port` is set (IPVS `mh-port`, which kube-proxy always sets; SCHED-03).
+    Maglev {
+        /// Hash the source port too (`mh-port`).
+        port: bool,
+    },
+    /// Round robin (SCHED-04).
+    RoundRobin,
+    /// Weighted round robin, smooth (nginx) variant (SCHED-05).
+    WeightedRoundRobin,
+    /// Least connections: fewest `active * 256 + inactive` (IPVS `ip_vs_lc.c`; SCHED-06).
+    LeastConnection,
+    /// Weighted least connections: least overhead / weight (SCHED-07).
+    WeightedLeastConnection,
+    /// Source hashing on the client address, weighted static table (SCHED-09).
+    SourceHash,
+    /// Destination hashing on the VIP address, weighted static table (SCHED-09).
+    DestinationHash,
+    /// Shortest expected delay: least `(active + 1) / weight` (SCHED-10).
+    ShortestExpectedDelay,
+    /// Never queue: an idle backend if any, else like `sed` (SCHED-10).
+    NeverQueue,
+}
+
+impl Scheduler {
+    /// The IPVS name (`random`, `mh`, `rr`, `wrr`, `lc`, `wlc`, `sh`, `dh`, `sed`, `nq`);
+    /// `mh` without the port is printed `mh-noport`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Random => "random",
+            Self::Maglev { port: true } => "mh",
+            Self::Maglev { port: false } => "mh-noport",
+            Self::RoundRobin => "rr",
+            Self::WeightedRoundRobin => "wrr",
+            Self::LeastConnection => "lc",
+            Self::WeightedLeastConnection => "wlc",
+            Self::SourceHash => "sh",
+            Self::DestinationHash => "dh",
+            Self::ShortestExpectedDelay => "sed",
+            Self::NeverQueue => "nq",
+        }
+    }
+
+    /// Parses an IPVS scheduler name (see [`Scheduler::name`]); `None` if unknown.
+    pub fn from_name(s: &str) -> Option<Self> {
+        Some(match s {
+            "random" => Self::Random,
+            "mh" => Self::Maglev { port: true },
+            "mh-noport" => Self::Maglev { port: false },
+            "rr" => Self::RoundRobin,
+            "wrr" => Self::WeightedRoundRobin,
+            "lc" => Self::LeastConnection,
+            "wlc" => Self::WeightedLeastConnection,
+            "sh" => Self::SourceHash,
+            "dh" => Self::DestinationHash,
+            "sed" => Self::ShortestExpectedDelay,
+            "nq" => Self::NeverQueue,
+            _ => return None,
+        })
+    }
+}
+
+/// How packets reach the chosen backend.
+#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug)]
+pub enum ForwardingMode {
+    /// Destination NAT (kube-proxy's mode); replies come back through xlb and are translated.
+    /// Source NAT is added per frontend (see [`Frontend::masquerade`]).
+    Nat,
+    /// Direct server return by IP-in-IP (RFC 2003) or IPv6-in-IPv6 (RFC 2473) encapsulation,
+    /// as Katran does; the backend decapsulates and answers the client directly.
+    DsrIpip,
+    /// Direct server return by MAC rewrite only; the backend must be on-link and hold the VIP.
+    DsrL2,
+}
+
+impl ForwardingMode {
+    /// Short name for tables and logs: `nat`, `dsr-ipip`, `dsr-l2`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Nat => "nat",
+            Self::DsrIpip => "dsr-ipip",
+            Self::DsrL2 => "dsr-l2",
+        }
+    }
+}
+
+/// What to do with a new flow when the service has no backend eligible for new flows.
+#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug)]
+pub enum EmptyAction {
+    /// Answer with ICMP port unreachable / ICMPv6 port unreachable, as kube-proxy's REJECT
+    /// rule does (REJ-03, REJ-04).
+    Reject,
+    /// Drop silently: `internalTrafficPolicy: Local` / `externalTrafficPolicy: Local` with no
+    /// local endpoint (REJ-01, REJ-02).
+    Drop,
+}
+
+/// Which Kubernetes address a frontend comes from.
+#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug)]
+pub enum FrontendKind {
+    /// `spec.clusterIPs[]` (SVC-01).
+    ClusterIp,
+    /// A node address with `spec.ports[].nodePort` (SVC-02, NPA-01..07).
+    NodePort,
+    /// `status.loadBalancer.ingress[].ip` (SVC-06).
+    LoadBalancer,
+    /// `spec.externalIPs[]` (SVC-11).
+    ExternalIp,
+}
+
+impl FrontendKind {
+    /// Short name: `ClusterIP`, `NodePort`, `LoadBalancer`, `ExternalIP`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::ClusterIp => "ClusterIP",
+            Self::NodePort => "NodePort",
+            Self::LoadBalancer => "LoadBalancer",
+            Self::ExternalIp => "ExternalIP",
+        }
+    }
+}
+
+/// One (address, protocol, port) on which a service is reached.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct Frontend {
+    /// Destination address (VIP, node address or ingress IP).
+    pub addr: IpAddr,
+    /// Protocol.
+    pub proto: L4Proto,
+    /// Destination port (host order).
+    pub port: u16,
+    /// Where the address comes from.
+    pub kind: FrontendKind,
+    /// Source-NAT new flows to the node's SNAT address (NAT-02, NAT-04); ignored for DSR.
+    pub masquerade: bool,
+    /// Allowed client prefixes (`loadBalancerSourceRanges`, LB-01); empty = everyone.
+    pub source_ranges: Vec<Cidr>,
+}
+
+/// Endpoint conditions as the EndpointSlice reports them (EPS-05, EPS-06); kept for display.
+#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug, Default)]
+pub struct Conditions {
+    /// `conditions.ready`.
+    pub ready: bool,
+    /// `conditions.serving`.
+    pub serving: bool,
+    /// `conditions.terminating`.
+    pub terminating: bool,
+}
+
+/// One backend (endpoint) of a service.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct BackendSpec {
+    /// Endpoint address (`endpoints[].addresses[0]`, EPS-11).
+    pub addr: IpAddr,
+    /// Target port (host order), resolved from the slice's `ports[]` (PORT-04).
+    pub port: u16,
+    /// Relative weight for weighted schedulers; Kubernetes has none, so 1 (G-08). 0 = none.
+    pub weight: u16,
+    /// Whether new flows may go here. `false` keeps the backend for its existing flows only
+    /// (a serving terminating endpoint draining, TP-06).
+    pub eligible: bool,
+    /// Conditions from the EndpointSlice.
+    pub conditions: Conditions,
+    /// Endpoint is on this node (`nodeName` equals our Node's name, TP-05).
+    pub node_local: bool,
+    /// Endpoint zone (`endpoints[].zone`), if known.
+    pub zone: Option<String>,
+}
+
+/// One load-balanced service as the dataplane sees it: a set of frontends sharing a backend
+/// set and policy. A Kubernetes Service port gives one spec per traffic class (internal,
+/// external) when their endpoint selections differ.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct ServiceSpec {
+    /// Unique name for counters and the CLI, e.g. `default/web:http` (with a suffix such
+    /// as `/external` for a second traffic class).
+    pub name: String,
+    /// Frontends; each (addr, proto, port) must be unique across all services.
+    pub frontends: Vec<Frontend>,
+    /// Scheduler for new flows.
+    pub scheduler: Scheduler,
+    /// ClientIP session affinity timeout in seconds (`sessionAffinityConfig.clientIP.timeoutSeconds`,
+    /// AFF-01..03); `None` = no affinity.
+    pub affinity_timeout_s: Option<u32>,
+    /// Forwarding mode.
+    pub mode: ForwardingMode,
+    /// What a new flow gets when no backend is eligible.
+    pub when_empty: EmptyAction,
+    /// Backends; (addr, port) must be unique within the service.
+    pub backends: Vec<BackendSpec>,
+}
+
+/// A neighbour-table entry (the kernel's ARP/NDP cache, mirrored by the control side).
+#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug)]
+pub struct NeighbourSpec {
+    /// Neighbour address.
+    pub addr: IpAddr,
+    /// Link-layer address.
+    pub mac: [u8; 6],
+    /// xlb port (index into [`TablesSpec::ports`]) on which it is reached.
+    pub port: u8,
+}
+
+/// One xlb port: an interface the workers transmit on.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct PortSpec {
+    /// Interface name, for display.
+    pub name: String,
+    /// The interface's own MAC, used as source MAC on transmit.
+    pub mac: [u8; 6],
+    /// MTU in bytes (L3). Encapsulated packets larger than this get ICMP "fragmentation
+    /// needed" / "packet too big" back (RFC 1191, RFC 8201).
+    pub mtu: u16,
+}
+
+/// A route for backends that are not on-link: prefix → gateway (which must be a neighbour).
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct RouteSpec {
+    /// Destination prefix.
+    pub dst: Cidr,
+    /// Gateway address.
+    pub via: IpAddr,
+}
+
+/// Everything a table build needs. Plain data: built from YAML or Kubernetes objects.
+#[derive(Clone, PartialEq, Eq, Hash, Debug, Default)]
+pub struct TablesSpec {
+    /// Services.
+    pub services: Vec<ServiceSpec>,
+    /// Ports (interfaces) in index order.
+    pub ports: Vec<PortSpec>,
+    /// Neighbours (next hops) by address.
+    pub neighbours: Vec<NeighbourSpec>,
+    /// Routes, longest prefix wins; a backend with no matching route must be a neighbour.
+    pub routes: Vec<RouteSpec>,
+    /// Source address for SNAT / masquerade of IPv4 flows.
+    pub snat_v4: Option<IpAddr>,
+    /// Source address for SNAT / masquerade of IPv6 flows.
+    pub snat_v6: Option<IpAddr>,
+    /// Prefix from which IPIP outer source addresses are drawn per flow (Katran-style, so the
+    /// backend's RSS spreads flows); e.g. `172.16.0.0/16`. `None` = the SNAT address.
+    pub dsr_source_v4: Option<Cidr>,
+    /// Prefix for IPv6-in-IPv6 outer source addresses.
+    pub dsr_source_v6: Option<Cidr>,
+    /// Largest Maglev table size M allowed (a prime from [`maglev::TABLE_SIZES`]).
+    pub maglev_max_size: u32,
+}
+
+/// Where a packet goes out: port plus the Ethernet addresses to write.
+#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug)]
+pub struct Hop {
+    /// xlb port to transmit on.
+    pub port: u8,
+    /// Destination MAC (the neighbour).
+    pub dst_mac: [u8; 6],
+    /// Source MAC (the port's own).
+    pub src_mac: [u8; 6],
+    /// MTU of the port in bytes.
+    pub mtu: u16,
+}
+
+/// A backend reference: slot index (low 20 bits) plus a reuse generation (high 12 bits).
+///
+/// Slots are reused after a backend leaves the tables; the generation makes a stale ref held
+/// by conntrack compare unequal to the slot's new occupant, so a removed backend is noticed
+/// even if its slot was refilled.
+#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug, Default)]
+pub struct BackendRef(pub u32);
+
+impl BackendRef {
+    /// Largest number of backend slots: 2^20.
+    pub const MAX_SLOTS: usize = 1 << 20;
+    const INDEX_MASK: u32 = (1 << 20) - 1;
+    /// Slot index, `< MAX_SLOTS`.
+    #[inline]
+    pub fn index(self) -> usize {
+        (self.0 & Self::INDEX_MASK) as usize
+    }
+    fn new(index: usize, generation: u32) -> Self {
+        let idx = u32::try_from(index).unwrap_or(Self::INDEX_MASK) & Self::INDEX_MASK;
+        Self(idx | ((generation & 0xfff) << 20))
+    }
+}
+
+/// A backend slot in the published tables.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Backend {
+    /// The ref that names this slot's current occupant.
+    pub this: BackendRef,
+    /// Address.
+    pub addr: IpAddr,
+    /// Port (host order).
+    pub port: u16,
+    /// Weight (0 = no new flows via weighted schedulers).
+    pub weight: u16,
+    /// Eligible for new flows.
+    pub eligible: bool,
+    /// Owning service index in [`Tables::services`].
+    pub service: u32,
+    /// Next hop; `None` while the neighbour is unresolved (counted drop `NoNeighbour`).
+    pub hop: Option<Hop>,
+    /// Conditions, for display.
+    pub conditions: Conditions,
+    /// On this node, for display.
+    pub node_local: bool,
+}
+
+/// Per-service data for the schedulers, built off the hot path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Service {
+    /// Stable id (index in the per-worker service counters), stable across rebuilds while the
+    /// name stays.
+    pub id: u32,
+    /// Name, e.g. `default/web:http`.
+    pub name: Box<str>,
+    /// Scheduler.
+    pub scheduler: Scheduler,
+    /// ClientIP affinity timeout in seconds.
+    pub affinity_timeout_s: Option<u32>,
+    /// Forwarding mode.
+    pub mode: ForwardingMode,
+    /// Action when no backend is eligible.
+    pub when_empty: EmptyAction,
+    /// All backends in the tables for this service (eligible and draining).
+    pub members: Box<[BackendRef]>,
+    /// Backends eligible for new flows, with weight > 0.
+    pub eligible: Box<[BackendRef]>,
+    /// Weights of `eligible`, same order.
+    pub weights: Box<[u16]>,
+    /// Running sum of `weights` (for weighted random choice).
+    pub cum_weights: Box<[u32]>,
+    /// Maglev lookup table over `eligible` (for [`Scheduler::Maglev`]).
+    pub maglev: Option<MaglevTable>,
+    /// Static 256-bucket hash table over `eligible` for `sh` / `dh` (IPVS `ip_vs_sh.c`).
+    pub hash_buckets: Box<[u32]>,
+}
+
+/// Value of the VIP map: which service and how this frontend behaves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FrontendEntry {
+    /// Index into [`Tables::services`].
+    pub service: u32,
+    /// Frontend kind.
+    pub kind: FrontendKind,
+    /// SNAT new flows.
+    pub masquerade: bool,
+    /// Allowed source prefixes; empty = all.
+    pub source_ranges: Box<[Cidr]>,
+}
+
+/// Key of the VIP map: 16-byte (v4-mapped) address, protocol number, port (host order).
+#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug)]
+pub struct VipKey {
+    /// Address, IPv4 mapped into IPv6 (RFC 4291 §2.5.5.2).
+    pub addr: [u8; 16],
+    /// Port, host order.
+    pub port: u16,
+    /// IP protocol number.
+    pub proto: u8,
+}
+
+/// How an address that carries frontends treats packets that match none of them. Ordered:
+/// when an address has frontends of several kinds, the greatest kind wins.
+#[derive(Copy, Clone, PartialEq, Eq, Debug, PartialOrd, Ord)]
+pub enum VipAddrKind {
+    /// A node address with NodePorts: the node's own traffic lives here too, so other ports
+    /// and unparsable packets go to the kernel.
+    Node,
+    /// A LoadBalancer ingress IP or external IP: other ports go to the kernel; malformed
+    /// packets are dropped.
+    Service,
+    /// A cluster IP, which exists only in xlb (ROLE-09): other ports are rejected like
+    /// kube-proxy's nftables mode does; malformed packets are dropped.
+    ClusterIp,
+}
+
+/// The immutable snapshot the workers read.
+#[derive(Debug)]
+pub struct Tables {
+    /// Increases by one per build; workers reset per-service scheduler state when it changes.
+    pub generation: u64,
+    /// Services by index.
+    pub services: Vec<Service>,
+    /// Frontends by (addr, proto, port).
+    pub vips: HashMap<VipKey, FrontendEntry>,
+    /// Addresses that carry at least one frontend, and how unmatched packets to them are
+    /// treated (ICMP errors and fragments are matched by address only).
+    pub vip_addrs: HashMap<[u8; 16], VipAddrKind>,
+    /// Backend slots, indexed by [`BackendRef::index`]; `None` for free slots.
+    pub backends: Vec<Option<Backend>>,
+    /// Ports in index order.
+    pub ports: Vec<PortSpec>,
+    /// IPv4 SNAT address.
+    pub snat_v4: Option<[u8; 4]>,
+    /// IPv6 SNAT address.
+    pub snat_v6: Option<[u8; 16]>,
+    /// IPIP outer source prefix.
+    pub dsr_source_v4: Option<Cidr>,
+    /// IP6IP6 outer source prefix.
+    pub dsr_source_v6: Option<Cidr>,
+    /// Backends whose neighbour is unresolved (the control side asks the kernel to resolve).
+    pub unresolved: Vec<IpAddr>,
+}
+
+impl Tables {
+    /// An empty snapshot (generation 0): every packet passes to the kernel.
+    pub fn empty() -> Self {
+        Self {
+            generation: 0,
+            services: Vec::new(),
+            vips: HashMap::new(),
+            vip_addrs: HashMap::new(),
+            backends: Vec::new(),
+            ports: Vec::new(),
+            snat_v4: None,
+            snat_v6: None,
+            dsr_source_v4: None,
+            dsr_source_v6: None,
+            unresolved: Vec::new(),
+        }
+    }
+
+    /// The backend a ref names, if that ref is still current (not removed, not reused).
+    #[inline]
+    pub fn backend(&self, r: BackendRef) -> Option<&Backend> {
+        match self.backends.get(r.index()) {
+            Some(Some(b)) if b.this == r => Some(b),
+            _ => None,
+        }
+    }
+
+    /// The frontend for (address, protocol, port).
+    #[inline]
+    pub fn frontend(&self, addr: [u8; 16], proto: u8, port: u16) -> Option<&FrontendEntry> {
+        self.vips.get(&VipKey { addr, port, proto })
+    }
+}
+
+/// Why a [`TablesSpec`] cannot be built. The previous tables stay published.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// Two services claim the same frontend.
+    #[error("frontend {addr} {proto}/{port} is claimed by both {first:?} and {second:?}")]
+    DuplicateFrontend {
+        /// Address.
+        addr: IpAddr,
+        /// Protocol name.
+        proto: &'static str,
+        /// Port.
+        port: u16,
+        /// First service name.
+        first: String,
+        /// Second service name.
+        second: String,
+    },
+    /// Two services have the same name.
+    #[error("service name {0:?} is used twice")]
+    DuplicateService(String),
+    /// A backend (addr, port) appears twice in one service.
+    #[error("service {service:?}: backend {addr} port {port} is listed twice")]
+    DuplicateBackend {
+        /// Service name.
+        service: String,
+        /// Address.
+        addr: IpAddr,
+        /// Port.
+        port: u16,
+    },
+    /// More backends than [`BackendRef::MAX_SLOTS`].
+    #[error("too many backends: {0} (limit {max})", max = BackendRef::MAX_SLOTS)]
+    TooManyBackends(usize),
+    /// A Maglev table could not be built.
+    #[error("service {service:?}: Maglev table: {source}")]
+    Maglev {
+        /// Service name.
+        service: String,
+        /// Cause.
+        #[source]
+        source: maglev::MaglevError,
+    },
+    /// A neighbour names a port that does not exist.
+    #[error("neighbour {addr} names port {port}, but only {ports} ports exist")]
+    BadNeighbourPort {
+        /// Neighbour address.
+        addr: IpAddr,
+        /// Port index given.
+        port: u8,
+        /// Number of ports.
+        ports: usize,
+    },
+    /// The SNAT address has the wrong family.
+    #[error("snat address {0} has the wrong address family for its field")]
+    SnatFamily(IpAddr),
+    /// A weighted-random service's weights overflow u32.
+    #[error("service {0:?}: sum of weights overflows")]
+    WeightOverflow(String),
+    /// A service port is 0 or a backend port is 0.
+    #[error("service {service:?}: port 0 is not allowed ({what})")]
+    ZeroPort {
+        /// Service name.
+        service: String,
+        /// Which port.
+        what: &'static str,
+    },
+}
+
+/// Keeps the state that must survive from one build to the next: backend slot and service id
+/// assignments. Owned by the control thread.
+#[derive(Debug, Default)]
+pub struct TableBuilder {
+    slots: BTreeMap<(String, IpAddr, u16), BackendRef>,
+    free: Vec<BackendRef>,
+    next_slot: usize,
+    service_ids: BTreeMap<String, u32>,
+    free_ids: Vec<u32>,
+    next_id: u32,
+    generation: u64,
+}
+
+/// Number of buckets of the `sh`/`dh` static hash table (IPVS `IP_VS_SH_TAB_SIZE` is 256).
+pub const HASH_BUCKETS: usize = 256;
+
+impl TableBuilder {
+    /// A builder with no history.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Builds a snapshot from `spec`. On error nothing changes (slot assignments are only
+    /// committed on success), so the caller keeps publishing the last good tables.
+    ///
+    /// # Errors
+    /// [`BuildError`] naming the service, frontend or backend at fault.
+    pub fn build(&mut self, spec: &TablesSpec) -> Result<Tables, BuildError> {
+        // Validate first, so a failure leaves the builder untouched.
+        let mut seen_names = hashbrown::HashSet::new();
+        let mut vip_owner: HashMap<VipKey, &str> = HashMap::new();
+        let mut total_backends = 0usize;
+        for s in &spec.services {
+            if !seen_names.insert(s.name.as_str()) {
+                return Err(BuildError::DuplicateService(s.name.clone()));
+            }
+            for f in &s.frontends {
+                if f.port == 0 {
+                    return Err(BuildError::ZeroPort { service: s.name.clone(), what: "frontend" });
+                }
+                let k = VipKey { addr: mapped(f.addr), port: f.port, proto: f.proto as u8 };
+                if let Some(first) = vip_owner.insert(k, &s.name) {
+                    return Err(BuildError::DuplicateFrontend {
+                        addr: f.addr,
+                        proto: f.proto.as_str(),
+                        port: f.port,
+                        first: first.to_owned(),
+                        second: s.name.clone(),
+                    });
+                }
+            }
+            let mut seen_b = hashbrown::HashSet::new();
+            for b in &s.backends {
+                if b.port == 0 {
+                    return Err(BuildError::ZeroPort { service: s.name.clone(), what: "backend" });
+                }
+                if !seen_b.insert((b.addr, b.port)) {
+                    return Err(BuildError::DuplicateBackend { service: s.name.clone(), addr: b.addr, port: b.port });
+                }
+            }
+            total_backends += s.backends.len();
+        }
+        if total_backends > BackendRef::MAX_SLOTS {
+            return Err(BuildError::TooManyBackends(total_backends));
+        }
+        for n in &spec.neighbours {
+            if usize::from(n.port) >= spec.ports.len() {
+                return Err(BuildError::BadNeighbourPort { addr: n.addr, port: n.port, ports: spec.ports.len() });
+            }
+        }
+        let snat_v4 = match spec.snat_v4 {
+            None => None,
+            Some(IpAddr::V4(a)) => Some(a.octets()),
+            Some(other) => return Err(BuildError::SnatFamily(other)),
+        };
+        let snat_v6 = match spec.snat_v6 {
+            None => None,
+            Some(IpAddr::V6(a)) => Some(a.octets()),
+            Some(other) => return Err(BuildError::SnatFamily(other)),
+        };
+
+        // Scheduler data per service (may fail: Maglev), still without touching `self`.
+        let max_m = if spec.maglev_max_size == 0 { maglev::DEFAULT_MAX_TABLE_SIZE } else { spec.maglev_max_size };
+        let mut sched_data = Vec::with_capacity(spec.services.len());
+        for s in &spec.services {
+            let eligible: Vec<&BackendSpec> = s.backends.iter().filter(|b| b.eligible && b.weight > 0).collect();
+            let maglev = if matches!(s.scheduler, Scheduler::Maglev { .. }) && !eligible.is_empty() {
+                let mb: Vec<MaglevBackend> = eligible
+                    .iter()
+                    .map(|b| MaglevBackend { key: maglev::backend_key(b.addr, b.port), weight: u32::from(b.weight) })
+                    .collect();
+                let size = maglev::table_size_for(mb.len(), max_m)
+                    .and_then(|m| MaglevTable::build(&mb, m))
+                    .map_err(|source| BuildError::Maglev { service: s.name.clone(), source })?;
+                Some(size)
+            } else {
+                None
+            };
+            let mut cum = Vec::with_capacity(eligible.len());
+            let mut total: u32 = 0;
+            for b in &eligible {
+                total =
+                    total.checked_add(u32::from(b.weight)).ok_or_else(|| BuildError::WeightOverflow(s.name.clone()))?;
+                cum.push(total);
+            }
+            sched_data.push((maglev, cum));
+        }
+
+        // Commit: assign slots and ids.
+        let mut next_slots: BTreeMap<(String, IpAddr, u16), BackendRef> = BTreeMap::new();
+        for s in &spec.services {
+            for b in &s.backends {
+                let key = (s.name.clone(), b.addr, b.port);
+                if let Some(r) = self.slots.get(&key) {
+                    next_slots.insert(key, *r);
+                }
+            }
+        }
+        // Free slots of backends that left, bumping their generation.
+        let old = core::mem::take(&mut self.slots);
+        for (k, r) in old {
+            if !next_slots.contains_key(&k) {
+                self.free.push(BackendRef::new(r.index(), (r.0 >> 20).wrapping_add(1)));
+            }
+        }
+        for s in &spec.services {
+            for b in &s.backends {
+                let key = (s.name.clone(), b.addr, b.port);
+                if next_slots.contains_key(&key) {
+                    continue;
+                }
+                let r = match self.free.pop() {
+                    Some(r) => r,
+                    None => {
+                        let r = BackendRef::new(self.next_slot, 0);
+                        self.next_slot += 1;
+                        r
+                    }
+                };
+                next_slots.insert(key, r);
+            }
+        }
+        self.slots = next_slots;
+        // Service ids.
+        let wanted: hashbrown::HashSet<&str> = spec.services.iter().map(|s| s.name.as_str()).collect();
+        let gone: Vec<String> = self.service_ids.keys().filter(|n| !wanted.contains(n.as_str())).cloned().collect();
+        for n in gone {
+            if let Some(id) = self.service_ids.remove(&n) {
+                self.free_ids.push(id);
+            }
+        }
+        for s in &spec.services {
+            if !self.service_ids.contains_key(&s.name) {
+                let id = self.free_ids.pop().unwrap_or_else(|| {
+                    let id = self.next_id;
+                    self.next_id += 1;
+                    id
+                });
+                self.service_ids.insert(s.name.clone(), id);
+            }
+        }
+        self.generation += 1;
+
+        // Neighbours and routes.
+        let neigh: HashMap<IpAddr, &NeighbourSpec> = spec.neighbours.iter().map(|n| (n.addr, n)).collect();
+        let hop_for = |addr: IpAddr| -> Option<Hop> {
+            let via =
+                spec.routes.iter().filter(|r| r.dst.contains(addr)).max_by_key(|r| r.dst.len).map_or(addr, |r| r.via);
+            let n = neigh.get(&via)?;
+            let p = spec.ports.get(usize::from(n.port))?;
+            Some(Hop { port: n.port, dst_mac: n.mac, src_mac: p.mac, mtu: p.mtu })
+        };
+
+        let mut t = Tables::empty();
+        t.generation = self.generation;
+        t.ports = spec.ports.clone();
+        t.snat_v4 = snat_v4;
+        t.snat_v6 = snat_v6;
+        t.dsr_source_v4 = spec.dsr_source_v4;
+        t.dsr_source_v6 = spec.dsr_source_v6;
+        t.backends = vec![None; self.next_slot];
+        for ((s, (maglev, cum)), si) in spec.services.iter().zip(sched_data).zip(0u32..) {
+            let mut members = Vec::with_capacity(s.backends.len());
+            let mut eligible = Vec::new();
+            let mut weights = Vec::new();
+            for b in &s.backends {
+                let r = self.slots[&(s.name.clone(), b.addr, b.port)];
+                members.push(r);
+                if b.eligible && b.weight > 0 {
+                    eligible.push(r);
+                    weights.push(b.weight);
+                }
+                let hop = hop_for(b.addr);
+                if hop.is_none() {
+                    t.unresolved.push(b.addr);
+                }
+                if let Some(slot) = t.backends.get_mut(r.index()) {
+                    *slot = Some(Backend {
+                        this: r,
+                        addr: b.addr,
+                        port: b.port,
+                        weight: b.weight,
+                        eligible: b.eligible,
+                        service: si,
+                        hop,
+                        conditions: b.conditions,
+                        node_local: b.node_local,
+                    });
+                }
+            }
+            let hash_buckets = sh_buckets(&weights);
+            for f in &s.frontends {
+                let a = mapped(f.addr);
+                t.vips.insert(
+                    VipKey { addr: a, port: f.port, proto: f.proto as u8 },
+                    FrontendEntry {
+                        service: si,
+                        kind: f.kind,
+                        masquerade: f.masquerade,
+                        source_ranges: f.source_ranges.clone().into_boxed_slice(),
+                    },
+                );
+                let kind = match f.kind {
+                    FrontendKind::ClusterIp => VipAddrKind::ClusterIp,
+                    FrontendKind::NodePort => VipAddrKind::Node,
+                    FrontendKind::LoadBalancer | FrontendKind::ExternalIp => VipAddrKind::Service,
+                };
+                t.vip_addrs.entry(a).and_modify(|k| *k = (*k).max(kind)).or_insert(kind);
+            }
+            t.services.push(Service {
+                id: self.service_ids[&s.name],
+                name: s.name.clone().into_boxed_str(),
+                scheduler: s.scheduler,
+                affinity_timeout_s: s.affinity_timeout_s,
+                mode: s.mode,
+                when_empty: s.when_empty,
+                members: members.into_boxed_slice(),
+                eligible: eligible.into_boxed_slice(),
+                weights: weights.into_boxed_slice(),
+                cum_weights: cum.into_boxed_slice(),
+                maglev,
+                hash_buckets,
+            });
+        }
+        t.unresolved.sort();
+        t.unresolved.dedup();
+        Ok(t)
+    }
+
+    /// Number of backend slots in use or free (the length of [`Tables::backends`]).
+    pub fn slot_count(&self) -> usize {
+        self.next_slot
+    }
+
+    /// Number of service ids handed out (the length workers size service counters to).
+    pub fn service_id_count(&self) -> u32 {
+        self.next_id
+    }
+}
+
+/// IPVS `sh`/`dh` bucket fill (`ip_vs_sh_populate`): walk the backends round robin, giving
+/// each `weight` consecutive buckets per turn, until all [`HASH_BUCKETS`] are filled. Entries
+/// are indices into the eligible list; empty when there is no eligible backend.
+fn sh_buckets(weights: &[u16]) -> Box<[u32]> {
+    if weights.is_empty() {
+        return Box::new([]);
+    }
+    let mut out = Vec::with_capacity(HASH_BUCKETS);
+    let mut i = 0usize;
+    let mut given = 0u16;
+    while out.len() < HASH_BUCKETS {
+        let w = weights.get(i).copied().unwrap_or(1).max(1);
+        out.push(u32::try_from(i).unwrap_or(0));
+        given += 1;
+        if given >= w {
+            given = 0;
+            i = (i + 1) % weights.len();
+        }
+    }
+    out.into_boxed_slice()
+}
+
+/// Publication point for tables: the control thread stores, workers load once per batch.
+#[derive(Debug, Clone)]
+pub struct TablesHandle {
+    inner: Arc<ArcSwap<Tables>>,
+}
+
+impl Default for TablesHandle {
+    fn default() -> Self {
+        Self::new(Tables::empty())
+    }
+}
+
+impl TablesHandle {
+    /// A handle publishing `t` first.
+    pub fn new(t: Tables) -> Self {
+        Self { inner: Arc::new(ArcSwap::from_pointee(t)) }
+    }
+    /// Publishes `t` atomically; readers see the old or the new snapshot, never a mix (SYNC-06).
+    pub fn publish(&self, t: Tables) {
+        self.inner.store(Arc::new(t));
+    }
+    /// The current snapshot; workers call this once per RX batch.
+    pub fn load(&self) -> Arc<Tables> {
+        self.inner.load_full()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn svc(name: &str, vip: &str, backends: &[(&str, u16)]) -> ServiceSpec {
+        ServiceSpec {
+            name: name.into(),
+            frontends: vec![Frontend {
+                addr: vip.parse().unwrap(),
+                proto: L4Proto::Tcp,
+                port: 80,
+                kind: FrontendKind::ClusterIp,
+                masquerade: false,
+                source_ranges: vec![],
+            }],
+            scheduler: Scheduler::Maglev { port: true },
+            affinity_timeout_s: None,
+            mode: ForwardingMode::Nat,
+            when_empty: EmptyAction::Reject,
+            backends: backends
+                .iter()
+                .map(|(a, p)| BackendSpec {
+                    addr: a.parse().unwrap(),
+                    port: *p,
+                    weight: 1,
+                    eligible: true,
+                    conditions: Conditions { ready: true, serving: true, terminating: false },
+                    node_local: false,
+                    zone: None,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn backend_refs_survive_rebuilds_and_removed_refs_go_stale() {
+        let mut b = TableBuilder::new();
+        let spec = TablesSpec {
+            services: vec![svc("a", "10.96.0.1", &[("10.0.0.1", 80), ("10.0.0.2", 80)])],
+            ..Default::default()
+        };
+        let t1 = b.build(&spec).unwrap();
+        let r1 = t1.services[0].members[0];
+        let r2 = t1.services[0].members[1];
+        let spec2 = TablesSpec {
+            services: vec![svc("a", "10.96.0.1", &[("10.0.0.2", 80), ("10.0.0.3", 80)])],
+            ..Default::default()
+        };
+        let t2 = b.build(&spec2).unwrap();
+        assert!(t2.backend(r1).is_none(), "removed backend's ref must be stale");
+        assert_eq!(t2.backend(r2).unwrap().addr, "10.0.0.2".parse::<IpAddr>().unwrap());
+        // 10.0.0.3 reused r1's slot with a new generation.
+        let r3 = t2.services[0].members[1];
+        assert_eq!(r3.index(), r1.index());
+        assert_ne!(r3, r1);
+        assert!(t2.generation > t1.generation);
+    }
+
+    #[test]
+    fn duplicate_frontend_is_an_error_naming_both_services_and_keeps_builder_state() {
+        let mut b = TableBuilder::new();
+        let ok = TablesSpec { services: vec![svc("a", "10.96.0.1", &[("10.0.0.1", 80)])], ..Default::default() };
+        let t = b.build(&ok).unwrap();
+        let bad = TablesSpec {
+            services: vec![svc("a", "10.96.0.1", &[("10.0.0.1", 80)]), svc("b", "10.96.0.1", &[("10.0.0.9", 80)])],
+            ..Default::default()
+        };
+        let e = b.build(&bad).unwrap_err().to_string();
+        assert!(e.contains("\"a\"") && e.contains("\"b\"") && e.contains("10.96.0.1"), "{e}");
+        let t2 = b.build(&ok).unwrap();
+        assert_eq!(t.services[0].members, t2.services[0].members);
+    }
+
+    #[test]
+    fn sh_buckets_follow_weights() {
+        let b = sh_buckets(&[1, 3]);
+        assert_eq!(b.len(), HASH_BUCKETS);
+        assert_eq!(b.iter().filter(|&&i| i == 1).count(), 192);
+    }
+
+    #[test]
+    fn clusterip_address_kind_wins_over_other_kinds() {
+        let mut s = svc("a", "10.96.0.1", &[("10.0.0.1", 80)]);
+        let mut f = s.frontends[0].clone();
+        f.port = 443;
+        f.kind = FrontendKind::ExternalIp;
+        s.frontends.insert(0, f);
+        let t = TableBuilder::new().build(&TablesSpec { services: vec![s], ..Default::default() }).unwrap();
+        assert_eq!(t.vip_addrs[&mapped("10.96.0.1".parse().unwrap())], VipAddrKind::ClusterIp);
+    }
+}

@@ -1,0 +1,397 @@
+//! Header parsing over a frame in place, with `smoltcp::wire` views for validation.
+//!
+//! [`parse`] validates the Ethernet header (one optional 802.1Q tag, IEEE 802.1Q §9), the IP
+//! header (IPv4 with options, RFC 791; IPv6 with its extension-header chain, RFC 8200 §4) and
+//! the L4 header (TCP, UDP, SCTP, ICMPv4, ICMPv6), and returns offsets into the frame: no
+//! copies and no allocation. Every offset in a returned [`Parsed`] is inside the frame, so
+//! later stages can index without re-checking lengths beyond what is documented per field.
+
+use smoltcp::wire::{EthernetFrame, Icmpv4Packet, Icmpv6Packet, Ipv4Packet, Ipv6Packet, TcpPacket, UdpPacket};
+
+use crate::counters::DropReason;
+
+/// IP protocol numbers used by the pipeline (IANA "Assigned Internet Protocol Numbers").
+pub mod proto {
+    /// ICMP for IPv4 (RFC 792).
+    pub const ICMP: u8 = 1;
+    /// IPv4-in-IP encapsulation (RFC 2003).
+    pub const IPIP: u8 = 4;
+    /// TCP (RFC 9293).
+    pub const TCP: u8 = 6;
+    /// UDP (RFC 768).
+    pub const UDP: u8 = 17;
+    /// IPv6 encapsulation (RFC 2473).
+    pub const IPV6: u8 = 41;
+    /// IPv6 Hop-by-Hop options (RFC 8200 §4.3).
+    pub const HOPOPT: u8 = 0;
+    /// IPv6 Routing header (RFC 8200 §4.4).
+    pub const ROUTING: u8 = 43;
+    /// IPv6 Fragment header (RFC 8200 §4.5).
+    pub const FRAGMENT: u8 = 44;
+    /// Authentication Header (RFC 4302).
+    pub const AH: u8 = 51;
+    /// ICMPv6 (RFC 4443).
+    pub const ICMPV6: u8 = 58;
+    /// IPv6 Destination options (RFC 8200 §4.6).
+    pub const DSTOPTS: u8 = 60;
+    /// SCTP (RFC 9260).
+    pub const SCTP: u8 = 132;
+}
+
+/// EtherType of an 802.1Q VLAN tag.
+pub const ETHERTYPE_VLAN: u16 = 0x8100;
+/// Length of an Ethernet header without a tag, in bytes.
+pub const ETH_LEN: usize = 14;
+/// Most IPv6 extension headers walked before giving up (a counted drop).
+pub const MAX_EXT_HEADERS: usize = 8;
+
+/// Fragment information of an IP packet.
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub enum Frag {
+    /// Not a fragment.
+    None,
+    /// First fragment (offset 0, more fragments follow): carries the L4 header.
+    First {
+        /// IPv4 identification (16 bits) or IPv6 fragment identification (32 bits).
+        id: u32,
+    },
+    /// A later fragment (offset > 0): no L4 header.
+    Later {
+        /// Identification.
+        id: u32,
+    },
+}
+
+/// What [`parse`] found. All offsets are from the start of the frame, in bytes.
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub struct Parsed {
+    /// Offset of the EtherType field that holds the IP EtherType (12, or 16 with a VLAN tag).
+    pub ethertype_at: usize,
+    /// Offset of the IP header.
+    pub l3: usize,
+    /// Offset of the L4 header (or of the fragment payload for later fragments).
+    pub l4: usize,
+    /// End of the IP packet (`l3` + IP total length); Ethernet padding lies beyond.
+    pub end: usize,
+    /// L4 protocol after the extension headers.
+    pub proto: u8,
+    /// Source port (TCP/UDP/SCTP), ICMP identifier for echo, else 0.
+    pub sport: u16,
+    /// Destination port (TCP/UDP/SCTP), else 0.
+    pub dport: u16,
+    /// TCP flags byte (offset 13 of the TCP header), else 0.
+    pub tcp_flags: u8,
+    /// ICMP / ICMPv6 type, else 0.
+    pub icmp_type: u8,
+    /// Fragment state.
+    pub frag: Frag,
+    /// Offset of the IPv6 Fragment header (for re-encoding), 0 if none.
+    pub frag_hdr: usize,
+}
+
+/// TCP flag bits (RFC 9293 §3.1).
+pub mod tcp_flags {
+    /// FIN.
+    pub const FIN: u8 = 0x01;
+    /// SYN.
+    pub const SYN: u8 = 0x02;
+    /// RST.
+    pub const RST: u8 = 0x04;
+    /// PSH.
+    pub const PSH: u8 = 0x08;
+    /// ACK.
+    pub const ACK: u8 = 0x10;
+}
+
+/// The IP version of a frame, from its EtherType.
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub enum L3 {
+    /// IPv4 (EtherType 0x0800).
+    V4,
+    /// IPv6 (EtherType 0x86DD).
+    V6,
+    /// Anything else (ARP, LLDP, ...): the kernel's business.
+    Other,
+}
+
+/// Reads the Ethernet header (and one 802.1Q tag): returns the family and the offset of the
+/// EtherType field that names it.
+///
+/// # Errors
+/// `MalformedL2` if the frame is shorter than its Ethernet header.
+#[inline]
+pub fn ethernet(frame: &[u8]) -> Result<(L3, usize), DropReason> {
+    let eth = EthernetFrame::new_checked(frame).map_err(|_| DropReason::MalformedL2)?;
+    let mut at = 12;
+    let mut et = u16::from(eth.ethertype());
+    if et == ETHERTYPE_VLAN {
+        at = 16;
+        et = read_u16(frame, at).ok_or(DropReason::MalformedL2)?;
+    }
+    let l3 = match et {
+        0x0800 => L3::V4,
+        0x86DD => L3::V6,
+        _ => L3::Other,
+    };
+    Ok((l3, at))
+}
+
+/// Reads a big-endian u16 at `at`; `None` past the end.
+#[inline]
+pub fn read_u16(b: &[u8], at: usize) -> Option<u16> {
+    let s = b.get(at..at + 2)?;
+    Some(u16::from_be_bytes([s[0], s[1]]))
+}
+
+/// Writes a big-endian u16 at `at`; does nothing past the end (callers only write inside
+/// ranges [`parse`] validated).
+#[inline]
+pub fn write_u16(b: &mut [u8], at: usize, v: u16) {
+    if let Some(s) = b.get_mut(at..at + 2) {
+        s.copy_from_slice(&v.to_be_bytes());
+    }
+}
+
+/// Parses the IPv4 header at `l3` and the L4 header after it.
+///
+/// # Errors
+/// `MalformedL3` / `MalformedL4` for truncated or inconsistent headers.
+pub fn parse_v4(frame: &[u8], ethertype_at: usize) -> Result<Parsed, DropReason> {
+    let l3 = ethertype_at + 2;
+    let buf = frame.get(l3..).ok_or(DropReason::MalformedL3)?;
+    let ip = Ipv4Packet::new_checked(buf).map_err(|_| DropReason::MalformedL3)?;
+    if ip.version() != 4 {
+        return Err(DropReason::MalformedL3);
+    }
+    let hl = usize::from(ip.header_len());
+    let end = l3 + usize::from(ip.total_len());
+    let more = ip.more_frags();
+    let off = ip.frag_offset();
+    let id = u32::from(ip.ident());
+    let frag = if off > 0 {
+        Frag::Later { id }
+    } else if more {
+        Frag::First { id }
+    } else {
+        Frag::None
+    };
+    let mut p = Parsed {
+        ethertype_at,
+        l3,
+        l4: l3 + hl,
+        end,
+        proto: u8::from(ip.next_header()),
+        sport: 0,
+        dport: 0,
+        tcp_flags: 0,
+        icmp_type: 0,
+        frag,
+        frag_hdr: 0,
+    };
+    l4(frame, &mut p)?;
+    Ok(p)
+}
+
+/// Parses the IPv6 header at `l3`, walks extension headers (Hop-by-Hop, Routing, Destination
+/// options, Fragment, AH; at most [`MAX_EXT_HEADERS`]) and parses the L4 header.
+///
+/// # Errors
+/// `MalformedL3` / `MalformedL4` for truncated or inconsistent headers.
+pub fn parse_v6(frame: &[u8], ethertype_at: usize) -> Result<Parsed, DropReason> {
+    let l3 = ethertype_at + 2;
+    let buf = frame.get(l3..).ok_or(DropReason::MalformedL3)?;
+    let ip = Ipv6Packet::new_checked(buf).map_err(|_| DropReason::MalformedL3)?;
+    if ip.version() != 6 {
+        return Err(DropReason::MalformedL3);
+    }
+    let end = l3 + 40 + usize::from(ip.payload_len());
+    let mut next = u8::from(ip.next_header());
+    let mut at = l3 + 40;
+    let mut frag = Frag::None;
+    let mut frag_hdr = 0;
+    for _ in 0..MAX_EXT_HEADERS {
+        let len = match next {
+            proto::HOPOPT | proto::ROUTING | proto::DSTOPTS => {
+                let l = frame.get(at + 1).ok_or(DropReason::MalformedL3)?;
+                (usize::from(*l) + 1) * 8
+            }
+            proto::AH => {
+                let l = frame.get(at + 1).ok_or(DropReason::MalformedL3)?;
+                (usize::from(*l) + 2) * 4
+            }
+            proto::FRAGMENT => {
+                let h = frame.get(at..at + 8).ok_or(DropReason::MalformedL3)?;
+                let off_m = u16::from_be_bytes([h[2], h[3]]);
+                let id = u32::from_be_bytes([h[4], h[5], h[6], h[7]]);
+                frag = if off_m >> 3 != 0 {
+                    Frag::Later { id }
+                } else if off_m & 1 != 0 {
+                    Frag::First { id }
+                } else {
+                    // An atomic fragment (RFC 6946): offset 0, M=0. Treat as whole.
+                    Frag::None
+                };
+                frag_hdr = at;
+                8
+            }
+            _ => break,
+        };
+        next = *frame.get(at).ok_or(DropReason::MalformedL3)?;
+        at += len;
+        if at > end {
+            return Err(DropReason::MalformedL3);
+        }
+    }
+    if matches!(next, proto::HOPOPT | proto::ROUTING | proto::DSTOPTS | proto::FRAGMENT | proto::AH) {
+        return Err(DropReason::MalformedL3);
+    }
+    let mut p = Parsed {
+        ethertype_at,
+        l3,
+        l4: at,
+        end,
+        proto: next,
+        sport: 0,
+        dport: 0,
+        tcp_flags: 0,
+        icmp_type: 0,
+        frag,
+        frag_hdr,
+    };
+    l4(frame, &mut p)?;
+    Ok(p)
+}
+
+/// Validates and reads the L4 header in `frame[p.l4..p.end]`. Later fragments carry no L4
+/// header and are left with zero ports.
+fn l4(frame: &[u8], p: &mut Parsed) -> Result<(), DropReason> {
+    if matches!(p.frag, Frag::Later { .. }) {
+        return Ok(());
+    }
+    let seg = frame.get(p.l4..p.end).ok_or(DropReason::MalformedL3)?;
+    match p.proto {
+        proto::TCP => {
+            let t = TcpPacket::new_checked(seg).map_err(|_| DropReason::MalformedL4)?;
+            p.sport = t.src_port();
+            p.dport = t.dst_port();
+            p.tcp_flags = seg.get(13).copied().unwrap_or(0);
+        }
+        proto::UDP => {
+            if p.frag == Frag::None {
+                // Whole datagram: the length field must fit what is here (RFC 768).
+                let u = UdpPacket::new_checked(seg).map_err(|_| DropReason::MalformedL4)?;
+                if usize::from(u.len()) < 8 {
+                    return Err(DropReason::MalformedL4);
+                }
+            } else if seg.len() < 8 {
+                // A first fragment carries only part of the datagram.
+                return Err(DropReason::MalformedL4);
+            }
+            p.sport = read_u16(seg, 0).unwrap_or(0);
+            p.dport = read_u16(seg, 2).unwrap_or(0);
+        }
+        proto::SCTP => {
+            // RFC 9260 §3.1 common header: ports, verification tag, checksum: 12 bytes.
+            if seg.len() < 12 {
+                return Err(DropReason::MalformedL4);
+            }
+            p.sport = u16::from_be_bytes([seg[0], seg[1]]);
+            p.dport = u16::from_be_bytes([seg[2], seg[3]]);
+        }
+        proto::ICMP => {
+            let i = Icmpv4Packet::new_checked(seg).map_err(|_| DropReason::MalformedL4)?;
+            p.icmp_type = u8::from(i.msg_type());
+            p.sport = read_u16(seg, 4).unwrap_or(0);
+        }
+        proto::ICMPV6 => {
+            let i = Icmpv6Packet::new_checked(seg).map_err(|_| DropReason::MalformedL4)?;
+            p.icmp_type = u8::from(i.msg_type());
+            p.sport = read_u16(seg, 4).unwrap_or(0);
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// ICMPv4 error types that quote an offending datagram (RFC 792): destination unreachable,
+/// time exceeded, parameter problem.
+#[inline]
+pub fn is_icmpv4_error(t: u8) -> bool {
+    matches!(t, 3 | 11 | 12)
+}
+
+/// ICMPv6 error types (RFC 4443 §3): destination unreachable, packet too big, time exceeded,
+/// parameter problem.
+#[inline]
+pub fn is_icmpv6_error(t: u8) -> bool {
+    matches!(t, 1..=4)
+}
+
+/// Parses the datagram quoted inside an ICMP error (starting at `at`, the inner IP header),
+/// which is usually truncated: only the IP header and the first 8 bytes of L4 (the ports)
+/// are required (RFC 792, RFC 4443 §2.4(c)). Returns (inner l3, inner l4, inner proto).
+///
+/// # Errors
+/// `MalformedL4` if the quote is too short for the IP header plus 8 bytes.
+pub fn quoted(frame: &[u8], at: usize, end: usize, v6: bool) -> Result<(usize, usize, u8), DropReason> {
+    let q = frame.get(at..end).ok_or(DropReason::MalformedL4)?;
+    if v6 {
+        if q.len() < 48 || q[0] >> 4 != 6 {
+            return Err(DropReason::MalformedL4);
+        }
+        // Quoted extension headers are rare; only the plain header is supported here.
+        Ok((at, at + 40, q[6]))
+    } else {
+        let first = *q.first().ok_or(DropReason::MalformedL4)?;
+        let hl = usize::from(first & 0x0f) * 4;
+        if first >> 4 != 4 || hl < 20 || q.len() < hl + 8 {
+            return Err(DropReason::MalformedL4);
+        }
+        Ok((at, at + hl, q[9]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::build;
+
+    #[test]
+    fn vlan_tagged_ipv4_tcp_parses_ports_behind_the_tag() {
+        let mut f = build::Frame::tcp_v4([10, 0, 0, 1], 1234, [10, 96, 0, 1], 80, tcp_flags::SYN);
+        f.vlan(42);
+        let (l3, at) = ethernet(&f.bytes).unwrap();
+        assert_eq!((l3, at), (L3::V4, 16));
+        let p = parse_v4(&f.bytes, at).unwrap();
+        assert_eq!((p.sport, p.dport, p.proto, p.tcp_flags), (1234, 80, proto::TCP, tcp_flags::SYN));
+    }
+
+    #[test]
+    fn ipv4_options_move_the_l4_offset() {
+        let f = build::Frame::udp_v4_opts([10, 0, 0, 1], 5, [10, 96, 0, 1], 53, 8);
+        let p = parse_v4(&f.bytes, 12).unwrap();
+        assert_eq!(p.l4, 14 + 28);
+        assert_eq!(p.dport, 53);
+    }
+
+    #[test]
+    fn ipv6_extension_headers_are_skipped_and_fragment_header_noted() {
+        let f = build::Frame::udp_v6_with_ext([0xfd; 16], 7, [0xfe; 16], 53, true);
+        let p = parse_v6(&f.bytes, 12).unwrap();
+        assert_eq!(p.proto, proto::UDP);
+        assert_eq!(p.dport, 53);
+        assert!(matches!(p.frag, Frag::First { .. }));
+        assert!(p.frag_hdr > 0);
+    }
+
+    #[test]
+    fn truncated_headers_are_malformed_not_panics() {
+        let f = build::Frame::tcp_v4([10, 0, 0, 1], 1, [10, 0, 0, 2], 2, 0);
+        for cut in 0..f.bytes.len() {
+            let b = &f.bytes[..cut];
+            if let Ok((L3::V4, at)) = ethernet(b) {
+                assert!(parse_v4(b, at).is_err(), "cut at {cut} parsed");
+            }
+        }
+    }
+}

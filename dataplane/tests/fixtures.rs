@@ -1,0 +1,957 @@
+//! Packet fixtures in the style of Katran's tester: each row is a description, a setup
+//! (tables, earlier packets, a table change), an input frame, the expected verdict and the
+//! expected output frame. Expected frames are built from scratch by `dataplane::build`, so a
+//! byte-equal match also proves every incrementally updated checksum.
+//!
+//! The same rows are kept as pcap files (`tests/fixtures/inputs.pcap`, `expected.pcap`, and
+//! `index.tsv` naming each record) so the corpus can be replayed through a live AF_XDP
+//! socket. `XLB_BLESS=1 cargo test -p dataplane --test fixtures` rewrites them; otherwise
+//! the test fails if they differ from the rows.
+
+use std::net::IpAddr;
+
+use dataplane::addr::Cidr;
+use dataplane::build::{self, CLIENT_MAC, Frame, IpOpts, LB_MAC, icmp_message, sctp_packet, tcp_segment, udp_datagram};
+use dataplane::counters::{DropReason, Event};
+use dataplane::nat::Packet;
+use dataplane::process::{Pipeline, PipelineConfig, Verdict};
+use dataplane::tables::*;
+use dataplane::wire::{proto, tcp_flags::*};
+
+const HEADROOM: usize = 256;
+const BUF: usize = 2048;
+
+const C4: [u8; 4] = [10, 0, 0, 1];
+const C4B: [u8; 4] = [10, 0, 0, 2];
+const VIP4: [u8; 4] = [10, 96, 0, 10];
+const NODE4: [u8; 4] = [10, 0, 0, 100];
+const LBIP4: [u8; 4] = [192, 0, 2, 10];
+const B4: [[u8; 4]; 3] = [[10, 1, 0, 11], [10, 1, 0, 12], [10, 1, 0, 13]];
+const SNAT4: [u8; 4] = [10, 0, 0, 254];
+const DSR4: [u8; 4] = [172, 16, 0, 1];
+const ROUTER4: [u8; 4] = [10, 0, 0, 200];
+
+const C6: [u8; 16] = ip6(0xfd00, 1);
+const VIP6: [u8; 16] = ip6(0xfd96, 0x10);
+const NODE6: [u8; 16] = ip6(0xfd00, 0x100);
+const B6: [[u8; 16]; 3] = [ip6(0xfd01, 0x11), ip6(0xfd01, 0x12), ip6(0xfd01, 0x13)];
+const SNAT6: [u8; 16] = ip6(0xfd00, 0xfe);
+const DSR6: [u8; 16] = ip6(0xfd16, 1);
+const ROUTER6: [u8; 16] = ip6(0xfd00, 0x200);
+
+const BMAC: [[u8; 6]; 3] = [[2, 0, 0, 0, 1, 0x11], [2, 0, 0, 0, 1, 0x12], [2, 0, 0, 0, 1, 0x13]];
+
+const fn ip6(prefix: u16, host: u16) -> [u8; 16] {
+    let p = prefix.to_be_bytes();
+    let h = host.to_be_bytes();
+    [p[0], p[1], 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, h[0], h[1]]
+}
+
+/// An address pair of one family, so each scenario is written once for IPv4 and IPv6.
+#[derive(Clone, Copy)]
+struct Fam {
+    v6: bool,
+    client: IpAddr,
+    client2: IpAddr,
+    vip: IpAddr,
+    node: IpAddr,
+    lbip: IpAddr,
+    backends: [IpAddr; 3],
+    snat: IpAddr,
+    dsr: IpAddr,
+    router: IpAddr,
+}
+
+fn v4() -> Fam {
+    Fam {
+        v6: false,
+        client: C4.into(),
+        client2: C4B.into(),
+        vip: VIP4.into(),
+        node: NODE4.into(),
+        lbip: LBIP4.into(),
+        backends: [B4[0].into(), B4[1].into(), B4[2].into()],
+        snat: SNAT4.into(),
+        dsr: DSR4.into(),
+        router: ROUTER4.into(),
+    }
+}
+
+fn v6() -> Fam {
+    Fam {
+        v6: true,
+        client: C6.into(),
+        client2: ip6(0xfd00, 2).into(),
+        vip: VIP6.into(),
+        node: NODE6.into(),
+        lbip: ip6(0x2001, 0xdb8).into(),
+        backends: [B6[0].into(), B6[1].into(), B6[2].into()],
+        snat: SNAT6.into(),
+        dsr: DSR6.into(),
+        router: ROUTER6.into(),
+    }
+}
+
+fn fe(addr: IpAddr, proto: L4Proto, port: u16, kind: FrontendKind, masquerade: bool) -> Frontend {
+    Frontend { addr, proto, port, kind, masquerade, source_ranges: vec![] }
+}
+
+fn backend(addr: IpAddr, port: u16) -> BackendSpec {
+    BackendSpec {
+        addr,
+        port,
+        weight: 1,
+        eligible: true,
+        conditions: Conditions { ready: true, serving: true, terminating: false },
+        node_local: true,
+        zone: None,
+    }
+}
+
+fn service(name: &str, frontends: Vec<Frontend>, backends: Vec<BackendSpec>, mode: ForwardingMode) -> ServiceSpec {
+    ServiceSpec {
+        name: name.into(),
+        frontends,
+        scheduler: Scheduler::RoundRobin,
+        affinity_timeout_s: None,
+        mode,
+        when_empty: EmptyAction::Reject,
+        backends,
+    }
+}
+
+/// The standard setup for a family: one web service (ClusterIP :80 → :8080, NodePort
+/// :30080 masqueraded, LB IP :80 with source ranges), one backend unless told otherwise.
+fn spec(f: Fam, mut services: Vec<ServiceSpec>) -> TablesSpec {
+    if services.is_empty() {
+        services.push(service(
+            "default/web:http",
+            vec![
+                fe(f.vip, L4Proto::Tcp, 80, FrontendKind::ClusterIp, false),
+                fe(f.vip, L4Proto::Udp, 53, FrontendKind::ClusterIp, false),
+                fe(f.node, L4Proto::Tcp, 30080, FrontendKind::NodePort, true),
+            ],
+            vec![backend(f.backends[0], 8080)],
+            ForwardingMode::Nat,
+        ));
+    }
+    let (dsr4, dsr6) =
+        if f.v6 { (None, Some(Cidr { addr: f.dsr, len: 128 })) } else { (Some(Cidr { addr: f.dsr, len: 32 }), None) };
+    TablesSpec {
+        services,
+        ports: vec![PortSpec { name: "eth0".into(), mac: LB_MAC, mtu: 1500 }],
+        neighbours: f.backends.iter().zip(BMAC).map(|(a, mac)| NeighbourSpec { addr: *a, mac, port: 0 }).collect(),
+        routes: vec![],
+        snat_v4: (!f.v6).then_some(f.snat),
+        snat_v6: f.v6.then_some(f.snat),
+        dsr_source_v4: dsr4,
+        dsr_source_v6: dsr6,
+        maglev_max_size: 0,
+    }
+}
+
+fn opts(ttl: u8) -> IpOpts {
+    IpOpts { ttl, ..IpOpts::default() }
+}
+
+fn tcp(src: IpAddr, sp: u16, dst: IpAddr, dp: u16, flags: u8, ttl: u8, macs: ([u8; 6], [u8; 6])) -> Vec<u8> {
+    let seg = tcp_segment(sp, dp, flags, 1000, if flags & ACK != 0 { 7000 } else { 0 }, &[]);
+    let mut fr = Frame::ip(src, dst, proto::TCP, &seg, &opts(ttl));
+    fr.macs(macs.0, macs.1);
+    fr.bytes
+}
+
+fn udp(src: IpAddr, sp: u16, dst: IpAddr, dp: u16, ttl: u8, macs: ([u8; 6], [u8; 6])) -> Vec<u8> {
+    let mut fr = Frame::ip(src, dst, proto::UDP, &udp_datagram(sp, dp, b"xlb?"), &opts(ttl));
+    fr.macs(macs.0, macs.1);
+    fr.bytes
+}
+
+const IN: ([u8; 6], [u8; 6]) = (CLIENT_MAC, LB_MAC);
+const fn to_b(i: usize) -> ([u8; 6], [u8; 6]) {
+    (LB_MAC, BMAC[i])
+}
+const fn from_b(i: usize) -> ([u8; 6], [u8; 6]) {
+    (BMAC[i], LB_MAC)
+}
+const OUT: ([u8; 6], [u8; 6]) = (LB_MAC, CLIENT_MAC);
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Expect {
+    /// Transmitted on port 0 as exactly this frame.
+    Tx(Vec<u8>),
+    /// Passed to the kernel unchanged.
+    Pass,
+    /// Dropped with this reason.
+    Drop(DropReason),
+}
+
+struct Step {
+    what: &'static str,
+    /// Replace the tables before this step.
+    retable: Option<TablesSpec>,
+    /// Seconds to advance the clock before this step.
+    advance_s: u64,
+    input: Vec<u8>,
+    expect: Expect,
+}
+
+struct Row {
+    name: String,
+    setup: TablesSpec,
+    config: PipelineConfig,
+    steps: Vec<Step>,
+}
+
+fn step(what: &'static str, input: Vec<u8>, expect: Expect) -> Step {
+    Step { what, retable: None, advance_s: 0, input, expect }
+}
+
+fn row(name: &str, f: Fam, setup: TablesSpec, steps: Vec<Step>) -> Row {
+    Row {
+        name: format!("{}/{}", if f.v6 { "v6" } else { "v4" }, name),
+        setup,
+        config: PipelineConfig { conntrack_capacity: 1024, snat_ports: (1024, 2047), ..PipelineConfig::default() },
+        steps,
+    }
+}
+
+fn icmp_error(
+    f: Fam,
+    from: IpAddr,
+    to: IpAddr,
+    quote: &[u8],
+    too_big: bool,
+    ttl: u8,
+    macs: ([u8; 6], [u8; 6]),
+) -> Vec<u8> {
+    let (ty, code, rest, pr) = match (f.v6, too_big) {
+        (false, true) => (3, 4, [0, 0, 0x05, 0xdc], proto::ICMP),
+        (false, false) => (3, 3, [0; 4], proto::ICMP),
+        (true, true) => (2, 0, 1500u32.to_be_bytes(), proto::ICMPV6),
+        (true, false) => (1, 4, [0; 4], proto::ICMPV6),
+    };
+    let mut fr = Frame::ip(from, to, pr, &icmp_message(ty, code, rest, quote), &opts(ttl));
+    fr.macs(macs.0, macs.1);
+    fr.bytes
+}
+
+/// The first `ip header + 8` bytes of a frame's IP packet (what routers quote).
+fn quote(frame: &[u8], v6: bool) -> Vec<u8> {
+    let hl = if v6 { 40 } else { 20 };
+    frame[14..14 + hl + 8].to_vec()
+}
+
+fn ipip(f: Fam, inner: &[u8], backend: IpAddr, mac: [u8; 6], sport: u16) -> Vec<u8> {
+    // The inner IP packet (TTL already decremented), encapsulated (RFC 2003 / RFC 2473).
+    let ip = &inner[14..];
+    let mut o = Frame::ip(f.dsr, backend, if f.v6 { proto::IPV6 } else { proto::IPIP }, ip, &opts(64));
+    if f.v6 {
+        // Flow label: the low 20 bits of the documented flow hash (RFC 6438).
+        let src = match f.client {
+            IpAddr::V6(a) => a.octets(),
+            IpAddr::V4(_) => unreachable!(),
+        };
+        let h = (dataplane::maglev::source_hash(&src, Some(sport)) & 0xf_ffff) as u32;
+        let w = (6u32 << 28) | h;
+        o.bytes[14..18].copy_from_slice(&w.to_be_bytes());
+    } else {
+        // Identification 0; DF copied from the inner header (set by the builder).
+        o.bytes[18..20].fill(0);
+        o.bytes[24..26].fill(0);
+        let c = dataplane::csum::checksum(&o.bytes[14..34]);
+        o.bytes[24..26].copy_from_slice(&c.to_be_bytes());
+    }
+    o.macs(LB_MAC, mac);
+    o.bytes
+}
+
+fn rows_for(f: Fam) -> Vec<Row> {
+    let c = f.client;
+    let vip = f.vip;
+    let b0 = f.backends[0];
+    // --- DNAT (ClusterIP) and its reply ---
+    let mut rows = vec![row(
+        "clusterip_dnat_rewrites_destination_and_keeps_client_ip",
+        f,
+        spec(f, vec![]),
+        vec![
+            step(
+                "SYN to VIP:80",
+                tcp(c, 40000, vip, 80, SYN, 64, IN),
+                Expect::Tx(tcp(c, 40000, b0, 8080, SYN, 63, to_b(0))),
+            ),
+            step(
+                "SYN-ACK from backend is translated back to the VIP",
+                tcp(b0, 8080, c, 40000, SYN | ACK, 64, from_b(0)),
+                Expect::Tx(tcp(vip, 80, c, 40000, SYN | ACK, 63, OUT)),
+            ),
+            step(
+                "ACK follows the flow",
+                tcp(c, 40000, vip, 80, ACK, 64, IN),
+                Expect::Tx(tcp(c, 40000, b0, 8080, ACK, 63, to_b(0))),
+            ),
+        ],
+    )];
+    rows.push(row(
+        "udp_dnat_and_reply",
+        f,
+        spec(f, vec![]),
+        vec![
+            step("UDP query", udp(c, 5000, vip, 53, 64, IN), Expect::Tx(udp(c, 5000, b0, 8080, 63, to_b(0)))),
+            step("UDP answer", udp(b0, 8080, c, 5000, 64, from_b(0)), Expect::Tx(udp(vip, 53, c, 5000, 63, OUT))),
+        ],
+    ));
+
+    // --- SNAT (NodePort, eTP Cluster) ---
+    rows.push(row(
+        "nodeport_masquerade_rewrites_source_to_snat_address_and_worker_port",
+        f,
+        spec(f, vec![]),
+        vec![
+            step(
+                "SYN to node:30080",
+                tcp(c, 40000, f.node, 30080, SYN, 64, IN),
+                Expect::Tx(tcp(f.snat, 1024, b0, 8080, SYN, 63, to_b(0))),
+            ),
+            step(
+                "reply to SNAT:1024 goes back to the client from node:30080",
+                tcp(b0, 8080, f.snat, 1024, SYN | ACK, 64, from_b(0)),
+                Expect::Tx(tcp(f.node, 30080, c, 40000, SYN | ACK, 63, OUT)),
+            ),
+            step(
+                "a second client gets the next SNAT port",
+                tcp(f.client2, 40000, f.node, 30080, SYN, 64, IN),
+                Expect::Tx(tcp(f.snat, 1025, b0, 8080, SYN, 63, to_b(0))),
+            ),
+            step(
+                "an untracked packet to the SNAT address is dropped",
+                tcp(b0, 8080, f.snat, 1999, ACK, 64, from_b(0)),
+                Expect::Drop(DropReason::SnatUntracked),
+            ),
+        ],
+    ));
+
+    // --- Hairpin (NAT-03) ---
+    rows.push(row(
+        "hairpin_backend_reaching_its_own_service_is_masqueraded",
+        f,
+        spec(f, vec![]),
+        vec![step(
+            "backend 0 connects to its own VIP",
+            tcp(b0, 33000, vip, 80, SYN, 64, from_b(0)),
+            Expect::Tx(tcp(f.snat, 1024, b0, 8080, SYN, 63, to_b(0))),
+        )],
+    ));
+
+    // --- DSR ---
+    let dsr = |mode| {
+        spec(
+            f,
+            vec![service(
+                "default/dsr:http",
+                vec![fe(vip, L4Proto::Tcp, 80, FrontendKind::LoadBalancer, false)],
+                vec![backend(b0, 80)],
+                mode,
+            )],
+        )
+    };
+    let syn = tcp(c, 40000, vip, 80, SYN, 64, IN);
+    rows.push(row(
+        "dsr_l2_rewrites_only_the_macs_and_ttl",
+        f,
+        dsr(ForwardingMode::DsrL2),
+        vec![step("SYN", syn.clone(), Expect::Tx(tcp(c, 40000, vip, 80, SYN, 63, to_b(0))))],
+    ));
+    rows.push(row(
+        "dsr_ipip_encapsulates_to_the_backend",
+        f,
+        dsr(ForwardingMode::DsrIpip),
+        vec![step("SYN", syn.clone(), Expect::Tx(ipip(f, &tcp(c, 40000, vip, 80, SYN, 63, IN), b0, BMAC[0], 40000)))],
+    ));
+    if !f.v6 {
+        // A 1480-byte-payload packet with DF does not fit in 1500 after 20 bytes of IPIP.
+        let big = {
+            let seg = tcp_segment(40000, 80, ACK, 1, 1, &[0x61; 1460]);
+            Frame::ip(c, vip, proto::TCP, &seg, &opts(64)).bytes
+        };
+        let want = {
+            // frag needed, MTU 1480, quoting as much as fits in 576 bytes
+            let q = &big[14..14 + 548];
+            let mut fr = Frame::ip(vip, c, proto::ICMP, &icmp_message(3, 4, [0, 0, 0x05, 0xc8], q), &opts(64));
+            fr.bytes[18..20].copy_from_slice(&[0, 0]);
+            fr.bytes[20] = 0;
+            fr.bytes[24..26].fill(0);
+            let cs = dataplane::csum::checksum(&fr.bytes[14..34]);
+            fr.bytes[24..26].copy_from_slice(&cs.to_be_bytes());
+            fr.macs(LB_MAC, CLIENT_MAC);
+            fr.bytes
+        };
+        rows.push(row(
+            "dsr_ipip_too_big_with_df_answers_fragmentation_needed",
+            f,
+            dsr(ForwardingMode::DsrIpip),
+            vec![step("oversized DF packet", big, Expect::Tx(want))],
+        ));
+    }
+
+    // --- Reject and drop when there are no endpoints ---
+    let empty = |when| {
+        let mut s = service(
+            "default/empty:http",
+            vec![fe(vip, L4Proto::Tcp, 80, FrontendKind::ClusterIp, false)],
+            vec![],
+            ForwardingMode::Nat,
+        );
+        s.when_empty = when;
+        spec(f, vec![s])
+    };
+    let syn = tcp(c, 40000, vip, 80, SYN, 64, IN);
+    let unreach = |input: &[u8]| {
+        let hl = if f.v6 { 40 } else { 20 };
+        let q = &input[14..];
+        let mut fr = Frame::ip(
+            vip,
+            c,
+            if f.v6 { proto::ICMPV6 } else { proto::ICMP },
+            &icmp_message(if f.v6 { 1 } else { 3 }, if f.v6 { 4 } else { 3 }, [0; 4], q),
+            &opts(64),
+        );
+        if !f.v6 {
+            fr.bytes[18..20].copy_from_slice(&[0, 0]);
+            fr.bytes[20] = 0;
+            fr.bytes[24..26].fill(0);
+            let cs = dataplane::csum::checksum(&fr.bytes[14..14 + hl]);
+            fr.bytes[24..26].copy_from_slice(&cs.to_be_bytes());
+        }
+        fr.macs(LB_MAC, CLIENT_MAC);
+        fr.bytes
+    };
+    rows.push(row(
+        "service_without_endpoints_rejects_with_port_unreachable",
+        f,
+        empty(EmptyAction::Reject),
+        vec![step("SYN", syn.clone(), Expect::Tx(unreach(&syn)))],
+    ));
+    rows.push(row(
+        "local_policy_without_local_endpoints_drops",
+        f,
+        empty(EmptyAction::Drop),
+        vec![step("SYN", syn.clone(), Expect::Drop(DropReason::NoEndpointsDrop))],
+    ));
+    let other_port = tcp(c, 40000, vip, 81, SYN, 64, IN);
+    rows.push(row(
+        "clusterip_on_an_unknown_port_is_rejected",
+        f,
+        spec(f, vec![]),
+        vec![step("SYN to :81", other_port.clone(), Expect::Tx(unreach(&other_port)))],
+    ));
+
+    // --- Pass to the kernel ---
+    rows.push(row(
+        "traffic_not_for_a_vip_passes_to_the_kernel",
+        f,
+        spec(f, vec![]),
+        vec![
+            step("SSH to the node", tcp(c, 40000, f.node, 22, SYN, 64, IN), Expect::Pass),
+            step(
+                "ping to the VIP",
+                {
+                    let pr = if f.v6 { proto::ICMPV6 } else { proto::ICMP };
+                    let ty = if f.v6 { 128 } else { 8 };
+                    Frame::ip(c, vip, pr, &icmp_message(ty, 0, [0, 1, 0, 1], b"ping"), &opts(64)).bytes
+                },
+                Expect::Pass,
+            ),
+        ],
+    ));
+
+    // --- loadBalancerSourceRanges ---
+    let mut ranged = service(
+        "default/lb:http",
+        vec![fe(f.lbip, L4Proto::Tcp, 80, FrontendKind::LoadBalancer, false)],
+        vec![backend(b0, 8080)],
+        ForwardingMode::Nat,
+    );
+    ranged.frontends[0].source_ranges = vec![Cidr { addr: f.client2, len: if f.v6 { 128 } else { 32 } }];
+    rows.push(row(
+        "source_ranges_admit_listed_clients_and_drop_others",
+        f,
+        spec(f, vec![ranged]),
+        vec![
+            step(
+                "client outside the ranges",
+                tcp(c, 40000, f.lbip, 80, SYN, 64, IN),
+                Expect::Drop(DropReason::SourceRangeDenied),
+            ),
+            step(
+                "client inside the ranges",
+                tcp(f.client2, 40000, f.lbip, 80, SYN, 64, IN),
+                Expect::Tx(tcp(f.client2, 40000, b0, 8080, SYN, 63, to_b(0))),
+            ),
+        ],
+    ));
+
+    // --- Backend removal: TCP gets a RST, UDP is re-balanced ---
+    let two = |list: &[usize]| {
+        spec(
+            f,
+            vec![service(
+                "default/web:http",
+                vec![
+                    fe(vip, L4Proto::Tcp, 80, FrontendKind::ClusterIp, false),
+                    fe(vip, L4Proto::Udp, 53, FrontendKind::ClusterIp, false),
+                ],
+                list.iter().map(|&i| backend(f.backends[i], 8080)).collect(),
+                ForwardingMode::Nat,
+            )],
+        )
+    };
+    let rst = {
+        // RST from the VIP: the client's ACK carried ack=7000, so the RST has seq=7000.
+        let seg = tcp_segment(80, 40000, RST, 7000, 0, &[]);
+        let mut fr = Frame::ip(vip, c, proto::TCP, &seg, &opts(64));
+        if !f.v6 {
+            fr.bytes[18..20].copy_from_slice(&[0, 0]);
+            fr.bytes[20] = 0;
+            fr.bytes[24..26].fill(0);
+            let cs = dataplane::csum::checksum(&fr.bytes[14..34]);
+            fr.bytes[24..26].copy_from_slice(&cs.to_be_bytes());
+        }
+        // the generated RST carries window 0
+        let l4 = if f.v6 { 54 } else { 34 };
+        fr.bytes[l4 + 14..l4 + 16].fill(0);
+        let (s, d) = (
+            &fr.bytes[if f.v6 { 22 } else { 26 }..if f.v6 { 38 } else { 30 }].to_vec(),
+            &fr.bytes[if f.v6 { 38 } else { 30 }..if f.v6 { 54 } else { 34 }].to_vec(),
+        );
+        build::fill_l4(&mut fr.bytes[l4..], s, d, proto::TCP, f.v6);
+        fr.macs(LB_MAC, CLIENT_MAC);
+        fr.bytes
+    };
+    rows.push(row(
+        "tcp_flow_to_a_removed_backend_gets_a_reset",
+        f,
+        two(&[0]),
+        vec![
+            step("SYN", tcp(c, 40000, vip, 80, SYN, 64, IN), Expect::Tx(tcp(c, 40000, b0, 8080, SYN, 63, to_b(0)))),
+            Step {
+                what: "ACK after backend 0 left the tables",
+                retable: Some(two(&[1])),
+                advance_s: 0,
+                input: tcp(c, 40000, vip, 80, ACK, 64, IN),
+                expect: Expect::Tx(rst),
+            },
+            step(
+                "the client's new SYN goes to the surviving backend",
+                tcp(c, 40001, vip, 80, SYN, 64, IN),
+                Expect::Tx(tcp(c, 40001, f.backends[1], 8080, SYN, 63, to_b(1))),
+            ),
+        ],
+    ));
+    rows.push(row(
+        "udp_flow_to_a_removed_backend_is_rebalanced_at_once",
+        f,
+        two(&[0]),
+        vec![
+            step("query", udp(c, 5000, vip, 53, 64, IN), Expect::Tx(udp(c, 5000, b0, 8080, 63, to_b(0)))),
+            Step {
+                what: "next query after backend 0 left",
+                retable: Some(two(&[1])),
+                advance_s: 0,
+                input: udp(c, 5000, vip, 53, 64, IN),
+                expect: Expect::Tx(udp(c, 5000, f.backends[1], 8080, 63, to_b(1))),
+            },
+        ],
+    ));
+    let mut draining = two(&[0, 1]);
+    draining.services[0].backends[0].eligible = false;
+    draining.services[0].backends[0].conditions = Conditions { ready: false, serving: true, terminating: true };
+    rows.push(row(
+        "terminating_serving_backend_keeps_its_flows_and_gets_no_new_ones",
+        f,
+        two(&[0]),
+        vec![
+            step("SYN", tcp(c, 40000, vip, 80, SYN, 64, IN), Expect::Tx(tcp(c, 40000, b0, 8080, SYN, 63, to_b(0)))),
+            Step {
+                what: "existing flow stays on the terminating backend",
+                retable: Some(draining),
+                advance_s: 0,
+                input: tcp(c, 40000, vip, 80, ACK, 64, IN),
+                expect: Expect::Tx(tcp(c, 40000, b0, 8080, ACK, 63, to_b(0))),
+            },
+            step(
+                "new flows go to the ready backend",
+                tcp(c, 40002, vip, 80, SYN, 64, IN),
+                Expect::Tx(tcp(c, 40002, f.backends[1], 8080, SYN, 63, to_b(1))),
+            ),
+        ],
+    ));
+
+    // --- Session affinity (AFF-01..04) ---
+    let mut aff = two(&[0, 1, 2]);
+    aff.services[0].affinity_timeout_s = Some(10);
+    rows.push(row(
+        "client_ip_affinity_keeps_a_client_on_one_backend_until_timeout",
+        f,
+        aff,
+        vec![
+            step(
+                "first connection (rr picks backend 0)",
+                tcp(c, 40000, vip, 80, SYN, 64, IN),
+                Expect::Tx(tcp(c, 40000, b0, 8080, SYN, 63, to_b(0))),
+            ),
+            step(
+                "second connection sticks",
+                tcp(c, 40001, vip, 80, SYN, 64, IN),
+                Expect::Tx(tcp(c, 40001, b0, 8080, SYN, 63, to_b(0))),
+            ),
+            step(
+                "another client is scheduled normally (rr: backend 1)",
+                tcp(f.client2, 40000, vip, 80, SYN, 64, IN),
+                Expect::Tx(tcp(f.client2, 40000, f.backends[1], 8080, SYN, 63, to_b(1))),
+            ),
+            Step {
+                what: "after the timeout the scheduler decides again (rr: backend 2)",
+                retable: None,
+                advance_s: 11,
+                input: tcp(c, 40003, vip, 80, SYN, 64, IN),
+                expect: Expect::Tx(tcp(c, 40003, f.backends[2], 8080, SYN, 63, to_b(2))),
+            },
+        ],
+    ));
+
+    // --- ICMP errors ---
+    let reply_to_client = tcp(vip, 80, c, 40000, ACK, 63, OUT);
+    let snat_to_backend = tcp(f.snat, 1024, b0, 8080, SYN, 63, to_b(0));
+    rows.push(row(
+        "icmp_too_big_about_a_reply_reaches_the_backend_that_owns_the_flow",
+        f,
+        spec(f, vec![]),
+        vec![
+            step("SYN", tcp(c, 40000, vip, 80, SYN, 64, IN), Expect::Tx(tcp(c, 40000, b0, 8080, SYN, 63, to_b(0)))),
+            step(
+                "a router on the client side reports PMTU for VIP->client",
+                icmp_error(f, f.router, vip, &quote(&reply_to_client, f.v6), true, 64, IN),
+                Expect::Tx(icmp_error(
+                    f,
+                    f.router,
+                    b0,
+                    &quote(&tcp(b0, 8080, c, 40000, ACK, 63, OUT), f.v6),
+                    true,
+                    63,
+                    to_b(0),
+                )),
+            ),
+        ],
+    ));
+    rows.push(row(
+        "icmp_error_from_the_backend_side_about_a_snat_flow_reaches_the_client",
+        f,
+        spec(f, vec![]),
+        vec![
+            step("SYN to NodePort", tcp(c, 40000, f.node, 30080, SYN, 64, IN), Expect::Tx(snat_to_backend.clone())),
+            step(
+                "backend's port unreachable is translated for the client",
+                icmp_error(f, b0, f.snat, &quote(&snat_to_backend, f.v6), false, 64, from_b(0)),
+                Expect::Tx(icmp_error(
+                    f,
+                    f.node,
+                    c,
+                    &quote(&tcp(c, 40000, f.node, 30080, SYN, 63, IN), f.v6),
+                    false,
+                    63,
+                    OUT,
+                )),
+            ),
+            step(
+                "an ICMP error quoting no flow is dropped",
+                icmp_error(f, f.router, vip, &quote(&tcp(vip, 80, c, 1, ACK, 63, OUT), f.v6), true, 64, IN),
+                Expect::Drop(DropReason::IcmpUntracked),
+            ),
+        ],
+    ));
+
+    // --- TTL, malformed ---
+    rows.push(row(
+        "ttl_one_is_not_forwarded",
+        f,
+        spec(f, vec![]),
+        vec![step("TTL 1", tcp(c, 40000, vip, 80, SYN, 1, IN), Expect::Drop(DropReason::TtlExceeded))],
+    ));
+    let mut truncated = tcp(c, 40000, vip, 80, SYN, 64, IN);
+    let l4 = if f.v6 { 54 } else { 34 };
+    truncated[l4 + 12] = 0xf0; // data offset 60 bytes, past the end
+    let mut trunc_other = tcp(c, 40000, f.node, 22, SYN, 64, IN);
+    trunc_other[l4 + 12] = 0xf0;
+    rows.push(row(
+        "malformed_l4_to_a_vip_is_dropped_and_to_others_passed",
+        f,
+        spec(f, vec![]),
+        vec![
+            step("bad TCP data offset to VIP", truncated, Expect::Drop(DropReason::MalformedL4)),
+            step("bad TCP data offset to the node", trunc_other, Expect::Pass),
+        ],
+    ));
+
+    // --- VLAN ---
+    let mut tagged_in = Frame { bytes: tcp(c, 40000, vip, 80, SYN, 64, IN) };
+    tagged_in.vlan(100);
+    let mut tagged_out = Frame { bytes: tcp(c, 40000, b0, 8080, SYN, 63, to_b(0)) };
+    tagged_out.vlan(100);
+    rows.push(row(
+        "vlan_tagged_frames_keep_their_tag",
+        f,
+        spec(f, vec![]),
+        vec![step("tagged SYN", tagged_in.bytes, Expect::Tx(tagged_out.bytes))],
+    ));
+
+    // --- SCTP (CRC32c recomputed on port change) ---
+    let sctp_svc = spec(
+        f,
+        vec![service(
+            "default/sig:sctp",
+            vec![fe(vip, L4Proto::Sctp, 3868, FrontendKind::ClusterIp, false)],
+            vec![backend(b0, 3869)],
+            ForwardingMode::Nat,
+        )],
+    );
+    let sctp = |s: IpAddr, sp, d: IpAddr, dp, ttl, macs: ([u8; 6], [u8; 6])| {
+        let mut fr = Frame::ip(s, d, proto::SCTP, &sctp_packet(sp, dp, 0xfeed, &[1, 0, 0, 4]), &opts(ttl));
+        fr.macs(macs.0, macs.1);
+        fr.bytes
+    };
+    rows.push(row(
+        "sctp_dnat_recomputes_crc32c",
+        f,
+        sctp_svc,
+        vec![step(
+            "SCTP INIT-like packet",
+            sctp(c, 5000, vip, 3868, 64, IN),
+            Expect::Tx(sctp(c, 5000, b0, 3869, 63, to_b(0))),
+        )],
+    ));
+
+    rows
+}
+
+/// IPv4 fragments: the first fragment picks the backend; later ones follow it.
+fn fragment_rows() -> Vec<Row> {
+    let f = v4();
+    let c = f.client;
+    let frag = |dst: IpAddr, first: bool, ttl: u8, macs: ([u8; 6], [u8; 6]), dport: u16| {
+        let payload: Vec<u8> = if first { udp_datagram(5000, dport, &[0x42; 24]) } else { vec![0x42; 16] };
+        let mut fr = Frame::ip(
+            c,
+            dst,
+            proto::UDP,
+            &payload,
+            &IpOpts { ttl, dont_frag: false, ident: 0x4242, ..IpOpts::default() },
+        );
+        if first {
+            fr.bytes[20] |= 0x20; // MF
+            // the UDP length covers the whole datagram (32 + 16 bytes); checksum off
+            fr.bytes[38..40].copy_from_slice(&48u16.to_be_bytes());
+            fr.bytes[40..42].fill(0);
+        } else {
+            fr.bytes[20..22].copy_from_slice(&4u16.to_be_bytes()); // offset 32 bytes
+            fr.bytes[40..42].fill(0x42); // the builder filled a "UDP checksum" into the data
+        }
+        fr.bytes[24..26].fill(0);
+        let cs = dataplane::csum::checksum(&fr.bytes[14..34]);
+        fr.bytes[24..26].copy_from_slice(&cs.to_be_bytes());
+        fr.macs(macs.0, macs.1);
+        fr.bytes
+    };
+    vec![row(
+        "fragments_follow_their_first_fragment",
+        f,
+        spec(f, vec![]),
+        vec![
+            step(
+                "later fragment before the first",
+                frag(f.vip, false, 64, IN, 53),
+                Expect::Drop(DropReason::FragmentUntracked),
+            ),
+            step(
+                "first fragment",
+                frag(f.vip, true, 64, IN, 53),
+                Expect::Tx(frag(f.backends[0], true, 63, to_b(0), 8080)),
+            ),
+            step(
+                "later fragment",
+                frag(f.vip, false, 64, IN, 53),
+                Expect::Tx(frag(f.backends[0], false, 63, to_b(0), 8080)),
+            ),
+        ],
+    )]
+}
+
+struct Outcome {
+    verdict: Verdict,
+    frame: Vec<u8>,
+}
+
+fn run_row(r: &Row) -> Vec<Outcome> {
+    let mut builder = TableBuilder::new();
+    let mut tables = builder.build(&r.setup).expect("setup tables build");
+    let mut p = Pipeline::new(r.config.clone(), 7);
+    let mut now_ms = 1_000;
+    let mut out = Vec::new();
+    for s in &r.steps {
+        if let Some(spec) = &s.retable {
+            tables = builder.build(spec).expect("retable build");
+        }
+        now_ms += s.advance_s * 1000;
+        p.begin_batch(&tables, now_ms);
+        let mut buf = vec![0u8; BUF];
+        buf[HEADROOM..HEADROOM + s.input.len()].copy_from_slice(&s.input);
+        let mut pkt = Packet::new(&mut buf, HEADROOM, s.input.len());
+        let verdict = p.process(&tables, &mut pkt, 0);
+        out.push(Outcome { verdict, frame: pkt.frame().to_vec() });
+    }
+    out
+}
+
+fn all_rows() -> Vec<Row> {
+    let mut rows = rows_for(v4());
+    rows.extend(rows_for(v6()));
+    rows.extend(fragment_rows());
+    rows
+}
+
+fn hex(b: &[u8]) -> String {
+    b.chunks(16)
+        .map(|c| c.iter().map(|x| format!("{x:02x}")).collect::<Vec<_>>().join(" "))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn every_fixture_row_gives_its_expected_verdict_and_frame() {
+    let mut failures = Vec::new();
+    let mut count = 0;
+    for r in all_rows() {
+        for (s, o) in r.steps.iter().zip(run_row(&r)) {
+            count += 1;
+            let ok = match &s.expect {
+                Expect::Tx(want) => o.verdict == (Verdict::Tx { port: 0 }) && o.frame == *want,
+                Expect::Pass => o.verdict == Verdict::Pass && o.frame == s.input,
+                Expect::Drop(reason) => o.verdict == Verdict::Drop(*reason),
+            };
+            if !ok {
+                let detail = match &s.expect {
+                    Expect::Tx(want) => format!("\n want frame:\n{}\n got frame:\n{}", hex(want), hex(&o.frame)),
+                    _ => String::new(),
+                };
+                failures.push(format!(
+                    "{} / {}: want {:?}, got {:?}{}",
+                    r.name,
+                    s.what,
+                    short(&s.expect),
+                    o.verdict,
+                    detail
+                ));
+            }
+            if let (Expect::Tx(_), Err(e)) = (&s.expect, build::verify(&o.frame)) {
+                failures.push(format!("{} / {}: output checksum: {e}", r.name, s.what));
+            }
+        }
+    }
+    assert!(count > 60, "only {count} fixture steps");
+    assert!(failures.is_empty(), "{} of {count} fixture steps failed:\n{}", failures.len(), failures.join("\n\n"));
+}
+
+fn short(e: &Expect) -> String {
+    match e {
+        Expect::Tx(_) => "Tx".into(),
+        Expect::Pass => "Pass".into(),
+        Expect::Drop(r) => format!("Drop({r:?})"),
+    }
+}
+
+#[test]
+fn counters_account_for_every_frame_and_count_events() {
+    let mut rx = 0;
+    for r in all_rows() {
+        let mut builder = TableBuilder::new();
+        let mut tables = builder.build(&r.setup).unwrap();
+        let mut p = Pipeline::new(r.config.clone(), 7);
+        let mut now = 1000;
+        for s in &r.steps {
+            if let Some(spec) = &s.retable {
+                tables = builder.build(spec).unwrap();
+            }
+            now += s.advance_s * 1000;
+            p.begin_batch(&tables, now);
+            let mut buf = vec![0u8; BUF];
+            buf[HEADROOM..HEADROOM + s.input.len()].copy_from_slice(&s.input);
+            let mut pkt = Packet::new(&mut buf, HEADROOM, s.input.len());
+            p.process(&tables, &mut pkt, 0);
+        }
+        let k = p.counters();
+        let drops: u64 = DropReason::ALL.iter().map(|d| k.drops_of(*d)).sum();
+        assert_eq!(k.rx.get(), k.tx.get() + k.pass.get() + drops, "{}", r.name);
+        assert_eq!(k.rx.get(), r.steps.len() as u64, "{}", r.name);
+        rx += k.rx.get();
+        if r.name.ends_with("tcp_flow_to_a_removed_backend_gets_a_reset") {
+            assert_eq!(k.events_of(Event::RstBackendGone), 1);
+        }
+        if r.name.ends_with("service_without_endpoints_rejects_with_port_unreachable") {
+            assert_eq!(k.events_of(Event::RejectSent), 1);
+        }
+    }
+    assert!(rx > 60);
+}
+
+/// Writes or checks the pcap copies of the fixture corpus.
+#[test]
+fn pcap_copies_of_the_fixtures_are_current() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let mut inputs = Vec::new();
+    let mut expected = Vec::new();
+    let mut index = String::from("record\trow\tstep\texpected_verdict\n");
+    let mut n = 0;
+    for r in all_rows() {
+        for s in &r.steps {
+            inputs.push(s.input.clone());
+            expected.push(match &s.expect {
+                Expect::Tx(f) => f.clone(),
+                Expect::Pass => s.input.clone(),
+                Expect::Drop(_) => Vec::new(),
+            });
+            index.push_str(&format!("{n}\t{}\t{}\t{}\n", r.name, s.what, short(&s.expect)));
+            n += 1;
+        }
+    }
+    let files = [("inputs.pcap", pcap(&inputs)), ("expected.pcap", pcap(&expected)), ("index.tsv", index.into_bytes())];
+    if std::env::var_os("XLB_BLESS").is_some() {
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, bytes) in &files {
+            std::fs::write(dir.join(name), bytes).unwrap();
+        }
+    }
+    for (name, bytes) in &files {
+        let on_disk = std::fs::read(dir.join(name)).unwrap_or_default();
+        assert!(
+            on_disk == *bytes,
+            "tests/fixtures/{name} is stale: run XLB_BLESS=1 cargo test -p dataplane --test fixtures"
+        );
+    }
+}
+
+/// A classic pcap file (LINKTYPE_ETHERNET, microsecond timestamps; one record per frame,
+/// empty records for dropped packets), written with the `pcap-file` crate.
+fn pcap(frames: &[Vec<u8>]) -> Vec<u8> {
+    use pcap_file::pcap::{PcapHeader, PcapPacket, PcapWriter};
+    let mut out = Vec::new();
+    let header = PcapHeader { datalink: pcap_file::DataLink::ETHERNET, ..PcapHeader::default() };
+    {
+        let mut w = PcapWriter::with_header(&mut out, header).unwrap();
+        for (i, f) in frames.iter().enumerate() {
+            let ts = std::time::Duration::from_secs(i as u64);
+            w.write_packet(&PcapPacket::new(ts, f.len() as u32, f)).unwrap();
+        }
+    }
+    out
+}
