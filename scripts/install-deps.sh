@@ -8,6 +8,8 @@ export DEBIAN_FRONTEND=noninteractive
 # build: clang/llvm compile the XDP program and run bindgen (libxdp-sys);
 # libelf/zlib/m4/pkg-config are needed by the vendored libxdp/libbpf build.
 pkgs=(clang llvm libelf-dev zlib1g-dev pkg-config m4 make gcc libclang-dev)
+# xsk-rs -> libxdp-sys runs xdp-tools' configure, which stops without libpcap headers
+pkgs+=(libpcap-dev)
 case "$what" in
   build) ;;
   test|demo|bench)
@@ -16,6 +18,10 @@ case "$what" in
   *) echo "unknown target: $what" >&2; exit 2 ;;
 esac
 [ "$what" = bench ] && pkgs+=(netsniff-ng iptables linux-perf)
+# nic-config tests: bpftool shows that no XDP program or map of ours remains after detach
+[ "$what" != build ] && pkgs+=(bpftool)
+# deploy/testbed.sh: sysctl (procps), tc/ss (iproute2), uapi headers for its BPF DSR decap
+[ "$what" != build ] && pkgs+=(procps linux-libc-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -557,6 +557,15 @@ pub enum BuildError {
     /// A weighted-random service's weights overflow u32.
     #[error("service {0:?}: sum of weights overflows")]
     WeightOverflow(String),
+    /// A service mixes address families (each spec is one family; dual-stack Services give
+    /// one spec per family).
+    #[error("service {service:?}: {addr} is not of the family of its first frontend")]
+    MixedFamilies {
+        /// Service name.
+        service: String,
+        /// The offending address.
+        addr: IpAddr,
+    },
     /// A service port is 0 or a backend port is 0.
     #[error("service {service:?}: port 0 is not allowed ({what})")]
     ZeroPort {
@@ -616,6 +625,13 @@ impl TableBuilder {
                         first: first.to_owned(),
                         second: s.name.clone(),
                     });
+                }
+            }
+            let v6 = s.frontends.first().map(|f| f.addr.is_ipv6());
+            let addrs = s.frontends.iter().map(|f| f.addr).chain(s.backends.iter().map(|b| b.addr));
+            for a in addrs {
+                if v6.is_some_and(|v6| v6 != a.is_ipv6()) {
+                    return Err(BuildError::MixedFamilies { service: s.name.clone(), addr: a });
                 }
             }
             let mut seen_b = hashbrown::HashSet::new();
@@ -947,6 +963,14 @@ mod tests {
         assert!(e.contains("\"a\"") && e.contains("\"b\"") && e.contains("10.96.0.1"), "{e}");
         let t2 = b.build(&ok).unwrap();
         assert_eq!(t.services[0].members, t2.services[0].members);
+    }
+
+    #[test]
+    fn a_service_mixing_address_families_is_refused() {
+        let mut s = svc("a", "10.96.0.1", &[("10.0.0.1", 80)]);
+        s.backends[0].addr = "fd00::1".parse().unwrap();
+        let e = TableBuilder::new().build(&TablesSpec { services: vec![s], ..Default::default() }).unwrap_err();
+        assert!(matches!(e, BuildError::MixedFamilies { .. }), "{e}");
     }
 
     #[test]

@@ -1,1 +1,708 @@
-//! End-to-end tests for xlb on network namespaces.
+//! End-to-end test harness for xlb on network namespaces.
+//!
+//! [`Testbed::up`] builds the one-armed namespace testbed of `deploy/testbed.sh` (topology
+//! and addresses in `docs/testbed.md`) under a prefix unique to this process and test, and
+//! dropping the [`Testbed`] tears it down again, also when the test panics. The helpers run
+//! commands and sockets inside the testbed's namespaces and read what the backends saw.
+//!
+//! Every test needs root (namespaces, veth, sysctls). Start each one with
+//! [`skip_without_root`], so that an unprivileged `cargo test` reports a skip instead of a
+//! failure:
+//!
+//! ```no_run
+//! use xlb_e2e::{Role, Testbed, skip_without_root};
+//!
+//! if skip_without_root("my_test") {
+//!     return;
+//! }
+//! let tb = Testbed::up().expect("testbed up");
+//! let body = tb.curl(Role::Client, "http://10.250.2.11/").expect("curl");
+//! assert_eq!(body, "be1\n");
+//! ```
+
+use std::ffi::OsStr;
+use std::fmt;
+use std::fs::File;
+use std::io::{Read as _, Write as _};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket};
+use std::os::fd::AsRawFd as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// The client's IPv4 address (on its `eth0`).
+pub const CLIENT_V4: Ipv4Addr = Ipv4Addr::new(10, 250, 1, 2);
+/// The client's IPv6 address (on its `eth0`).
+pub const CLIENT_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x250, 1, 0, 0, 0, 0, 2);
+/// The xlb node's address on the client subnet; the client's gateway for 10.250.0.0/16.
+pub const LB_CLIENT_SIDE_V4: Ipv4Addr = Ipv4Addr::new(10, 250, 1, 1);
+/// The xlb node's IPv6 address on the client subnet; the client's gateway for fd00:250::/32.
+pub const LB_CLIENT_SIDE_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x250, 1, 0, 0, 0, 0, 1);
+/// The xlb node's address on the backend subnet; the backends' default gateway.
+pub const LB_BACKEND_SIDE_V4: Ipv4Addr = Ipv4Addr::new(10, 250, 2, 1);
+/// The xlb node's IPv6 address on the backend subnet; the backends' default gateway.
+pub const LB_BACKEND_SIDE_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x250, 2, 0, 0, 0, 0, 1);
+/// First address of the IPv4 VIP range 10.250.100.0/24 that the client routes via the xlb node.
+pub const VIP_NET_V4: Ipv4Addr = Ipv4Addr::new(10, 250, 100, 0);
+/// Prefix length of [`VIP_NET_V4`].
+pub const VIP_NET_V4_PREFIX_LEN: u8 = 24;
+/// First address of the IPv6 VIP range fd00:250:100::/64 that the client routes via the xlb node.
+pub const VIP_NET_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x250, 0x100, 0, 0, 0, 0, 0);
+/// Prefix length of [`VIP_NET_V6`].
+pub const VIP_NET_V6_PREFIX_LEN: u8 = 64;
+/// The IPv4 VIP that every backend holds locally for DSR (see [`DsrDecap`]).
+pub const DSR_VIP_V4: Ipv4Addr = Ipv4Addr::new(10, 250, 100, 10);
+/// The IPv6 VIP that every backend holds locally for DSR (see [`DsrDecap`]).
+pub const DSR_VIP_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x250, 0x100, 0, 0, 0, 0, 0x10);
+/// MAC address of the client's `eth0`.
+pub const CLIENT_MAC: [u8; 6] = [0x02, 0x00, 0x0a, 0xfa, 0x01, 0x02];
+/// MAC address of the xlb node's `eth0`.
+pub const LB_MAC: [u8; 6] = [0x02, 0x00, 0x0a, 0xfa, 0x01, 0x01];
+/// Number of backends (`be1` ..= `be3`).
+pub const BACKENDS: u8 = 3;
+/// Port of nginx in every backend (IPv4 and IPv6); it answers `be<i>\n`.
+pub const HTTP_PORT: u16 = 80;
+/// UDP port of the backends' reply service: any datagram gets `be<i> <peer address>\n`.
+pub const UDP_PORT: u16 = 5353;
+/// TCP port of the backends' reply service: it writes `be<i> <peer address>\n` and closes.
+pub const TCP_PORT: u16 = 9000;
+/// Number of receive (and transmit) queues of the xlb node's `eth0`.
+pub const LB_QUEUES: u8 = 2;
+
+/// How long one UDP or TCP query attempt waits for its answer.
+const QUERY_TIMEOUT: Duration = Duration::from_secs(1);
+/// How many datagrams [`Testbed::udp_query`] sends before it gives up.
+const UDP_ATTEMPTS: u32 = 3;
+/// `curl --max-time`, in seconds.
+const CURL_MAX_TIME_SECS: &str = "5";
+/// Default directory of the testbed run directories (see `XLB_TESTBED_RUNDIR`).
+const DEFAULT_RUN_BASE: &str = "/run/xlb-testbed";
+/// Where `ip netns` keeps its namespace files.
+const NETNS_DIR: &str = "/run/netns";
+/// Prefix of the testbed names this harness picks (`xe<pid>t<counter>`).
+const PREFIX_HEAD: &str = "xe";
+
+/// The IPv4 address of backend `i` (1-based): 10.250.2.1`i`.
+#[must_use]
+pub const fn backend_v4(i: u8) -> Ipv4Addr {
+    Ipv4Addr::new(10, 250, 2, 10 + i)
+}
+
+/// The IPv6 address of backend `i` (1-based): fd00:250:2::1`i`.
+#[must_use]
+pub const fn backend_v6(i: u8) -> Ipv6Addr {
+    // fd00:250:2::11 is written in hex digits, so be1 is 0x11
+    Ipv6Addr::new(0xfd00, 0x250, 2, 0, 0, 0, 0, 0x10 + i as u16)
+}
+
+/// The MAC address of backend `i`'s `eth0` (1-based): 02:00:0a:fa:02:1`i`.
+#[must_use]
+pub const fn backend_mac(i: u8) -> [u8; 6] {
+    [0x02, 0x00, 0x0a, 0xfa, 0x02, 0x10 + i]
+}
+
+/// One namespace of the testbed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// `<prefix>-sw`: the Linux bridge `br0` that every host's veth peer is a port of.
+    Switch,
+    /// `<prefix>-client`: the traffic source.
+    Client,
+    /// `<prefix>-lb`: the xlb node (kernel forwarding on; xlb runs here).
+    Lb,
+    /// `<prefix>-be<i>`: backend `i`, 1-based, up to [`BACKENDS`].
+    Backend(u8),
+}
+
+impl Role {
+    /// Every role of a testbed, switch first.
+    #[must_use]
+    pub fn all() -> Vec<Self> {
+        let mut v = vec![Self::Switch, Self::Client, Self::Lb];
+        v.extend((1..=BACKENDS).map(Self::Backend));
+        v
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Switch => f.write_str("sw"),
+            Self::Client => f.write_str("client"),
+            Self::Lb => f.write_str("lb"),
+            Self::Backend(i) => write!(f, "be{i}"),
+        }
+    }
+}
+
+/// How the backends decapsulate DSR traffic (IPIP for IPv4 VIPs, IP6IP6 for IPv6 VIPs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DsrDecap {
+    /// The kernel's fallback tunnel devices `tunl0` / `ip6tnl0` hold the VIPs.
+    Ipip,
+    /// The kernel has no ipip/ip6_tunnel driver: a tc BPF program on each backend's `eth0`
+    /// ingress strips the outer header, and the VIPs sit on `lo` (with `arp_ignore=1`).
+    Bpf,
+    /// Neither is available (no tunnel driver and no clang): DSR tests must skip.
+    None,
+}
+
+/// What went wrong in the harness.
+#[derive(Debug, thiserror::Error)]
+pub enum TestbedError {
+    /// An I/O operation failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What the harness was doing.
+        context: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A command ran but exited unsuccessfully.
+    #[error("`{command}` failed ({status}){}", fmt_output(.stdout, .stderr))]
+    Command {
+        /// The command line.
+        command: String,
+        /// Its exit status.
+        status: std::process::ExitStatus,
+        /// What it printed on stdout.
+        stdout: String,
+        /// What it printed on stderr.
+        stderr: String,
+    },
+    /// A reply, log line or file did not have the expected form.
+    #[error("cannot parse {what}: {text:?}")]
+    Parse {
+        /// What was being parsed.
+        what: &'static str,
+        /// The offending text.
+        text: String,
+    },
+    /// No answer arrived in time.
+    #[error("timed out: {0}")]
+    Timeout(String),
+}
+
+fn fmt_output(stdout: &str, stderr: &str) -> String {
+    let mut s = String::new();
+    if !stdout.trim().is_empty() {
+        s.push_str("\n--- stdout ---\n");
+        s.push_str(stdout.trim_end());
+    }
+    if !stderr.trim().is_empty() {
+        s.push_str("\n--- stderr ---\n");
+        s.push_str(stderr.trim_end());
+    }
+    s
+}
+
+/// Result type of the harness.
+pub type Result<T, E = TestbedError> = std::result::Result<T, E>;
+
+fn io_err(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> TestbedError {
+    let context = context.into();
+    move |source| TestbedError::Io { context, source }
+}
+
+/// True when the process runs with effective uid 0.
+#[must_use]
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions, cannot fail and touches no memory of ours.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Returns true (after printing `<test>: skipped: needs root`) when the process is not
+/// root, so a test can `return` early; returns false when the test can run.
+#[must_use]
+pub fn skip_without_root(test: &str) -> bool {
+    if is_root() {
+        false
+    } else {
+        // straight to the process's stderr: libtest would swallow println! of a passing test
+        let _ = writeln!(std::io::stderr(), "{test}: skipped: needs root");
+        true
+    }
+}
+
+/// The names listed by `ip netns list`.
+///
+/// # Errors
+/// When `ip` cannot run or fails.
+pub fn list_netns() -> Result<Vec<String>> {
+    let out = run_ok(Command::new("ip").args(["netns", "list"]))?;
+    Ok(out.lines().filter_map(|l| l.split_whitespace().next()).map(str::to_owned).collect())
+}
+
+/// Calls `f` every 20 ms until it returns `Some`, for at most `timeout`; returns the last
+/// result. Use it for things that become true shortly after a reply, such as an nginx
+/// access-log line.
+pub fn wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A reply of the backends' UDP or TCP service: `be<i> <peer address>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceReply {
+    /// The answering backend's name, `be1` ..= `be3`.
+    pub backend: String,
+    /// The source address the backend saw.
+    pub peer: IpAddr,
+}
+
+impl ServiceReply {
+    /// Parses `be<i> <address>`.
+    ///
+    /// # Errors
+    /// When the text has another form.
+    pub fn parse(text: &str) -> Result<Self> {
+        let bad = || TestbedError::Parse { what: "service reply", text: text.to_owned() };
+        let mut it = text.split_whitespace();
+        let backend = it.next().ok_or_else(bad)?.to_owned();
+        let peer = it.next().ok_or_else(bad)?.parse().map_err(|_| bad())?;
+        if it.next().is_some() || !backend.starts_with("be") {
+            return Err(bad());
+        }
+        Ok(Self { backend, peer })
+    }
+}
+
+/// One request in a backend's nginx access log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccessLogEntry {
+    /// The client address nginx saw (`$remote_addr`).
+    pub client: IpAddr,
+    /// The client port nginx saw (`$remote_port`).
+    pub client_port: u16,
+    /// The local address the request arrived on (`$server_addr`).
+    pub server: IpAddr,
+    /// The local port (`$server_port`).
+    pub server_port: u16,
+    /// The request line, e.g. `GET / HTTP/1.1`.
+    pub request: String,
+    /// The response status.
+    pub status: u16,
+}
+
+impl AccessLogEntry {
+    /// Parses one line of the testbed's log format:
+    /// `$remote_addr $remote_port $server_addr $server_port "$request" $status`.
+    ///
+    /// # Errors
+    /// When the line has another form.
+    pub fn parse(line: &str) -> Result<Self> {
+        let bad = || TestbedError::Parse { what: "nginx access log line", text: line.to_owned() };
+        let (head, rest) = line.split_once(" \"").ok_or_else(bad)?;
+        let (request, tail) = rest.rsplit_once("\" ").ok_or_else(bad)?;
+        let f: Vec<&str> = head.split_whitespace().collect();
+        let [client, client_port, server, server_port] = f.as_slice() else {
+            return Err(bad());
+        };
+        Ok(Self {
+            client: client.parse().map_err(|_| bad())?,
+            client_port: client_port.parse().map_err(|_| bad())?,
+            server: server.parse().map_err(|_| bad())?,
+            server_port: server_port.parse().map_err(|_| bad())?,
+            request: request.to_owned(),
+            status: tail.trim().parse().map_err(|_| bad())?,
+        })
+    }
+}
+
+/// A running testbed; dropping it tears it down (`deploy/testbed.sh down`).
+#[derive(Debug)]
+pub struct Testbed {
+    prefix: String,
+    script: PathBuf,
+    run_dir: PathBuf,
+    up: bool,
+}
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+fn repo_root() -> PathBuf {
+    // tests/ is one level below the workspace root
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().map_or_else(|| manifest.to_path_buf(), Path::to_path_buf)
+}
+
+fn run_base() -> PathBuf {
+    std::env::var_os("XLB_TESTBED_RUNDIR")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from(DEFAULT_RUN_BASE), PathBuf::from)
+}
+
+fn command_line(cmd: &Command) -> String {
+    std::iter::once(cmd.get_program()).chain(cmd.get_args()).map(OsStr::to_string_lossy).collect::<Vec<_>>().join(" ")
+}
+
+fn run(cmd: &mut Command) -> Result<Output> {
+    cmd.output().map_err(io_err(format!("cannot run `{}`", command_line(cmd))))
+}
+
+fn check(cmd: &Command, out: Output) -> Result<Output> {
+    if out.status.success() {
+        Ok(out)
+    } else {
+        Err(TestbedError::Command {
+            command: command_line(cmd),
+            status: out.status,
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        })
+    }
+}
+
+fn run_ok(cmd: &mut Command) -> Result<String> {
+    let out = run(cmd)?;
+    let out = check(cmd, out)?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Parses a prefix this harness made, `xe<pid>t<counter>`, into the pid.
+fn harness_prefix_pid(prefix: &str) -> Option<u32> {
+    let rest = prefix.strip_prefix(PREFIX_HEAD)?;
+    let (pid, counter) = rest.split_once('t')?;
+    if counter.is_empty() || !counter.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    pid.parse().ok()
+}
+
+impl Testbed {
+    /// Brings up a testbed under a fresh prefix `xe<pid>t<n>` and waits until every
+    /// backend server answers. The first call in a process first tears down testbeds left
+    /// behind by test processes that no longer exist (killed before their `Drop` ran).
+    ///
+    /// # Errors
+    /// When `deploy/testbed.sh up` fails (it cleans up after itself); the error carries
+    /// the script's output.
+    pub fn up() -> Result<Self> {
+        static REAP: std::sync::Once = std::sync::Once::new();
+        REAP.call_once(reap_stale_testbeds);
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        Self::up_with_prefix(&format!("{PREFIX_HEAD}{}t{n}", std::process::id()))
+    }
+
+    /// Brings up a testbed under `prefix` (1-32 ASCII letters and digits), which must not
+    /// be in use.
+    ///
+    /// # Errors
+    /// When `deploy/testbed.sh up` fails (it cleans up after itself).
+    pub fn up_with_prefix(prefix: &str) -> Result<Self> {
+        let script = repo_root().join("deploy").join("testbed.sh");
+        let mut cmd = Command::new(&script);
+        cmd.args(["up", prefix]).stdin(Stdio::null());
+        let started = Instant::now();
+        let out = run(&mut cmd)?;
+        let out = check(&cmd, out)?;
+        print!("{}", String::from_utf8_lossy(&out.stdout));
+        println!("testbed {prefix}: harness saw it up after {:?}", started.elapsed());
+        Ok(Self { prefix: prefix.to_owned(), script, run_dir: run_base().join(prefix), up: true })
+    }
+
+    /// The testbed's prefix; every namespace is `<prefix>-<role>`.
+    #[must_use]
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The namespace name of `role`, e.g. `xe123t0-client`.
+    #[must_use]
+    pub fn ns_name(&self, role: Role) -> String {
+        format!("{}-{role}", self.prefix)
+    }
+
+    /// The testbed's run directory (configs, logs and pid files of the servers):
+    /// `$XLB_TESTBED_RUNDIR/<prefix>`, by default `/run/xlb-testbed/<prefix>`.
+    #[must_use]
+    pub fn run_dir(&self) -> &Path {
+        &self.run_dir
+    }
+
+    /// How the backends decapsulate DSR traffic on this kernel.
+    ///
+    /// # Errors
+    /// When the run directory's `dsr-mode` file is missing or unknown.
+    pub fn dsr_decap(&self) -> Result<DsrDecap> {
+        let path = self.run_dir.join("dsr-mode");
+        let text = std::fs::read_to_string(&path).map_err(io_err(format!("cannot read {}", path.display())))?;
+        match text.trim() {
+            "ipip" => Ok(DsrDecap::Ipip),
+            "bpf" => Ok(DsrDecap::Bpf),
+            "none" => Ok(DsrDecap::None),
+            other => Err(TestbedError::Parse { what: "dsr-mode", text: other.to_owned() }),
+        }
+    }
+
+    fn ns_command<S: AsRef<OsStr>>(&self, role: Role, args: &[S]) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec"]).arg(self.ns_name(role)).args(args).stdin(Stdio::null());
+        cmd
+    }
+
+    /// Runs `args` inside `role`'s namespace (`ip netns exec <ns> args...`) and returns
+    /// its output whatever the exit status. There is no timeout: bound the command itself.
+    ///
+    /// # Errors
+    /// Only when the command cannot be started.
+    pub fn exec<S: AsRef<OsStr>>(&self, role: Role, args: &[S]) -> Result<Output> {
+        run(&mut self.ns_command(role, args))
+    }
+
+    /// Like [`exec`](Self::exec) but fails unless the command exits with 0; returns stdout.
+    ///
+    /// # Errors
+    /// When the command cannot run or exits unsuccessfully (the error holds its output).
+    pub fn exec_ok<S: AsRef<OsStr>>(&self, role: Role, args: &[S]) -> Result<String> {
+        run_ok(&mut self.ns_command(role, args))
+    }
+
+    /// Like [`exec_ok`](Self::exec_ok), feeding `input` to the command's stdin.
+    ///
+    /// # Errors
+    /// When the command cannot run or exits unsuccessfully (the error holds its output).
+    pub fn exec_with_input<S: AsRef<OsStr>>(&self, role: Role, args: &[S], input: &[u8]) -> Result<String> {
+        let mut cmd = self.ns_command(role, args);
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let line = command_line(&cmd);
+        let mut child = cmd.spawn().map_err(io_err(format!("cannot run `{line}`")))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin.write_all(input).map_err(io_err(format!("cannot write to `{line}`")))?;
+        }
+        let out = child.wait_with_output().map_err(io_err(format!("waiting for `{line}`")))?;
+        let out = check(&cmd, out)?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Runs `f` on a thread that has entered `role`'s network namespace, and returns its
+    /// result. Sockets created in `f` stay in that namespace after it returns, so `f` can
+    /// hand back a bound socket for use on the calling thread.
+    ///
+    /// # Errors
+    /// When the namespace cannot be entered. A panic in `f` propagates.
+    pub fn in_ns<T, F>(&self, role: Role, f: F) -> Result<T>
+    where
+        F: FnOnce() -> T + Send,
+        T: Send,
+    {
+        let path = Path::new(NETNS_DIR).join(self.ns_name(role));
+        let ns = File::open(&path).map_err(io_err(format!("cannot open {}", path.display())))?;
+        std::thread::scope(|s| {
+            let handle = s.spawn(move || {
+                // SAFETY: `ns` is an open file of a network namespace that outlives the
+                // call; setns only moves this (fresh, scoped) thread into it.
+                let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
+                if rc != 0 {
+                    return Err(io_err(format!("setns({})", path.display()))(std::io::Error::last_os_error()));
+                }
+                Ok(f())
+            });
+            handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })
+    }
+
+    /// Fetches `url` with curl from `from`'s namespace (5 s limit, no proxy, IPv6 literals
+    /// allowed: `http://[fd00:250:2::11]/`) and returns the body as received.
+    ///
+    /// # Errors
+    /// When curl fails: connection refused, timeout, HTTP status >= 400 (the error holds
+    /// curl's message).
+    pub fn curl(&self, from: Role, url: &str) -> Result<String> {
+        let args = ["curl", "-sS", "--fail", "-g", "--noproxy", "*", "--max-time", CURL_MAX_TIME_SECS];
+        let mut all: Vec<&str> = args.to_vec();
+        all.push(url);
+        self.exec_ok(from, &all)
+    }
+
+    /// Sends `payload` in one UDP datagram from `from`'s namespace to `addr:port` and returns
+    /// the first reply, without its trailing newline. Sends up to 3 times, waiting 1 s for
+    /// each reply (a load balancer may drop the first packet of a flow while it resolves a
+    /// neighbour).
+    ///
+    /// # Errors
+    /// When no reply arrives, or on socket errors (e.g. ICMP port unreachable).
+    pub fn udp_query(&self, from: Role, addr: IpAddr, port: u16, payload: &[u8]) -> Result<String> {
+        let dest = SocketAddr::new(addr, port);
+        self.in_ns(from, || -> Result<String> {
+            let ctx = |what: &str| format!("udp {what} {dest}");
+            let bind: SocketAddr = match addr {
+                IpAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
+                IpAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
+            };
+            let sock = UdpSocket::bind(bind).map_err(io_err(ctx("bind for")))?;
+            sock.connect(dest).map_err(io_err(ctx("connect to")))?;
+            sock.set_read_timeout(Some(QUERY_TIMEOUT)).map_err(io_err(ctx("timeout for")))?;
+            let mut buf = [0_u8; 2048];
+            for _ in 0..UDP_ATTEMPTS {
+                sock.send(payload).map_err(io_err(ctx("send to")))?;
+                match sock.recv(&mut buf) {
+                    Ok(n) => {
+                        let text = String::from_utf8_lossy(buf.get(..n).unwrap_or_default());
+                        return Ok(text.trim_end().to_owned());
+                    }
+                    Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                    Err(e) => return Err(io_err(ctx("recv from"))(e)),
+                }
+            }
+            Err(TestbedError::Timeout(format!("no UDP reply from {dest} to {UDP_ATTEMPTS} datagrams")))
+        })?
+    }
+
+    /// Connects over TCP from `from`'s namespace to `addr:port`, reads until the server
+    /// closes, and returns what it sent without the trailing newline (1 s limit for the
+    /// connect and for each read).
+    ///
+    /// # Errors
+    /// When the connection is refused or times out, or reading fails.
+    pub fn tcp_query(&self, from: Role, addr: IpAddr, port: u16) -> Result<String> {
+        let dest = SocketAddr::new(addr, port);
+        self.in_ns(from, || -> Result<String> {
+            let ctx = |what: &str| format!("tcp {what} {dest}");
+            let mut s = TcpStream::connect_timeout(&dest, QUERY_TIMEOUT).map_err(io_err(ctx("connect to")))?;
+            s.set_read_timeout(Some(QUERY_TIMEOUT)).map_err(io_err(ctx("timeout for")))?;
+            let mut text = String::new();
+            s.read_to_string(&mut text).map_err(io_err(ctx("read from")))?;
+            Ok(text.trim_end().to_owned())
+        })?
+    }
+
+    /// The requests in backend `i`'s nginx access log, oldest first.
+    ///
+    /// # Errors
+    /// When the log cannot be read or has a line of another form.
+    pub fn backend_access_log(&self, i: u8) -> Result<Vec<AccessLogEntry>> {
+        let path = self.run_dir.join(format!("be{i}")).join("access.log");
+        let text = std::fs::read_to_string(&path).map_err(io_err(format!("cannot read {}", path.display())))?;
+        text.lines().filter(|l| !l.trim().is_empty()).map(AccessLogEntry::parse).collect()
+    }
+
+    /// The client address (`$remote_addr`) of every request in backend `i`'s nginx access
+    /// log, oldest first, e.g. `["10.250.2.1", "10.250.1.2"]`.
+    ///
+    /// # Errors
+    /// As [`backend_access_log`](Self::backend_access_log).
+    pub fn backend_seen_clients(&self, i: u8) -> Result<Vec<String>> {
+        Ok(self.backend_access_log(i)?.into_iter().map(|e| e.client.to_string()).collect())
+    }
+
+    /// Tears the testbed down now and reports failure (dropping it does the same silently).
+    ///
+    /// # Errors
+    /// When `deploy/testbed.sh down` cannot run or fails.
+    pub fn down(mut self) -> Result<()> {
+        self.teardown()
+    }
+
+    fn teardown(&mut self) -> Result<()> {
+        if !self.up {
+            return Ok(());
+        }
+        self.up = false;
+        let mut cmd = Command::new(&self.script);
+        cmd.args(["down", &self.prefix]).stdin(Stdio::null());
+        let out = run_ok(&mut cmd)?;
+        print!("{out}");
+        Ok(())
+    }
+}
+
+impl Drop for Testbed {
+    fn drop(&mut self) {
+        if let Err(e) = self.teardown() {
+            eprintln!("testbed {}: teardown failed: {e}", self.prefix);
+        }
+    }
+}
+
+/// True when `pid` exists and is not a zombie.
+fn process_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        // "pid (comm) S ...": the state follows the last ')'
+        stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()).is_some_and(|state| state != "Z")
+    })
+}
+
+/// Tears down testbeds named by this harness (`xe<pid>t<n>`) whose process is gone.
+fn reap_stale_testbeds() {
+    let Ok(names) = list_netns() else {
+        return;
+    };
+    let mut stale: Vec<&str> = names
+        .iter()
+        .filter_map(|n| n.split_once('-').map(|(prefix, _)| prefix))
+        .filter(|p| harness_prefix_pid(p).is_some_and(|pid| !process_alive(pid)))
+        .collect();
+    stale.sort_unstable();
+    stale.dedup();
+    let script = repo_root().join("deploy").join("testbed.sh");
+    for prefix in stale {
+        let _ = writeln!(std::io::stderr(), "tearing down stale testbed {prefix} (its test process is gone)");
+        let mut cmd = Command::new(&script);
+        cmd.args(["down", prefix]).stdin(Stdio::null());
+        if let Err(e) = run_ok(&mut cmd) {
+            eprintln!("stale testbed {prefix}: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_access_log_lines() {
+        let e =
+            AccessLogEntry::parse("fd00:250:1::2 51118 fd00:250:2::11 80 \"GET /a b HTTP/1.1\" 200").expect("parse");
+        assert_eq!(e.client, IpAddr::V6(CLIENT_V6));
+        assert_eq!(e.client_port, 51118);
+        assert_eq!(e.server, IpAddr::V6(backend_v6(1)));
+        assert_eq!(e.server_port, HTTP_PORT);
+        assert_eq!(e.request, "GET /a b HTTP/1.1");
+        assert_eq!(e.status, 200);
+        assert!(AccessLogEntry::parse("10.250.1.2 1 2").is_err());
+    }
+
+    #[test]
+    fn parses_service_replies() {
+        let r = ServiceReply::parse("be3 10.250.1.2").expect("parse");
+        assert_eq!(r, ServiceReply { backend: "be3".into(), peer: IpAddr::V4(CLIENT_V4) });
+        assert!(ServiceReply::parse("be3").is_err());
+        assert!(ServiceReply::parse("be3 ?").is_err());
+    }
+
+    #[test]
+    fn addresses_match_the_script() {
+        assert_eq!(backend_v4(2).to_string(), "10.250.2.12");
+        assert_eq!(backend_v6(3).to_string(), "fd00:250:2::13");
+        assert_eq!(DSR_VIP_V6.to_string(), "fd00:250:100::10");
+        assert_eq!(backend_mac(1), [2, 0, 0x0a, 0xfa, 2, 0x11]);
+    }
+
+    #[test]
+    fn harness_prefixes_round_trip() {
+        assert_eq!(harness_prefix_pid("xe4194304t12"), Some(4_194_304));
+        assert_eq!(harness_prefix_pid("xlbtb"), None);
+        assert_eq!(harness_prefix_pid("xe12t"), None);
+        // the longest harness prefix still leaves room in 15-char interface names
+        assert!("xe4194304t99999".len() <= 15);
+        assert_eq!(Role::Backend(2).to_string(), "be2");
+        assert_eq!(Role::all().len(), 6);
+    }
+
+    #[test]
+    fn sees_own_process_alive() {
+        assert!(process_alive(std::process::id()));
+        assert!(!process_alive(u32::MAX));
+    }
+}
