@@ -50,11 +50,13 @@ pub enum DropReason {
     NoSourceAddress = 17,
     /// Protocol on a VIP that the pipeline does not balance (not TCP/UDP/SCTP/ICMP).
     UnsupportedProtocol = 18,
+    /// A reply handed from worker to worker that no worker has a flow for.
+    ReplyUntracked = 19,
 }
 
 impl DropReason {
     /// Every reason, in number order.
-    pub const ALL: [Self; 18] = [
+    pub const ALL: [Self; 19] = [
         Self::MalformedL2,
         Self::MalformedL3,
         Self::MalformedL4,
@@ -73,6 +75,7 @@ impl DropReason {
         Self::TooBig,
         Self::NoSourceAddress,
         Self::UnsupportedProtocol,
+        Self::ReplyUntracked,
     ];
 
     /// Snake-case name for metrics labels.
@@ -96,6 +99,7 @@ impl DropReason {
             Self::TooBig => "too_big",
             Self::NoSourceAddress => "no_source_address",
             Self::UnsupportedProtocol => "unsupported_protocol",
+            Self::ReplyUntracked => "reply_untracked",
         }
     }
 }
@@ -124,11 +128,13 @@ pub enum Event {
     FlowReused = 8,
     /// Fragments forwarded by the fragment table.
     FragmentForwarded = 9,
+    /// Replies handed to another worker (see `Verdict::Handoff`).
+    HandedOff = 10,
 }
 
 impl Event {
     /// Every event, in number order.
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 11] = [
         Self::RejectSent,
         Self::RstBackendGone,
         Self::ReselectBackendGone,
@@ -139,6 +145,7 @@ impl Event {
         Self::NewFlow,
         Self::FlowReused,
         Self::FragmentForwarded,
+        Self::HandedOff,
     ];
     /// Snake-case name for metrics.
     pub fn name(self) -> &'static str {
@@ -153,6 +160,7 @@ impl Event {
             Self::NewFlow => "new_flow",
             Self::FlowReused => "flow_reused",
             Self::FragmentForwarded => "fragment_forwarded",
+            Self::HandedOff => "handed_off",
         }
     }
 }
@@ -207,9 +215,9 @@ pub struct WorkerCounters {
     /// Frames passed to the kernel.
     pub pass: Counter,
     /// Drops by reason number (index = reason as usize; index 0 unused).
-    pub drops: [Counter; 19],
+    pub drops: [Counter; 20],
     /// Events by number.
-    pub events: [Counter; 10],
+    pub events: [Counter; 11],
     /// Conntrack forward entries (gauge), IPv4 + IPv6.
     pub ct_entries: Counter,
     /// Per-service and per-backend counters.

@@ -24,3 +24,5 @@ pub mod process;
 pub mod sched;
 pub mod tables;
 pub mod wire;
+pub mod worker;
+pub mod xsk;

@@ -206,19 +206,26 @@ pub const fn encap_overhead<A: Family>() -> usize {
 /// hop limit 64; IPv6 flow label from `flow_hash` (RFC 6438) so the backend's RSS spreads.
 /// `p` is invalid afterwards (offsets moved); the caller re-parses if needed.
 ///
-/// Returns `false`, changing nothing, if there is not enough headroom.
+/// Returns `false`, changing nothing, if there is neither headroom nor tailroom for it.
 pub fn encap<A: Family>(pkt: &mut Packet<'_>, p: &Parsed, outer_src: A, outer_dst: A, flow_hash: u32) -> bool {
     let add = A::HEADER_LEN;
-    if pkt.head < add {
-        return false;
-    }
     let inner_len = p.end - p.l3;
     let l2 = p.l3; // Ethernet (+ tag) length
-    let new_head = pkt.head - add;
-    // Move the L2 header down into the headroom.
-    pkt.buf.copy_within(pkt.head..pkt.head + l2, new_head);
-    pkt.head = new_head;
+    if pkt.head >= add {
+        // Move the L2 header down into the headroom (XDP `bpf_xdp_adjust_head` style).
+        let new_head = pkt.head - add;
+        pkt.buf.copy_within(pkt.head..pkt.head + l2, new_head);
+        pkt.head = new_head;
+    } else if pkt.buf.len() >= pkt.head + l2 + inner_len + add {
+        // No headroom (AF_XDP TX descriptors start at the data segment): move the IP packet
+        // up instead. Costs a copy of the packet; see docs/benchmarks.md.
+        let from = pkt.head + l2;
+        pkt.buf.copy_within(from..from + inner_len, from + add);
+    } else {
+        return false;
+    }
     pkt.len = l2 + add + inner_len;
+    let new_head = pkt.head;
     let inner_first = pkt.buf.get(new_head + l2 + add).copied().unwrap_or(0);
     let inner_second = pkt.buf.get(new_head + l2 + add + 1).copied().unwrap_or(0);
     let f = pkt.frame_mut();
@@ -352,7 +359,7 @@ mod tests {
     }
 
     #[test]
-    fn encap_without_headroom_changes_nothing() {
+    fn encap_without_headroom_or_tailroom_changes_nothing() {
         let mut f = Frame::tcp_v6([1; 16], 5, [2; 16], 80, 0x02);
         let orig = f.bytes.clone();
         let n = f.bytes.len();
@@ -360,6 +367,22 @@ mod tests {
         let p = parsed(pkt.frame());
         assert!(!encap::<V6>(&mut pkt, &p, V6([3; 16]), V6([4; 16]), 1));
         assert_eq!(pkt.frame(), &orig[..]);
+    }
+
+    #[test]
+    fn encap_without_headroom_uses_tailroom_and_gives_the_same_frame() {
+        let f = Frame::tcp_v6([1; 16], 5, [2; 16], 80, 0x02);
+        let mut a = vec![0u8; 64 + f.bytes.len() + 64];
+        a[64..64 + f.bytes.len()].copy_from_slice(&f.bytes);
+        let mut b = vec![0u8; f.bytes.len() + 64];
+        b[..f.bytes.len()].copy_from_slice(&f.bytes);
+        let mut pa = Packet::new(&mut a, 64, f.bytes.len());
+        let mut pb = Packet::new(&mut b, 0, f.bytes.len());
+        let p = parsed(pa.frame());
+        assert!(encap::<V6>(&mut pa, &p, V6([3; 16]), V6([4; 16]), 9));
+        assert!(encap::<V6>(&mut pb, &p, V6([3; 16]), V6([4; 16]), 9));
+        assert_eq!(pa.frame(), pb.frame());
+        assert_eq!(pb.head, 0);
     }
 
     #[test]

@@ -27,7 +27,9 @@ use crate::icmp;
 use crate::maglev;
 use crate::nat::{self, Packet};
 use crate::sched::{FlowInfo, SchedState};
-use crate::tables::{Backend, BackendRef, EmptyAction, ForwardingMode, FrontendEntry, Hop, Tables, VipAddrKind};
+use crate::tables::{
+    Backend, BackendRef, EmptyAction, ForwardingMode, FrontendEntry, Hop, Tables, VipAddrKind, VipKey,
+};
 use crate::wire::{self, Frag, L3, Parsed, proto, tcp_flags};
 
 /// What to do with a frame after [`Pipeline::process`].
@@ -42,6 +44,13 @@ pub enum Verdict {
     Pass,
     /// Drop it; the reason is counted.
     Drop(DropReason),
+    /// The frame (unchanged) is a reply of a flow another worker may own: hand it to that
+    /// worker (SNAT replies go straight to the owner of the destination port's range; other
+    /// replies from a backend visit the workers in turn).
+    Handoff {
+        /// Worker to hand it to.
+        worker: u16,
+    },
 }
 
 /// Worker configuration for the pipeline.
@@ -55,9 +64,12 @@ pub struct PipelineConfig {
     pub timeouts: Timeouts,
     /// New flows admitted per second (burst equal to the rate); 0 = unlimited.
     pub new_flows_per_s: u32,
-    /// SNAT source ports this worker owns, inclusive; disjoint across workers so a reply's
+    /// SNAT source ports of the whole node, inclusive. Worker `i` of `workers` owns the
+    /// `i`-th of `workers` equal slices ([`PipelineConfig::snat_range_for`]), so a reply's
     /// destination port names the worker that made the flow.
     pub snat_ports: (u16, u16),
+    /// Number of workers on the node (for SNAT port ownership and reply hand-off).
+    pub workers: u16,
     /// Maximum recorded fragment series per family.
     pub frag_capacity: usize,
     /// How long a fragment series is remembered, in seconds.
@@ -80,6 +92,7 @@ impl Default for PipelineConfig {
             timeouts: Timeouts::default(),
             new_flows_per_s: 0,
             snat_ports: (1024, 65535),
+            workers: 1,
             frag_capacity: 8192,
             frag_timeout_s: 5,
             affinity_capacity: 1 << 16,
@@ -98,6 +111,23 @@ impl PipelineConfig {
         let start = u32::from(lo) + span * u32::from(i);
         let end = if u32::from(i) + 1 == n { u32::from(hi) } else { start + span - 1 };
         (u16::try_from(start).unwrap_or(hi), u16::try_from(end).unwrap_or(hi))
+    }
+
+    /// This worker's SNAT port slice.
+    pub fn own_snat_ports(&self) -> (u16, u16) {
+        Self::snat_range_for(self.snat_ports.0, self.snat_ports.1, self.workers, self.worker_id)
+    }
+
+    /// The worker whose slice holds SNAT port `port`, if any.
+    pub fn snat_owner(&self, port: u16) -> Option<u16> {
+        let (lo, hi) = self.snat_ports;
+        if port < lo || port > hi {
+            return None;
+        }
+        let n = u32::from(self.workers.max(1));
+        let span = ((u32::from(hi) - u32::from(lo) + 1) / n).max(1);
+        let i = ((u32::from(port) - u32::from(lo)) / span).min(n - 1);
+        u16::try_from(i).ok()
     }
 }
 
@@ -198,6 +228,7 @@ struct Common {
     tokens: u32,
     tokens_s: u32,
     snat_cursor: u16,
+    own_snat: (u16, u16),
 }
 
 impl Common {
@@ -220,7 +251,7 @@ impl Common {
 
     #[inline]
     fn next_snat_port(&mut self) -> u16 {
-        let (lo, hi) = self.cfg.snat_ports;
+        let (lo, hi) = self.own_snat;
         let p = self.snat_cursor;
         self.snat_cursor = if p >= hi || p < lo { lo } else { p + 1 };
         if p < lo || p > hi { lo } else { p }
@@ -287,7 +318,8 @@ impl Pipeline {
         Self {
             fam: Families { v4: FamState::new(&cfg), v6: FamState::new(&cfg) },
             c: Common {
-                snat_cursor: cfg.snat_ports.0,
+                snat_cursor: cfg.own_snat_ports().0,
+                own_snat: cfg.own_snat_ports(),
                 cfg,
                 sched: SchedState::new(seed),
                 counters,
@@ -352,6 +384,7 @@ impl Pipeline {
             Verdict::Tx { .. } => k.tx.inc(),
             Verdict::Pass => k.pass.inc(),
             Verdict::Drop(r) => k.count_drop(r),
+            Verdict::Handoff { .. } => k.event(Event::HandedOff),
         }
         v
     }
@@ -430,7 +463,15 @@ fn run<A: Fam>(
             return reply::<A>(st, c, t, pkt, &p, rk, rev);
         }
         if A::snat(t) == Some(dst) {
-            return Verdict::Drop(DropReason::SnatUntracked);
+            return match c.cfg.snat_owner(p.dport) {
+                Some(w) if w != c.cfg.worker_id => Verdict::Handoff { worker: w },
+                _ => Verdict::Drop(DropReason::SnatUntracked),
+            };
+        }
+        if c.cfg.workers > 1 && t.endpoints.contains(&VipKey { addr: src.to_mapped(), port: p.sport, proto: p.proto }) {
+            // A reply from a backend that this worker has no flow for: RSS may have put it
+            // on another queue than its forward packets. The next worker looks.
+            return Verdict::Handoff { worker: (c.cfg.worker_id + 1) % c.cfg.workers };
         }
         if t.vip_addrs.get(&dm) == Some(&VipAddrKind::ClusterIp) {
             return reject::<A>(c, pkt, &p, in_port);

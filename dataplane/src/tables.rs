@@ -463,6 +463,9 @@ pub struct Tables {
     pub dsr_source_v6: Option<Cidr>,
     /// Backends whose neighbour is unresolved (the control side asks the kernel to resolve).
     pub unresolved: Vec<IpAddr>,
+    /// (address, protocol, port) of every backend of a NAT service: replies come from these,
+    /// and the steering program sends them to xlb.
+    pub endpoints: hashbrown::HashSet<VipKey>,
 }
 
 impl Tables {
@@ -480,6 +483,7 @@ impl Tables {
             dsr_source_v4: None,
             dsr_source_v6: None,
             unresolved: Vec::new(),
+            endpoints: hashbrown::HashSet::new(),
         }
     }
 
@@ -791,6 +795,13 @@ impl TableBuilder {
                         conditions: b.conditions,
                         node_local: b.node_local,
                     });
+                }
+            }
+            if s.mode == ForwardingMode::Nat {
+                for b in &s.backends {
+                    for pr in s.frontends.iter().map(|f| f.proto) {
+                        t.endpoints.insert(VipKey { addr: mapped(b.addr), port: b.port, proto: pr as u8 });
+                    }
                 }
             }
             let hash_buckets = sh_buckets(&weights);

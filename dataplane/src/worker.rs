@@ -1,0 +1,404 @@
+//! AF_XDP worker threads: one per configured core, pinned, each owning its UMEM, sockets,
+//! pipeline (conntrack, schedulers) and counters.
+//!
+//! Loop, like DPDK l3fwd: load the tables once per batch → take TX completions → refill the
+//! fill rings → receive a batch per port → run the pipeline on each frame → queue TX per port
+//! → kick TX until drained. Replies that belong to another worker's flows
+//! ([`Verdict::Handoff`]) are copied into that worker's inbox (a bounded lock-free queue of
+//! pre-allocated buffers) and transmitted by it; see docs/architecture.md.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam::queue::ArrayQueue;
+
+use crate::counters::{Counter, DropReason, WorkerCounters};
+use crate::nat::Packet;
+use crate::process::{FlowDump, Pipeline, PipelineConfig, Verdict};
+use crate::tables::{BackendRef, TablesHandle};
+use crate::xsk::{OwnedFrame, Xsk, XskConfig, XskError};
+
+/// Frames per RX batch.
+pub const BATCH: usize = 64;
+/// Hand-off buffers per worker.
+const HANDOFF_SLOTS: usize = 1024;
+
+/// What one worker serves.
+#[derive(Clone, Debug)]
+pub struct WorkerSpec {
+    /// Worker number (0-based; also the SNAT port slice).
+    pub id: u16,
+    /// CPU to pin to (from `core_affinity::get_core_ids()`, read before pinning anything).
+    pub core: Option<usize>,
+    /// (interface, queue) per port, in the port order of the tables.
+    pub ports: Vec<(String, u32)>,
+    /// AF_XDP settings.
+    pub xsk: XskConfig,
+    /// Pipeline settings.
+    pub pipeline: PipelineConfig,
+    /// Busy-poll (never sleep in `poll(2)`); otherwise, when idle, wait up to 1 ms in `poll(2)`.
+    pub busy_poll: bool,
+}
+
+/// AF_XDP-level counters of one worker (frame accounting included).
+#[derive(Debug, Default)]
+pub struct XskCounters {
+    /// Frames the TX ring refused (returned to the free list).
+    pub tx_ring_full: Counter,
+    /// Pass verdicts in userspace: the steering program sent a frame the tables do not own
+    /// (e.g. during a table change); AF_XDP cannot give it back to the kernel, so it is
+    /// dropped and counted here.
+    pub pass_in_userspace: Counter,
+    /// Frames handed to another worker.
+    pub handed_off: Counter,
+    /// Hand-offs that found the target inbox or buffer pool full.
+    pub handoff_dropped: Counter,
+    /// Frames in the UMEM.
+    pub frames_total: Counter,
+    /// Frames accounted for at the last batch boundary (free + fill + TX); equal to
+    /// `frames_total` unless a frame was lost.
+    pub frames_accounted: Counter,
+    /// Whether the sockets are zero-copy (1) or copy mode (0).
+    pub zero_copy: Counter,
+}
+
+/// A request from the control thread, answered between batches.
+#[derive(Debug)]
+pub enum Request {
+    /// Dump the conntrack table.
+    DumpFlows(mpsc::Sender<Vec<FlowDump>>),
+    /// Active/inactive connection counts for these backends.
+    Connections(Vec<BackendRef>, mpsc::Sender<Vec<(u32, u32)>>),
+}
+
+/// The shared hand-off fabric: one inbox per worker and a pool of buffers.
+#[derive(Debug)]
+pub struct Fabric {
+    inboxes: Vec<ArrayQueue<HandoffBox>>,
+    pool: ArrayQueue<HandoffBox>,
+}
+
+/// An owned hand-off buffer.
+#[derive(Debug)]
+pub struct HandoffBox(Box<HandoffInner>);
+
+#[derive(Debug)]
+struct HandoffInner {
+    bytes: Vec<u8>,
+    hops: u16,
+    in_port: u8,
+}
+
+impl Fabric {
+    /// A fabric for `workers` workers with pre-allocated 2 KiB buffers (allocated here, not
+    /// per packet).
+    pub fn new(workers: usize) -> Arc<Self> {
+        let pool = ArrayQueue::new(HANDOFF_SLOTS * workers.max(1));
+        for _ in 0..pool.capacity() {
+            let _ =
+                pool.push(HandoffBox(Box::new(HandoffInner { bytes: Vec::with_capacity(2048), hops: 0, in_port: 0 })));
+        }
+        Arc::new(Self { inboxes: (0..workers).map(|_| ArrayQueue::new(HANDOFF_SLOTS)).collect(), pool })
+    }
+}
+
+/// Handle to a running worker.
+#[derive(Debug)]
+pub struct WorkerHandle {
+    /// Worker number.
+    pub id: u16,
+    /// Socket fds in port order (insert them into the steering program's XSKMAP at the
+    /// port's queue).
+    pub fds: Vec<i32>,
+    /// Pipeline counters.
+    pub counters: Arc<WorkerCounters>,
+    /// AF_XDP counters.
+    pub xsk: Arc<XskCounters>,
+    /// Requests to the worker.
+    pub requests: mpsc::Sender<Request>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl WorkerHandle {
+    /// Waits for the thread to end (after the stop flag was set).
+    pub fn join(mut self) {
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Why a worker could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// Socket setup failed.
+    #[error("worker {id}: {source}")]
+    Xsk {
+        /// Worker.
+        id: u16,
+        /// Cause.
+        #[source]
+        source: XskError,
+    },
+    /// The thread could not be started or died during setup.
+    #[error("worker {0}: thread failed to start")]
+    Thread(u16),
+}
+
+/// Starts a worker: pins it, opens its sockets on that core, and returns once they are bound.
+///
+/// # Errors
+/// [`WorkerError`] if the sockets cannot be bound.
+pub fn spawn(
+    spec: WorkerSpec,
+    tables: TablesHandle,
+    fabric: Arc<Fabric>,
+    stop: Arc<AtomicBool>,
+) -> Result<WorkerHandle, WorkerError> {
+    let id = spec.id;
+    let (ready_tx, ready_rx) = mpsc::channel::<Result<(Vec<i32>, Arc<WorkerCounters>, Arc<XskCounters>), XskError>>();
+    let (req_tx, req_rx) = mpsc::channel::<Request>();
+    let thread = std::thread::Builder::new()
+        .name(format!("xlb-worker-{id}"))
+        .spawn(move || {
+            if let Some(core) = spec.core
+                && !core_affinity::set_for_current(core_affinity::CoreId { id: core })
+            {
+                tracing::warn!(worker = id, core, "could not pin worker");
+            }
+            let xsk = match Xsk::open(&spec.xsk, &spec.ports) {
+                Ok(x) => x,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            let seed = u64::from(id) ^ std::process::id() as u64 ^ 0x9E37_79B9_7F4A_7C15;
+            let pipeline = Pipeline::new(spec.pipeline.clone(), seed);
+            let xc = Arc::new(XskCounters::default());
+            xc.frames_total.set(spec.xsk.frame_count.into());
+            xc.zero_copy.set(u64::from(xsk.zero_copy(0)));
+            let _ = ready_tx.send(Ok((xsk.fds(), pipeline.counters().clone(), xc.clone())));
+            run(spec, xsk, pipeline, tables, fabric, stop, req_rx, &xc);
+        })
+        .map_err(|_| WorkerError::Thread(id))?;
+    match ready_rx.recv() {
+        Ok(Ok((fds, counters, xsk))) => {
+            Ok(WorkerHandle { id, fds, counters, xsk, requests: req_tx, thread: Some(thread) })
+        }
+        Ok(Err(source)) => {
+            let _ = thread.join();
+            Err(WorkerError::Xsk { id, source })
+        }
+        Err(_) => Err(WorkerError::Thread(id)),
+    }
+}
+
+#[expect(clippy::too_many_arguments, reason = "everything a worker owns, moved in once")]
+fn run(
+    spec: WorkerSpec,
+    mut xsk: Xsk,
+    mut pipeline: Pipeline,
+    tables: TablesHandle,
+    fabric: Arc<Fabric>,
+    stop: Arc<AtomicBool>,
+    requests: mpsc::Receiver<Request>,
+    xc: &XskCounters,
+) {
+    let id = spec.id;
+    let nports = xsk.port_count();
+    let epoch = Instant::now();
+    let mut rx: Vec<OwnedFrame> = Vec::with_capacity(BATCH);
+    let mut tx: Vec<Vec<OwnedFrame>> = (0..nports).map(|_| Vec::with_capacity(BATCH * 2)).collect();
+    let mut scratch = Vec::with_capacity(2048);
+    let mut idle_rounds = 0u32;
+    let counters = pipeline.counters().clone();
+    while !stop.load(Ordering::Relaxed) {
+        let t = tables.load();
+        let now_ms = u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        pipeline.begin_batch(&t, now_ms);
+        xsk.complete();
+        let mut got = 0;
+        for port in 0..nports {
+            xsk.refill(port);
+            let wait = if spec.busy_poll || idle_rounds < 64 || nports > 1 { 0 } else { 1 };
+            rx.clear();
+            got += xsk.receive(port, &mut rx, BATCH, wait);
+            for mut f in rx.drain(..) {
+                let in_port = u8::try_from(port).unwrap_or(0);
+                let verdict = xsk.with_buffer(&mut f, |buf, len| {
+                    let mut pkt = Packet::new(buf, 0, len);
+                    let v = pipeline.process(&t, &mut pkt, in_port);
+                    // AF_XDP TX starts at the data segment: a frame moved into headroom
+                    // (never, with head 0) would need copying back.
+                    (pkt.head + pkt.len, v)
+                });
+                dispatch(
+                    verdict,
+                    f,
+                    in_port,
+                    0,
+                    &mut xsk,
+                    &mut tx,
+                    &fabric,
+                    id,
+                    spec.pipeline.workers,
+                    &mut scratch,
+                    xc,
+                    &counters,
+                );
+            }
+        }
+        // Frames handed over by other workers.
+        if let Some(inbox) = fabric.inboxes.get(usize::from(id)) {
+            for _ in 0..BATCH {
+                let Some(h) = inbox.pop() else { break };
+                got += 1;
+                let (hops, in_port) = (h.0.hops, h.0.in_port);
+                let f = xsk.frame_from(&h.0.bytes);
+                let _ = fabric.pool.push(h);
+                let Some(mut f) = f else {
+                    xc.handoff_dropped.inc();
+                    continue;
+                };
+                let verdict = xsk.with_buffer(&mut f, |buf, len| {
+                    let mut pkt = Packet::new(buf, 0, len);
+                    let v = pipeline.process(&t, &mut pkt, in_port);
+                    (pkt.head + pkt.len, v)
+                });
+                dispatch(
+                    verdict,
+                    f,
+                    in_port,
+                    hops + 1,
+                    &mut xsk,
+                    &mut tx,
+                    &fabric,
+                    id,
+                    spec.pipeline.workers,
+                    &mut scratch,
+                    xc,
+                    &counters,
+                );
+            }
+        }
+        for (port, q) in tx.iter_mut().enumerate() {
+            if q.is_empty() {
+                continue;
+            }
+            let want = q.len();
+            let sent = xsk.transmit(port, q);
+            if sent < want {
+                xc.tx_ring_full.add((want - sent) as u64);
+            }
+            xsk.kick(port);
+        }
+        let acc = xsk.account();
+        xc.frames_accounted.set((acc.free + acc.in_fill + acc.in_tx) as u64);
+        while let Ok(r) = requests.try_recv() {
+            answer(r, &pipeline);
+        }
+        if got == 0 {
+            idle_rounds = idle_rounds.saturating_add(1);
+            if !spec.busy_poll && nports > 1 && idle_rounds > 64 {
+                std::thread::sleep(Duration::from_micros(200));
+            } else {
+                std::hint::spin_loop();
+            }
+        } else {
+            idle_rounds = 0;
+        }
+    }
+    // Drain what is still queued so nothing is lost at shutdown.
+    for port in 0..nports {
+        xsk.kick(port);
+    }
+    xsk.complete();
+}
+
+#[expect(clippy::too_many_arguments, reason = "the worker's borrowed state")]
+fn dispatch(
+    v: Verdict,
+    f: OwnedFrame,
+    in_port: u8,
+    hops: u16,
+    xsk: &mut Xsk,
+    tx: &mut [Vec<OwnedFrame>],
+    fabric: &Fabric,
+    me: u16,
+    workers: u16,
+    scratch: &mut Vec<u8>,
+    xc: &XskCounters,
+    counters: &WorkerCounters,
+) {
+    match v {
+        Verdict::Tx { port } => match tx.get_mut(usize::from(port)) {
+            Some(q) => q.push(f),
+            None => xsk.release(f),
+        },
+        Verdict::Pass => {
+            xc.pass_in_userspace.inc();
+            xsk.release(f);
+        }
+        Verdict::Drop(_) => xsk.release(f),
+        Verdict::Handoff { worker } => {
+            let mut f = f;
+            if hops + 1 >= workers || worker == me {
+                // Every worker looked: nobody has a flow for this reply.
+                counters.count_drop(DropReason::ReplyUntracked);
+                xsk.release(f);
+                return;
+            }
+            let target = fabric.inboxes.get(usize::from(worker));
+            match (target, fabric.pool.pop()) {
+                (Some(inbox), Some(mut b)) => {
+                    xsk.copy_out(&mut f, scratch);
+                    b.0.bytes.clear();
+                    b.0.bytes.extend_from_slice(scratch);
+                    b.0.hops = hops;
+                    b.0.in_port = in_port;
+                    match inbox.push(b) {
+                        Ok(()) => xc.handed_off.inc(),
+                        Err(b) => {
+                            let _ = fabric.pool.push(b);
+                            xc.handoff_dropped.inc();
+                        }
+                    }
+                }
+                (_, b) => {
+                    if let Some(b) = b {
+                        let _ = fabric.pool.push(b);
+                    }
+                    xc.handoff_dropped.inc();
+                }
+            }
+            xsk.release(f);
+        }
+    }
+}
+
+fn answer(r: Request, p: &Pipeline) {
+    match r {
+        Request::DumpFlows(tx) => {
+            let _ = tx.send(p.dump_flows());
+        }
+        Request::Connections(refs, tx) => {
+            let _ = tx.send(refs.iter().map(|r| p.connections(*r)).collect());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handoff_pool_is_preallocated() {
+        let f = Fabric::new(2);
+        assert_eq!(f.pool.len(), 2 * HANDOFF_SLOTS);
+        assert_eq!(f.inboxes.len(), 2);
+    }
+}
