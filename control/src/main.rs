@@ -1,3 +1,106 @@
-//! `xlb`: the load balancer binary.
+//! `xlb`: a userspace AF_XDP L4 load balancer that replaces kube-proxy.
+//!
+//! Subcommands: `check` validates a config file and prints the tables it would program;
+//! `run`, `services` and `conntrack` are not wired yet.
+#![forbid(unsafe_code)]
 
-fn main() {}
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use dataplane::tables::TableBuilder;
+use xlb::translate::Severity;
+
+/// xlb: userspace AF_XDP L4 load balancer with kube-proxy semantics.
+#[derive(Debug, Parser)]
+#[command(name = "xlb", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Validate a config file without touching the network and print the tables it would
+    /// program, in the layout of `ipvsadm -Ln`.
+    ///
+    /// Exits 0 when every object was programmed, 1 when the file cannot be loaded, the tables
+    /// cannot be built, or some object (or part of one) had to be skipped (listed on stderr).
+    Check {
+        /// Multi-document YAML: one XlbConfiguration plus Service, EndpointSlice and Node
+        /// objects as `kubectl get -o yaml` prints them.
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
+    },
+    /// Run the load balancer (not implemented yet).
+    Run {
+        /// Config file (standalone mode).
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+    },
+    /// Print the running tables with connection counts, like `ipvsadm -Ln` (not implemented
+    /// yet).
+    Services,
+    /// Dump the flow table, like `conntrack -L` (not implemented yet).
+    Conntrack,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Check { config } => match check(&config) {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::from(1)
+            }
+        },
+        Command::Run { .. } | Command::Services | Command::Conntrack => {
+            eprintln!("not implemented yet");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `xlb check`: load, translate, build, print.
+fn check(path: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let loaded = xlb::config::load_file(path)?;
+    for n in &loaded.notes {
+        eprintln!("note: {n}");
+    }
+    tracing::debug!(
+        services = loaded.cluster.services.len(),
+        endpoint_slices = loaded.cluster.endpoint_slices.len(),
+        node = loaded.cluster.node.is_some(),
+        "config file loaded"
+    );
+    let (spec, report) = xlb::translate::build_spec(&loaded.cluster, &loaded.config)?;
+    tracing::debug!(
+        specs = spec.services.len(),
+        issues = report.issues.len(),
+        no_local_internal = report.no_local_endpoints.internal,
+        no_local_external = report.no_local_endpoints.external,
+        "tables translated"
+    );
+    for i in &report.issues {
+        eprintln!("{i}");
+    }
+    let tables = TableBuilder::new()
+        .build(&spec)
+        .map_err(|e| anyhow::anyhow!("{}: the tables cannot be built: {e}", path.display()))?;
+    print!("{}", xlb::show::render(&tables));
+    let errors = report.issues.iter().filter(|i| i.severity == Severity::Error).count();
+    if errors > 0 {
+        eprintln!("{}: {errors} object error(s); the objects named above are not (fully) programmed", path.display());
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}

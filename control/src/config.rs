@@ -1,0 +1,1109 @@
+//! The xlb configuration document and the loader for a multi-document YAML file.
+//!
+//! A config FILE (for `xlb run --config FILE` and `xlb check --config FILE`) holds:
+//! - exactly one `apiVersion: xlb.dev/v1alpha1`, `kind: XlbConfiguration` document
+//!   ([`Config`]); fields use KubeProxyConfiguration's names wherever one exists (CFG-01..07);
+//! - any number of `v1/Service`, `discovery.k8s.io/v1/EndpointSlice` and `v1/Node` objects
+//!   exactly as `kubectl get -o yaml` prints them, also wrapped in a `kind: List` with `items`.
+//!
+//! Unknown fields in the xlb document are errors naming the field; Kubernetes objects are
+//! parsed into k8s-openapi types (which ignore unknown fields, as the API server's clients do).
+//! Every error names the document (1-based, empty documents not counted, plus the line it
+//! starts on), the object (`Service default/web`) and the field path (`spec.ports[0].port`).
+//! All errors of a file are collected, not just the first.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use dataplane::addr::Cidr;
+use dataplane::tables::{ForwardingMode, Scheduler};
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use serde::Deserialize;
+
+use crate::translate::ClusterState;
+
+/// `apiVersion` of the xlb configuration document.
+pub const API_VERSION: &str = "xlb.dev/v1alpha1";
+/// `kind` of the xlb configuration document.
+pub const KIND: &str = "XlbConfiguration";
+
+/// The xlb configuration (the `XlbConfiguration` document), validated.
+///
+/// Every field is optional in YAML; missing fields take the defaults of [`Config::default`].
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Config {
+    /// This node's name: the Node object to watch and the `nodeName` that makes an endpoint
+    /// local (TP-05). xlb's own field; see also [`Config::hostname_override`].
+    pub node_name: Option<String>,
+    /// KubeProxyConfiguration's name for the node name; accepted as an alias of `nodeName`
+    /// (both set and different is an error).
+    pub hostname_override: Option<String>,
+    /// Extra node addresses, placed before the Node object's `status.addresses` and counted
+    /// as `InternalIP` (so the first one per family is the "primary" address, NPA-07). For
+    /// standalone mode without a Node object.
+    pub node_addresses: Vec<IpAddr>,
+    /// Which node addresses serve NodePorts (`nodePortAddresses`, CFG-06, NPA-01..03): CIDRs
+    /// and/or the word `primary`. Empty = every node address (iptables-mode default, NPA-02).
+    #[serde(deserialize_with = "de_node_port_addresses")]
+    pub node_port_addresses: Vec<NodePortAddress>,
+    /// Minimum time between table rebuilds (`minSyncPeriod`, Go duration; default 1s, CFG-03,
+    /// SYNC-01).
+    #[serde(deserialize_with = "crate::duration::deserialize")]
+    pub min_sync_period: Duration,
+    /// Period of full resyncs (`syncPeriod`, Go duration; default 30s, CFG-03, SYNC-04).
+    #[serde(deserialize_with = "crate::duration::deserialize")]
+    pub sync_period: Duration,
+    /// Flow-table settings (`conntrack`, CT-04, G-02).
+    pub conntrack: ConntrackConfig,
+    /// Scheduler settings (`ipvs`, SCHED-02).
+    pub ipvs: IpvsConfig,
+    /// Masquerade settings (`iptables`, CFG-04).
+    pub iptables: IptablesConfig,
+    /// Address of `/healthz` and `/livez` (`healthzBindAddress`, default `0.0.0.0:10256`,
+    /// CFG-07, HC-01).
+    pub healthz_bind_address: SocketAddr,
+    /// Address of `/metrics` (`metricsBindAddress`, default `0.0.0.0:10249`, CFG-07, HC-08).
+    pub metrics_bind_address: SocketAddr,
+    /// Pod CIDRs (`clusterCIDR`, comma-separated like kube-proxy's `--cluster-cidr`, NAT-06).
+    /// Parsed and kept for local-traffic detection; the translation does not use it yet (G-06).
+    #[serde(rename = "clusterCIDR", deserialize_with = "de_cluster_cidr")]
+    pub cluster_cidr: Vec<Cidr>,
+    /// Interfaces the workers attach to, in port-index order.
+    pub interfaces: Vec<InterfaceConfig>,
+    /// CPU cores to run one worker each on.
+    pub cores: Vec<usize>,
+    /// Source addresses for SNAT/masquerade; each defaults to the node's primary address of
+    /// its family (NAT-02: kube-proxy masquerades to the node IP).
+    pub snat_addresses: SnatAddresses,
+    /// Prefixes (at most one per family) from which DSR IPIP outer source addresses are drawn.
+    #[serde(deserialize_with = "de_cidrs")]
+    pub dsr_source_prefixes: Vec<Cidr>,
+    /// Largest Maglev table size M (a prime of `dataplane::maglev::TABLE_SIZES`; default 65537).
+    pub maglev_table_size: u32,
+    /// Default forwarding mode: `nat`, `dsr-ipip` or `dsr-l2` (default `nat`); a Service can
+    /// override it with the annotation `xlb.dev/forwarding-mode`.
+    #[serde(deserialize_with = "de_forwarding_mode")]
+    pub forwarding_mode: ForwardingMode,
+    /// The `spec.loadBalancerClass` xlb owns (SVC-08). LoadBalancer Services of this class get
+    /// their `status.loadBalancer.ingress[].ip` programmed.
+    pub load_balancer_class: Option<String>,
+    /// Also own LoadBalancer Services with no `loadBalancerClass` (default true, which is what
+    /// kube-proxy does).
+    pub handle_default_load_balancer_class: bool,
+    /// Static next hops for standalone mode (the kernel's neighbour table replaces them when
+    /// running on a real interface).
+    pub neighbours: Vec<NeighbourConfig>,
+    /// Static routes for backends that are not on-link.
+    pub routes: Vec<RouteConfig>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            node_name: None,
+            hostname_override: None,
+            node_addresses: Vec::new(),
+            node_port_addresses: Vec::new(),
+            min_sync_period: Duration::from_secs(1),
+            sync_period: Duration::from_secs(30),
+            conntrack: ConntrackConfig::default(),
+            ipvs: IpvsConfig::default(),
+            iptables: IptablesConfig::default(),
+            healthz_bind_address: SocketAddr::from(([0, 0, 0, 0], 10256)),
+            metrics_bind_address: SocketAddr::from(([0, 0, 0, 0], 10249)),
+            cluster_cidr: Vec::new(),
+            interfaces: Vec::new(),
+            cores: Vec::new(),
+            snat_addresses: SnatAddresses::default(),
+            dsr_source_prefixes: Vec::new(),
+            maglev_table_size: dataplane::maglev::DEFAULT_MAX_TABLE_SIZE,
+            forwarding_mode: ForwardingMode::Nat,
+            load_balancer_class: None,
+            handle_default_load_balancer_class: true,
+            neighbours: Vec::new(),
+            routes: Vec::new(),
+        }
+    }
+}
+
+/// One entry of `nodePortAddresses`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodePortAddress {
+    /// `primary`: the node's primary address of each family (NPA-02, NPA-03, NPA-07).
+    Primary,
+    /// Node addresses inside this prefix (NPA-01; `0.0.0.0/0` = every IPv4 address, NPA-03).
+    Cidr(Cidr),
+}
+
+/// `conntrack` block: flow-table timeouts and size.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ConntrackConfig {
+    /// Idle timeout of an established TCP flow (Go duration; default 900s, IPVS's
+    /// `tcpTimeout` as in seed CT-04; kube-proxy's nf_conntrack default is 24h).
+    #[serde(deserialize_with = "crate::duration::deserialize")]
+    pub tcp_established_timeout: Duration,
+    /// Timeout of a TCP flow after FIN or RST (Go duration; default 120s, Linux
+    /// `nf_conntrack_tcp_timeout_fin_wait`; the IPVS example in CT-04 uses 16s).
+    #[serde(deserialize_with = "crate::duration::deserialize")]
+    pub tcp_fin_timeout: Duration,
+    /// Idle timeout of a UDP flow (Go duration; default 300s, IPVS's `udpTimeout`, CT-04).
+    #[serde(deserialize_with = "crate::duration::deserialize")]
+    pub udp_timeout: Duration,
+    /// Flow-table capacity per worker core, in flows (default 32768, kube-proxy's
+    /// `conntrack.maxPerCore` default).
+    pub max_per_core: u32,
+}
+
+impl Default for ConntrackConfig {
+    fn default() -> Self {
+        Self {
+            tcp_established_timeout: Duration::from_secs(900),
+            tcp_fin_timeout: Duration::from_secs(120),
+            udp_timeout: Duration::from_secs(300),
+            max_per_core: 32768,
+        }
+    }
+}
+
+/// `ipvs` block.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct IpvsConfig {
+    /// Default scheduler by IPVS name: `random` (default, kube-proxy iptables/nftables
+    /// behaviour, SCHED-01), `mh`, `mh-noport`, `rr`, `wrr`, `lc`, `wlc`, `sh`, `dh`, `sed`,
+    /// `nq` (SCHED-02..10). A Service can override it with the annotation `xlb.dev/scheduler`.
+    #[serde(deserialize_with = "de_scheduler")]
+    pub scheduler: Scheduler,
+}
+
+impl Default for IpvsConfig {
+    fn default() -> Self {
+        Self { scheduler: Scheduler::Random }
+    }
+}
+
+/// `iptables` block (only the fields that mean something to xlb).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct IptablesConfig {
+    /// Masquerade every service flow, ClusterIP included (NAT-04; default false, CFG-04).
+    pub masquerade_all: bool,
+}
+
+/// One interface the workers attach to.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct InterfaceConfig {
+    /// Interface name, e.g. `eth0`.
+    pub name: String,
+    /// Queue ids to bind AF_XDP sockets on (e.g. `[0, 1]`); empty = queue 0.
+    #[serde(default)]
+    pub queues: Vec<u32>,
+}
+
+/// `snatAddresses` block.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct SnatAddresses {
+    /// IPv4 SNAT source address.
+    pub ipv4: Option<Ipv4Addr>,
+    /// IPv6 SNAT source address.
+    pub ipv6: Option<Ipv6Addr>,
+}
+
+/// One static neighbour (`neighbours[]`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NeighbourConfig {
+    /// Neighbour IP address.
+    pub address: IpAddr,
+    /// Its MAC address, `aa:bb:cc:dd:ee:ff`.
+    #[serde(deserialize_with = "de_mac")]
+    pub mac: [u8; 6],
+    /// The interface it is reached on: a name from `interfaces`, or an index into it.
+    pub port: NeighbourPort,
+}
+
+/// How a neighbour names its interface.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NeighbourPort {
+    /// Index into `interfaces`.
+    Index(u8),
+    /// Name of an entry of `interfaces`.
+    Name(String),
+}
+
+/// One static route (`routes[]`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RouteConfig {
+    /// Destination prefix.
+    #[serde(deserialize_with = "de_cidr")]
+    pub dst: Cidr,
+    /// Gateway (must be a neighbour).
+    pub via: IpAddr,
+}
+
+/// A configuration value that parses but is not valid; names the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct ConfigFieldError {
+    /// Field path in the xlb document, e.g. `snatAddresses.ipv4`.
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+fn field_err(field: impl Into<String>, message: impl Into<String>) -> ConfigFieldError {
+    ConfigFieldError { field: field.into(), message: message.into() }
+}
+
+impl Config {
+    /// This node's name: `nodeName`, else `hostnameOverride` (trimmed); `None` if neither.
+    pub fn node_name(&self) -> Option<&str> {
+        self.node_name.as_deref().or(self.hostname_override.as_deref()).map(str::trim).filter(|s| !s.is_empty())
+    }
+
+    /// The interface index a neighbour's `port` names.
+    pub fn port_index(&self, p: &NeighbourPort) -> Option<u8> {
+        match p {
+            NeighbourPort::Index(i) => (usize::from(*i) < self.interfaces.len()).then_some(*i),
+            NeighbourPort::Name(n) => {
+                self.interfaces.iter().position(|i| &i.name == n).and_then(|i| u8::try_from(i).ok())
+            }
+        }
+    }
+
+    /// The DSR source prefix of each family: (IPv4, IPv6).
+    pub fn dsr_source_prefixes_by_family(&self) -> (Option<Cidr>, Option<Cidr>) {
+        let v4 = self.dsr_source_prefixes.iter().find(|c| c.addr.is_ipv4()).copied();
+        let v6 = self.dsr_source_prefixes.iter().find(|c| c.addr.is_ipv6()).copied();
+        (v4, v6)
+    }
+
+    /// Checks the rules that span fields or that serde cannot express.
+    ///
+    /// # Errors
+    /// The first [`ConfigFieldError`] found, naming the field.
+    pub fn validate(&self) -> Result<(), ConfigFieldError> {
+        if let (Some(a), Some(b)) = (&self.node_name, &self.hostname_override)
+            && a.trim() != b.trim()
+        {
+            return Err(field_err("hostnameOverride", format!("{b:?} differs from nodeName {a:?}; set only one")));
+        }
+        if self.sync_period.is_zero() {
+            return Err(field_err("syncPeriod", "must be greater than 0"));
+        }
+        if self.min_sync_period > self.sync_period {
+            return Err(field_err(
+                "minSyncPeriod",
+                format!(
+                    "{} is longer than syncPeriod {}",
+                    crate::duration::format_go_duration(self.min_sync_period),
+                    crate::duration::format_go_duration(self.sync_period)
+                ),
+            ));
+        }
+        if !dataplane::maglev::TABLE_SIZES.contains(&self.maglev_table_size) {
+            return Err(field_err(
+                "maglevTableSize",
+                format!(
+                    "{} is not one of the supported primes {:?}",
+                    self.maglev_table_size,
+                    dataplane::maglev::TABLE_SIZES
+                ),
+            ));
+        }
+        let mut seen = BTreeMap::new();
+        for (i, c) in self.dsr_source_prefixes.iter().enumerate() {
+            let fam = if c.addr.is_ipv4() { "IPv4" } else { "IPv6" };
+            if let Some(first) = seen.insert(fam, i) {
+                return Err(field_err(
+                    format!("dsrSourcePrefixes[{i}]"),
+                    format!("second {fam} prefix (first is dsrSourcePrefixes[{first}]); give at most one per family"),
+                ));
+            }
+        }
+        let mut names = BTreeMap::new();
+        for (i, itf) in self.interfaces.iter().enumerate() {
+            if itf.name.trim().is_empty() {
+                return Err(field_err(format!("interfaces[{i}].name"), "must not be empty"));
+            }
+            if let Some(first) = names.insert(itf.name.as_str(), i) {
+                return Err(field_err(
+                    format!("interfaces[{i}].name"),
+                    format!("{:?} is already interfaces[{first}]", itf.name),
+                ));
+            }
+        }
+        if self.interfaces.len() > 256 {
+            return Err(field_err("interfaces", "at most 256 interfaces"));
+        }
+        let mut cores = BTreeMap::new();
+        for (i, c) in self.cores.iter().enumerate() {
+            if let Some(first) = cores.insert(*c, i) {
+                return Err(field_err(format!("cores[{i}]"), format!("core {c} is already cores[{first}]")));
+            }
+        }
+        for (i, n) in self.neighbours.iter().enumerate() {
+            if self.port_index(&n.port).is_none() {
+                let what = match &n.port {
+                    NeighbourPort::Index(x) => format!("index {x}"),
+                    NeighbourPort::Name(s) => format!("{s:?}"),
+                };
+                return Err(field_err(
+                    format!("neighbours[{i}].port"),
+                    format!("{what} names no entry of interfaces ({} configured)", self.interfaces.len()),
+                ));
+            }
+        }
+        for (i, r) in self.routes.iter().enumerate() {
+            if r.dst.addr.is_ipv4() != r.via.is_ipv4() {
+                return Err(field_err(
+                    format!("routes[{i}].via"),
+                    format!("{} is not of the family of {}", r.via, r.dst),
+                ));
+            }
+        }
+        if let Some(c) = &self.load_balancer_class
+            && c.trim().is_empty()
+        {
+            return Err(field_err("loadBalancerClass", "must not be empty (omit it instead)"));
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// serde helpers
+
+fn de_scheduler<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Scheduler, D::Error> {
+    let s = String::deserialize(d)?;
+    parse_scheduler(&s).map_err(serde::de::Error::custom)
+}
+
+/// Parses an IPVS scheduler name (`ipvs.scheduler`, annotation `xlb.dev/scheduler`).
+///
+/// # Errors
+/// A message listing the accepted names.
+pub fn parse_scheduler(s: &str) -> Result<Scheduler, String> {
+    Scheduler::from_name(s.trim()).ok_or_else(|| {
+        format!("unknown scheduler {s:?}; use one of random, mh, mh-noport, rr, wrr, lc, wlc, sh, dh, sed, nq")
+    })
+}
+
+fn de_forwarding_mode<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ForwardingMode, D::Error> {
+    let s = String::deserialize(d)?;
+    parse_forwarding_mode(&s).map_err(serde::de::Error::custom)
+}
+
+/// Parses a forwarding mode name (`forwardingMode`, annotation `xlb.dev/forwarding-mode`).
+///
+/// # Errors
+/// A message listing the accepted names.
+pub fn parse_forwarding_mode(s: &str) -> Result<ForwardingMode, String> {
+    match s.trim() {
+        "nat" => Ok(ForwardingMode::Nat),
+        "dsr-ipip" => Ok(ForwardingMode::DsrIpip),
+        "dsr-l2" => Ok(ForwardingMode::DsrL2),
+        _ => Err(format!("unknown forwarding mode {s:?}; use nat, dsr-ipip or dsr-l2")),
+    }
+}
+
+fn de_cidr<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Cidr, D::Error> {
+    let s = String::deserialize(d)?;
+    s.parse::<Cidr>().map_err(serde::de::Error::custom)
+}
+
+fn de_cidrs<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Cidr>, D::Error> {
+    let v = Vec::<String>::deserialize(d)?;
+    v.iter().map(|s| s.parse::<Cidr>().map_err(serde::de::Error::custom)).collect()
+}
+
+fn de_cluster_cidr<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Cidr>, D::Error> {
+    let s = String::deserialize(d)?;
+    s.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|p| p.parse::<Cidr>().map_err(serde::de::Error::custom))
+        .collect()
+}
+
+fn de_node_port_addresses<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<NodePortAddress>, D::Error> {
+    let v = Vec::<String>::deserialize(d)?;
+    v.iter()
+        .map(|s| {
+            if s.trim() == "primary" {
+                Ok(NodePortAddress::Primary)
+            } else {
+                s.parse::<Cidr>()
+                    .map(NodePortAddress::Cidr)
+                    .map_err(|e| serde::de::Error::custom(format!("{e}; expected a CIDR or \"primary\"")))
+            }
+        })
+        .collect()
+}
+
+fn de_mac<'de, D: serde::Deserializer<'de>>(d: D) -> Result<[u8; 6], D::Error> {
+    let s = String::deserialize(d)?;
+    parse_mac(&s)
+        .ok_or_else(|| serde::de::Error::custom(format!("invalid MAC address {s:?}; expected aa:bb:cc:dd:ee:ff")))
+}
+
+/// Parses `aa:bb:cc:dd:ee:ff` (or with `-` separators).
+pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let mut out = [0u8; 6];
+    let mut parts = s.trim().split([':', '-']);
+    for b in &mut out {
+        let p = parts.next()?;
+        if p.len() != 2 {
+            return None;
+        }
+        *b = u8::from_str_radix(p, 16).ok()?;
+    }
+    parts.next().is_none().then_some(out)
+}
+
+impl<'de> Deserialize<'de> for NeighbourPort {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = NeighbourPort;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an interface name or an index into interfaces")
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<NeighbourPort, E> {
+                u8::try_from(v)
+                    .map(NeighbourPort::Index)
+                    .map_err(|_| E::custom(format!("interface index {v} is out of range 0..=255")))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<NeighbourPort, E> {
+                u64::try_from(v)
+                    .map_err(|_| E::custom(format!("interface index {v} is negative")))
+                    .and_then(|v| self.visit_u64(v))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<NeighbourPort, E> {
+                Ok(NeighbourPort::Name(v.to_owned()))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Loading a file
+
+/// A loaded and validated config file.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    /// The xlb configuration.
+    pub config: Config,
+    /// The Kubernetes objects (Services, EndpointSlices, and this node's Node).
+    pub cluster: ClusterState,
+    /// Notes about what the loader did (e.g. Node objects ignored because they are not ours).
+    pub notes: Vec<String>,
+}
+
+/// Where an error is: which document of the file, which item of a `List`, which object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DocError {
+    /// Document number, 1-based, empty documents not counted.
+    pub document: usize,
+    /// Line (1-based) where the document's content starts, or of the YAML error.
+    pub line: usize,
+    /// Index into `items` when the object is inside a `kind: List`.
+    pub item: Option<usize>,
+    /// The object, e.g. `Service default/web`, when known.
+    pub object: Option<String>,
+    /// The field path, e.g. `spec.ports[0].port`, when known.
+    pub field: Option<String>,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for DocError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "document {} (line {})", self.document, self.line)?;
+        if let Some(i) = self.item {
+            write!(f, ", items[{i}]")?;
+        }
+        if let Some(o) = &self.object {
+            write!(f, ", {o}")?;
+        }
+        if let Some(p) = &self.field {
+            write!(f, ", field {p}")?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+/// Why a config file could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The file could not be read.
+    #[error("cannot read {}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// One or more documents are invalid.
+    #[error("{source_name}: {}", render_doc_errors(.errors))]
+    Invalid {
+        /// File name (or `<input>`).
+        source_name: String,
+        /// Every error found, in document order.
+        errors: Vec<DocError>,
+    },
+}
+
+fn render_doc_errors(errors: &[DocError]) -> String {
+    match errors {
+        [one] => one.to_string(),
+        many => {
+            let mut s = format!("{} errors:", many.len());
+            for e in many {
+                s.push_str("\n  ");
+                s.push_str(&e.to_string());
+            }
+            s
+        }
+    }
+}
+
+/// Reads and loads a config file.
+///
+/// # Errors
+/// [`LoadError`] naming the file, document, object and field of every problem.
+pub fn load_file(path: &Path) -> Result<Loaded, LoadError> {
+    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read { path: path.to_owned(), source })?;
+    load_str(&text, &path.display().to_string())
+}
+
+/// One YAML document cut out of a multi-document file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct RawDoc<'a> {
+    /// Text, including a leading `---` line if there was one.
+    text: &'a str,
+    /// Line number (1-based) of the first line of `text`.
+    first_line: usize,
+    /// Line number of the first content line (not blank, not a comment, not a marker).
+    content_line: usize,
+}
+
+fn is_doc_start(line: &str) -> bool {
+    line == "---" || line.starts_with("--- ") || line.starts_with("---\t")
+}
+
+fn is_doc_end(line: &str) -> bool {
+    line == "..." || line.starts_with("... ") || line.starts_with("...\t")
+}
+
+/// Splits YAML text at document markers (`---` and `...` at column 0, which YAML forbids
+/// inside any scalar) and drops documents that hold only blank lines, comments and directives.
+fn split_documents(text: &str) -> Vec<RawDoc<'_>> {
+    let mut docs = Vec::new();
+    let mut start = 0usize;
+    let mut first_line = 1usize;
+    let mut offset = 0usize;
+    fn push<'a>(text: &'a str, from: usize, to: usize, first_line: usize, docs: &mut Vec<RawDoc<'a>>) {
+        let chunk = &text[from..to];
+        let content = chunk.lines().enumerate().find(|(_, l)| {
+            let t = l.trim();
+            !(t.is_empty() || t.starts_with('#') || l.starts_with('%') || is_doc_start(l.trim_end()))
+        });
+        let marker_content = chunk.lines().next().is_some_and(|l| {
+            let rest = l.get(3..).unwrap_or("").trim();
+            is_doc_start(l.trim_end()) && !rest.is_empty() && !rest.starts_with('#')
+        });
+        match content {
+            Some((i, _)) => docs.push(RawDoc { text: chunk, first_line, content_line: first_line + i }),
+            None if marker_content => docs.push(RawDoc { text: chunk, first_line, content_line: first_line }),
+            None => {}
+        }
+    }
+    for (i, line) in text.split_inclusive('\n').enumerate() {
+        let bare = line.trim_end_matches(['\n', '\r']);
+        if is_doc_start(bare) {
+            push(text, start, offset, first_line, &mut docs);
+            start = offset;
+            first_line = i + 1;
+        } else if is_doc_end(bare) {
+            push(text, start, offset, first_line, &mut docs);
+            start = offset + line.len();
+            first_line = i + 2;
+        }
+        offset += line.len();
+    }
+    push(text, start, text.len(), first_line, &mut docs);
+    docs
+}
+
+/// Builds the object label used in errors (`Service default/web`) from untyped YAML.
+fn object_label(kind: &str, v: &serde_json::Value, namespaced: bool) -> String {
+    let meta = v.get("metadata");
+    let name = meta.and_then(|m| m.get("name")).and_then(|n| n.as_str()).unwrap_or("<unnamed>");
+    if namespaced {
+        let ns = meta.and_then(|m| m.get("namespace")).and_then(|n| n.as_str()).unwrap_or("default");
+        format!("{kind} {ns}/{name}")
+    } else {
+        format!("{kind} {name}")
+    }
+}
+
+/// Parses one typed object, reporting the field path of a failure.
+fn parse_typed<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Result<T, (String, String)> {
+    serde_path_to_error::deserialize::<_, T>(v).map_err(|e| {
+        let path = e.path().to_string();
+        (path, e.into_inner().to_string())
+    })
+}
+
+#[derive(Default)]
+struct Collector {
+    config: Option<(Config, usize)>,
+    services: Vec<Service>,
+    slices: Vec<EndpointSlice>,
+    nodes: Vec<Node>,
+    seen: BTreeMap<String, String>,
+    errors: Vec<DocError>,
+}
+
+#[derive(Clone, Copy)]
+struct Here {
+    document: usize,
+    line: usize,
+    item: Option<usize>,
+}
+
+impl Here {
+    fn err(self, object: Option<String>, field: Option<String>, message: impl Into<String>) -> DocError {
+        DocError { document: self.document, line: self.line, item: self.item, object, field, message: message.into() }
+    }
+    fn describe(self) -> String {
+        match self.item {
+            Some(i) => format!("document {} items[{i}]", self.document),
+            None => format!("document {}", self.document),
+        }
+    }
+}
+
+impl Collector {
+    fn object(&mut self, v: serde_json::Value, here: Here) {
+        let serde_json::Value::Object(mut map) = v else {
+            self.errors.push(here.err(
+                None,
+                None,
+                "expected a mapping with apiVersion and kind (an xlb configuration or a Kubernetes object)",
+            ));
+            return;
+        };
+        let api_version = map.get("apiVersion").and_then(|x| x.as_str()).map(str::to_owned);
+        let kind = map.get("kind").and_then(|x| x.as_str()).map(str::to_owned);
+        let (Some(api_version), Some(kind)) = (api_version, kind) else {
+            let missing = if map.get("apiVersion").and_then(|x| x.as_str()).is_none() { "apiVersion" } else { "kind" };
+            self.errors.push(here.err(None, Some(missing.into()), "missing or not a string"));
+            return;
+        };
+        let expected_api = match kind.as_str() {
+            KIND => Some(API_VERSION),
+            "Service" | "Node" | "List" => Some("v1"),
+            "EndpointSlice" => Some("discovery.k8s.io/v1"),
+            _ => None,
+        };
+        match expected_api {
+            None => {
+                self.errors.push(here.err(
+                    None,
+                    Some("kind".into()),
+                    format!(
+                        "unsupported kind {kind:?} (apiVersion {api_version:?}); a config file holds one {KIND}, and Service, EndpointSlice, Node or List objects"
+                    ),
+                ));
+                return;
+            }
+            Some(want) if want != api_version => {
+                self.errors.push(here.err(
+                    None,
+                    Some("apiVersion".into()),
+                    format!("{api_version:?} is not supported for kind {kind}; use {want:?}"),
+                ));
+                return;
+            }
+            Some(_) => {}
+        }
+        let v = serde_json::Value::Object(map.clone());
+        match kind.as_str() {
+            KIND => {
+                map.remove("apiVersion");
+                map.remove("kind");
+                let label = KIND.to_owned();
+                match parse_typed::<Config>(serde_json::Value::Object(map)) {
+                    Err((path, msg)) => self.errors.push(here.err(Some(label), Some(path), msg)),
+                    Ok(c) => {
+                        if let Err(e) = c.validate() {
+                            self.errors.push(here.err(Some(label), Some(e.field), e.message));
+                        } else if let Some((_, first)) = &self.config {
+                            self.errors.push(here.err(
+                                Some(label),
+                                None,
+                                format!("a second {KIND} document; the first is document {first}"),
+                            ));
+                        } else {
+                            self.config = Some((c, here.document));
+                        }
+                    }
+                }
+            }
+            "List" => {
+                if here.item.is_some() {
+                    self.errors.push(here.err(None, Some("kind".into()), "a List inside a List is not supported"));
+                    return;
+                }
+                match map.remove("items") {
+                    Some(serde_json::Value::Array(items)) => {
+                        for (i, it) in items.into_iter().enumerate() {
+                            self.object(it, Here { item: Some(i), ..here });
+                        }
+                    }
+                    Some(serde_json::Value::Null) | None => {}
+                    Some(_) => self.errors.push(here.err(Some("List".into()), Some("items".into()), "must be a list")),
+                }
+            }
+            "Service" => {
+                let label = object_label("Service", &v, true);
+                match parse_typed::<Service>(v) {
+                    Err((path, msg)) => self.errors.push(here.err(Some(label), Some(path), msg)),
+                    Ok(mut s) => {
+                        if self.identify(&mut s.metadata, true, &label, here) {
+                            self.services.push(s);
+                        }
+                    }
+                }
+            }
+            "EndpointSlice" => {
+                let label = object_label("EndpointSlice", &v, true);
+                match parse_typed::<EndpointSlice>(v) {
+                    Err((path, msg)) => self.errors.push(here.err(Some(label), Some(path), msg)),
+                    Ok(mut s) => {
+                        if !matches!(s.address_type.as_str(), "IPv4" | "IPv6" | "FQDN") {
+                            self.errors.push(here.err(
+                                Some(label),
+                                Some("addressType".into()),
+                                format!("{:?} is not IPv4, IPv6 or FQDN", s.address_type),
+                            ));
+                        } else if self.identify(&mut s.metadata, true, &label, here) {
+                            self.slices.push(s);
+                        }
+                    }
+                }
+            }
+            "Node" => {
+                let label = object_label("Node", &v, false);
+                match parse_typed::<Node>(v) {
+                    Err((path, msg)) => self.errors.push(here.err(Some(label), Some(path), msg)),
+                    Ok(mut n) => {
+                        if self.identify(&mut n.metadata, false, &label, here) {
+                            self.nodes.push(n);
+                        }
+                    }
+                }
+            }
+            _ => unreachable!("kinds were filtered above"),
+        }
+    }
+
+    /// Checks the name, defaults the namespace to `default` (as `kubectl apply` does) and
+    /// rejects a second object of the same kind and name.
+    fn identify(
+        &mut self,
+        meta: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+        namespaced: bool,
+        label: &str,
+        here: Here,
+    ) -> bool {
+        if meta.name.as_deref().is_none_or(|n| n.trim().is_empty()) {
+            self.errors.push(here.err(Some(label.to_owned()), Some("metadata.name".into()), "missing"));
+            return false;
+        }
+        if namespaced && meta.namespace.as_deref().is_none_or(str::is_empty) {
+            meta.namespace = Some("default".into());
+        }
+        if let Some(first) = self.seen.insert(label.to_owned(), here.describe()) {
+            self.errors.push(here.err(
+                Some(label.to_owned()),
+                Some("metadata.name".into()),
+                format!("the same object is already defined in {first}"),
+            ));
+            self.seen.insert(label.to_owned(), first);
+            return false;
+        }
+        true
+    }
+}
+
+/// Loads config-file text (see the module docs). `source_name` names the file in errors.
+///
+/// # Errors
+/// [`LoadError::Invalid`] with every problem found.
+pub fn load_str(text: &str, source_name: &str) -> Result<Loaded, LoadError> {
+    let mut c = Collector::default();
+    // YAML 1.2 booleans only: `name: y` or `zone: no` stay strings, as in Kubernetes.
+    let options = serde_saphyr::options! { with_snippet: false, strict_booleans: true };
+    for (i, doc) in split_documents(text).into_iter().enumerate() {
+        let here = Here { document: i + 1, line: doc.content_line, item: None };
+        match serde_saphyr::from_str_with_options::<serde_json::Value>(doc.text, options.clone()) {
+            Ok(serde_json::Value::Null) => {}
+            Ok(v) => c.object(v, here),
+            Err(e) => {
+                let line = e
+                    .location()
+                    .and_then(|l| usize::try_from(l.line()).ok())
+                    .filter(|&l| l > 0)
+                    .map_or(doc.content_line, |l| doc.first_line + l - 1);
+                let column = e.location().map(|l| l.column());
+                let mut msg = yaml_message(&e);
+                if let Some(c) = column.filter(|&c| c > 0) {
+                    msg.push_str(&format!(" (column {c})"));
+                }
+                c.errors.push(DocError {
+                    document: i + 1,
+                    line,
+                    item: None,
+                    object: None,
+                    field: None,
+                    message: format!("YAML syntax: {msg}"),
+                });
+            }
+        }
+    }
+    let mut notes = Vec::new();
+    if c.config.is_none() && c.errors.is_empty() {
+        c.errors.push(DocError {
+            document: 0,
+            line: 1,
+            item: None,
+            object: None,
+            field: None,
+            message: format!("no {KIND} document (apiVersion: {API_VERSION}, kind: {KIND})"),
+        });
+    }
+    if !c.errors.is_empty() {
+        return Err(LoadError::Invalid { source_name: source_name.to_owned(), errors: c.errors });
+    }
+    let Some((config, _)) = c.config else { unreachable!("missing config was turned into an error above") };
+    let node = match config.node_name() {
+        Some(name) => {
+            let found = c.nodes.iter().find(|n| n.metadata.name.as_deref() == Some(name)).cloned();
+            if found.is_none() && !c.nodes.is_empty() {
+                notes.push(format!(
+                    "no Node object is named {name:?}; node addresses and zone come from the config only"
+                ));
+            }
+            found
+        }
+        None => match c.nodes.as_slice() {
+            [one] => Some(one.clone()),
+            [] => None,
+            _ => {
+                notes.push(format!("{} Node objects but no nodeName in the {KIND}; none is used", c.nodes.len()));
+                None
+            }
+        },
+    };
+    let ignored = c.nodes.len() - usize::from(node.is_some());
+    if ignored > 0 && node.is_some() {
+        notes.push(format!("{ignored} Node object(s) other than this node's are ignored"));
+    }
+    Ok(Loaded { config, cluster: ClusterState { services: c.services, endpoint_slices: c.slices, node }, notes })
+}
+
+/// The YAML error message without its location suffix: the line it gives counts from the
+/// start of the document, so the caller reports the absolute line instead.
+fn yaml_message(e: &serde_saphyr::Error) -> String {
+    let s = e.to_string();
+    let first = s.lines().next().unwrap_or_default();
+    match first.rfind(" at line ") {
+        Some(i) if first[i..].contains(", column ") => first[..i].to_owned(),
+        _ => first.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HEAD: &str = "apiVersion: xlb.dev/v1alpha1\nkind: XlbConfiguration\n";
+
+    fn load(text: &str) -> Result<Loaded, LoadError> {
+        load_str(text, "test.yaml")
+    }
+
+    fn errors(text: &str) -> Vec<DocError> {
+        match load(text) {
+            Err(LoadError::Invalid { errors, .. }) => errors,
+            Err(e) => panic!("unexpected error {e}"),
+            Ok(_) => panic!("expected an error"),
+        }
+    }
+
+    #[test]
+    fn cfg_03_04_07_defaults_match_kube_proxy() {
+        let l = load(HEAD).unwrap();
+        let c = l.config;
+        assert_eq!(c.min_sync_period, Duration::from_secs(1));
+        assert_eq!(c.sync_period, Duration::from_secs(30));
+        assert!(!c.iptables.masquerade_all);
+        assert_eq!(c.healthz_bind_address.to_string(), "0.0.0.0:10256");
+        assert_eq!(c.metrics_bind_address.to_string(), "0.0.0.0:10249");
+        assert_eq!(c.ipvs.scheduler, Scheduler::Random);
+        assert_eq!(c.maglev_table_size, 65537);
+        assert_eq!(c.forwarding_mode, ForwardingMode::Nat);
+        assert!(c.handle_default_load_balancer_class);
+        assert!(c.node_port_addresses.is_empty());
+    }
+
+    #[test]
+    fn full_document_parses() {
+        let text = format!(
+            "{HEAD}nodeName: node-a\nnodePortAddresses: [primary, 192.168.0.0/16]\nminSyncPeriod: 2s\nsyncPeriod: 1m\n\
+conntrack: {{tcpEstablishedTimeout: 900s, tcpFinTimeout: 16s, udpTimeout: 300s, maxPerCore: 1000}}\n\
+ipvs: {{scheduler: mh}}\niptables: {{masqueradeAll: true}}\nhealthzBindAddress: 127.0.0.1:10256\n\
+clusterCIDR: 10.244.0.0/16,fd00:10:244::/56\ninterfaces: [{{name: eth0, queues: [0, 1]}}]\ncores: [0, 1]\n\
+nodeAddresses: [192.168.1.10]\nsnatAddresses: {{ipv4: 192.168.1.10}}\ndsrSourcePrefixes: [172.16.0.0/16]\n\
+maglevTableSize: 131071\nforwardingMode: dsr-ipip\nloadBalancerClass: xlb.dev/lb\nhandleDefaultLoadBalancerClass: false\n\
+neighbours: [{{address: 192.168.1.1, mac: 'aa:bb:cc:dd:ee:ff', port: eth0}}, {{address: 192.168.1.2, mac: '02-00-00-00-00-01', port: 0}}]\n\
+routes: [{{dst: 10.0.0.0/8, via: 192.168.1.1}}]\n"
+        );
+        let c = load(&text).unwrap().config;
+        assert_eq!(c.node_name(), Some("node-a"));
+        assert_eq!(c.node_port_addresses.len(), 2);
+        assert_eq!(c.node_port_addresses[0], NodePortAddress::Primary);
+        assert_eq!(c.conntrack.tcp_fin_timeout, Duration::from_secs(16));
+        assert_eq!(c.ipvs.scheduler, Scheduler::Maglev { port: true });
+        assert!(c.iptables.masquerade_all);
+        assert_eq!(c.cluster_cidr.len(), 2);
+        assert_eq!(c.neighbours[0].mac, [0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0xff]);
+        assert_eq!(c.port_index(&c.neighbours[1].port), Some(0));
+        assert_eq!(c.forwarding_mode, ForwardingMode::DsrIpip);
+        assert_eq!(c.routes[0].dst.to_string(), "10.0.0.0/8");
+    }
+
+    #[test]
+    fn unknown_field_is_an_error_naming_the_field() {
+        let e = errors(&format!("{HEAD}conntrack:\n  udpTimout: 5s\n"));
+        assert_eq!(e.len(), 1);
+        let s = e[0].to_string();
+        assert!(s.contains("document 1") && s.contains("XlbConfiguration"), "{s}");
+        assert!(s.contains("udpTimout"), "{s}");
+    }
+
+    #[test]
+    fn bad_duration_names_the_field_path() {
+        let e = errors(&format!("{HEAD}conntrack:\n  udpTimeout: 5x\n"));
+        assert_eq!(e[0].field.as_deref(), Some("conntrack.udpTimeout"), "{}", e[0]);
+    }
+
+    #[test]
+    fn bad_scheduler_and_cross_field_rules_are_errors() {
+        let e = errors(&format!("{HEAD}ipvs: {{scheduler: fastest}}\n"));
+        assert_eq!(e[0].field.as_deref(), Some("ipvs.scheduler"));
+        let e = errors(&format!("{HEAD}maglevTableSize: 1000\n"));
+        assert_eq!(e[0].field.as_deref(), Some("maglevTableSize"));
+        let e = errors(&format!("{HEAD}neighbours: [{{address: 10.0.0.1, mac: '00:00:00:00:00:01', port: eth9}}]\n"));
+        assert_eq!(e[0].field.as_deref(), Some("neighbours[0].port"));
+        let e = errors(&format!("{HEAD}nodeName: a\nhostnameOverride: b\n"));
+        assert_eq!(e[0].field.as_deref(), Some("hostnameOverride"));
+        let e = errors(&format!("{HEAD}nodePortAddresses: [10.0.0.1/8]\n"));
+        assert_eq!(e[0].field.as_deref(), Some("nodePortAddresses"), "{}", e[0]);
+    }
+
+    #[test]
+    fn kubernetes_objects_list_and_documents_are_loaded() {
+        let text = format!(
+            "---\n{HEAD}nodeName: n1\n---\n# a comment-only document is skipped\n---\napiVersion: v1\nkind: List\nitems:\n\
+- apiVersion: v1\n  kind: Service\n  metadata: {{name: web}}\n  spec: {{clusterIP: 10.96.0.1, ports: [{{port: 80}}]}}\n\
+- apiVersion: discovery.k8s.io/v1\n  kind: EndpointSlice\n  metadata: {{name: web-1, namespace: default, labels: {{kubernetes.io/service-name: web}}}}\n  addressType: IPv4\n  endpoints: []\n\
+---\napiVersion: v1\nkind: Node\nmetadata: {{name: n1}}\n---\napiVersion: v1\nkind: Node\nmetadata: {{name: n2}}\n"
+        );
+        let l = load(&text).unwrap();
+        assert_eq!(l.cluster.services.len(), 1);
+        assert_eq!(l.cluster.services[0].metadata.namespace.as_deref(), Some("default"));
+        assert_eq!(l.cluster.endpoint_slices.len(), 1);
+        assert_eq!(l.cluster.node.as_ref().unwrap().metadata.name.as_deref(), Some("n1"));
+        assert_eq!(l.notes.len(), 1, "{:?}", l.notes);
+    }
+
+    #[test]
+    fn object_errors_name_document_line_object_and_field() {
+        let text = format!(
+            "{HEAD}---\napiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  namespace: shop\nspec:\n  ports:\n  - port: http\n"
+        );
+        let e = errors(&text);
+        assert_eq!(e.len(), 1);
+        assert_eq!(e[0].document, 2);
+        assert_eq!(e[0].line, 4);
+        assert_eq!(e[0].object.as_deref(), Some("Service shop/web"));
+        assert_eq!(e[0].field.as_deref(), Some("spec.ports[0].port"));
+        let s = e[0].to_string();
+        assert!(s.starts_with("document 2 (line 4), Service shop/web, field spec.ports[0].port: "), "{s}");
+    }
+
+    #[test]
+    fn yaml_syntax_errors_carry_the_absolute_line() {
+        let text = format!("{HEAD}---\napiVersion: v1\nkind: Service\nmetadata: {{name: [\n");
+        let e = errors(&text);
+        assert_eq!(e[0].document, 2);
+        assert!(e[0].message.starts_with("YAML syntax"), "{}", e[0]);
+        assert!(!e[0].message.contains("at line"), "relative line numbers are stripped: {}", e[0]);
+        assert!(e[0].line >= 6, "the line counts from the start of the file: {}", e[0]);
+    }
+
+    #[test]
+    fn wrong_kind_api_version_duplicates_and_missing_config_are_errors() {
+        let e = errors(&format!("{HEAD}---\napiVersion: v1\nkind: Pod\nmetadata: {{name: p}}\n"));
+        assert_eq!(e[0].field.as_deref(), Some("kind"));
+        let e = errors(&format!("{HEAD}---\napiVersion: discovery.k8s.io/v1beta1\nkind: EndpointSlice\n"));
+        assert_eq!(e[0].field.as_deref(), Some("apiVersion"));
+        let svc = "apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec: {clusterIP: 10.96.0.1}\n";
+        let e = errors(&format!("{HEAD}---\n{svc}---\n{svc}"));
+        assert_eq!(e[0].document, 3);
+        assert!(e[0].message.contains("document 2"), "{}", e[0]);
+        let e = errors(svc);
+        assert!(e[0].message.contains("no XlbConfiguration"), "{}", e[0]);
+        let e = errors(&format!("{HEAD}---\n{HEAD}"));
+        assert!(e[0].message.contains("second"), "{}", e[0]);
+    }
+
+    #[test]
+    fn yaml_1_1_booleans_stay_strings_and_address_type_is_checked() {
+        let text = format!(
+            "{HEAD}---\napiVersion: v1\nkind: Node\nmetadata: {{name: y, labels: {{topology.kubernetes.io/zone: no}}}}\n"
+        );
+        let l = load(&text).unwrap();
+        let n = l.cluster.node.unwrap();
+        assert_eq!(n.metadata.name.as_deref(), Some("y"));
+        let e = errors(&format!(
+            "{HEAD}---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: x}}\nendpoints: []\n"
+        ));
+        assert_eq!(e[0].field.as_deref(), Some("addressType"), "{}", e[0]);
+        assert_eq!(e[0].object.as_deref(), Some("EndpointSlice default/x"));
+    }
+
+    #[test]
+    fn split_documents_counts_only_non_empty_documents() {
+        let d = split_documents("# c\n---\na: 1\n...\n---\n\n---\nb: 2\n");
+        assert_eq!(d.len(), 2);
+        assert_eq!(d[0].content_line, 3);
+        assert_eq!(d[1].content_line, 8);
+        assert_eq!(split_documents("--- {a: 1}\n").len(), 1);
+    }
+}

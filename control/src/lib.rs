@@ -1,0 +1,12 @@
+//! xlb control plane: the configuration file, the translation of Kubernetes objects into
+//! dataplane tables, and their display. The `xlb` binary (`main.rs`) wires these together;
+//! the Kubernetes source will call the same [`translate::build_spec`].
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod duration;
+pub mod show;
+pub mod translate;
+
+#[cfg(test)]
+pub(crate) mod test_support;

@@ -1,0 +1,1032 @@
+//! Translation of Kubernetes objects into dataplane tables: the one pure function
+//! [`build_spec`], shared by `xlb run --config` (standalone) and the Kubernetes source.
+//!
+//! # What becomes what
+//! Each Service port (PORT-02) and each address family of the Service's `spec.clusterIPs`
+//! (DS-01) gives one [`ServiceSpec`] named `namespace/name:port` (the port's name, or its
+//! number when unnamed), with `/ipv4` or `/ipv6` appended for the second family of a
+//! dual-stack Service. Its frontends, keyed by (IP, protocol, port) (PORT-03):
+//! - the cluster IP of that family (SVC-01; "internal" traffic);
+//! - "external" traffic (TP-03): one NodePort frontend per selected node address of that
+//!   family (SVC-02, SVC-05, NPA-01..07), each `spec.externalIPs[]` (SVC-11), and each
+//!   `status.loadBalancer.ingress[].ip` of a LoadBalancer Service whose class xlb owns
+//!   (SVC-06, SVC-08).
+//!
+//! Addresses of a family the Service has no cluster IP for are ignored, as kube-proxy's
+//! per-family proxiers do, and an IPv4 frontend only ever gets IPv4 backends (DS-03).
+//! When the internal and external classes select different backends (a `Local` policy on
+//! one side, or topology that only the `Cluster` side uses), the external frontends move to a
+//! second spec named `…/external`.
+//!
+//! # Backends
+//! Every endpoint of the Service's EndpointSlices (joined by the `kubernetes.io/service-name`
+//! label, EPS-01) of the right address type and with a port entry that matches the Service
+//! port's name and protocol (PORT-04) becomes a backend, deduplicated by address (EPS-09).
+//! Only the endpoints the traffic policy and topology select are eligible for new flows
+//! (weight 1); the others stay as weight-0 members so established flows to them are kept
+//! (graceful termination, CT-03, TP-07).
+//!
+//! # Errors
+//! Nothing here fails the whole table because of one object: a bad Service is skipped and
+//! reported with the field at fault ([`TranslateReport`]), the rest is built. Only an
+//! invalid [`Config`] is a [`TranslateError`]. Decisions on the rule book's open points:
+//! - EPS-11: only `addresses[0]` of an endpoint is used (kube-proxy does the same; the API
+//!   documents the other entries as duplicates for consumers that ignore them).
+//! - EPS-09: duplicates across slices keep the first copy in slice-name order, except that a
+//!   node-local copy replaces a remote one (kube-proxy's rule).
+//! - LB-01: a `loadBalancerSourceRanges` entry that is not a CIDR is an error naming the
+//!   entry; that Service's LoadBalancer ingress frontends are then left out (fail closed: an
+//!   unreadable allow-list never opens the LB address to everyone), its ClusterIP and NodePort
+//!   frontends stay. Host bits are masked (`10.0.0.1/8` = `10.0.0.0/8`) as the API server's
+//!   parser allows them.
+//! - REJ-01/02: a `Local` class drops new flows when the cluster has usable endpoints but
+//!   this node has none; when the Service has no usable endpoint at all, it rejects like
+//!   kube-proxy does (REJ-03/04, ICMP port unreachable).
+//! - EPS-05: `publishNotReadyAddresses: true` makes every endpoint count as ready, as the
+//!   EndpointSlice controller does for such Services (also for hand-written slices).
+//! - PORT-05: when the matching slice port has no `port` number, a numeric `targetPort` (or
+//!   the Service `port` when `targetPort` is unset) is used.
+
+mod select;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::net::IpAddr;
+
+use dataplane::addr::Cidr;
+use dataplane::tables::{
+    BackendSpec, Conditions, EmptyAction, ForwardingMode, Frontend, FrontendKind, L4Proto, NeighbourSpec, PortSpec,
+    RouteSpec, Scheduler, ServiceSpec, TablesSpec,
+};
+use k8s_openapi::api::core::v1::{Node, Service, ServicePort};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use crate::config::{Config, NodePortAddress};
+use select::{Ep, Policy, Selection, Topology};
+
+/// Label that joins an EndpointSlice to its Service (EPS-01).
+pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
+/// Label that hands a Service to another proxy; kube-proxy ignores such Services, so do we.
+pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
+/// Node label with the node's zone (TOPO-10).
+pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
+/// Annotation whose value `Auto` turns on topology-aware routing and overrides
+/// `trafficDistribution` (TOPO-06).
+pub const ANNOTATION_TOPOLOGY_MODE: &str = "service.kubernetes.io/topology-mode";
+/// Legacy form of [`ANNOTATION_TOPOLOGY_MODE`] (value `auto`, TOPO-12).
+pub const ANNOTATION_TOPOLOGY_AWARE_HINTS: &str = "service.kubernetes.io/topology-aware-hints";
+/// Per-Service scheduler override (IPVS scheduler name; G-13).
+pub const ANNOTATION_SCHEDULER: &str = "xlb.dev/scheduler";
+/// Per-Service forwarding mode override (`nat`, `dsr-ipip`, `dsr-l2`).
+pub const ANNOTATION_FORWARDING_MODE: &str = "xlb.dev/forwarding-mode";
+/// Legacy annotation for `loadBalancerSourceRanges` (comma-separated), used when the field is
+/// empty, as kube-proxy does.
+pub const ANNOTATION_SOURCE_RANGES: &str = "service.beta.kubernetes.io/load-balancer-source-ranges";
+/// Default ClientIP affinity timeout in seconds: 10800 = 3 h (AFF-02).
+pub const AFFINITY_DEFAULT_TIMEOUT_S: u32 = 10800;
+/// Largest ClientIP affinity timeout in seconds: 86400 = 1 day (AFF-03).
+pub const AFFINITY_MAX_TIMEOUT_S: u32 = 86400;
+/// MTU (bytes) given to ports until the running process reads the interface's own.
+pub const PLACEHOLDER_MTU: u16 = 1500;
+
+/// The Kubernetes objects a table is built from.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterState {
+    /// Every Service (any namespace).
+    pub services: Vec<Service>,
+    /// Every EndpointSlice (any namespace).
+    pub endpoint_slices: Vec<EndpointSlice>,
+    /// This node's own Node object, if known (addresses, zone label).
+    pub node: Option<Node>,
+}
+
+/// How serious a reported problem is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Severity {
+    /// Something the object asks for is not programmed (the object or a part of it is
+    /// skipped); `xlb check` exits 1.
+    Error,
+    /// Something was ignored or assumed; the result is what kube-proxy would do.
+    Warning,
+}
+
+/// One reported problem, naming the object and the field.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Issue {
+    /// Error or warning.
+    pub severity: Severity,
+    /// The object, e.g. `Service default/web` or `EndpointSlice default/web-abc`.
+    pub object: String,
+    /// Field path, e.g. `spec.clusterIP` or `endpoints[2].addresses[0]`.
+    pub field: String,
+    /// What is wrong and what was done about it.
+    pub message: String,
+}
+
+impl fmt::Display for Issue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let sev = match self.severity {
+            Severity::Error => "error",
+            Severity::Warning => "warning",
+        };
+        write!(f, "{sev}: {}, field {}: {}", self.object, self.field, self.message)
+    }
+}
+
+/// Counts of `Local`-policy service ports with endpoints in the cluster but none on this node
+/// (kube-proxy's `kubeproxy_sync_proxy_rules_no_local_endpoints_total`, MET-04).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NoLocalEndpoints {
+    /// `internalTrafficPolicy: Local` (label `traffic_policy="internal"`).
+    pub internal: u64,
+    /// `externalTrafficPolicy: Local` (label `traffic_policy="external"`).
+    pub external: u64,
+}
+
+/// What [`build_spec`] noticed besides the tables.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TranslateReport {
+    /// Problems, sorted and deduplicated.
+    pub issues: Vec<Issue>,
+    /// MET-04 counts.
+    pub no_local_endpoints: NoLocalEndpoints,
+}
+
+impl TranslateReport {
+    /// Whether any [`Severity::Error`] was reported.
+    pub fn has_errors(&self) -> bool {
+        self.issues.iter().any(|i| i.severity == Severity::Error)
+    }
+}
+
+/// The configuration cannot be used to build tables at all.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TranslateError {
+    /// A config field is invalid (see [`Config::validate`]).
+    #[error("invalid configuration, field {field}: {message}")]
+    Config {
+        /// Field path in the xlb configuration document.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// Builds the dataplane's [`TablesSpec`] from Kubernetes objects and the xlb configuration.
+///
+/// Pure and deterministic: Services are emitted sorted by namespace and name, then port
+/// order, family order, internal before external; backends sorted by address.
+///
+/// `ports` get MAC 00:00:00:00:00:00 and MTU [`PLACEHOLDER_MTU`]; the running process
+/// replaces them with the interfaces' own values.
+///
+/// # Errors
+/// [`TranslateError`] only for an invalid `cfg`; bad objects are skipped and listed in the
+/// [`TranslateReport`].
+pub fn build_spec(input: &ClusterState, cfg: &Config) -> Result<(TablesSpec, TranslateReport), TranslateError> {
+    cfg.validate().map_err(|e| TranslateError::Config { field: e.field, message: e.message })?;
+    let mut report = TranslateReport::default();
+    let node = NodeInfo::new(input.node.as_ref(), cfg, &mut report);
+    let node_port_addrs = node.node_port_addresses(cfg);
+
+    let mut slices: BTreeMap<(&str, &str), Vec<&EndpointSlice>> = BTreeMap::new();
+    for s in &input.endpoint_slices {
+        let ns = s.metadata.namespace.as_deref().unwrap_or("default");
+        if let Some(svc) = s.metadata.labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME)) {
+            slices.entry((ns, svc.as_str())).or_default().push(s);
+        }
+    }
+    for v in slices.values_mut() {
+        v.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    }
+
+    let mut services: Vec<&Service> = input.services.iter().collect();
+    services.sort_by(|a, b| {
+        (a.metadata.namespace.as_deref().unwrap_or("default"), a.metadata.name.as_deref())
+            .cmp(&(b.metadata.namespace.as_deref().unwrap_or("default"), b.metadata.name.as_deref()))
+    });
+
+    let ctx = Ctx { cfg, node: &node, node_port_addrs: &node_port_addrs };
+    let mut claimed: HashMap<(IpAddr, L4Proto, u16), String> = HashMap::new();
+    let mut names: BTreeSet<String> = BTreeSet::new();
+    let mut out = Vec::new();
+    for svc in services {
+        let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
+        let name = svc.metadata.name.as_deref().unwrap_or_default();
+        let label = format!("Service {ns}/{name}");
+        let svc_slices = slices.get(&(ns, name)).map_or(&[][..], Vec::as_slice);
+        let pending = match translate_service(svc, svc_slices, &ctx, &label, &mut report) {
+            Ok(p) => p,
+            Err(issue) => {
+                report.issues.push(issue);
+                continue;
+            }
+        };
+        for p in pending {
+            if !names.insert(p.name.clone()) {
+                report.issues.push(Issue {
+                    severity: Severity::Error,
+                    object: label.clone(),
+                    field: "metadata.name".into(),
+                    message: format!("table name {:?} is already used; not programmed", p.name),
+                });
+                continue;
+            }
+            let mut frontends = Vec::with_capacity(p.frontends.len());
+            for (f, field) in p.frontends {
+                let key = (f.addr, f.proto, f.port);
+                if let Some(owner) = claimed.get(&key) {
+                    report.issues.push(Issue {
+                        severity: Severity::Error,
+                        object: label.clone(),
+                        field,
+                        message: format!(
+                            "{} {} {}/{} is already a frontend of {owner}; not programmed here",
+                            f.kind.name(),
+                            f.addr,
+                            f.proto.as_str(),
+                            f.port
+                        ),
+                    });
+                    continue;
+                }
+                claimed.insert(key, p.name.clone());
+                frontends.push(f);
+            }
+            if frontends.is_empty() {
+                continue;
+            }
+            // The dataplane cannot build a Maglev table with more backends than slots; that
+            // would fail the whole table build, so only this spec is left out.
+            let weighted = p.backends.iter().filter(|b| b.eligible && b.weight > 0).count();
+            if matches!(p.scheduler, Scheduler::Maglev { .. })
+                && u32::try_from(weighted).map_or(true, |n| n > cfg.maglev_table_size)
+            {
+                report.issues.push(Issue {
+                    severity: Severity::Error,
+                    object: label.clone(),
+                    field: format!("metadata.annotations[{ANNOTATION_SCHEDULER}]"),
+                    message: format!(
+                        "{weighted} eligible backends do not fit a Maglev table of maglevTableSize {}; {} not programmed (raise maglevTableSize)",
+                        cfg.maglev_table_size, p.name
+                    ),
+                });
+                continue;
+            }
+            out.push(ServiceSpec {
+                name: p.name,
+                frontends,
+                scheduler: p.scheduler,
+                affinity_timeout_s: p.affinity,
+                mode: p.mode,
+                when_empty: p.when_empty,
+                backends: p.backends,
+            });
+        }
+    }
+
+    let (dsr_v4, dsr_v6) = cfg.dsr_source_prefixes_by_family();
+    let spec = TablesSpec {
+        services: out,
+        ports: cfg
+            .interfaces
+            .iter()
+            .map(|i| PortSpec { name: i.name.clone(), mac: [0; 6], mtu: PLACEHOLDER_MTU })
+            .collect(),
+        neighbours: cfg
+            .neighbours
+            .iter()
+            .filter_map(|n| Some(NeighbourSpec { addr: n.address, mac: n.mac, port: cfg.port_index(&n.port)? }))
+            .collect(),
+        routes: cfg.routes.iter().map(|r| RouteSpec { dst: r.dst, via: r.via }).collect(),
+        snat_v4: cfg.snat_addresses.ipv4.map(IpAddr::V4).or_else(|| node.primary(Family::V4)),
+        snat_v6: cfg.snat_addresses.ipv6.map(IpAddr::V6).or_else(|| node.primary(Family::V6)),
+        dsr_source_v4: dsr_v4,
+        dsr_source_v6: dsr_v6,
+        maglev_max_size: cfg.maglev_table_size,
+    };
+    let needs_snat = |fam: Family| {
+        spec.services.iter().any(|s| {
+            s.mode == ForwardingMode::Nat && s.frontends.iter().any(|f| f.masquerade && Family::of(f.addr) == fam)
+        })
+    };
+    for (fam, have) in [(Family::V4, spec.snat_v4.is_some()), (Family::V6, spec.snat_v6.is_some())] {
+        if !have && needs_snat(fam) {
+            report.issues.push(Issue {
+                severity: Severity::Warning,
+                object: "XlbConfiguration".into(),
+                field: format!("snatAddresses.{}", fam.lower()),
+                message: format!(
+                    "masqueraded {} frontends exist but there is no SNAT address (none configured and no primary node address)",
+                    fam.name()
+                ),
+            });
+        }
+    }
+    report.issues.sort();
+    report.issues.dedup();
+    Ok((spec, report))
+}
+
+// ---------------------------------------------------------------------------------------
+
+/// Address family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    fn of(a: IpAddr) -> Self {
+        if a.is_ipv4() { Self::V4 } else { Self::V6 }
+    }
+    /// The EndpointSlice `addressType` / Service `ipFamilies` spelling.
+    fn name(self) -> &'static str {
+        match self {
+            Self::V4 => "IPv4",
+            Self::V6 => "IPv6",
+        }
+    }
+    fn lower(self) -> &'static str {
+        match self {
+            Self::V4 => "ipv4",
+            Self::V6 => "ipv6",
+        }
+    }
+}
+
+/// Whether a node address came in as `InternalIP` (or from the config) or `ExternalIP`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AddrType {
+    Internal,
+    External,
+}
+
+/// This node as the translation sees it.
+#[derive(Debug, Clone, Default)]
+struct NodeInfo {
+    name: Option<String>,
+    zone: Option<String>,
+    /// In order: config `nodeAddresses`, then Node `status.addresses` (NPA-07).
+    addresses: Vec<(IpAddr, AddrType)>,
+}
+
+impl NodeInfo {
+    fn new(node: Option<&Node>, cfg: &Config, report: &mut TranslateReport) -> Self {
+        let name = cfg.node_name().map(str::to_owned).or_else(|| node.and_then(|n| n.metadata.name.clone()));
+        let zone = node
+            .and_then(|n| n.metadata.labels.as_ref())
+            .and_then(|l| l.get(LABEL_ZONE))
+            .filter(|z| !z.is_empty())
+            .cloned();
+        let mut addresses: Vec<(IpAddr, AddrType)> = Vec::new();
+        let mut push = |a: IpAddr, t: AddrType| {
+            // NPA-05: loopback NodePorts cannot be served from XDP; never use them.
+            if a.is_loopback() || a.is_unspecified() || addresses.iter().any(|(x, _)| *x == a) {
+                return;
+            }
+            addresses.push((a, t));
+        };
+        for a in &cfg.node_addresses {
+            push(*a, AddrType::Internal);
+        }
+        if let Some(n) = node {
+            let label = format!("Node {}", n.metadata.name.as_deref().unwrap_or_default());
+            let list = n.status.as_ref().and_then(|s| s.addresses.as_ref());
+            for (i, na) in list.into_iter().flatten().enumerate() {
+                let t = match na.type_.as_str() {
+                    "InternalIP" => AddrType::Internal,
+                    "ExternalIP" => AddrType::External,
+                    _ => continue, // Hostname, InternalDNS, ExternalDNS
+                };
+                match na.address.trim().parse::<IpAddr>() {
+                    Ok(a) => push(a, t),
+                    Err(_) => report.issues.push(Issue {
+                        severity: Severity::Warning,
+                        object: label.clone(),
+                        field: format!("status.addresses[{i}].address"),
+                        message: format!("{:?} is not an IP address; ignored", na.address),
+                    }),
+                }
+            }
+        }
+        Self { name, zone, addresses }
+    }
+
+    /// The primary address of a family: the first InternalIP, else the first ExternalIP
+    /// (kubelet `--node-ip` semantics, NPA-07).
+    fn primary(&self, fam: Family) -> Option<IpAddr> {
+        let of = |t: AddrType| self.addresses.iter().find(|(a, at)| *at == t && Family::of(*a) == fam).map(|(a, _)| *a);
+        of(AddrType::Internal).or_else(|| of(AddrType::External))
+    }
+
+    /// Node addresses that serve NodePorts (NPA-01..04).
+    fn node_port_addresses(&self, cfg: &Config) -> Vec<IpAddr> {
+        if cfg.node_port_addresses.is_empty() {
+            // NPA-02 (iptables default): every node address.
+            return self.addresses.iter().map(|(a, _)| *a).collect();
+        }
+        let primary = cfg.node_port_addresses.contains(&NodePortAddress::Primary);
+        let primaries = [self.primary(Family::V4), self.primary(Family::V6)];
+        self.addresses
+            .iter()
+            .map(|(a, _)| *a)
+            .filter(|a| {
+                (primary && primaries.contains(&Some(*a)))
+                    || cfg.node_port_addresses.iter().any(|s| match s {
+                        NodePortAddress::Cidr(c) => c.contains(*a),
+                        NodePortAddress::Primary => false,
+                    })
+            })
+            .collect()
+    }
+}
+
+struct Ctx<'a> {
+    cfg: &'a Config,
+    node: &'a NodeInfo,
+    node_port_addrs: &'a [IpAddr],
+}
+
+/// A service spec before frontend collision checks; frontends carry their source field.
+struct Pending {
+    name: String,
+    frontends: Vec<(Frontend, String)>,
+    scheduler: Scheduler,
+    affinity: Option<u32>,
+    mode: ForwardingMode,
+    when_empty: EmptyAction,
+    backends: Vec<BackendSpec>,
+}
+
+/// A validated Service port.
+struct PortInfo {
+    /// Port name, `""` when unnamed.
+    name: String,
+    proto: L4Proto,
+    port: u16,
+    node_port: Option<u16>,
+    /// Numeric target port (PORT-05 fallback); `None` when `targetPort` is a name.
+    target_number: Option<u16>,
+    /// Display name of the port in table names.
+    table_name: String,
+}
+
+/// An address from the Service spec or status, with the field it came from.
+struct SourcedAddr {
+    addr: IpAddr,
+    field: String,
+}
+
+fn svc_err(label: &str, field: impl Into<String>, message: impl Into<String>) -> Issue {
+    Issue {
+        severity: Severity::Error,
+        object: label.to_owned(),
+        field: field.into(),
+        message: format!("{}; Service not programmed", message.into()),
+    }
+}
+
+fn parse_proto(s: Option<&str>) -> Option<L4Proto> {
+    match s.unwrap_or("TCP") {
+        "TCP" => Some(L4Proto::Tcp),
+        "UDP" => Some(L4Proto::Udp),
+        "SCTP" => Some(L4Proto::Sctp),
+        _ => None,
+    }
+}
+
+fn port_u16(v: i32) -> Option<u16> {
+    u16::try_from(v).ok().filter(|&p| p != 0)
+}
+
+fn parse_policy(v: Option<&str>) -> Option<Policy> {
+    match v.unwrap_or("Cluster") {
+        "Cluster" | "" => Some(Policy::Cluster),
+        "Local" => Some(Policy::Local),
+        _ => None,
+    }
+}
+
+/// Parses a CIDR as the API server does: host bits are allowed and masked.
+fn parse_cidr_lenient(s: &str) -> Option<Cidr> {
+    let s = s.trim();
+    let (a, l) = s.split_once('/')?;
+    let addr: IpAddr = a.parse().ok()?;
+    let len: u8 = l.parse().ok()?;
+    let masked = match addr {
+        IpAddr::V4(v) => {
+            if len > 32 {
+                return None;
+            }
+            let m = if len == 0 { 0 } else { u32::MAX << (32 - u32::from(len)) };
+            IpAddr::from((u32::from(v) & m).to_be_bytes())
+        }
+        IpAddr::V6(v) => {
+            if len > 128 {
+                return None;
+            }
+            let m = if len == 0 { 0 } else { u128::MAX << (128 - u32::from(len)) };
+            IpAddr::from((u128::from(v) & m).to_be_bytes())
+        }
+    };
+    Some(Cidr { addr: masked, len })
+}
+
+/// Translates one Service into pending specs. `Err` = the whole Service is skipped.
+fn translate_service(
+    svc: &Service,
+    slices: &[&EndpointSlice],
+    ctx: &Ctx<'_>,
+    label: &str,
+    report: &mut TranslateReport,
+) -> Result<Vec<Pending>, Issue> {
+    let meta = &svc.metadata;
+    if meta.labels.as_ref().is_some_and(|l| l.contains_key(LABEL_SERVICE_PROXY_NAME)) {
+        return Ok(Vec::new());
+    }
+    let ns = meta.namespace.as_deref().unwrap_or("default");
+    let name = meta.name.as_deref().unwrap_or_default();
+    let Some(spec) = svc.spec.as_ref() else {
+        return Err(svc_err(label, "spec", "missing"));
+    };
+    let annotations = meta.annotations.clone().unwrap_or_default();
+
+    // Service type (SVC-01, SVC-02, SVC-05, SVC-06, SVC-12).
+    let ty = spec.type_.as_deref().unwrap_or("ClusterIP");
+    match ty {
+        "ExternalName" => return Ok(Vec::new()), // SVC-12, ROLE-01: nothing is proxied.
+        "ClusterIP" | "NodePort" | "LoadBalancer" => {}
+        other => {
+            return Err(svc_err(
+                label,
+                "spec.type",
+                format!("unknown type {other:?} (expected ClusterIP, NodePort, LoadBalancer or ExternalName)"),
+            ));
+        }
+    }
+
+    // Cluster IPs (DS-01, SVC-13).
+    let (ip_strings, ip_field): (Vec<String>, &str) = match spec.cluster_ips.as_ref() {
+        Some(v) if !v.is_empty() => (v.clone(), "spec.clusterIPs"),
+        _ => (spec.cluster_ip.iter().cloned().collect(), "spec.clusterIP"),
+    };
+    let Some(first) = ip_strings.first() else {
+        return Err(svc_err(label, "spec.clusterIP", "missing (only ExternalName Services have none)"));
+    };
+    if first == "None" {
+        return Ok(Vec::new()); // SVC-13: headless.
+    }
+    let mut cluster_ips: Vec<(IpAddr, String)> = Vec::new();
+    for (i, s) in ip_strings.iter().enumerate() {
+        let field = if ip_field == "spec.clusterIP" { ip_field.to_owned() } else { format!("{ip_field}[{i}]") };
+        let Ok(a) = s.trim().parse::<IpAddr>() else {
+            return Err(svc_err(label, field, format!("{s:?} is not an IP address")));
+        };
+        if cluster_ips.iter().any(|(x, _)| Family::of(*x) == Family::of(a)) {
+            return Err(svc_err(
+                label,
+                field,
+                format!("a second {} cluster IP (at most one per family)", Family::of(a).name()),
+            ));
+        }
+        cluster_ips.push((a, field));
+    }
+    let families: Vec<Family> = cluster_ips.iter().map(|(a, _)| Family::of(*a)).collect();
+
+    // Ports (PORT-01..05).
+    let raw_ports: &[ServicePort] = spec.ports.as_deref().unwrap_or_default();
+    if raw_ports.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut ports = Vec::with_capacity(raw_ports.len());
+    let mut seen_names = BTreeMap::new();
+    let mut seen_keys = BTreeMap::new();
+    for (i, p) in raw_ports.iter().enumerate() {
+        let f = |s: &str| format!("spec.ports[{i}].{s}");
+        let proto = parse_proto(p.protocol.as_deref()).ok_or_else(|| {
+            svc_err(
+                label,
+                f("protocol"),
+                format!("{:?} is not TCP, UDP or SCTP", p.protocol.as_deref().unwrap_or_default()),
+            )
+        })?;
+        let port =
+            port_u16(p.port).ok_or_else(|| svc_err(label, f("port"), format!("{} is not in 1..=65535", p.port)))?;
+        let node_port = match p.node_port {
+            None | Some(0) => None,
+            Some(n) => {
+                Some(port_u16(n).ok_or_else(|| svc_err(label, f("nodePort"), format!("{n} is not in 1..=65535")))?)
+            }
+        };
+        let pname = p.name.clone().unwrap_or_default();
+        if raw_ports.len() > 1 && pname.is_empty() {
+            return Err(svc_err(
+                label,
+                f("name"),
+                "missing: every port of a multi-port Service must be named (PORT-02)",
+            ));
+        }
+        if let Some(j) = seen_names.insert(pname.clone(), i).filter(|_| !pname.is_empty()) {
+            return Err(svc_err(label, f("name"), format!("{pname:?} is also the name of spec.ports[{j}]")));
+        }
+        if let Some(j) = seen_keys.insert((port, proto), i) {
+            return Err(svc_err(label, f("port"), format!("{}/{port} is also spec.ports[{j}]", proto.as_str())));
+        }
+        let target_number = match &p.target_port {
+            None => Some(port), // PORT-05
+            Some(IntOrString::Int(n)) => {
+                Some(port_u16(*n).ok_or_else(|| svc_err(label, f("targetPort"), format!("{n} is not in 1..=65535")))?)
+            }
+            Some(IntOrString::String(s)) if s.is_empty() => {
+                return Err(svc_err(label, f("targetPort"), "empty name"));
+            }
+            Some(IntOrString::String(_)) => None,
+        };
+        let table_name = if pname.is_empty() { port.to_string() } else { pname.clone() };
+        ports.push(PortInfo { name: pname, proto, port, node_port, target_number, table_name });
+    }
+
+    // Traffic policies (TP-01..03).
+    let etp = parse_policy(spec.external_traffic_policy.as_deref()).ok_or_else(|| {
+        svc_err(
+            label,
+            "spec.externalTrafficPolicy",
+            format!("{:?} is not Cluster or Local", spec.external_traffic_policy.as_deref().unwrap_or_default()),
+        )
+    })?;
+    let itp = parse_policy(spec.internal_traffic_policy.as_deref()).ok_or_else(|| {
+        svc_err(
+            label,
+            "spec.internalTrafficPolicy",
+            format!("{:?} is not Cluster or Local", spec.internal_traffic_policy.as_deref().unwrap_or_default()),
+        )
+    })?;
+
+    // Session affinity (AFF-01..03).
+    let affinity = match spec.session_affinity.as_deref().unwrap_or("None") {
+        "None" | "" => None,
+        "ClientIP" => {
+            let t = spec
+                .session_affinity_config
+                .as_ref()
+                .and_then(|c| c.client_ip.as_ref())
+                .and_then(|c| c.timeout_seconds);
+            match t {
+                None => Some(AFFINITY_DEFAULT_TIMEOUT_S),
+                Some(t) => Some(
+                    u32::try_from(t).ok().filter(|t| (1..=AFFINITY_MAX_TIMEOUT_S).contains(t)).ok_or_else(|| {
+                        svc_err(
+                            label,
+                            "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
+                            format!("{t} is not in 1..={AFFINITY_MAX_TIMEOUT_S} seconds"),
+                        )
+                    })?,
+                ),
+            }
+        }
+        other => {
+            return Err(svc_err(label, "spec.sessionAffinity", format!("{other:?} is not None or ClientIP")));
+        }
+    };
+
+    // Scheduler and forwarding mode (config default, per-Service annotation).
+    let scheduler = match annotations.get(ANNOTATION_SCHEDULER) {
+        None => ctx.cfg.ipvs.scheduler,
+        Some(v) => crate::config::parse_scheduler(v)
+            .map_err(|m| svc_err(label, format!("metadata.annotations[{ANNOTATION_SCHEDULER}]"), m))?,
+    };
+    let mode = match annotations.get(ANNOTATION_FORWARDING_MODE) {
+        None => ctx.cfg.forwarding_mode,
+        Some(v) => crate::config::parse_forwarding_mode(v)
+            .map_err(|m| svc_err(label, format!("metadata.annotations[{ANNOTATION_FORWARDING_MODE}]"), m))?,
+    };
+
+    // Topology (TOPO-01..06, TOPO-12).
+    let auto = annotations
+        .get(ANNOTATION_TOPOLOGY_MODE)
+        .or_else(|| annotations.get(ANNOTATION_TOPOLOGY_AWARE_HINTS))
+        .is_some_and(|v| v.eq_ignore_ascii_case("auto"));
+    let topology = if auto {
+        Topology::Auto
+    } else {
+        match spec.traffic_distribution.as_deref() {
+            None | Some("") => Topology::Off,
+            Some("PreferSameZone" | "PreferClose") => Topology::SameZone,
+            Some("PreferSameNode") => Topology::SameNode,
+            Some(other) => {
+                report.issues.push(Issue {
+                    severity: Severity::Warning,
+                    object: label.to_owned(),
+                    field: "spec.trafficDistribution".into(),
+                    message: format!("unknown value {other:?}; traffic is spread over all endpoints"),
+                });
+                Topology::Off
+            }
+        }
+    };
+
+    // External addresses: externalIPs (SVC-11), LB ingress (SVC-06, SVC-08, LB-01).
+    let mut external_ips = Vec::new();
+    for (i, s) in spec.external_ips.iter().flatten().enumerate() {
+        let field = format!("spec.externalIPs[{i}]");
+        match s.trim().parse::<IpAddr>() {
+            Ok(addr) => external_ips.push(SourcedAddr { addr, field }),
+            Err(_) => report.issues.push(Issue {
+                severity: Severity::Error,
+                object: label.to_owned(),
+                field,
+                message: format!("{s:?} is not an IP address; this external IP is not programmed"),
+            }),
+        }
+    }
+    let mut lb_ips = Vec::new();
+    let mut source_ranges = Vec::new();
+    if ty == "LoadBalancer" {
+        let class = spec.load_balancer_class.as_deref();
+        let ours = match class {
+            None => ctx.cfg.handle_default_load_balancer_class,
+            Some(c) => ctx.cfg.load_balancer_class.as_deref() == Some(c),
+        };
+        if ours {
+            let ingress = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|l| l.ingress.as_ref());
+            for (i, ing) in ingress.into_iter().flatten().enumerate() {
+                // ipMode Proxy: the LB itself proxies, the node never sees the ingress IP as
+                // destination (kube-proxy skips it too).
+                if ing.ip_mode.as_deref() == Some("Proxy") {
+                    continue;
+                }
+                let Some(s) = ing.ip.as_deref().filter(|s| !s.is_empty()) else {
+                    continue; // hostname-only ingress (SVC-06): nothing to match on.
+                };
+                let field = format!("status.loadBalancer.ingress[{i}].ip");
+                match s.trim().parse::<IpAddr>() {
+                    Ok(addr) => lb_ips.push(SourcedAddr { addr, field }),
+                    Err(_) => report.issues.push(Issue {
+                        severity: Severity::Error,
+                        object: label.to_owned(),
+                        field,
+                        message: format!("{s:?} is not an IP address; this ingress IP is not programmed"),
+                    }),
+                }
+            }
+            // LB-01: source ranges (field, else the legacy annotation).
+            let (ranges, field_of): (Vec<String>, Box<dyn Fn(usize) -> String>) =
+                match spec.load_balancer_source_ranges.as_ref().filter(|v| !v.is_empty()) {
+                    Some(v) => (v.clone(), Box::new(|i| format!("spec.loadBalancerSourceRanges[{i}]"))),
+                    None => (
+                        annotations
+                            .get(ANNOTATION_SOURCE_RANGES)
+                            .map(|a| a.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect())
+                            .unwrap_or_default(),
+                        Box::new(|_| format!("metadata.annotations[{ANNOTATION_SOURCE_RANGES}]")),
+                    ),
+                };
+            for (i, r) in ranges.iter().enumerate() {
+                match parse_cidr_lenient(r) {
+                    Some(c) => source_ranges.push(c),
+                    None => {
+                        report.issues.push(Issue {
+                            severity: Severity::Error,
+                            object: label.to_owned(),
+                            field: field_of(i),
+                            message: format!(
+                                "{r:?} is not a CIDR; the LoadBalancer ingress IPs are not programmed (fail closed)"
+                            ),
+                        });
+                        lb_ips.clear();
+                    }
+                }
+            }
+        }
+    }
+    let node_port_service = matches!(ty, "NodePort" | "LoadBalancer");
+
+    // Family filtering of external addresses (DS-03, DS-05).
+    for a in external_ips.iter().chain(&lb_ips) {
+        if !families.contains(&Family::of(a.addr)) {
+            report.issues.push(Issue {
+                severity: Severity::Warning,
+                object: label.to_owned(),
+                field: a.field.clone(),
+                message: format!(
+                    "{} is {} but the Service has no {} cluster IP; ignored (as kube-proxy does)",
+                    a.addr,
+                    Family::of(a.addr).name(),
+                    Family::of(a.addr).name()
+                ),
+            });
+        }
+    }
+
+    let publish_not_ready = spec.publish_not_ready_addresses.unwrap_or(false);
+    let here = select::Here { node: ctx.node.name.as_deref(), zone: ctx.node.zone.as_deref() };
+    let masq_all = ctx.cfg.iptables.masquerade_all;
+    let mut out = Vec::new();
+    for (pi, p) in ports.iter().enumerate() {
+        for (fi, &(cluster_ip, ref cip_field)) in cluster_ips.iter().enumerate() {
+            let fam = Family::of(cluster_ip);
+            let eps = gather_endpoints(slices, p, fam, publish_not_ready, ctx.node.name.as_deref(), report);
+            let mut base = format!("{ns}/{name}:{}", p.table_name);
+            if fi > 0 {
+                base.push('/');
+                base.push_str(fam.lower());
+            }
+            let fe = |addr: IpAddr, port: u16, kind: FrontendKind, masquerade: bool, ranges: &[Cidr]| Frontend {
+                addr,
+                proto: p.proto,
+                port,
+                kind,
+                masquerade,
+                source_ranges: ranges.to_vec(),
+            };
+            // NAT-01 (ClusterIP: DNAT only) unless masqueradeAll (NAT-04).
+            let internal_fe = vec![(fe(cluster_ip, p.port, FrontendKind::ClusterIp, masq_all, &[]), cip_field.clone())];
+            // NAT-02: external traffic is masqueraded under eTP Cluster; TP-04: Local keeps
+            // the client IP.
+            let ext_masq = masq_all || etp == Policy::Cluster;
+            let mut external_fe = Vec::new();
+            if node_port_service && let Some(np) = p.node_port {
+                for a in ctx.node_port_addrs.iter().filter(|a| Family::of(**a) == fam) {
+                    external_fe.push((
+                        fe(*a, np, FrontendKind::NodePort, ext_masq, &[]),
+                        format!("spec.ports[{pi}].nodePort"),
+                    ));
+                }
+            }
+            for a in external_ips.iter().filter(|a| Family::of(a.addr) == fam) {
+                external_fe.push((fe(a.addr, p.port, FrontendKind::ExternalIp, ext_masq, &[]), a.field.clone()));
+            }
+            for a in lb_ips.iter().filter(|a| Family::of(a.addr) == fam) {
+                external_fe
+                    .push((fe(a.addr, p.port, FrontendKind::LoadBalancer, ext_masq, &source_ranges), a.field.clone()));
+            }
+
+            let int_sel =
+                select::select(&eps, itp, if itp == Policy::Cluster { topology } else { Topology::Off }, here);
+            if int_sel.no_local_endpoints {
+                report.no_local_endpoints.internal += 1;
+            }
+            let backends_for = |sel: &Selection| -> Vec<BackendSpec> {
+                eps.iter()
+                    .zip(&sel.eligible)
+                    .map(|(e, &eligible)| BackendSpec {
+                        addr: e.addr,
+                        port: e.port,
+                        weight: u16::from(eligible),
+                        eligible,
+                        conditions: Conditions { ready: e.ready, serving: e.serving, terminating: e.terminating },
+                        node_local: e.local,
+                        zone: e.zone.clone(),
+                    })
+                    .collect()
+            };
+            let pending = |name: String, frontends: Vec<(Frontend, String)>, sel: &Selection| Pending {
+                name,
+                frontends,
+                scheduler,
+                affinity,
+                mode,
+                when_empty: sel.when_empty,
+                backends: backends_for(sel),
+            };
+            if external_fe.is_empty() {
+                out.push(pending(base, internal_fe, &int_sel));
+                continue;
+            }
+            let ext_sel =
+                select::select(&eps, etp, if etp == Policy::Cluster { topology } else { Topology::Off }, here);
+            if ext_sel.no_local_endpoints {
+                report.no_local_endpoints.external += 1;
+            }
+            if ext_sel.eligible == int_sel.eligible && ext_sel.when_empty == int_sel.when_empty {
+                let mut all = internal_fe;
+                all.extend(external_fe);
+                out.push(pending(base, all, &int_sel));
+            } else {
+                out.push(pending(base.clone(), internal_fe, &int_sel));
+                out.push(pending(format!("{base}/external"), external_fe, &ext_sel));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Collects the endpoints of one Service port and family from the Service's slices.
+fn gather_endpoints(
+    slices: &[&EndpointSlice],
+    p: &PortInfo,
+    fam: Family,
+    publish_not_ready: bool,
+    node_name: Option<&str>,
+    report: &mut TranslateReport,
+) -> Vec<Ep> {
+    let mut by_addr: BTreeMap<IpAddr, Ep> = BTreeMap::new();
+    for slice in slices {
+        // EPS-03: FQDN slices cannot be programmed; each family has its own slices (DS-03).
+        if slice.address_type != fam.name() {
+            continue;
+        }
+        let label = format!(
+            "EndpointSlice {}/{}",
+            slice.metadata.namespace.as_deref().unwrap_or("default"),
+            slice.metadata.name.as_deref().unwrap_or_default()
+        );
+        // PORT-04 / EPS-04: the slice port whose name (and protocol) matches the Service port.
+        let Some((si, sp)) = slice.ports.iter().flatten().enumerate().find(|(_, sp)| {
+            sp.name.as_deref().unwrap_or("") == p.name && parse_proto(sp.protocol.as_deref()) == Some(p.proto)
+        }) else {
+            continue;
+        };
+        let port = match sp.port {
+            Some(n) => match port_u16(n) {
+                Some(n) => n,
+                None => {
+                    report.issues.push(Issue {
+                        severity: Severity::Warning,
+                        object: label,
+                        field: format!("ports[{si}].port"),
+                        message: format!("{n} is not in 1..=65535; this slice's endpoints are ignored"),
+                    });
+                    continue;
+                }
+            },
+            // PORT-05: no number in the slice -> a numeric targetPort (default: port).
+            None => match p.target_number {
+                Some(n) => n,
+                None => {
+                    report.issues.push(Issue {
+                        severity: Severity::Warning,
+                        object: label,
+                        field: format!("ports[{si}].port"),
+                        message: "missing and the Service's targetPort is a name; this slice's endpoints are ignored"
+                            .into(),
+                    });
+                    continue;
+                }
+            },
+        };
+        for (ei, e) in slice.endpoints.iter().enumerate() {
+            // EPS-11: the first address only.
+            let Some(a0) = e.addresses.first() else { continue };
+            let addr = match a0.trim().parse::<IpAddr>() {
+                Ok(a) if Family::of(a) == fam => a,
+                Ok(a) => {
+                    report.issues.push(Issue {
+                        severity: Severity::Warning,
+                        object: label.clone(),
+                        field: format!("endpoints[{ei}].addresses[0]"),
+                        message: format!("{a} is not {} like the slice's addressType; ignored", fam.name()),
+                    });
+                    continue;
+                }
+                Err(_) => {
+                    report.issues.push(Issue {
+                        severity: Severity::Warning,
+                        object: label.clone(),
+                        field: format!("endpoints[{ei}].addresses[0]"),
+                        message: format!("{a0:?} is not an IP address; ignored"),
+                    });
+                    continue;
+                }
+            };
+            let c = e.conditions.as_ref();
+            // EPS-05..07: nil ready/serving = true, nil terminating = false (API docs).
+            let ready = publish_not_ready || c.and_then(|c| c.ready).unwrap_or(true);
+            let serving = c.and_then(|c| c.serving).unwrap_or(true);
+            let terminating = c.and_then(|c| c.terminating).unwrap_or(false);
+            let local = node_name.is_some() && e.node_name.as_deref() == node_name; // TP-05
+            let hint_set = |v: Option<Vec<String>>| -> Option<BTreeSet<String>> {
+                v.map(|v| v.into_iter().collect::<BTreeSet<_>>()).filter(|s| !s.is_empty())
+            };
+            let hints = e.hints.as_ref();
+            let ep = Ep {
+                addr,
+                port,
+                ready,
+                serving,
+                terminating,
+                local,
+                zone: e.zone.clone(),
+                zone_hints: hint_set(
+                    hints.and_then(|h| h.for_zones.as_ref()).map(|z| z.iter().map(|z| z.name.clone()).collect()),
+                ),
+                node_hints: hint_set(
+                    hints.and_then(|h| h.for_nodes.as_ref()).map(|n| n.iter().map(|n| n.name.clone()).collect()),
+                ),
+            };
+            // EPS-09: deduplicate by address; first wins unless the newcomer is local.
+            match by_addr.get(&addr) {
+                Some(old) if old.local || !ep.local => {}
+                _ => {
+                    by_addr.insert(addr, ep);
+                }
+            }
+        }
+    }
+    by_addr.into_values().collect()
+}

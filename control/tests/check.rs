@@ -1,0 +1,133 @@
+//! Runs the real `xlb` binary: `xlb check` on the example and on broken files.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn data(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name)
+}
+
+fn xlb(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_xlb")).args(args).output().expect("xlb runs")
+}
+
+fn check(path: &Path) -> (i32, String, String) {
+    let out = xlb(&["check", "--config", path.to_str().expect("utf-8 path")]);
+    (
+        out.status.code().expect("exit code"),
+        String::from_utf8(out.stdout).expect("utf-8 stdout"),
+        String::from_utf8(out.stderr).expect("utf-8 stderr"),
+    )
+}
+
+/// A scratch file unique to this test process.
+fn scratch(name: &str, text: &str) -> PathBuf {
+    let p = std::env::temp_dir().join(format!("xlb-check-{}-{name}", std::process::id()));
+    std::fs::write(&p, text).expect("write scratch file");
+    p
+}
+
+#[test]
+fn check_prints_the_example_tables_like_ipvsadm() {
+    let (code, stdout, stderr) = check(&data("example.yaml"));
+    assert_eq!(code, 0, "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let want = "\
+Prot LocalAddress:Port Scheduler Flags
+  -> RemoteAddress:Port           Forward Weight State
+TCP  10.96.0.1:443 random (default/kubernetes:https ClusterIP)
+  -> 192.168.1.2:6443             Masq    1      ready
+UDP  10.96.0.10:53 random persistent 10800 (kube-system/kube-dns:dns ClusterIP)
+  -> 10.244.0.5:53                Masq    1      ready
+  -> 10.244.1.7:53                Masq    1      ready
+TCP  10.96.0.10:53 random persistent 10800 (kube-system/kube-dns:dns-tcp ClusterIP)
+  -> 10.244.0.5:53                Masq    1      ready
+  -> 10.244.1.7:53                Masq    1      ready
+TCP  10.96.0.30:443 random (shop/checkout:https ClusterIP)
+  -> 10.244.0.21:8443             Masq    1      ready
+  -> 10.244.1.22:8443             Masq    1      ready
+TCP  192.168.1.10:30443 random drop-when-empty (shop/checkout:https/external NodePort)
+  -> 10.244.0.21:8443             Masq    1      ready
+  -> 10.244.1.22:8443             Masq    0      ready
+TCP  198.51.100.10:443 random drop-when-empty from 203.0.113.0/24 (shop/checkout:https/external LoadBalancer)
+  -> 10.244.0.21:8443             Masq    1      ready
+  -> 10.244.1.22:8443             Masq    0      ready
+TCP  10.96.0.20:80 random (shop/web:http ClusterIP)
+  -> 10.244.0.11:8080             Masq    1      ready
+  -> 10.244.1.12:8080             Masq    0      draining
+TCP  192.168.1.10:30080 random snat (shop/web:http NodePort)
+  -> 10.244.0.11:8080             Masq    1      ready
+  -> 10.244.1.12:8080             Masq    0      draining
+TCP  [fd00:96::20]:80 random (shop/web:http/ipv6 ClusterIP)
+  -> [fd00:244::11]:8080          Masq    1      ready
+TCP  [fd00:1::10]:30080 random snat (shop/web:http/ipv6 NodePort)
+  -> [fd00:244::11]:8080          Masq    1      ready
+";
+    assert_eq!(stdout, want, "stderr:\n{stderr}");
+}
+
+#[test]
+fn check_on_a_bad_file_names_document_object_and_field() {
+    let (code, stdout, stderr) = check(&data("bad.yaml"));
+    assert_eq!(code, 1, "stderr:\n{stderr}");
+    assert!(stdout.is_empty(), "nothing is printed for an unloadable file: {stdout}");
+    assert!(stderr.contains("bad.yaml: 2 errors:"), "{stderr}");
+    assert!(
+        stderr.contains("document 1 (line 2), XlbConfiguration, field conntrack.udpTimout: unknown field `udpTimout`"),
+        "{stderr}"
+    );
+    assert!(
+        stderr
+            .contains("document 2 (line 8), Service shop/web, field spec.ports[0].port: invalid type: string \"http\""),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn check_reports_a_skipped_service_and_still_prints_the_rest() {
+    let text = "\
+apiVersion: xlb.dev/v1alpha1
+kind: XlbConfiguration
+nodeName: node-a
+---
+apiVersion: v1
+kind: Service
+metadata: {name: broken, namespace: default}
+spec: {clusterIP: 10.96.0.999, ports: [{name: http, port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: fine, namespace: default}
+spec: {clusterIP: 10.96.0.7, ports: [{name: http, port: 80}]}
+";
+    let p = scratch("skipped.yaml", text);
+    let (code, stdout, stderr) = check(&p);
+    let _ = std::fs::remove_file(&p);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stdout.contains("TCP  10.96.0.7:80 random (default/fine:http ClusterIP)"), "{stdout}");
+    assert!(!stdout.contains("broken"), "{stdout}");
+    assert!(
+        stderr.contains("error: Service default/broken, field spec.clusterIP: \"10.96.0.999\" is not an IP address"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn check_on_a_missing_file_fails_with_the_path() {
+    let (code, _, stderr) = check(Path::new("/nonexistent/xlb.yaml"));
+    assert_eq!(code, 1);
+    assert!(stderr.contains("cannot read /nonexistent/xlb.yaml"), "{stderr}");
+}
+
+#[test]
+fn every_subcommand_has_help_and_stubs_exit_2() {
+    for sub in ["check", "run", "services", "conntrack"] {
+        let out = xlb(&[sub, "--help"]);
+        assert!(out.status.success(), "{sub} --help");
+        assert!(String::from_utf8_lossy(&out.stdout).contains("Usage: xlb"), "{sub}");
+    }
+    for sub in ["run", "services", "conntrack"] {
+        let out = xlb(&[sub]);
+        assert_eq!(out.status.code(), Some(2), "{sub}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("not implemented yet"), "{sub}");
+    }
+}

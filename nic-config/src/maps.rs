@@ -1,0 +1,159 @@
+//! Byte layouts of the steering program's maps, shared with `xdp/steer.c`.
+//!
+//! Every layout is `#[repr(C)]` and padding-free on purpose: the kernel compares hash keys
+//! byte by byte, so padding with stray bytes would make lookups miss. The C side checks the sizes
+//! with `_Static_assert`, this side with `const` assertions. aya reads and writes map entries as
+//! plain byte images ([`aya::Pod`]); to stay free of `unsafe`, the keys travel as byte arrays
+//! produced by the `to_bytes` methods below.
+//!
+//! Addresses are 16 bytes: IPv6 as is, IPv4 as the IPv4-mapped IPv6 address `::ffff:a.b.c.d`
+//! (RFC 4291 §2.5.5.2), so one map serves both families.
+
+use std::net::IpAddr;
+
+use crate::NicError;
+
+/// IANA protocol number of TCP (RFC 9293).
+pub const IPPROTO_TCP: u8 = 6;
+/// IANA protocol number of UDP (RFC 768).
+pub const IPPROTO_UDP: u8 = 17;
+/// IANA protocol number of SCTP (RFC 9260).
+pub const IPPROTO_SCTP: u8 = 132;
+
+/// A service the steering program sends to xlb: destination address, L4 protocol and
+/// destination port of the frames to redirect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServiceKey {
+    /// Destination address (a VIP, a node address for NodePort, a LoadBalancer ingress IP).
+    pub addr: IpAddr,
+    /// L4 protocol number: [`IPPROTO_TCP`], [`IPPROTO_UDP`] or [`IPPROTO_SCTP`].
+    pub proto: u8,
+    /// Destination port, host byte order.
+    pub port: u16,
+}
+
+/// Key of the `services` map, as the C program sees it (`struct service_key`, 20 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct ServiceMapKey {
+    /// Destination address, see the module docs.
+    pub(crate) addr: [u8; 16],
+    /// Destination port, network byte order.
+    pub(crate) port_be: [u8; 2],
+    /// L4 protocol number.
+    pub(crate) proto: u8,
+    /// Always 0.
+    pub(crate) pad: u8,
+}
+
+const _: () = assert!(size_of::<ServiceMapKey>() == 20, "struct service_key is 20 bytes");
+const _: () = assert!(align_of::<ServiceMapKey>() == 1, "no padding possible");
+
+impl ServiceMapKey {
+    pub(crate) const LEN: usize = 20;
+
+    pub(crate) fn to_bytes(self) -> [u8; Self::LEN] {
+        let mut b = [0u8; Self::LEN];
+        b[..16].copy_from_slice(&self.addr);
+        b[16..18].copy_from_slice(&self.port_be);
+        b[18] = self.proto;
+        b[19] = self.pad;
+        b
+    }
+
+    pub(crate) fn from_bytes(b: &[u8; Self::LEN]) -> Self {
+        let mut addr = [0u8; 16];
+        addr.copy_from_slice(&b[..16]);
+        Self { addr, port_be: [b[16], b[17]], proto: b[18], pad: b[19] }
+    }
+
+    pub(crate) fn to_service_key(self) -> ServiceKey {
+        ServiceKey { addr: addr_from_bytes(self.addr), proto: self.proto, port: u16::from_be_bytes(self.port_be) }
+    }
+}
+
+impl TryFrom<&ServiceKey> for ServiceMapKey {
+    type Error = NicError;
+
+    fn try_from(k: &ServiceKey) -> Result<Self, NicError> {
+        if !matches!(k.proto, IPPROTO_TCP | IPPROTO_UDP | IPPROTO_SCTP) {
+            return Err(NicError::InvalidArgument {
+                field: "ServiceKey.proto",
+                reason: format!("{} for {}:{} is not TCP (6), UDP (17) or SCTP (132)", k.proto, k.addr, k.port),
+            });
+        }
+        Ok(Self { addr: addr_bytes(k.addr), port_be: k.port.to_be_bytes(), proto: k.proto, pad: 0 })
+    }
+}
+
+/// Value of the `snat_addrs` map (`struct snat_range`, 4 bytes): an inclusive port range in
+/// host byte order. aya stores it as the identical `[u16; 2]`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SnatRange {
+    pub(crate) port_min: u16,
+    pub(crate) port_max: u16,
+}
+
+const _: () = assert!(size_of::<SnatRange>() == 4, "struct snat_range is 4 bytes");
+
+impl SnatRange {
+    pub(crate) fn to_array(self) -> [u16; 2] {
+        [self.port_min, self.port_max]
+    }
+}
+
+/// Indexes of the per-CPU `stats` array (`enum` in `xdp/steer.c`).
+pub(crate) mod stat {
+    pub(crate) const REDIRECTED: u32 = 0;
+    pub(crate) const PASSED: u32 = 1;
+    pub(crate) const REDIRECT_FAILED: u32 = 2;
+    pub(crate) const PARSE_ERROR: u32 = 3;
+}
+
+/// The 16-byte map form of an address: IPv6 as is, IPv4 as `::ffff:a.b.c.d`.
+#[must_use]
+pub(crate) fn addr_bytes(addr: IpAddr) -> [u8; 16] {
+    match addr {
+        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+        IpAddr::V6(a) => a.octets(),
+    }
+}
+
+/// The inverse of [`addr_bytes`]: `::ffff:a.b.c.d` becomes IPv4.
+#[must_use]
+pub(crate) fn addr_from_bytes(b: [u8; 16]) -> IpAddr {
+    let v6 = std::net::Ipv6Addr::from(b);
+    v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn service_key_bytes_match_the_c_layout() {
+        let k = ServiceKey { addr: "10.1.2.3".parse().unwrap(), proto: IPPROTO_UDP, port: 0x1234 };
+        let b = ServiceMapKey::try_from(&k).unwrap().to_bytes();
+        assert_eq!(&b[..10], &[0; 10]);
+        assert_eq!(&b[10..16], &[0xff, 0xff, 10, 1, 2, 3]);
+        assert_eq!(&b[16..18], &[0x12, 0x34], "port in network order");
+        assert_eq!(b[18], 17);
+        assert_eq!(b[19], 0);
+        assert_eq!(ServiceMapKey::from_bytes(&b).to_service_key(), k, "round trip");
+    }
+
+    #[test]
+    fn ipv6_addresses_are_kept_verbatim() {
+        let a: IpAddr = "fd00::1".parse().unwrap();
+        assert_eq!(addr_bytes(a)[0], 0xfd);
+        assert_eq!(addr_bytes(a)[15], 1);
+    }
+
+    #[test]
+    fn unknown_protocols_are_rejected_naming_the_field() {
+        let k = ServiceKey { addr: "10.0.0.1".parse().unwrap(), proto: 1, port: 80 };
+        let e = ServiceMapKey::try_from(&k).unwrap_err();
+        assert!(e.to_string().contains("ServiceKey.proto"), "{e}");
+    }
+}

@@ -1,0 +1,489 @@
+//! The steering XDP program: load, attach, fill its maps, read its counters, detach.
+
+use std::{collections::HashSet, fmt, net::IpAddr, os::fd::AsRawFd};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{HashMap, Map, MapData, MapError, PerCpuArray, XskMap},
+    programs::{Xdp, XdpMode as AyaXdpMode, xdp::XdpLinkId},
+};
+use tracing::{info, warn};
+
+use crate::{
+    NicError, ServiceKey,
+    maps::{ServiceMapKey, SnatRange, addr_bytes, addr_from_bytes, stat},
+};
+
+/// The compiled `xdp/steer.c` (see `build.rs`), 8-byte aligned as aya requires.
+static STEER_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/steer.o"));
+
+/// Name of the program function (`SEC("xdp") int xlb_steer(...)`); `bpftool prog show` lists it.
+pub const PROGRAM_NAME: &str = "xlb_steer";
+
+const MAP_XSKS: &str = "xsks";
+const MAP_SERVICES: &str = "services";
+const MAP_VIP_ADDRS: &str = "vip_addrs";
+const MAP_SNAT_ADDRS: &str = "snat_addrs";
+const MAP_STATS: &str = "stats";
+
+/// Capacity of the `xsks` map: the highest receive queue index a socket can serve, plus one.
+pub const MAX_QUEUES: u32 = 256;
+/// Capacity of the `services` map (entries).
+pub const MAX_SERVICES: usize = 65_536;
+/// Capacity of the `vip_addrs` map (entries).
+pub const MAX_VIP_ADDRS: usize = 16_384;
+/// Capacity of the `snat_addrs` map (entries).
+pub const MAX_SNAT_ADDRS: usize = 1_024;
+
+/// Where the kernel runs the XDP program.
+///
+/// See the kernel's XDP documentation,
+/// <https://docs.kernel.org/networking/af_xdp.html#xdp-skb-mode-and-xdp-drv-mode> and
+/// `ip-link(8)` (`xdpdrv`, `xdpgeneric`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum XdpMode {
+    /// Native (driver) mode, `XDP_FLAGS_DRV_MODE`: runs in the driver before an skb exists.
+    /// veth supports it. [`Steering::attach`] falls back to [`XdpMode::Skb`] if the driver
+    /// refuses, and logs a warning.
+    Native,
+    /// Generic mode, `XDP_FLAGS_SKB_MODE`: runs on the skb, works on every driver, slower.
+    Skb,
+}
+
+impl fmt::Display for XdpMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Native => "native",
+            Self::Skb => "skb",
+        })
+    }
+}
+
+impl From<XdpMode> for AyaXdpMode {
+    fn from(m: XdpMode) -> Self {
+        match m {
+            XdpMode::Native => Self::Driver,
+            XdpMode::Skb => Self::Skb,
+        }
+    }
+}
+
+/// Per-CPU counters of the steering program, summed over all CPUs. Units: frames, since the
+/// program was loaded. Every frame the program sees increments exactly one of them, so the
+/// frames handed to the kernel are `passed + redirect_failed + parse_errors`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SteeringStats {
+    /// Frames for xlb given to `bpf_redirect_map` with a socket in the queue's `xsks` slot.
+    /// A full RX ring can still drop them afterwards: see the socket's
+    /// `XDP_STATISTICS` (`rx_dropped`, `rx_ring_full`).
+    pub redirected: u64,
+    /// Frames not for xlb, given to the kernel (`XDP_PASS`).
+    pub passed: u64,
+    /// Frames for xlb that arrived on a queue with no socket in `xsks`; given to the kernel.
+    pub redirect_failed: u64,
+    /// Frames with truncated or malformed Ethernet/IP/L4 headers; given to the kernel.
+    pub parse_errors: u64,
+}
+
+/// Our XDP steering program attached to one interface, with its maps.
+///
+/// Created by [`Steering::attach`]. The program is attached through a BPF link (kernel ≥ 5.9),
+/// held by this value: dropping it, calling [`Steering::detach`], or the process dying closes
+/// the link and the map file descriptors, and the kernel removes the program and frees the maps.
+/// Nothing is pinned to bpffs, so nothing stays behind.
+///
+/// All methods act on the kernel objects through file descriptors, so they work from any
+/// thread, whatever network namespace that thread is in; only `attach` resolves the interface
+/// name in the calling thread's namespace.
+pub struct Steering {
+    // Field order matters for Drop: the typed maps close before the object that holds the
+    // program and its link.
+    xsks: XskMap<MapData>,
+    services: HashMap<MapData, [u8; ServiceMapKey::LEN], u32>,
+    vip_addrs: HashMap<MapData, [u8; 16], u32>,
+    snat_addrs: HashMap<MapData, [u8; 16], [u16; 2]>,
+    stats: PerCpuArray<MapData, u64>,
+    link: Option<XdpLinkId>,
+    ebpf: Ebpf,
+    ifname: String,
+    ifindex: u32,
+    mode: XdpMode,
+    prog_id: u32,
+    map_ids: Vec<u32>,
+}
+
+impl fmt::Debug for Steering {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Steering")
+            .field("ifname", &self.ifname)
+            .field("ifindex", &self.ifindex)
+            .field("mode", &self.mode)
+            .field("prog_id", &self.prog_id)
+            .field("map_ids", &self.map_ids)
+            .field("attached", &self.link.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Takes map `name` out of `ebpf` as the typed map `T`, recording its kernel id in `ids`.
+fn open_map<T>(ebpf: &mut Ebpf, ifname: &str, name: &'static str, ids: &mut Vec<u32>) -> Result<T, NicError>
+where
+    T: TryFrom<Map, Error = MapError>,
+{
+    let map = ebpf.take_map(name).ok_or(NicError::MissingObject { kind: "map", name })?;
+    let (Map::HashMap(data) | Map::XskMap(data) | Map::PerCpuArray(data)) = &map else {
+        return Err(NicError::MissingObject { kind: "map (of the expected type)", name });
+    };
+    let id = data.info().map_err(|e| NicError::map(ifname, name, "BPF_OBJ_GET_INFO_BY_FD", e))?.id();
+    ids.push(id);
+    T::try_from(map).map_err(|e| NicError::map(ifname, name, "open", e))
+}
+
+impl Steering {
+    /// Loads the steering program and attaches it to `ifname` (in the calling thread's network
+    /// namespace).
+    ///
+    /// With [`XdpMode::Native`], a driver that refuses native mode makes this retry in
+    /// [`XdpMode::Skb`] and log a warning; [`Steering::mode`] tells which mode was used.
+    /// All maps start empty: until [`Steering::set_xsk`] and the `sync_*` methods are called,
+    /// every frame passes to the kernel.
+    ///
+    /// Needs root (CAP_BPF + CAP_NET_ADMIN). Replaces no program: if another XDP program is
+    /// attached to the interface (e.g. libxdp's default program, or a second `Steering`),
+    /// attaching fails with `EBUSY` and no fallback is tried (our program is then unloaded).
+    ///
+    /// # Errors
+    /// [`NicError::Load`] if the object cannot be loaded, [`NicError::UnknownInterface`],
+    /// [`NicError::Program`] if verification or attaching fails.
+    pub fn attach(ifname: &str, mode: XdpMode) -> Result<Self, NicError> {
+        let mut ebpf = EbpfLoader::new().load(STEER_OBJ).map_err(NicError::load)?;
+
+        let prog_err = |mode, e| NicError::program(ifname, mode, e);
+        let program: &mut Xdp = ebpf
+            .program_mut(PROGRAM_NAME)
+            .ok_or(NicError::MissingObject { kind: "program", name: PROGRAM_NAME })?
+            .try_into()
+            .map_err(|e| prog_err(mode, e))?;
+        program.load().map_err(|e| prog_err(mode, e))?;
+        let prog_id = program.info().map_err(|e| prog_err(mode, e))?.id();
+
+        let (link, used_mode) = match program.attach(ifname, mode.into()) {
+            Ok(link) => (link, mode),
+            Err(aya::programs::ProgramError::UnknownInterface { .. }) => {
+                return Err(NicError::UnknownInterface { ifname: ifname.to_owned() });
+            }
+            // EBUSY/EEXIST: another program is attached; SKB mode would not help.
+            Err(e) if mode == XdpMode::Native && !matches!(errno(&e), Some(nix::libc::EBUSY | nix::libc::EEXIST)) => {
+                warn!(
+                    interface = ifname,
+                    error = %e,
+                    "native XDP attach failed; falling back to SKB (generic) mode"
+                );
+                let link = program.attach(ifname, XdpMode::Skb.into()).map_err(|e| prog_err(XdpMode::Skb, e))?;
+                (link, XdpMode::Skb)
+            }
+            Err(e) => return Err(prog_err(mode, e)),
+        };
+        let ifindex = crate::iface::ifindex(ifname)?;
+
+        let mut map_ids = Vec::with_capacity(5);
+        let xsks = open_map(&mut ebpf, ifname, MAP_XSKS, &mut map_ids)?;
+        let services = open_map(&mut ebpf, ifname, MAP_SERVICES, &mut map_ids)?;
+        let vip_addrs = open_map(&mut ebpf, ifname, MAP_VIP_ADDRS, &mut map_ids)?;
+        let snat_addrs = open_map(&mut ebpf, ifname, MAP_SNAT_ADDRS, &mut map_ids)?;
+        let stats = open_map(&mut ebpf, ifname, MAP_STATS, &mut map_ids)?;
+        info!(interface = ifname, ifindex, mode = %used_mode, prog_id, "XDP steering attached");
+        Ok(Self {
+            xsks,
+            services,
+            vip_addrs,
+            snat_addrs,
+            stats,
+            link: Some(link),
+            ebpf,
+            ifname: ifname.to_owned(),
+            ifindex,
+            mode: used_mode,
+            prog_id,
+            map_ids,
+        })
+    }
+
+    /// Interface name given to [`Steering::attach`].
+    #[must_use]
+    pub fn ifname(&self) -> &str {
+        &self.ifname
+    }
+
+    /// Interface index (in the namespace `attach` ran in).
+    #[must_use]
+    pub fn ifindex(&self) -> u32 {
+        self.ifindex
+    }
+
+    /// The mode the program actually runs in (after a possible fallback).
+    #[must_use]
+    pub fn mode(&self) -> XdpMode {
+        self.mode
+    }
+
+    /// Kernel id of the loaded program (`bpftool prog show id N`).
+    #[must_use]
+    pub fn prog_id(&self) -> u32 {
+        self.prog_id
+    }
+
+    /// Kernel ids of the program's maps (`bpftool map show id N`), in the order
+    /// `xsks`, `services`, `vip_addrs`, `snat_addrs`, `stats`.
+    #[must_use]
+    pub fn map_ids(&self) -> &[u32] {
+        &self.map_ids
+    }
+
+    /// Puts the AF_XDP socket `socket` into slot `queue` of the `xsks` map: frames for xlb that
+    /// arrive on receive queue `queue` go to it. The socket must already be bound to this
+    /// interface and queue (`bind(2)` on an `AF_XDP` socket, see
+    /// <https://docs.kernel.org/networking/af_xdp.html>), otherwise the kernel rejects it.
+    /// Replaces any socket already in the slot. The map holds a reference to the socket;
+    /// the kernel removes the entry when the socket is closed.
+    ///
+    /// # Errors
+    /// [`NicError::InvalidArgument`] if `queue >= MAX_QUEUES`; [`NicError::Map`] if the kernel
+    /// rejects the socket.
+    pub fn set_xsk(&mut self, queue: u32, socket: &impl AsRawFd) -> Result<(), NicError> {
+        check_queue(queue)?;
+        self.xsks.set(queue, socket.as_raw_fd(), 0).map_err(|e| NicError::map(&self.ifname, MAP_XSKS, "set", e))
+    }
+
+    /// Empties slot `queue` of the `xsks` map: frames for xlb on that queue then pass to the
+    /// kernel (counted in [`SteeringStats::redirect_failed`]). Emptying an empty slot is not an
+    /// error.
+    ///
+    /// # Errors
+    /// [`NicError::InvalidArgument`] if `queue >= MAX_QUEUES`; [`NicError::Map`] otherwise.
+    pub fn clear_xsk(&mut self, queue: u32) -> Result<(), NicError> {
+        check_queue(queue)?;
+        match self.xsks.unset(queue) {
+            Ok(()) => Ok(()),
+            Err(e) if is_enoent(&e) => Ok(()),
+            Err(e) => Err(NicError::map(&self.ifname, MAP_XSKS, "delete", e)),
+        }
+    }
+
+    /// Makes the `services` map equal to `keys`: inserts the new ones, then deletes the stale
+    /// ones (in that order, so a key present before and after never disappears). Duplicates in
+    /// `keys` are fine. Call it on every table publish. Frames to a listed (address, protocol,
+    /// port) go to xlb, and so do ICMP errors quoting a packet sent from one (e.g. a NodePort
+    /// reply from a node address).
+    ///
+    /// # Errors
+    /// [`NicError::InvalidArgument`] for a protocol other than TCP/UDP/SCTP or more than
+    /// [`MAX_SERVICES`] keys (the map is then unchanged); [`NicError::Map`] if the kernel refuses.
+    pub fn sync_services(&mut self, keys: &[ServiceKey]) -> Result<(), NicError> {
+        let want = keys
+            .iter()
+            .map(|k| ServiceMapKey::try_from(k).map(ServiceMapKey::to_bytes))
+            .collect::<Result<HashSet<_>, _>>()?;
+        check_len("services", want.len(), MAX_SERVICES)?;
+        sync_map(&self.ifname, MAP_SERVICES, &mut self.services, want.into_iter().map(|k| (k, 0)))
+    }
+
+    /// Makes the `vip_addrs` map equal to `addrs`. List here addresses wholly owned by xlb
+    /// (ClusterIPs, LoadBalancer ingress IPs): ICMP errors and fragments to them go to xlb.
+    /// Do not list the node's own addresses (NodePort services use [`Steering::sync_services`]
+    /// entries with node addresses instead), or their fragments would leave the kernel.
+    ///
+    /// # Errors
+    /// [`NicError::InvalidArgument`] for more than [`MAX_VIP_ADDRS`] addresses;
+    /// [`NicError::Map`] if the kernel refuses.
+    pub fn sync_vip_addrs(&mut self, addrs: &[IpAddr]) -> Result<(), NicError> {
+        let want: HashSet<[u8; 16]> = addrs.iter().map(|a| addr_bytes(*a)).collect();
+        check_len("vip_addrs", want.len(), MAX_VIP_ADDRS)?;
+        sync_map(&self.ifname, MAP_VIP_ADDRS, &mut self.vip_addrs, want.into_iter().map(|k| (k, 0)))
+    }
+
+    /// Makes the `snat_addrs` map equal to `ranges`: `(address, first port, last port)`, ports
+    /// inclusive and in host order. TCP/UDP/SCTP frames to the address with a destination port
+    /// in the range (SNAT replies) go to xlb, and so do ICMP errors to the address that quote a
+    /// packet whose source port lies in the range. Other traffic to the address (SSH, kubelet)
+    /// still reaches the kernel: keep the range out of the kernel's own
+    /// `net.ipv4.ip_local_port_range`. A later entry for the same address replaces an earlier.
+    ///
+    /// # Errors
+    /// [`NicError::InvalidArgument`] if a range has first > last or there are more than
+    /// [`MAX_SNAT_ADDRS`] addresses; [`NicError::Map`] if the kernel refuses.
+    pub fn sync_snat(&mut self, ranges: &[(IpAddr, u16, u16)]) -> Result<(), NicError> {
+        let mut want = std::collections::HashMap::new();
+        for &(addr, port_min, port_max) in ranges {
+            if port_min > port_max {
+                return Err(NicError::InvalidArgument {
+                    field: "SNAT port range",
+                    reason: format!("{addr}: first port {port_min} > last port {port_max}"),
+                });
+            }
+            want.insert(addr_bytes(addr), SnatRange { port_min, port_max }.to_array());
+        }
+        check_len("snat_addrs", want.len(), MAX_SNAT_ADDRS)?;
+        sync_map(&self.ifname, MAP_SNAT_ADDRS, &mut self.snat_addrs, want.into_iter())
+    }
+
+    /// Reads back the `services` map (for diagnostics such as `xlb status`), in no order.
+    ///
+    /// # Errors
+    /// [`NicError::Map`] if iterating fails.
+    pub fn services_in_map(&self) -> Result<Vec<ServiceKey>, NicError> {
+        let keys = self
+            .services
+            .keys()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| NicError::map(&self.ifname, MAP_SERVICES, "iterate keys", e))?;
+        Ok(keys.iter().map(ServiceMapKey::from_bytes).map(|k| k.to_service_key()).collect())
+    }
+
+    /// Reads back the `vip_addrs` map, in no order.
+    ///
+    /// # Errors
+    /// [`NicError::Map`] if iterating fails.
+    pub fn vip_addrs_in_map(&self) -> Result<Vec<IpAddr>, NicError> {
+        let keys = self
+            .vip_addrs
+            .keys()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| NicError::map(&self.ifname, MAP_VIP_ADDRS, "iterate keys", e))?;
+        Ok(keys.into_iter().map(addr_from_bytes).collect())
+    }
+
+    /// Reads back the `snat_addrs` map as `(address, first port, last port)`, in no order.
+    ///
+    /// # Errors
+    /// [`NicError::Map`] if iterating fails.
+    pub fn snat_in_map(&self) -> Result<Vec<(IpAddr, u16, u16)>, NicError> {
+        self.snat_addrs
+            .iter()
+            .map(|r| r.map(|(k, [lo, hi])| (addr_from_bytes(k), lo, hi)))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| NicError::map(&self.ifname, MAP_SNAT_ADDRS, "iterate", e))
+    }
+
+    /// Reads the per-CPU `stats` array and sums it over the CPUs.
+    ///
+    /// # Errors
+    /// [`NicError::Map`] if the lookup fails.
+    pub fn stats(&self) -> Result<SteeringStats, NicError> {
+        let read = |idx: u32| -> Result<u64, NicError> {
+            let values = self.stats.get(&idx, 0).map_err(|e| NicError::map(&self.ifname, MAP_STATS, "lookup", e))?;
+            Ok(values.iter().copied().fold(0u64, u64::wrapping_add))
+        };
+        Ok(SteeringStats {
+            redirected: read(stat::REDIRECTED)?,
+            passed: read(stat::PASSED)?,
+            redirect_failed: read(stat::REDIRECT_FAILED)?,
+            parse_errors: read(stat::PARSE_ERROR)?,
+        })
+    }
+
+    /// Detaches the program from the interface and closes the program and its maps, which the
+    /// kernel then frees. Dropping a `Steering` does the same but can only log a failure.
+    ///
+    /// # Errors
+    /// [`NicError::Program`] if detaching fails (the fds are closed all the same, which also
+    /// detaches a BPF link).
+    pub fn detach(mut self) -> Result<(), NicError> {
+        self.detach_inner()
+    }
+
+    fn detach_inner(&mut self) -> Result<(), NicError> {
+        let Some(link) = self.link.take() else {
+            return Ok(());
+        };
+        let mode = self.mode;
+        let ifname = self.ifname.clone();
+        let program: &mut Xdp = self
+            .ebpf
+            .program_mut(PROGRAM_NAME)
+            .ok_or(NicError::MissingObject { kind: "program", name: PROGRAM_NAME })?
+            .try_into()
+            .map_err(|e| NicError::program(&ifname, mode, e))?;
+        program.detach(link).map_err(|e| NicError::program(&ifname, mode, e))?;
+        info!(interface = %ifname, prog_id = self.prog_id, "XDP steering detached");
+        Ok(())
+    }
+}
+
+impl Drop for Steering {
+    fn drop(&mut self) {
+        if let Err(e) = self.detach_inner() {
+            warn!(interface = %self.ifname, error = %e, "detaching XDP steering failed");
+        }
+    }
+}
+
+/// The errno at the bottom of an aya error chain, if any.
+fn errno(e: &(dyn std::error::Error + 'static)) -> Option<i32> {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            return io.raw_os_error();
+        }
+        cur = err.source();
+    }
+    None
+}
+
+fn check_queue(queue: u32) -> Result<(), NicError> {
+    if queue >= MAX_QUEUES {
+        return Err(NicError::InvalidArgument {
+            field: "queue",
+            reason: format!("{queue} is not below the xsks map size {MAX_QUEUES}"),
+        });
+    }
+    Ok(())
+}
+
+fn check_len(map: &'static str, len: usize, max: usize) -> Result<(), NicError> {
+    if len > max {
+        return Err(NicError::InvalidArgument {
+            field: map,
+            reason: format!("{len} entries exceed the map's capacity of {max}"),
+        });
+    }
+    Ok(())
+}
+
+fn is_enoent(e: &MapError) -> bool {
+    matches!(e, MapError::KeyNotFound)
+        || matches!(e, MapError::SyscallError(s) if s.io_error.raw_os_error() == Some(nix::libc::ENOENT))
+}
+
+/// Upserts every `(key, value)` of `want`, then deletes the keys not in `want`.
+fn sync_map<K, V>(
+    ifname: &str,
+    name: &'static str,
+    map: &mut HashMap<MapData, K, V>,
+    want: impl Iterator<Item = (K, V)>,
+) -> Result<(), NicError>
+where
+    K: aya::Pod + Eq + std::hash::Hash,
+    V: aya::Pod,
+{
+    let mut wanted = HashSet::new();
+    for (k, v) in want {
+        map.insert(k, v, 0).map_err(|e| NicError::map(ifname, name, "insert", e))?;
+        wanted.insert(k);
+    }
+    let stale: Vec<K> = map
+        .keys()
+        .collect::<Result<Vec<K>, _>>()
+        .map_err(|e| NicError::map(ifname, name, "iterate keys", e))?
+        .into_iter()
+        .filter(|k| !wanted.contains(k))
+        .collect();
+    for k in &stale {
+        match map.remove(k) {
+            Ok(()) => {}
+            Err(e) if is_enoent(&e) => {}
+            Err(e) => return Err(NicError::map(ifname, name, "delete", e)),
+        }
+    }
+    Ok(())
+}

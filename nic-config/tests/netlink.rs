@@ -1,0 +1,166 @@
+//! Neighbours and interface facts/settings, in private network namespaces.
+//! Needs root; without it each test prints why and returns.
+
+mod common;
+
+use std::{net::IpAddr, time::Duration};
+
+use common::{CLIENT_IF, CLIENT_V4, CLIENT_V6, LB_IF, LB_V4, LB_V6, Netns, Pair, wait_for};
+use nic_config::{
+    NeighbourEvent, NeighbourState, NeighbourWatcher, NicError, channels, ifindex, interface_info, neighbours,
+    set_channels, set_tx_checksum_offload, tx_checksum_offload,
+};
+
+const LONG: Duration = Duration::from_secs(5);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn neighbour_dump_sees_a_static_neighbour() {
+        if !common::can_run("neighbour_dump_sees_a_static_neighbour") {
+            return;
+        }
+        let ns = Netns::new();
+        ns.ip(&["link", "add", "lb0", "type", "veth", "peer", "name", "lb1"]);
+        ns.ip(&["link", "set", "lb0", "up"]);
+        ns.ip(&["neigh", "replace", "10.251.1.77", "lladdr", "02:00:00:00:00:77", "dev", "lb0", "nud", "permanent"]);
+        ns.ip(&["neigh", "replace", "fd00:251:1::77", "lladdr", "02:00:00:00:06:77", "dev", "lb0", "nud", "permanent"]);
+
+        let (idx, all, only_lb0, only_lo) = ns.run(|| {
+            let idx = ifindex("lb0").unwrap();
+            (
+                idx,
+                neighbours::dump(None).unwrap(),
+                neighbours::dump(Some(idx)).unwrap(),
+                neighbours::dump(Some(ifindex("lo").unwrap())).unwrap(),
+            )
+        });
+        let v4 = only_lb0
+            .iter()
+            .find(|n| n.ip == "10.251.1.77".parse::<IpAddr>().unwrap())
+            .unwrap_or_else(|| panic!("static IPv4 neighbour in {only_lb0:?}"));
+        assert_eq!(v4.mac, Some([2, 0, 0, 0, 0, 0x77]));
+        assert_eq!(v4.state, NeighbourState::PERMANENT);
+        assert_eq!(v4.ifindex, idx);
+        assert_eq!(v4.usable_mac(), Some([2, 0, 0, 0, 0, 0x77]));
+        let v6 = only_lb0
+            .iter()
+            .find(|n| n.ip == "fd00:251:1::77".parse::<IpAddr>().unwrap())
+            .unwrap_or_else(|| panic!("static IPv6 neighbour in {only_lb0:?}"));
+        assert_eq!(v6.mac, Some([2, 0, 0, 0, 6, 0x77]));
+        assert!(all.contains(v4) && all.contains(v6));
+        assert!(only_lo.is_empty(), "the ifindex filter applies: {only_lo:?}");
+    }
+
+    #[test]
+    fn neighbour_watcher_reports_added_and_removed_entries() {
+        if !common::can_run("neighbour_watcher_reports_added_and_removed_entries") {
+            return;
+        }
+        let ns = Netns::new();
+        ns.ip(&["link", "add", "lb0", "type", "veth", "peer", "name", "lb1"]);
+        ns.ip(&["link", "set", "lb0", "up"]);
+        let mut watcher = ns.run(|| NeighbourWatcher::new().unwrap());
+        assert_eq!(watcher.recv_timeout(Duration::ZERO).unwrap(), None, "quiet before changes");
+
+        let ip: IpAddr = "10.251.1.88".parse().unwrap();
+        ns.ip(&["neigh", "replace", "10.251.1.88", "lladdr", "02:00:00:00:00:88", "dev", "lb0", "nud", "permanent"]);
+        let added = wait_for(LONG, "RTM_NEWNEIGH", || match watcher.recv_timeout(Duration::from_millis(200)) {
+            Ok(Some(NeighbourEvent::Changed(n))) if n.ip == ip => Some(n),
+            _ => None,
+        });
+        assert_eq!(added.mac, Some([2, 0, 0, 0, 0, 0x88]));
+        assert_eq!(added.state, NeighbourState::PERMANENT);
+
+        ns.ip(&["neigh", "del", "10.251.1.88", "dev", "lb0"]);
+        let removed = wait_for(LONG, "RTM_DELNEIGH", || match watcher.recv_timeout(Duration::from_millis(200)) {
+            Ok(Some(NeighbourEvent::Removed(n))) if n.ip == ip => Some(n),
+            _ => None,
+        });
+        assert_eq!(removed.ifindex, added.ifindex);
+    }
+
+    #[test]
+    fn resolve_makes_the_kernel_learn_the_neighbour() {
+        if !common::can_run("resolve_makes_the_kernel_learn_the_neighbour") {
+            return;
+        }
+        let pair = Pair::new(1);
+        let idx = pair.lb.run(|| ifindex(LB_IF).unwrap());
+        for peer in [IpAddr::from(CLIENT_V4), IpAddr::from(CLIENT_V6)] {
+            let before = pair.lb.run(|| neighbours::dump(Some(idx)).unwrap());
+            assert!(before.iter().all(|n| n.ip != peer), "no entry for {peer} yet: {before:?}");
+
+            let mut watcher = pair.lb.run(|| NeighbourWatcher::new().unwrap());
+            pair.lb.run(|| neighbours::resolve(idx, peer)).expect("resolve");
+            let n = wait_for(LONG, "the kernel to resolve the client", || {
+                pair.lb
+                    .run(|| neighbours::dump(Some(idx)).unwrap())
+                    .into_iter()
+                    .find(|n| n.ip == peer && n.usable_mac().is_some())
+            });
+            assert_eq!(n.mac, Some(pair.client_mac), "{peer} resolved to the client's MAC");
+            // The watcher saw it too.
+            wait_for(LONG, "the resolution event", || match watcher.recv_timeout(Duration::from_millis(200)) {
+                Ok(Some(NeighbourEvent::Changed(e))) if e.ip == peer && e.mac == Some(pair.client_mac) => Some(()),
+                _ => None,
+            });
+        }
+        // An unknown interface index is the kernel's ENODEV, passed on.
+        let err = pair.lb.run(|| neighbours::resolve(9999, CLIENT_V4.into())).unwrap_err();
+        assert!(matches!(err, NicError::Netlink { .. }), "{err}");
+    }
+
+    #[test]
+    fn interface_info_reports_mac_mtu_addresses_and_queues() {
+        if !common::can_run("interface_info_reports_mac_mtu_addresses_and_queues") {
+            return;
+        }
+        let pair = Pair::new(2);
+        let info = pair.lb.run(|| interface_info(LB_IF).unwrap());
+        assert_eq!(info.name, LB_IF);
+        assert_eq!(info.mac, Some(pair.lb_mac));
+        assert_eq!(info.mtu, 1500);
+        assert_eq!((info.rx_queues, info.tx_queues), (2, 2));
+        assert_eq!(info.xdp_prog_id, None);
+        let addrs: Vec<_> = info.addresses.iter().map(|a| (a.addr, a.prefix_len)).collect();
+        assert!(addrs.contains(&(LB_V4.into(), 24)), "{addrs:?}");
+        assert!(addrs.contains(&(LB_V6.into(), 64)), "{addrs:?}");
+        assert!(
+            !addrs.iter().any(|(a, _)| *a == IpAddr::from(common::VIP_V4)),
+            "addresses of other interfaces (lo) are not listed: {addrs:?}"
+        );
+        let err = pair.lb.run(|| interface_info("nosuch0")).unwrap_err();
+        assert!(matches!(err, NicError::UnknownInterface { .. }) && err.to_string().contains("nosuch0"), "{err}");
+    }
+
+    #[test]
+    fn channels_and_tx_checksum_offload_can_be_set() {
+        if !common::can_run("channels_and_tx_checksum_offload_can_be_set") {
+            return;
+        }
+        let pair = Pair::new(2);
+        pair.lb.run(|| {
+            let c = channels(LB_IF).unwrap();
+            assert_eq!((c.max_rx, c.max_tx, c.rx_queues()), (Some(2), Some(2), 2), "{c:?}");
+            set_channels(LB_IF, 1).unwrap();
+            assert_eq!(channels(LB_IF).unwrap().rx_queues(), 1);
+            set_channels(LB_IF, 1).expect("setting the current count is a no-op");
+            set_channels(LB_IF, 2).unwrap();
+            assert_eq!(channels(LB_IF).unwrap().rx_queues(), 2);
+            let err = set_channels(LB_IF, 3).unwrap_err();
+            assert!(err.to_string().contains("channel count"), "{err}");
+        });
+        pair.client.run(|| {
+            assert!(tx_checksum_offload(CLIENT_IF).unwrap(), "veth starts with tx checksumming on");
+            set_tx_checksum_offload(CLIENT_IF, false).unwrap();
+            assert!(!tx_checksum_offload(CLIENT_IF).unwrap());
+            set_tx_checksum_offload(CLIENT_IF, true).unwrap();
+            assert!(tx_checksum_offload(CLIENT_IF).unwrap());
+            let err = set_tx_checksum_offload("nosuch0", false).unwrap_err();
+            assert!(err.to_string().contains("nosuch0"), "{err}");
+        });
+    }
+}

@@ -1,0 +1,408 @@
+//! The steering XDP program on a real veth pair in private network namespaces.
+//! Needs root; without it each test prints why and returns.
+
+mod common;
+
+use std::{
+    net::{IpAddr, SocketAddr, UdpSocket},
+    process::Command,
+    time::Duration,
+};
+
+use common::{CLIENT_V4, LB_IF, LB_V4, LB_V6, Netns, Pair, VIP_V4, VIP_V6, decode, run, wait_for, xsk::Xsk};
+use nic_config::{IPPROTO_TCP, IPPROTO_UDP, ServiceKey, Steering, XdpMode, interface_info};
+
+const SHORT: Duration = Duration::from_millis(400);
+const LONG: Duration = Duration::from_secs(3);
+
+fn bpftool_present() -> bool {
+    Command::new("bpftool").arg("version").output().is_ok_and(|o| o.status.success())
+}
+
+/// Whether the kernel still has a BPF object of ours: `bpftool prog|map show id N` when bpftool
+/// is installed, otherwise aya's enumeration of loaded programs/maps.
+fn bpf_object_exists(kind: &str, id: u32) -> bool {
+    if bpftool_present() {
+        return run(&["bpftool", kind, "show", "id", &id.to_string()]).status.success();
+    }
+    match kind {
+        "prog" => aya::programs::loaded_programs().flatten().any(|p| p.id() == id),
+        _ => aya::maps::loaded_maps().flatten().any(|m| m.id() == id),
+    }
+}
+
+/// Sends one UDP datagram from the client namespace.
+fn client_send_udp(client: &Netns, to: SocketAddr, payload: &[u8]) {
+    client.run(|| {
+        let bind: SocketAddr = if to.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().unwrap();
+        let s = UdpSocket::bind(bind).expect("client UDP socket");
+        s.send_to(payload, to).expect("client send");
+    });
+}
+
+/// A UDP socket in the lb namespace bound to `addr`.
+fn lb_udp(lb: &Netns, addr: SocketAddr) -> UdpSocket {
+    lb.run(|| {
+        let s = UdpSocket::bind(addr).unwrap_or_else(|e| panic!("bind {addr}: {e}"));
+        s.set_read_timeout(Some(SHORT)).unwrap();
+        s
+    })
+}
+
+fn kernel_got(sock: &UdpSocket) -> Option<Vec<u8>> {
+    let mut buf = [0u8; 2048];
+    sock.recv_from(&mut buf).ok().map(|(n, _)| buf[..n].to_vec())
+}
+
+/// Attaches the program to lb0 and binds an AF_XDP socket on queue 0 into `xsks`.
+fn attach_with_xsk(pair: &Pair) -> (Steering, Xsk) {
+    pair.lb.run(|| {
+        let mut steering = Steering::attach(LB_IF, XdpMode::Native).expect("attach");
+        assert_eq!(steering.mode(), XdpMode::Native, "veth supports native XDP");
+        let xsk = Xsk::bind(LB_IF, 0);
+        steering.set_xsk(0, xsk.fd()).expect("set_xsk");
+        (steering, xsk)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn program_attaches_to_a_veth_and_detach_leaves_nothing_behind() {
+        if !common::can_run("program_attaches_to_a_veth_and_detach_leaves_nothing_behind") {
+            return;
+        }
+        let pair = Pair::new(1);
+        for explicit_detach in [true, false] {
+            let steering = pair.lb.run(|| Steering::attach(LB_IF, XdpMode::Native).expect("attach"));
+            let prog_id = steering.prog_id();
+            let map_ids = steering.map_ids().to_vec();
+            assert_eq!(map_ids.len(), 5);
+
+            let info = pair.lb.run(|| interface_info(LB_IF).unwrap());
+            assert_eq!(info.xdp_prog_id, Some(prog_id), "rtnetlink shows our program on lb0");
+            let link = pair.lb.ip(&["-d", "link", "show", "dev", LB_IF]);
+            assert!(link.contains(&format!("prog/xdp id {prog_id}")), "ip -d link: {link}");
+            assert!(bpf_object_exists("prog", prog_id));
+            if bpftool_present() {
+                let show = common::sh(&["bpftool", "prog", "show", "id", &prog_id.to_string()]);
+                assert!(show.contains("xdp") && show.contains("xlb_steer"), "bpftool: {show}");
+            }
+            for id in &map_ids {
+                assert!(bpf_object_exists("map", *id), "map {id} exists while attached");
+            }
+
+            if explicit_detach {
+                steering.detach().expect("detach");
+            } else {
+                drop(steering);
+            }
+
+            let link = pair.lb.ip(&["-d", "link", "show", "dev", LB_IF]);
+            assert!(!link.contains("xdp"), "no XDP left on lb0: {link}");
+            assert_eq!(pair.lb.run(|| interface_info(LB_IF).unwrap()).xdp_prog_id, None);
+            // The kernel frees programs and maps after an RCU grace period: poll briefly.
+            wait_for(LONG, "the program to be freed", || (!bpf_object_exists("prog", prog_id)).then_some(()));
+            for id in map_ids {
+                wait_for(LONG, "the maps to be freed", || (!bpf_object_exists("map", id)).then_some(()));
+            }
+        }
+    }
+
+    #[test]
+    fn native_attach_falls_back_to_skb_mode_where_the_driver_lacks_it() {
+        if !common::can_run("native_attach_falls_back_to_skb_mode_where_the_driver_lacks_it") {
+            return;
+        }
+        // The loopback driver has no native XDP (no ndo_bpf), only generic.
+        let ns = Netns::new();
+        let steering = ns.run(|| Steering::attach("lo", XdpMode::Native).expect("attach"));
+        assert_eq!(steering.mode(), XdpMode::Skb);
+        let link = ns.ip(&["-d", "link", "show", "dev", "lo"]);
+        assert!(link.contains("xdpgeneric"), "generic XDP on lo: {link}");
+        steering.detach().unwrap();
+        let link = ns.ip(&["-d", "link", "show", "dev", "lo"]);
+        assert!(!link.contains("xdp"), "{link}");
+    }
+
+    #[test]
+    fn attaching_to_an_unknown_interface_names_it() {
+        if !common::can_run("attaching_to_an_unknown_interface_names_it") {
+            return;
+        }
+        let ns = Netns::new();
+        let err = ns.run(|| Steering::attach("nosuch0", XdpMode::Native)).unwrap_err();
+        assert!(err.to_string().contains("nosuch0"), "{err}");
+    }
+
+    #[test]
+    fn frame_to_a_listed_vip_port_reaches_the_xsk_while_ping_to_the_node_is_answered() {
+        if !common::can_run("frame_to_a_listed_vip_port_reaches_the_xsk_while_ping_to_the_node_is_answered") {
+            return;
+        }
+        let pair = Pair::new(1);
+        let (mut steering, mut xsk) = attach_with_xsk(&pair);
+        let svc = ServiceKey { addr: VIP_V4.into(), proto: IPPROTO_UDP, port: 7777 };
+        steering.sync_services(&[svc]).unwrap();
+        steering.sync_vip_addrs(&[VIP_V4.into()]).unwrap();
+        let kernel_listed = lb_udp(&pair.lb, SocketAddr::new(VIP_V4.into(), 7777));
+
+        // Ping to the node's own address: ARP and ICMP echo pass to the kernel, which answers.
+        let ping = pair.client.exec(&["ping", "-c", "2", "-i", "0.2", "-W", "2", &LB_V4.to_string()]);
+        assert!(ping.status.success(), "ping: {}", String::from_utf8_lossy(&ping.stdout));
+
+        client_send_udp(&pair.client, SocketAddr::new(VIP_V4.into(), 7777), b"to-the-xsk");
+        let frames = xsk.recv_until(1, LONG);
+        let seen: Vec<_> = frames.iter().filter_map(|f| decode(f)).collect();
+        let hit = seen
+            .iter()
+            .find(|s| s.dst == IpAddr::from(VIP_V4) && s.proto == IPPROTO_UDP && s.port_or_type == 7777)
+            .unwrap_or_else(|| panic!("UDP to VIP:7777 on the XSK; saw {seen:?}"));
+        assert_eq!(hit.src, IpAddr::from(CLIENT_V4));
+        assert!(frames.iter().any(|f| f.ends_with(b"to-the-xsk")), "payload intact");
+        assert_eq!(kernel_got(&kernel_listed), None, "a redirected frame never reaches the kernel");
+        // The echo requests were passed, not redirected.
+        assert!(seen.iter().all(|s| s.proto != 1), "no ICMP echo on the XSK: {seen:?}");
+
+        let st = steering.stats().unwrap();
+        assert!(st.redirected >= 1, "{st:?}");
+        assert!(st.passed >= 3, "ARP request + 2 echo requests passed: {st:?}");
+        assert_eq!(st.redirect_failed, 0, "{st:?}");
+
+        // Once the service is gone from the map, the same frame goes to the kernel.
+        steering.sync_services(&[]).unwrap();
+        client_send_udp(&pair.client, SocketAddr::new(VIP_V4.into(), 7777), b"now-kernel");
+        assert_eq!(kernel_got(&kernel_listed).as_deref(), Some(&b"now-kernel"[..]));
+        assert!(xsk.recv(SHORT).is_empty());
+
+        // No socket in the slot: the frame falls back to the kernel and is counted.
+        steering.sync_services(&[svc]).unwrap();
+        steering.clear_xsk(0).unwrap();
+        steering.clear_xsk(0).expect("clearing an empty slot is fine");
+        client_send_udp(&pair.client, SocketAddr::new(VIP_V4.into(), 7777), b"no-socket");
+        assert_eq!(kernel_got(&kernel_listed).as_deref(), Some(&b"no-socket"[..]));
+        assert!(steering.stats().unwrap().redirect_failed >= 1);
+        steering.detach().unwrap();
+    }
+
+    #[test]
+    fn frame_to_a_vip_on_an_unlisted_port_passes_to_the_kernel() {
+        if !common::can_run("frame_to_a_vip_on_an_unlisted_port_passes_to_the_kernel") {
+            return;
+        }
+        let pair = Pair::new(1);
+        let (mut steering, mut xsk) = attach_with_xsk(&pair);
+        steering
+            .sync_services(&[
+                ServiceKey { addr: VIP_V4.into(), proto: IPPROTO_UDP, port: 7777 },
+                // Same port, other protocol: must not match UDP.
+                ServiceKey { addr: VIP_V4.into(), proto: IPPROTO_TCP, port: 7778 },
+            ])
+            .unwrap();
+        steering.sync_vip_addrs(&[VIP_V4.into()]).unwrap();
+        let kernel = lb_udp(&pair.lb, SocketAddr::new(VIP_V4.into(), 7778));
+
+        client_send_udp(&pair.client, SocketAddr::new(VIP_V4.into(), 7778), b"unlisted");
+        assert_eq!(kernel_got(&kernel).as_deref(), Some(&b"unlisted"[..]), "the kernel got it");
+        let frames = xsk.recv(SHORT);
+        assert!(frames.iter().filter_map(|f| decode(f)).all(|s| s.proto != IPPROTO_UDP), "nothing UDP on the XSK");
+        assert_eq!(steering.stats().unwrap().redirected, 0);
+    }
+
+    #[test]
+    fn snat_replies_and_icmp_errors_about_them_are_redirected_and_the_rest_passes() {
+        if !common::can_run("snat_replies_and_icmp_errors_about_them_are_redirected_and_the_rest_passes") {
+            return;
+        }
+        let pair = Pair::new(1);
+        let (mut steering, mut xsk) = attach_with_xsk(&pair);
+        steering.sync_snat(&[(LB_V4.into(), 40_000, 40_009)]).unwrap();
+        let inside = lb_udp(&pair.lb, SocketAddr::new(LB_V4.into(), 40_009));
+        let outside = lb_udp(&pair.lb, SocketAddr::new(LB_V4.into(), 40_010));
+
+        client_send_udp(&pair.client, SocketAddr::new(LB_V4.into(), 40_009), b"reply");
+        let seen: Vec<_> = xsk.recv_until(1, LONG).iter().filter_map(|f| decode(f)).collect();
+        assert!(
+            seen.iter().any(|s| s.dst == IpAddr::from(LB_V4) && s.port_or_type == 40_009),
+            "SNAT reply on the XSK: {seen:?}"
+        );
+        assert_eq!(kernel_got(&inside), None);
+
+        client_send_udp(&pair.client, SocketAddr::new(LB_V4.into(), 40_010), b"not-ours");
+        assert_eq!(kernel_got(&outside).as_deref(), Some(&b"not-ours"[..]));
+
+        // ICMP errors to the node address: ours only if the quoted packet left from a port in the
+        // SNAT range or from a listed service port (NodePort style); the kernel keeps the rest.
+        // The client's kernel answers each probe with "port unreachable".
+        steering.sync_services(&[ServiceKey { addr: LB_V4.into(), proto: IPPROTO_UDP, port: 30_080 }]).unwrap();
+        let (ours, theirs) = pair.lb.run(|| {
+            let ours: Vec<_> = [40_005, 30_080]
+                .into_iter()
+                .map(|p| UdpSocket::bind(SocketAddr::new(LB_V4.into(), p)).unwrap())
+                .collect();
+            let theirs = UdpSocket::bind(SocketAddr::new(LB_V4.into(), 40_100)).unwrap();
+            for s in ours.iter().chain([&theirs]) {
+                s.connect(SocketAddr::new(CLIENT_V4.into(), 9)).unwrap();
+                s.set_read_timeout(Some(LONG)).unwrap();
+                s.send(b"probe").unwrap();
+            }
+            (ours, theirs)
+        });
+        let seen: Vec<_> = xsk.recv_until(2, LONG).iter().filter_map(|f| decode(f)).collect();
+        let icmp: Vec<_> = seen.iter().filter(|s| s.proto == 1 && s.port_or_type == 3).collect();
+        assert_eq!(icmp.len(), 2, "the errors about ports 40005 and 30080 on the XSK: {seen:?}");
+        let mut buf = [0u8; 64];
+        let err = theirs.recv(&mut buf).expect_err("the kernel got the other error");
+        assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
+        for s in &ours {
+            s.set_read_timeout(Some(SHORT)).unwrap();
+            let err = s.recv(&mut buf).expect_err("no error reaches the kernel socket");
+            assert_ne!(err.kind(), std::io::ErrorKind::ConnectionRefused, "its error went to xlb");
+        }
+        steering.sync_services(&[]).unwrap();
+
+        // Narrowing the range gives the port back to the kernel.
+        steering.sync_snat(&[(LB_V4.into(), 40_000, 40_008)]).unwrap();
+        client_send_udp(&pair.client, SocketAddr::new(LB_V4.into(), 40_009), b"kernel-again");
+        assert_eq!(kernel_got(&inside).as_deref(), Some(&b"kernel-again"[..]));
+    }
+
+    #[test]
+    fn icmp_errors_and_fragments_to_a_vip_reach_the_xsk() {
+        if !common::can_run("icmp_errors_and_fragments_to_a_vip_reach_the_xsk") {
+            return;
+        }
+        let pair = Pair::new(1);
+        let (mut steering, mut xsk) = attach_with_xsk(&pair);
+        steering.sync_vip_addrs(&[VIP_V4.into()]).unwrap();
+
+        // From the VIP to a closed port of the client: the client's kernel answers with an ICMP
+        // port unreachable addressed to the VIP.
+        pair.lb.run(|| {
+            let s = UdpSocket::bind(SocketAddr::new(VIP_V4.into(), 5555)).unwrap();
+            s.send_to(b"probe", SocketAddr::new(CLIENT_V4.into(), 9)).unwrap();
+        });
+        let seen: Vec<_> = xsk.recv_until(1, LONG).iter().filter_map(|f| decode(f)).collect();
+        assert!(
+            seen.iter().any(|s| s.dst == IpAddr::from(VIP_V4) && s.proto == 1 && s.port_or_type == 3),
+            "ICMP destination unreachable to the VIP on the XSK: {seen:?}"
+        );
+
+        // A 3000-byte datagram to an unlisted port is fragmented: the first fragment (with the
+        // ports) passes, the later ones (no ports, dst = VIP) go to the XSK.
+        client_send_udp(&pair.client, SocketAddr::new(VIP_V4.into(), 7000), &[0xab; 3000]);
+        let seen: Vec<_> = xsk.recv_until(2, LONG).iter().filter_map(|f| decode(f)).collect();
+        let frags: Vec<_> = seen.iter().filter(|s| s.fragment != 0).collect();
+        assert_eq!(frags.len(), 2, "two non-first fragments: {seen:?}");
+        assert!(frags.iter().all(|s| s.dst == IpAddr::from(VIP_V4)));
+        assert!(seen.iter().all(|s| s.fragment != 0 || s.proto != IPPROTO_UDP), "first fragment passed");
+    }
+
+    #[test]
+    fn ipv6_service_frames_reach_the_xsk_and_ndp_still_works() {
+        if !common::can_run("ipv6_service_frames_reach_the_xsk_and_ndp_still_works") {
+            return;
+        }
+        let pair = Pair::new(1);
+        let (mut steering, mut xsk) = attach_with_xsk(&pair);
+        steering.sync_services(&[ServiceKey { addr: VIP_V6.into(), proto: IPPROTO_UDP, port: 7777 }]).unwrap();
+        let unlisted = lb_udp(&pair.lb, SocketAddr::new(VIP_V6.into(), 7778));
+
+        // Neighbour discovery for the gateway passes; the node answers ping6.
+        let ping = pair.client.exec(&["ping", "-6", "-c", "1", "-W", "2", &LB_V6.to_string()]);
+        assert!(ping.status.success(), "ping -6: {}", String::from_utf8_lossy(&ping.stdout));
+
+        client_send_udp(&pair.client, SocketAddr::new(VIP_V6.into(), 7777), b"v6");
+        let seen: Vec<_> = xsk.recv_until(1, LONG).iter().filter_map(|f| decode(f)).collect();
+        assert!(
+            seen.iter().any(|s| s.dst == IpAddr::from(VIP_V6) && s.proto == IPPROTO_UDP && s.port_or_type == 7777),
+            "UDP to [VIP6]:7777 on the XSK: {seen:?}"
+        );
+        client_send_udp(&pair.client, SocketAddr::new(VIP_V6.into(), 7778), b"v6-kernel");
+        assert_eq!(kernel_got(&unlisted).as_deref(), Some(&b"v6-kernel"[..]));
+    }
+
+    #[test]
+    fn map_sync_inserts_new_and_removes_stale_keys() {
+        if !common::can_run("map_sync_inserts_new_and_removes_stale_keys") {
+            return;
+        }
+        let ns = Netns::new();
+        ns.ip(&["link", "add", "lb0", "type", "veth", "peer", "name", "lb1"]);
+        let mut steering = ns.run(|| Steering::attach("lb0", XdpMode::Native).unwrap());
+        let k = |port| ServiceKey { addr: VIP_V4.into(), proto: IPPROTO_TCP, port };
+        let k6 = ServiceKey { addr: VIP_V6.into(), proto: IPPROTO_UDP, port: 53 };
+        let sorted = |mut v: Vec<ServiceKey>| {
+            v.sort();
+            v
+        };
+
+        steering.sync_services(&[k(80), k(443), k6, k(80)]).unwrap();
+        assert_eq!(sorted(steering.services_in_map().unwrap()), sorted(vec![k(80), k(443), k6]));
+        steering.sync_services(&[k(443), k(8080)]).unwrap();
+        assert_eq!(sorted(steering.services_in_map().unwrap()), sorted(vec![k(443), k(8080)]));
+        steering.sync_services(&[]).unwrap();
+        assert!(steering.services_in_map().unwrap().is_empty());
+
+        let bad = ServiceKey { addr: VIP_V4.into(), proto: 1, port: 80 };
+        let err = steering.sync_services(&[k(1), bad]).unwrap_err();
+        assert!(err.to_string().contains("ServiceKey.proto"), "{err}");
+        assert!(steering.services_in_map().unwrap().is_empty(), "a rejected sync changes nothing");
+
+        // A second program on the same interface is refused, naming it; the first stays.
+        let err = ns.run(|| Steering::attach("lb0", XdpMode::Native)).unwrap_err();
+        eprintln!("second attach refused: {err}");
+        assert!(err.to_string().contains("lb0") && err.to_string().contains("native"), "{err}");
+        let info = ns.run(|| interface_info("lb0").unwrap());
+        assert_eq!(info.xdp_prog_id, Some(steering.prog_id()));
+
+        steering.sync_vip_addrs(&[VIP_V4.into(), VIP_V6.into()]).unwrap();
+        steering.sync_vip_addrs(&[VIP_V6.into()]).unwrap();
+        assert_eq!(steering.vip_addrs_in_map().unwrap(), vec![IpAddr::from(VIP_V6)]);
+
+        steering.sync_snat(&[(LB_V4.into(), 1000, 2000), (LB_V6.into(), 3000, 4000)]).unwrap();
+        steering.sync_snat(&[(LB_V4.into(), 1000, 1500)]).unwrap();
+        assert_eq!(steering.snat_in_map().unwrap(), vec![(IpAddr::from(LB_V4), 1000, 1500)]);
+        assert!(steering.sync_snat(&[(LB_V4.into(), 5, 4)]).is_err(), "first > last is rejected");
+
+        assert!(steering.set_xsk(nic_config::MAX_QUEUES, &std::io::stdin()).is_err());
+        drop(steering);
+    }
+
+    #[test]
+    fn each_queue_of_a_two_queue_veth_feeds_its_own_socket() {
+        if !common::can_run("each_queue_of_a_two_queue_veth_feeds_its_own_socket") {
+            return;
+        }
+        let pair = Pair::new(2);
+        let (mut steering, mut xsk0, mut xsk1) = pair.lb.run(|| {
+            let mut steering = Steering::attach(LB_IF, XdpMode::Native).expect("attach");
+            let xsk0 = Xsk::bind(LB_IF, 0);
+            let xsk1 = Xsk::bind(LB_IF, 1);
+            steering.set_xsk(0, xsk0.fd()).unwrap();
+            steering.set_xsk(1, xsk1.fd()).unwrap();
+            (steering, xsk0, xsk1)
+        });
+        steering.sync_services(&[ServiceKey { addr: VIP_V4.into(), proto: IPPROTO_UDP, port: 7777 }]).unwrap();
+        // 32 flows (one socket each, so different source ports): the client's veth spreads
+        // them over its TX queues, and veth delivers TX queue i to the peer's RX queue i.
+        pair.client.run(|| {
+            for _ in 0..32 {
+                let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+                s.send_to(b"flow", SocketAddr::new(VIP_V4.into(), 7777)).unwrap();
+            }
+        });
+        let mut n0 = 0;
+        let mut n1 = 0;
+        let start = std::time::Instant::now();
+        while n0 + n1 < 32 && start.elapsed() < LONG {
+            n0 += xsk0.recv(Duration::from_millis(50)).len();
+            n1 += xsk1.recv(Duration::from_millis(50)).len();
+        }
+        eprintln!("queue 0 socket: {n0} frames, queue 1 socket: {n1} frames, {:?}", steering.stats());
+        assert_eq!(n0 + n1, 32, "every flow reached a socket");
+        assert!(n0 > 0 && n1 > 0, "both queues carried traffic: {n0} / {n1}");
+    }
+}
