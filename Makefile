@@ -15,3 +15,12 @@ test: deps lint
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+.PHONY: demo build-release
+build-release:
+	bash scripts/install-deps.sh demo
+	$(CARGO) build --release -p xlb
+
+## The main job: real traffic through xlb on the namespace testbed (needs root).
+demo: build-release
+	bash deploy/demo.sh

@@ -1,8 +1,12 @@
 //! `xlb`: a userspace AF_XDP L4 load balancer that replaces kube-proxy.
 //!
 //! Subcommands: `check` validates a config file and prints the tables it would program;
-//! `run`, `services` and `conntrack` are not wired yet.
+//! `run` runs the load balancer; `services`, `conntrack` and `stats` ask a running one over
+//! its admin socket.
 #![forbid(unsafe_code)]
+
+mod admin;
+mod run;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -32,17 +36,35 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         config: PathBuf,
     },
-    /// Run the load balancer (not implemented yet).
+    /// Run the load balancer in standalone mode until SIGINT/SIGTERM. SIGHUP, or a change
+    /// of FILE, reloads it atomically; a bad file is logged and the running tables stay.
     Run {
         /// Config file (standalone mode).
         #[arg(long, value_name = "FILE")]
-        config: Option<PathBuf>,
+        config: PathBuf,
+        /// Admin socket path.
+        #[arg(long, value_name = "PATH", default_value = admin::DEFAULT_SOCKET)]
+        admin_socket: PathBuf,
     },
-    /// Print the running tables with connection counts, like `ipvsadm -Ln` (not implemented
-    /// yet).
-    Services,
-    /// Dump the flow table, like `conntrack -L` (not implemented yet).
-    Conntrack,
+    /// Print the running tables with active/inactive connections, like `ipvsadm -Ln`.
+    Services {
+        /// Admin socket path.
+        #[arg(long, value_name = "PATH", default_value = admin::DEFAULT_SOCKET)]
+        admin_socket: PathBuf,
+    },
+    /// Dump the flow table, like `conntrack -L`.
+    Conntrack {
+        /// Admin socket path.
+        #[arg(long, value_name = "PATH", default_value = admin::DEFAULT_SOCKET)]
+        admin_socket: PathBuf,
+    },
+    /// Print per-worker counters (rx/tx, drops by reason, events, frame accounting) and
+    /// packets per backend.
+    Stats {
+        /// Admin socket path.
+        #[arg(long, value_name = "PATH", default_value = admin::DEFAULT_SOCKET)]
+        admin_socket: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -63,9 +85,32 @@ fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         },
-        Command::Run { .. } | Command::Services | Command::Conntrack => {
-            eprintln!("not implemented yet");
-            ExitCode::from(2)
+        Command::Run { config, admin_socket } => report(run::run(config, admin_socket)),
+        Command::Services { admin_socket } => ask(&admin_socket, "services"),
+        Command::Conntrack { admin_socket } => ask(&admin_socket, "conntrack"),
+        Command::Stats { admin_socket } => ask(&admin_socket, "stats"),
+    }
+}
+
+fn report(r: anyhow::Result<()>) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn ask(path: &std::path::Path, cmd: &str) -> ExitCode {
+    match admin::request(path, cmd) {
+        Ok(out) => {
+            print!("{out}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(1)
         }
     }
 }

@@ -24,6 +24,7 @@ const MAP_XSKS: &str = "xsks";
 const MAP_SERVICES: &str = "services";
 const MAP_VIP_ADDRS: &str = "vip_addrs";
 const MAP_SNAT_ADDRS: &str = "snat_addrs";
+const MAP_ENDPOINTS: &str = "endpoints";
 const MAP_STATS: &str = "stats";
 
 /// Capacity of the `xsks` map: the highest receive queue index a socket can serve, plus one.
@@ -102,6 +103,7 @@ pub struct Steering {
     services: HashMap<MapData, [u8; ServiceMapKey::LEN], u32>,
     vip_addrs: HashMap<MapData, [u8; 16], u32>,
     snat_addrs: HashMap<MapData, [u8; 16], [u16; 2]>,
+    endpoints: HashMap<MapData, [u8; ServiceMapKey::LEN], u32>,
     stats: PerCpuArray<MapData, u64>,
     link: Option<XdpLinkId>,
     ebpf: Ebpf,
@@ -186,11 +188,12 @@ impl Steering {
         };
         let ifindex = crate::iface::ifindex(ifname)?;
 
-        let mut map_ids = Vec::with_capacity(5);
+        let mut map_ids = Vec::with_capacity(6);
         let xsks = open_map(&mut ebpf, ifname, MAP_XSKS, &mut map_ids)?;
         let services = open_map(&mut ebpf, ifname, MAP_SERVICES, &mut map_ids)?;
         let vip_addrs = open_map(&mut ebpf, ifname, MAP_VIP_ADDRS, &mut map_ids)?;
         let snat_addrs = open_map(&mut ebpf, ifname, MAP_SNAT_ADDRS, &mut map_ids)?;
+        let endpoints = open_map(&mut ebpf, ifname, MAP_ENDPOINTS, &mut map_ids)?;
         let stats = open_map(&mut ebpf, ifname, MAP_STATS, &mut map_ids)?;
         info!(interface = ifname, ifindex, mode = %used_mode, prog_id, "XDP steering attached");
         Ok(Self {
@@ -198,6 +201,7 @@ impl Steering {
             services,
             vip_addrs,
             snat_addrs,
+            endpoints,
             stats,
             link: Some(link),
             ebpf,
@@ -234,7 +238,7 @@ impl Steering {
     }
 
     /// Kernel ids of the program's maps (`bpftool map show id N`), in the order
-    /// `xsks`, `services`, `vip_addrs`, `snat_addrs`, `stats`.
+    /// `xsks`, `services`, `vip_addrs`, `snat_addrs`, `endpoints`, `stats`.
     #[must_use]
     pub fn map_ids(&self) -> &[u32] {
         &self.map_ids
@@ -286,6 +290,21 @@ impl Steering {
             .collect::<Result<HashSet<_>, _>>()?;
         check_len("services", want.len(), MAX_SERVICES)?;
         sync_map(&self.ifname, MAP_SERVICES, &mut self.services, want.into_iter().map(|k| (k, 0)))
+    }
+
+    /// Makes the `endpoints` map equal to `keys`: (address, protocol, port) of the backends of
+    /// NAT services. Frames *from* a listed endpoint go to xlb: replies of DNAT flows keep the
+    /// client as destination, so only their source identifies them.
+    ///
+    /// # Errors
+    /// As [`Steering::sync_services`].
+    pub fn sync_endpoints(&mut self, keys: &[ServiceKey]) -> Result<(), NicError> {
+        let want = keys
+            .iter()
+            .map(|k| ServiceMapKey::try_from(k).map(ServiceMapKey::to_bytes))
+            .collect::<Result<HashSet<_>, _>>()?;
+        check_len("endpoints", want.len(), MAX_SERVICES)?;
+        sync_map(&self.ifname, MAP_ENDPOINTS, &mut self.endpoints, want.into_iter().map(|k| (k, 0)))
     }
 
     /// Makes the `vip_addrs` map equal to `addrs`. List here addresses wholly owned by xlb

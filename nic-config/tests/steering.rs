@@ -79,7 +79,7 @@ mod tests {
             let steering = pair.lb.run(|| Steering::attach(LB_IF, XdpMode::Native).expect("attach"));
             let prog_id = steering.prog_id();
             let map_ids = steering.map_ids().to_vec();
-            assert_eq!(map_ids.len(), 5);
+            assert_eq!(map_ids.len(), 6);
 
             let info = pair.lb.run(|| interface_info(LB_IF).unwrap());
             assert_eq!(info.xdp_prog_id, Some(prog_id), "rtnetlink shows our program on lb0");

@@ -123,6 +123,16 @@ struct {
 	__type(value, __u32);
 } vip_addrs SEC(".maps");
 
+/* Backends of NAT services by (source address, protocol, source port): their replies to
+ * clients (DNAT without SNAT keeps the client address, so the reply's destination is not
+ * ours) must reach xlb to be translated back to the VIP. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct service_key);
+	__type(value, __u32);
+} endpoints SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 1024);
@@ -192,8 +202,8 @@ static __always_inline int is_port_proto(__u8 proto)
 /*
  * Decide for a TCP/UDP/SCTP header at `l4` (4 bytes already bounds-checked by the caller).
  */
-static __always_inline int ports_verdict(struct xdp_md *ctx, const struct addr_key *dst, __u8 proto,
-					 const __be16 *ports)
+static __always_inline int ports_verdict(struct xdp_md *ctx, const struct addr_key *src,
+					 const struct addr_key *dst, __u8 proto, const __be16 *ports)
 {
 	struct service_key sk = {};
 	__builtin_memcpy(sk.addr, dst->addr, 16);
@@ -202,6 +212,12 @@ static __always_inline int ports_verdict(struct xdp_md *ctx, const struct addr_k
 	if (bpf_map_lookup_elem(&services, &sk))
 		return steer(ctx);
 	if (port_in_snat_range(dst, ports[1]))
+		return steer(ctx);
+	struct service_key ek = {};
+	__builtin_memcpy(ek.addr, src->addr, 16);
+	ek.port = ports[0];
+	ek.proto = proto;
+	if (bpf_map_lookup_elem(&endpoints, &ek))
 		return steer(ctx);
 	return pass();
 }
@@ -264,8 +280,9 @@ static __always_inline int handle_ipv4(struct xdp_md *ctx, void *l3, void *end)
 	if (l4 > end)
 		return parse_error();
 
-	struct addr_key dst;
+	struct addr_key dst, src;
 	v4_mapped(dst.addr, iph->daddr);
+	v4_mapped(src.addr, iph->saddr);
 
 	if (iph->frag_off & bpf_htons(IP_OFFSET_MASK)) {
 		/* Non-first fragment: no L4 header. Ours only if the address is a VIP. */
@@ -279,7 +296,7 @@ static __always_inline int handle_ipv4(struct xdp_md *ctx, void *l3, void *end)
 		__be16 *ports = l4;
 		if ((void *)(ports + 2) > end)
 			return parse_error();
-		return ports_verdict(ctx, &dst, proto, ports);
+		return ports_verdict(ctx, &src, &dst, proto, ports);
 	}
 	if (proto == IPPROTO_ICMP) {
 		struct icmp_hdr *icmp = l4;
@@ -300,8 +317,9 @@ static __always_inline int handle_ipv6(struct xdp_md *ctx, void *l3, void *end)
 	if (ip6->version != 6)
 		return parse_error();
 
-	struct addr_key dst;
+	struct addr_key dst, src;
 	__builtin_memcpy(dst.addr, &ip6->daddr, 16);
+	__builtin_memcpy(src.addr, &ip6->saddr, 16);
 
 	__u8 proto = ip6->nexthdr;
 	void *l4 = (void *)(ip6 + 1);
@@ -317,7 +335,7 @@ static __always_inline int handle_ipv6(struct xdp_md *ctx, void *l3, void *end)
 		__be16 *ports = l4;
 		if ((void *)(ports + 2) > end)
 			return parse_error();
-		return ports_verdict(ctx, &dst, proto, ports);
+		return ports_verdict(ctx, &src, &dst, proto, ports);
 	}
 	if (proto == IPPROTO_ICMPV6) {
 		struct icmp_hdr *icmp = l4;

@@ -1,0 +1,208 @@
+//! The admin socket: a Unix stream socket (mode 0600, so only root can open it) that answers
+//! one command per connection with text: `services` (the `ipvsadm -Ln` layout with active and
+//! inactive connections summed over workers), `conntrack` (the flow table) and `stats`
+//! (per-worker counters: rx/tx, drops by reason, events, AF_XDP frame accounting, and packets
+//! per backend).
+
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use dataplane::counters::{DropReason, Event, WorkerCounters};
+use dataplane::tables::{BackendRef, TablesHandle};
+use dataplane::worker::{Request, WorkerHandle, XskCounters};
+
+/// Default admin socket path.
+pub(crate) const DEFAULT_SOCKET: &str = "/run/xlb/xlb.sock";
+
+struct WorkerView {
+    id: u16,
+    counters: Arc<WorkerCounters>,
+    xsk: Arc<XskCounters>,
+    requests: mpsc::Sender<dataplane::worker::Request>,
+}
+
+/// The running server; dropping it stops the thread and removes the socket.
+pub(crate) struct Admin {
+    stop: Arc<AtomicBool>,
+    path: PathBuf,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Admin {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = UnixStream::connect(&self.path); // wake the accept
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Starts the admin server on `path`.
+pub(crate) fn serve(path: &Path, tables: TablesHandle, workers: &[WorkerHandle]) -> Result<Admin> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let _ = std::fs::remove_file(path);
+    let listener = UnixListener::bind(path).with_context(|| format!("admin socket {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    let views: Vec<WorkerView> = workers
+        .iter()
+        .map(|w| WorkerView {
+            id: w.id,
+            counters: w.counters.clone(),
+            xsk: w.xsk.clone(),
+            requests: w.requests.clone(),
+        })
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let thread = std::thread::Builder::new().name("xlb-admin".into()).spawn(move || {
+        for conn in listener.incoming() {
+            if stop2.load(Ordering::Relaxed) {
+                break;
+            }
+            if let Ok(c) = conn {
+                let _ = handle(c, &tables, &views);
+            }
+        }
+    })?;
+    Ok(Admin { stop, path: path.to_owned(), thread: Some(thread) })
+}
+
+fn handle(c: UnixStream, tables: &TablesHandle, workers: &[WorkerView]) -> Result<()> {
+    c.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut line = String::new();
+    BufReader::new(&c).read_line(&mut line)?;
+    let out = match line.trim() {
+        "services" => services(tables, workers),
+        "conntrack" => conntrack(workers),
+        "stats" => stats(tables, workers),
+        other => format!("error: unknown command {other:?} (services, conntrack, stats)\n"),
+    };
+    (&c).write_all(out.as_bytes())?;
+    Ok(())
+}
+
+fn services(tables: &TablesHandle, workers: &[WorkerView]) -> String {
+    let t = tables.load();
+    let refs: Vec<BackendRef> = t.backends.iter().flatten().map(|b| b.this).collect();
+    let mut sums: std::collections::HashMap<BackendRef, (u64, u64)> = std::collections::HashMap::new();
+    for w in workers {
+        let (tx, rx) = mpsc::channel();
+        if w.requests.send(Request::Connections(refs.clone(), tx)).is_ok()
+            && let Ok(counts) = rx.recv_timeout(Duration::from_secs(2))
+        {
+            for (r, (a, i)) in refs.iter().zip(counts) {
+                let e = sums.entry(*r).or_default();
+                e.0 += u64::from(a);
+                e.1 += u64::from(i);
+            }
+        }
+    }
+    xlb::show::render_with_connections(&t, &|r| sums.get(&r).copied().unwrap_or_default())
+}
+
+fn conntrack(workers: &[WorkerView]) -> String {
+    let mut out = String::new();
+    for w in workers {
+        let (tx, rx) = mpsc::channel();
+        if w.requests.send(Request::DumpFlows(tx)).is_err() {
+            continue;
+        }
+        let Ok(flows) = rx.recv_timeout(Duration::from_secs(5)) else { continue };
+        for f in flows {
+            let proto = match f.proto {
+                6 => "tcp",
+                17 => "udp",
+                132 => "sctp",
+                _ => "?",
+            };
+            let _ = writeln!(
+                out,
+                "worker={} {proto} {} src={} sport={} dst={} dport={} backend={} expires_in={}s{}",
+                w.id,
+                f.state.name(),
+                f.client,
+                f.cport,
+                f.vip,
+                f.vport,
+                f.backend.0,
+                f.expires_in_s,
+                f.snat_port.map(|p| format!(" snat_port={p}")).unwrap_or_default()
+            );
+        }
+    }
+    out
+}
+
+fn stats(tables: &TablesHandle, workers: &[WorkerView]) -> String {
+    let t = tables.load();
+    let mut out = String::new();
+    for w in workers {
+        let c = &w.counters;
+        let _ = writeln!(
+            out,
+            "worker {} rx {} tx {} pass {} conntrack_entries {}",
+            w.id,
+            c.rx.get(),
+            c.tx.get(),
+            c.pass.get(),
+            c.ct_entries.get()
+        );
+        for r in DropReason::ALL {
+            let n = c.drops_of(r);
+            if n > 0 {
+                let _ = writeln!(out, "worker {} drop {} {}", w.id, r.name(), n);
+            }
+        }
+        for e in Event::ALL {
+            let n = c.events_of(e);
+            if n > 0 {
+                let _ = writeln!(out, "worker {} event {} {}", w.id, e.name(), n);
+            }
+        }
+        let x = &w.xsk;
+        let _ = writeln!(
+            out,
+            "worker {} xsk zero_copy {} frames_total {} frames_accounted {} tx_ring_full {} pass_in_userspace {} handed_off {} handoff_dropped {}",
+            w.id,
+            x.zero_copy.get(),
+            x.frames_total.get(),
+            x.frames_accounted.get(),
+            x.tx_ring_full.get(),
+            x.pass_in_userspace.get(),
+            x.handed_off.get(),
+            x.handoff_dropped.get()
+        );
+    }
+    for b in t.backends.iter().flatten() {
+        let pkts: u64 =
+            workers.iter().map(|w| w.counters.objects.backend_packets.get(b.this.index()).map_or(0, |c| c.get())).sum();
+        let flows: u64 =
+            workers.iter().map(|w| w.counters.objects.backend_flows.get(b.this.index()).map_or(0, |c| c.get())).sum();
+        let svc = t.services.get(b.service as usize).map_or("?", |s| &s.name);
+        let _ = writeln!(out, "backend {svc} {}:{} packets {pkts} new_flows {flows}", b.addr, b.port);
+    }
+    out
+}
+
+/// Client side: sends `cmd` and returns the answer.
+pub(crate) fn request(path: &Path, cmd: &str) -> Result<String> {
+    let mut c =
+        UnixStream::connect(path).with_context(|| format!("connecting to {} (is xlb running?)", path.display()))?;
+    c.write_all(format!("{cmd}\n").as_bytes())?;
+    c.shutdown(std::net::Shutdown::Write)?;
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut c, &mut out)?;
+    Ok(out)
+}
