@@ -732,7 +732,124 @@ fn rows_for(f: Fam) -> Vec<Row> {
         )],
     ));
 
+    // --- Per-worker guards ---
+    let mut limited = row(
+        "new_flow_rate_guard_drops_flows_over_the_rate",
+        f,
+        spec(f, vec![]),
+        vec![
+            step(
+                "first new flow this second",
+                tcp(c, 40000, vip, 80, SYN, 64, IN),
+                Expect::Tx(tcp(c, 40000, b0, 8080, SYN, 63, to_b(0))),
+            ),
+            step(
+                "second new flow this second",
+                tcp(c, 40001, vip, 80, SYN, 64, IN),
+                Expect::Drop(DropReason::NewFlowRateLimited),
+            ),
+            step(
+                "an established flow is not limited",
+                tcp(c, 40000, vip, 80, ACK, 64, IN),
+                Expect::Tx(tcp(c, 40000, b0, 8080, ACK, 63, to_b(0))),
+            ),
+            Step {
+                what: "a second later there is budget again",
+                retable: None,
+                advance_s: 1,
+                input: tcp(c, 40002, vip, 80, SYN, 64, IN),
+                expect: Expect::Tx(tcp(c, 40002, b0, 8080, SYN, 63, to_b(0))),
+            },
+        ],
+    );
+    limited.config.new_flows_per_s = 1;
+    rows.push(limited);
+    let mut full = row(
+        "full_conntrack_refuses_new_flows_but_keeps_existing_ones",
+        f,
+        spec(f, vec![]),
+        vec![
+            step(
+                "fills the one-flow table",
+                tcp(c, 40000, vip, 80, SYN, 64, IN),
+                Expect::Tx(tcp(c, 40000, b0, 8080, SYN, 63, to_b(0))),
+            ),
+            step(
+                "no room for a second flow",
+                tcp(c, 40001, vip, 80, SYN, 64, IN),
+                Expect::Drop(DropReason::ConntrackFull),
+            ),
+            step(
+                "the first flow still works",
+                tcp(c, 40000, vip, 80, ACK, 64, IN),
+                Expect::Tx(tcp(c, 40000, b0, 8080, ACK, 63, to_b(0))),
+            ),
+        ],
+    );
+    full.config.conntrack_capacity = 1;
+    rows.push(full);
+
     rows
+}
+
+/// IPv6 fragments (Fragment extension header, RFC 8200 §4.5): the first fragment picks the
+/// backend; later ones follow it.
+fn fragment_rows_v6() -> Vec<Row> {
+    let f = v6();
+    let c = f.client;
+    let frag = |dst: IpAddr, first: bool, ttl: u8, macs: ([u8; 6], [u8; 6]), dport: u16| {
+        // Fragment header: next header UDP, offset (in 8-byte units) and M flag, id 0x4242.
+        let off_m: u16 = if first { 1 } else { 4 << 3 };
+        let om = off_m.to_be_bytes();
+        let fh = vec![proto::UDP, 0, om[0], om[1], 0, 0, 0x42, 0x42];
+        let payload: Vec<u8> = if first { udp_datagram(5000, dport, &[0x42; 24]) } else { vec![0x42; 16] };
+        let o = IpOpts { ttl, v6_ext: vec![(proto::FRAGMENT, fh)], ..IpOpts::default() };
+        // Build as "protocol 44 payload" so the builder does not fill a UDP checksum.
+        let mut fr = Frame::ip(c, dst, 253, &payload, &o);
+        fr.bytes[20] = proto::FRAGMENT; // next header of the fixed header
+        fr.bytes[54] = proto::UDP; // next header of the fragment header
+        if first {
+            // UDP length covers the whole datagram (8 + 24 + 16). The checksum bytes are
+            // arbitrary here (a fragment's checksum covers the reassembled datagram); the
+            // expected frame carries them updated per RFC 1624 for the new address and port.
+            fr.bytes[66..68].copy_from_slice(&48u16.to_be_bytes());
+        }
+        fr.macs(macs.0, macs.1);
+        fr.bytes
+    };
+    let first_in = frag(f.vip, true, 64, IN, 53);
+    let mut first_out = frag(f.backends[0], true, 63, to_b(0), 8080);
+    // Expected checksum: the input's, updated for dst address and port per RFC 1624.
+    let hc = u16::from_be_bytes([first_in[68], first_in[69]]);
+    let vip6 = match f.vip {
+        IpAddr::V6(a) => a.octets(),
+        IpAddr::V4(_) => unreachable!(),
+    };
+    let b6 = match f.backends[0] {
+        IpAddr::V6(a) => a.octets(),
+        IpAddr::V4(_) => unreachable!(),
+    };
+    let hc = dataplane::csum::update_bytes(hc, &vip6, &b6);
+    let hc = dataplane::csum::update_bytes(hc, &53u16.to_be_bytes(), &8080u16.to_be_bytes());
+    first_out[68..70].copy_from_slice(&hc.to_be_bytes());
+    vec![row(
+        "fragments_follow_their_first_fragment",
+        f,
+        spec(f, vec![]),
+        vec![
+            step(
+                "later fragment before the first",
+                frag(f.vip, false, 64, IN, 53),
+                Expect::Drop(DropReason::FragmentUntracked),
+            ),
+            step("first fragment", first_in, Expect::Tx(first_out)),
+            step(
+                "later fragment",
+                frag(f.vip, false, 64, IN, 53),
+                Expect::Tx(frag(f.backends[0], false, 63, to_b(0), 8080)),
+            ),
+        ],
+    )]
 }
 
 /// IPv4 fragments: the first fragment picks the backend; later ones follow it.
@@ -817,6 +934,7 @@ fn all_rows() -> Vec<Row> {
     let mut rows = rows_for(v4());
     rows.extend(rows_for(v6()));
     rows.extend(fragment_rows());
+    rows.extend(fragment_rows_v6());
     rows
 }
 
