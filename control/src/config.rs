@@ -100,6 +100,28 @@ pub struct Config {
     pub neighbours: Vec<NeighbourConfig>,
     /// Static routes for backends that are not on-link.
     pub routes: Vec<RouteConfig>,
+    /// AF_XDP settings of the workers.
+    pub af_xdp: AfXdpConfig,
+}
+
+/// `afXdp` block: how the workers use AF_XDP (kernel doc networking/af_xdp.rst).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct AfXdpConfig {
+    /// Busy-poll the rings instead of sleeping in `poll(2)` when idle (default false: the
+    /// `XDP_USE_NEED_WAKEUP` interrupt-driven mode).
+    pub busy_poll: bool,
+    /// `auto` (zero-copy where the driver supports it, else copy; default), `copy` or
+    /// `zerocopy` (fail if unsupported).
+    pub zero_copy: String,
+    /// UMEM frames per worker (default 8192; frames are 2048 bytes).
+    pub frames: u32,
+}
+
+impl Default for AfXdpConfig {
+    fn default() -> Self {
+        Self { busy_poll: false, zero_copy: "auto".into(), frames: 8192 }
+    }
 }
 
 impl Default for Config {
@@ -127,6 +149,7 @@ impl Default for Config {
             handle_default_load_balancer_class: true,
             neighbours: Vec::new(),
             routes: Vec::new(),
+            af_xdp: AfXdpConfig::default(),
         }
     }
 }
@@ -292,6 +315,15 @@ impl Config {
     /// # Errors
     /// The first [`ConfigFieldError`] found, naming the field.
     pub fn validate(&self) -> Result<(), ConfigFieldError> {
+        if !matches!(self.af_xdp.zero_copy.as_str(), "auto" | "copy" | "zerocopy") {
+            return Err(field_err(
+                "afXdp.zeroCopy",
+                format!("{:?}: want auto, copy or zerocopy", self.af_xdp.zero_copy),
+            ));
+        }
+        if !self.af_xdp.frames.is_power_of_two() || self.af_xdp.frames < 1024 {
+            return Err(field_err("afXdp.frames", format!("{}: want a power of two >= 1024", self.af_xdp.frames)));
+        }
         if let (Some(a), Some(b)) = (&self.node_name, &self.hostname_override)
             && a.trim() != b.trim()
         {

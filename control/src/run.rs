@@ -22,7 +22,7 @@ use dataplane::conntrack::Timeouts;
 use dataplane::process::PipelineConfig;
 use dataplane::tables::{NeighbourSpec, TableBuilder, Tables, TablesHandle, TablesSpec, VipAddrKind};
 use dataplane::worker::{self, Fabric, WorkerHandle, WorkerSpec};
-use dataplane::xsk::XskConfig;
+use dataplane::xsk::{CopyMode, XskConfig};
 use nic_config::{ServiceKey, Steering, XdpMode, neighbours};
 
 use crate::admin;
@@ -184,9 +184,18 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf) -> Result<()> {
                 id,
                 core: cores.get(w).copied(),
                 ports: ports.clone(),
-                xsk: XskConfig::default(),
+                xsk: XskConfig {
+                    frame_count: config.af_xdp.frames,
+                    copy_mode: match config.af_xdp.zero_copy.as_str() {
+                        "copy" => CopyMode::Copy,
+                        "zerocopy" => CopyMode::ZeroCopy,
+                        _ => CopyMode::Auto,
+                    },
+                    need_wakeup: !config.af_xdp.busy_poll,
+                    ..XskConfig::default()
+                },
                 pipeline: pipeline_config(&config, id, nworkers_u16),
-                busy_poll: false,
+                busy_poll: config.af_xdp.busy_poll,
             };
             let h = worker::spawn(spec, handle.clone(), fabric.clone(), wstop.clone())?;
             for (st, ((_, queue), fd)) in steering.iter_mut().zip(ports.iter().zip(&h.fds)) {

@@ -119,15 +119,27 @@ fn check_on_a_missing_file_fails_with_the_path() {
 }
 
 #[test]
-fn every_subcommand_has_help_and_stubs_exit_2() {
-    for sub in ["check", "run", "services", "conntrack"] {
+fn every_subcommand_has_help() {
+    for sub in ["check", "run", "services", "conntrack", "stats"] {
         let out = xlb(&[sub, "--help"]);
         assert!(out.status.success(), "{sub} --help");
         assert!(String::from_utf8_lossy(&out.stdout).contains("Usage: xlb"), "{sub}");
     }
-    for sub in ["run", "services", "conntrack"] {
-        let out = xlb(&[sub]);
-        assert_eq!(out.status.code(), Some(2), "{sub}");
-        assert!(String::from_utf8_lossy(&out.stderr).contains("not implemented yet"), "{sub}");
+}
+
+#[test]
+fn admin_commands_without_a_running_xlb_fail_naming_the_socket() {
+    for sub in ["services", "conntrack", "stats"] {
+        let out = xlb(&[sub, "--admin-socket", "/nonexistent/xlb.sock"]);
+        assert_eq!(out.status.code(), Some(1), "{sub}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("/nonexistent/xlb.sock") && err.contains("is xlb running?"), "{sub}: {err}");
     }
+}
+
+#[test]
+fn run_without_config_is_a_usage_error() {
+    let out = xlb(&["run"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--config"));
 }

@@ -8,19 +8,14 @@ use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use dataplane::maglev::{
-    DEFAULT_MAX_TABLE_SIZE, MaglevBackend, MaglevTable, backend_key, source_hash, table_size_for,
-};
+use dataplane::maglev::{DEFAULT_MAX_TABLE_SIZE, MaglevBackend, MaglevTable, backend_key, source_hash, table_size_for};
 
 /// `n` backends 10.x.y.1:80 with weights from `weight(i)`.
 fn pool(n: u32, weight: impl Fn(u32) -> u32) -> Vec<MaglevBackend> {
     (0..n)
         .map(|i| {
             let [_, _, hi, lo] = i.to_be_bytes();
-            MaglevBackend {
-                key: backend_key(IpAddr::V4(Ipv4Addr::new(10, hi, lo, 1)), 80),
-                weight: weight(i),
-            }
+            MaglevBackend { key: backend_key(IpAddr::V4(Ipv4Addr::new(10, hi, lo, 1)), 80), weight: weight(i) }
         })
         .collect()
 }
@@ -37,11 +32,9 @@ fn build(c: &mut Criterion) {
     ];
     let mut g = c.benchmark_group("maglev_build");
     for (name, n, size, backends) in &cases {
-        g.bench_with_input(
-            BenchmarkId::new(format!("{name}/n={n}"), format!("M={size}")),
-            backends,
-            |b, backends| b.iter(|| MaglevTable::build(black_box(backends), *size)),
-        );
+        g.bench_with_input(BenchmarkId::new(format!("{name}/n={n}"), format!("M={size}")), backends, |b, backends| {
+            b.iter(|| MaglevTable::build(black_box(backends), *size))
+        });
     }
     g.finish();
 }
@@ -52,9 +45,7 @@ fn lookup(c: &mut Criterion) {
     let Ok(table) = MaglevTable::build(&backends, DEFAULT_MAX_TABLE_SIZE) else {
         return;
     };
-    let hashes: Vec<u64> = (0..FLOWS)
-        .map(|i| source_hash(&i.to_be_bytes(), Some(443)))
-        .collect();
+    let hashes: Vec<u64> = (0..FLOWS).map(|i| source_hash(&i.to_be_bytes(), Some(443))).collect();
     let mut g = c.benchmark_group("maglev_lookup");
     g.throughput(Throughput::Elements(u64::from(FLOWS)));
     g.bench_function("lookup/M=65537", |b| {

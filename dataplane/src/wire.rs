@@ -1,8 +1,8 @@
 //! Header parsing over a frame in place, with `smoltcp::wire` views for validation.
 //!
-//! [`parse`] validates the Ethernet header (one optional 802.1Q tag, IEEE 802.1Q §9), the IP
+//! [`ethernet`], [`parse_v4`] and [`parse_v6`] validate the Ethernet header (one optional 802.1Q tag, IEEE 802.1Q §9), the IP
 //! header (IPv4 with options, RFC 791; IPv6 with its extension-header chain, RFC 8200 §4) and
-//! the L4 header (TCP, UDP, SCTP, ICMPv4, ICMPv6), and returns offsets into the frame: no
+//! the L4 header (TCP, UDP, SCTP, ICMPv4, ICMPv6), and return offsets into the frame: no
 //! copies and no allocation. Every offset in a returned [`Parsed`] is inside the frame, so
 //! later stages can index without re-checking lengths beyond what is documented per field.
 
@@ -62,7 +62,7 @@ pub enum Frag {
     },
 }
 
-/// What [`parse`] found. All offsets are from the start of the frame, in bytes.
+/// What [`parse_v4`] / [`parse_v6`] found. All offsets are from the start of the frame, in bytes.
 #[derive(Copy, Clone, PartialEq, Eq, Debug)]
 pub struct Parsed {
     /// Offset of the EtherType field that holds the IP EtherType (12, or 16 with a VLAN tag).
@@ -144,7 +144,7 @@ pub fn read_u16(b: &[u8], at: usize) -> Option<u16> {
 }
 
 /// Writes a big-endian u16 at `at`; does nothing past the end (callers only write inside
-/// ranges [`parse`] validated).
+/// ranges [`parse_v4`] / [`parse_v6`] validated).
 #[inline]
 pub fn write_u16(b: &mut [u8], at: usize, v: u16) {
     if let Some(s) = b.get_mut(at..at + 2) {

@@ -1,0 +1,157 @@
+//! kube-proxy's proxier health state (`pkg/proxy/healthcheck/proxy_health.go`,
+//! `ProxyHealthServer`): HC-02..04, SYNC-05.
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::core::v1::Node;
+
+/// What `/healthz` or `/livez` answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HealthStatus {
+    /// 200 (`true`) or 503.
+    pub healthy: bool,
+    /// kube-proxy's `lastUpdated`: the current time when healthy (kept for compatibility
+    /// with old clients, as kube-proxy does), else the last successful sync (`None` = never).
+    pub last_updated: Option<SystemTime>,
+    /// When the answer was computed.
+    pub current_time: SystemTime,
+    /// Whether the Node is eligible (no `deletionTimestamp`); always `true` for `/livez`.
+    pub node_eligible: bool,
+}
+
+impl HealthStatus {
+    /// The HTTP status code: 200 or 503.
+    pub fn code(&self) -> u16 {
+        if self.healthy { 200 } else { 503 }
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    last_updated: Option<SystemTime>,
+    oldest_pending: Option<SystemTime>,
+    node_eligible: bool,
+    node_seen: bool,
+}
+
+/// Health of the sync loop and eligibility of the node.
+///
+/// The proxy is healthy unless (SYNC-05, HC-02):
+/// - the last successful sync (or, before the first, the creation of this object) is older
+///   than the health timeout, 2 × `syncPeriod`: syncs run at least every `syncPeriod`, so a
+///   missing one means the loop is stuck; or
+/// - a change has been queued and not synced for the health timeout (kube-proxy's rule:
+///   `QueuedUpdate` … `Updated`).
+///
+/// `/healthz` is additionally 503 while the Node has a `deletionTimestamp` or was deleted
+/// (HC-03); `/livez` ignores the Node (HC-04).
+#[derive(Debug)]
+pub struct ProxyHealth {
+    timeout: Duration,
+    created: SystemTime,
+    inner: Mutex<Inner>,
+}
+
+impl ProxyHealth {
+    /// Health with the timeout 2 × `sync_period` (HC-02).
+    pub fn new(sync_period: Duration) -> Self {
+        Self::with_timeout(sync_period.saturating_mul(2))
+    }
+
+    /// Health with an explicit timeout.
+    pub fn with_timeout(timeout: Duration) -> Self {
+        Self {
+            timeout,
+            created: SystemTime::now(),
+            inner: Mutex::new(Inner { last_updated: None, oldest_pending: None, node_eligible: true, node_seen: false }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The health timeout.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// A change was queued at `at` (kept only if no older one is pending).
+    pub fn queued_update(&self, at: SystemTime) {
+        let mut i = self.lock();
+        if i.oldest_pending.is_none_or(|p| at < p) {
+            i.oldest_pending = Some(at);
+        }
+    }
+
+    /// The tables were synced successfully at `at`; nothing is pending any more.
+    pub fn updated(&self, at: SystemTime) {
+        let mut i = self.lock();
+        i.oldest_pending = None;
+        i.last_updated = Some(i.last_updated.map_or(at, |l| l.max(at)));
+    }
+
+    /// Updates node eligibility from this node's Node object: eligible unless it has a
+    /// `deletionTimestamp`; a missing Node (never created, or deleted) is not eligible once
+    /// it has been seen, and eligible before (kube-proxy starts eligible).
+    pub fn sync_node(&self, node: Option<&Node>) {
+        let mut i = self.lock();
+        match node {
+            Some(n) => {
+                i.node_seen = true;
+                i.node_eligible = n.metadata.deletion_timestamp.is_none();
+            }
+            // kube-proxy's OnNodeDelete marks the node not eligible.
+            None if i.node_seen => i.node_eligible = false,
+            None => {}
+        }
+    }
+
+    /// Whether the node is eligible (`nodeEligible`).
+    pub fn node_eligible(&self) -> bool {
+        self.lock().node_eligible
+    }
+
+    /// The sync loop's health alone (`/livez`, and the healthCheckNodePort servers' input,
+    /// TP-09).
+    pub fn is_healthy(&self) -> bool {
+        self.proxy_health(SystemTime::now()).0
+    }
+
+    fn proxy_health(&self, now: SystemTime) -> (bool, Option<SystemTime>) {
+        let i = self.lock();
+        let older = |t: SystemTime| now.duration_since(t).is_ok_and(|d| d > self.timeout);
+        let stale = older(i.last_updated.unwrap_or(self.created));
+        let pending_late = i.oldest_pending.is_some_and(older);
+        (!stale && !pending_late, i.last_updated)
+    }
+
+    /// `/healthz` (HC-01..03).
+    pub fn healthz(&self) -> HealthStatus {
+        let now = SystemTime::now();
+        let (ok, last) = self.proxy_health(now);
+        let node_eligible = self.node_eligible();
+        let healthy = ok && node_eligible;
+        HealthStatus { healthy, last_updated: if healthy { Some(now) } else { last }, current_time: now, node_eligible }
+    }
+
+    /// `/livez` (HC-04).
+    pub fn livez(&self) -> HealthStatus {
+        let now = SystemTime::now();
+        let (healthy, last) = self.proxy_health(now);
+        HealthStatus { healthy, last_updated: if healthy { Some(now) } else { last }, current_time: now, node_eligible: true }
+    }
+}
+
+/// Formats a time as Go's `time.Time.String()` in UTC, which kube-proxy's health JSON uses:
+/// `2006-01-02 15:04:05.999999999 +0000 UTC` (fraction without trailing zeros); `None` is
+/// Go's zero time.
+pub fn go_time(t: Option<SystemTime>) -> String {
+    const ZERO: &str = "0001-01-01 00:00:00 +0000 UTC";
+    let Some(t) = t else { return ZERO.to_owned() };
+    match k8s_openapi::jiff::Timestamp::try_from(t) {
+        Ok(ts) => ts.strftime("%Y-%m-%d %H:%M:%S%.f +0000 UTC").to_string(),
+        Err(_) => ZERO.to_owned(),
+    }
+}

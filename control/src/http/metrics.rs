@@ -1,0 +1,463 @@
+//! `/metrics`: kube-proxy's sync metrics (MET-01..05, `pkg/proxy/metrics/metrics.go`) and the
+//! dataplane's `xlb_*` counters, read at scrape time through a [`DataplaneView`].
+
+use std::fmt;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use dataplane::counters::{DropReason, Event, WorkerCounters};
+use dataplane::tables::TablesHandle;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::translate::NoLocalEndpoints;
+
+/// Content type of [`ProxyMetrics::encode`]'s output (OpenMetrics text, which Prometheus
+/// scrapes natively).
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// One worker's counters at scrape time.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkerStats {
+    /// Worker number (label `worker`).
+    pub worker: u16,
+    /// Frames received (`xlb_worker_rx_packets_total`).
+    pub rx_packets: u64,
+    /// Frames transmitted (`xlb_worker_tx_packets_total`).
+    pub tx_packets: u64,
+    /// Frames passed to the kernel (`xlb_worker_pass_packets_total`).
+    pub pass_packets: u64,
+    /// Drops by reason name (`xlb_drops_total{reason}`; names of `DropReason::name`).
+    pub drops: Vec<(&'static str, u64)>,
+    /// Events by name (`xlb_events_total{event}`; names of `Event::name`).
+    pub events: Vec<(&'static str, u64)>,
+    /// Flow-table entries now (`xlb_conntrack_entries`, gauge; MET-10).
+    pub conntrack_entries: u64,
+    /// Flow-table entries evicted before expiry (`xlb_conntrack_evictions_total`).
+    pub conntrack_evictions: u64,
+}
+
+impl WorkerStats {
+    /// Reads a worker's [`WorkerCounters`] (relaxed loads; every drop reason and event, zeros
+    /// included, so the series always exist).
+    pub fn from_counters(worker: u16, c: &WorkerCounters) -> Self {
+        Self {
+            worker,
+            rx_packets: c.rx.get(),
+            tx_packets: c.tx.get(),
+            pass_packets: c.pass.get(),
+            drops: DropReason::ALL.iter().map(|r| (r.name(), c.drops_of(*r))).collect(),
+            events: Event::ALL.iter().map(|e| (e.name(), c.events_of(*e))).collect(),
+            conntrack_entries: c.ct_entries.get(),
+            conntrack_evictions: c.events_of(Event::ConntrackEvicted),
+        }
+    }
+}
+
+/// One Service table's counters, summed over workers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServiceStats {
+    /// Table name, e.g. `default/web:http` (label `service`).
+    pub service: String,
+    /// Packets (`xlb_service_packets_total`).
+    pub packets: u64,
+    /// New flows (`xlb_service_new_flows_total`).
+    pub new_flows: u64,
+}
+
+/// One backend's counters, summed over workers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BackendStats {
+    /// Table name of its Service (label `service`).
+    pub service: String,
+    /// `address:port`, IPv6 in brackets (label `backend`).
+    pub backend: String,
+    /// Packets (`xlb_backend_packets_total`).
+    pub packets: u64,
+    /// New flows (`xlb_backend_new_flows_total`).
+    pub new_flows: u64,
+}
+
+/// What the dataplane shows to `/metrics`; called on every scrape, from a Tokio worker
+/// thread, so it must be cheap and must not block on the packet workers.
+pub trait DataplaneView: Send + Sync {
+    /// Per-worker counters.
+    fn workers(&self) -> Vec<WorkerStats>;
+    /// Per-Service-table counters.
+    fn services(&self) -> Vec<ServiceStats>;
+    /// Per-backend counters.
+    fn backends(&self) -> Vec<BackendStats>;
+}
+
+/// A [`DataplaneView`] over the published tables and the workers' [`WorkerCounters`].
+///
+/// Service counters are indexed by the table's stable service id, backend counters by slot;
+/// a slot reused by another backend keeps counting from the old value (counters are never
+/// reset), which Prometheus' `rate()` tolerates only across a restart, so prefer per-service
+/// rates for alerting.
+#[derive(Debug, Clone)]
+pub struct CountersView {
+    tables: TablesHandle,
+    workers: Vec<(u16, Arc<WorkerCounters>)>,
+}
+
+impl CountersView {
+    /// A view of `workers` (id, counters) with names from `tables`.
+    pub fn new(tables: TablesHandle, workers: Vec<(u16, Arc<WorkerCounters>)>) -> Self {
+        Self { tables, workers }
+    }
+}
+
+impl DataplaneView for CountersView {
+    fn workers(&self) -> Vec<WorkerStats> {
+        self.workers.iter().map(|(id, c)| WorkerStats::from_counters(*id, c)).collect()
+    }
+
+    fn services(&self) -> Vec<ServiceStats> {
+        let t = self.tables.load();
+        t.services
+            .iter()
+            .map(|s| {
+                let i = s.id as usize;
+                let sum = |f: fn(&WorkerCounters) -> &[dataplane::counters::Counter]| -> u64 {
+                    self.workers.iter().map(|(_, c)| f(c).get(i).map_or(0, |c| c.get())).sum()
+                };
+                ServiceStats {
+                    service: s.name.to_string(),
+                    packets: sum(|c| &c.objects.service_packets),
+                    new_flows: sum(|c| &c.objects.service_flows),
+                }
+            })
+            .collect()
+    }
+
+    fn backends(&self) -> Vec<BackendStats> {
+        let t = self.tables.load();
+        t.backends
+            .iter()
+            .flatten()
+            .map(|b| {
+                let i = b.this.index();
+                let sum = |f: fn(&WorkerCounters) -> &[dataplane::counters::Counter]| -> u64 {
+                    self.workers.iter().map(|(_, c)| f(c).get(i).map_or(0, |c| c.get())).sum()
+                };
+                BackendStats {
+                    service: t.services.get(b.service as usize).map_or_else(String::new, |s| s.name.to_string()),
+                    backend: std::net::SocketAddr::new(b.addr, b.port).to_string(),
+                    packets: sum(|c| &c.objects.backend_packets),
+                    new_flows: sum(|c| &c.objects.backend_flows),
+                }
+            })
+            .collect()
+    }
+}
+
+type SharedView = Arc<RwLock<Option<Arc<dyn DataplaneView>>>>;
+
+/// Encodes the `xlb_*` families from the view at scrape time.
+struct DataplaneCollector {
+    view: SharedView,
+}
+
+impl fmt::Debug for DataplaneCollector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DataplaneCollector").finish_non_exhaustive()
+    }
+}
+
+fn family<L: EncodeLabelSet>(
+    enc: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    ty: MetricType,
+    samples: impl IntoIterator<Item = (L, u64)>,
+) -> Result<(), fmt::Error> {
+    let mut m = enc.encode_descriptor(name, help, None, ty)?;
+    for (labels, v) in samples {
+        match ty {
+            MetricType::Counter => ConstCounter::new(v).encode(m.encode_family(&labels)?)?,
+            _ => ConstGauge::new(v).encode(m.encode_family(&labels)?)?,
+        }
+    }
+    Ok(())
+}
+
+impl Collector for DataplaneCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let view = self.view.read().unwrap_or_else(PoisonError::into_inner).clone();
+        let Some(view) = view else { return Ok(()) };
+        let workers = view.workers();
+        let w = |s: &WorkerStats| [("worker", s.worker.to_string())];
+        use MetricType::{Counter as C, Gauge as G};
+        let e = &mut enc;
+        family(e, "xlb_worker_rx_packets", "Frames received by the worker.", C, workers.iter().map(|s| (w(s), s.rx_packets)))?;
+        family(e, "xlb_worker_tx_packets", "Frames transmitted by the worker.", C, workers.iter().map(|s| (w(s), s.tx_packets)))?;
+        family(
+            e,
+            "xlb_worker_pass_packets",
+            "Frames the worker passed to the kernel.",
+            C,
+            workers.iter().map(|s| (w(s), s.pass_packets)),
+        )?;
+        family(
+            e,
+            "xlb_drops",
+            "Packets dropped, by worker and reason.",
+            C,
+            workers.iter().flat_map(|s| s.drops.iter().map(|(r, v)| ([("worker", s.worker.to_string()), ("reason", (*r).to_owned())], *v))),
+        )?;
+        family(
+            e,
+            "xlb_events",
+            "Dataplane events (rejects, resets, new flows, ...), by worker and event.",
+            C,
+            workers.iter().flat_map(|s| s.events.iter().map(|(n, v)| ([("worker", s.worker.to_string()), ("event", (*n).to_owned())], *v))),
+        )?;
+        family(e, "xlb_conntrack_entries", "Flow-table entries now.", G, workers.iter().map(|s| (w(s), s.conntrack_entries)))?;
+        family(
+            e,
+            "xlb_conntrack_evictions",
+            "Flow-table entries evicted before expiry to make room.",
+            C,
+            workers.iter().map(|s| (w(s), s.conntrack_evictions)),
+        )?;
+        let services = view.services();
+        let sl = |s: &ServiceStats| [("service", s.service.clone())];
+        family(e, "xlb_service_packets", "Packets per Service table.", C, services.iter().map(|s| (sl(s), s.packets)))?;
+        family(e, "xlb_service_new_flows", "New flows per Service table.", C, services.iter().map(|s| (sl(s), s.new_flows)))?;
+        let backends = view.backends();
+        let bl = |b: &BackendStats| [("service", b.service.clone()), ("backend", b.backend.clone())];
+        family(e, "xlb_backend_packets", "Packets per backend.", C, backends.iter().map(|b| (bl(b), b.packets)))?;
+        family(e, "xlb_backend_new_flows", "New flows per backend.", C, backends.iter().map(|b| (bl(b), b.new_flows)))?;
+        Ok(())
+    }
+}
+
+type Label1 = [(&'static str, &'static str); 1];
+
+/// kube-proxy's `SyncProxyRulesLatency` buckets: `ExponentialBuckets(0.001, 2, 15)`.
+fn sync_buckets() -> impl Iterator<Item = f64> {
+    prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 15)
+}
+
+/// kube-proxy's `NetworkProgrammingLatency` buckets: 0.25, 0.5, then 1..59 by 1, 60..115
+/// by 5, 120..300 by 30 (seconds).
+fn network_programming_buckets() -> Vec<f64> {
+    let mut b = vec![0.25, 0.5];
+    b.extend((1..=59).map(f64::from));
+    b.extend((0..12).map(|i| 60.0 + 5.0 * f64::from(i)));
+    b.extend((0..7).map(|i| 120.0 + 30.0 * f64::from(i)));
+    b
+}
+
+fn unix_seconds(t: SystemTime) -> f64 {
+    t.duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// The registry behind `/metrics` and the handles the sync loop updates.
+///
+/// Families (names as kube-proxy's where one exists; a counter's `_total` suffix is added by
+/// the encoder):
+/// - `kubeproxy_sync_proxy_rules_duration_seconds` histogram (MET-01);
+/// - `kubeproxy_network_programming_duration_seconds` histogram (MET-03);
+/// - `kubeproxy_sync_proxy_rules_last_timestamp_seconds` gauge;
+/// - `kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds` gauge (MET-02);
+/// - `kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy}` gauge (MET-04);
+/// - `kubeproxy_proxy_healthz_total{code}`, `kubeproxy_proxy_livez_total{code}` (MET-05);
+/// - `xlb_watch_errors_total{resource}` (API watch errors, cf. MET-08);
+/// - the `xlb_*` dataplane families of the [`DataplaneView`], if one is set.
+pub struct ProxyMetrics {
+    registry: Registry,
+    sync_duration: Histogram,
+    network_programming: Histogram,
+    last_sync: Gauge<f64, AtomicU64>,
+    last_queued: Gauge<f64, AtomicU64>,
+    no_local: Family<Label1, Gauge>,
+    healthz: Family<Label1, Counter>,
+    livez: Family<Label1, Counter>,
+    watch_errors: Family<[(&'static str, String); 1], Counter>,
+    view: SharedView,
+}
+
+impl fmt::Debug for ProxyMetrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProxyMetrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for ProxyMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ProxyMetrics {
+    /// A registry with every family registered (the series of MET-04 and MET-05 start at 0)
+    /// and no dataplane view yet.
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let sync_duration = Histogram::new(sync_buckets());
+        let network_programming = Histogram::new(network_programming_buckets());
+        let last_sync = Gauge::<f64, AtomicU64>::default();
+        let last_queued = Gauge::<f64, AtomicU64>::default();
+        let no_local = Family::<Label1, Gauge>::default();
+        let healthz = Family::<Label1, Counter>::default();
+        let livez = Family::<Label1, Counter>::default();
+        let watch_errors = Family::<[(&'static str, String); 1], Counter>::default();
+        registry.register(
+            "kubeproxy_sync_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds: from taking a snapshot to publishing its tables.",
+            sync_duration.clone(),
+        );
+        registry.register(
+            "kubeproxy_network_programming_duration_seconds",
+            "In-cluster network programming latency in seconds: from a change (the EndpointSlice's last-change-trigger-time, else when xlb saw it) to its tables being published.",
+            network_programming.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+            "The last time tables were successfully published, in Unix seconds.",
+            last_sync.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+            "The last time a sync of the tables was queued by a change, in Unix seconds.",
+            last_queued.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+            "Number of Local-policy service ports with endpoints in the cluster but none on this node.",
+            no_local.clone(),
+        );
+        registry.register("kubeproxy_proxy_healthz", "Answers of /healthz by HTTP code.", healthz.clone());
+        registry.register("kubeproxy_proxy_livez", "Answers of /livez by HTTP code.", livez.clone());
+        registry.register("xlb_watch_errors", "Kubernetes watch errors by resource.", watch_errors.clone());
+        let view: SharedView = Arc::new(RwLock::new(None));
+        registry.register_collector(Box::new(DataplaneCollector { view: view.clone() }));
+        for p in ["internal", "external"] {
+            no_local.get_or_create(&[("traffic_policy", p)]);
+        }
+        for c in ["200", "503"] {
+            healthz.get_or_create(&[("code", c)]);
+            livez.get_or_create(&[("code", c)]);
+        }
+        Self {
+            registry,
+            sync_duration,
+            network_programming,
+            last_sync,
+            last_queued,
+            no_local,
+            healthz,
+            livez,
+            watch_errors,
+            view,
+        }
+    }
+
+    /// Sets (or replaces) the dataplane view read at each scrape.
+    pub fn set_dataplane(&self, view: Arc<dyn DataplaneView>) {
+        *self.view.write().unwrap_or_else(PoisonError::into_inner) = Some(view);
+    }
+
+    /// Observes one sync's duration.
+    pub fn observe_sync(&self, d: Duration) {
+        self.sync_duration.observe(d.as_secs_f64());
+    }
+
+    /// Observes one change's network programming latency.
+    pub fn observe_network_programming(&self, d: Duration) {
+        self.network_programming.observe(d.as_secs_f64());
+    }
+
+    /// Sets the last successful sync time.
+    pub fn set_last_sync(&self, t: SystemTime) {
+        self.last_sync.set(unix_seconds(t));
+    }
+
+    /// Sets the last queued change time.
+    pub fn set_last_queued(&self, t: SystemTime) {
+        self.last_queued.set(unix_seconds(t));
+    }
+
+    /// Sets the MET-04 gauges from a translation report's counts.
+    pub fn set_no_local_endpoints(&self, n: NoLocalEndpoints) {
+        let g = |x: u64| i64::try_from(x).unwrap_or(i64::MAX);
+        self.no_local.get_or_create(&[("traffic_policy", "internal")]).set(g(n.internal));
+        self.no_local.get_or_create(&[("traffic_policy", "external")]).set(g(n.external));
+    }
+
+    /// Counts one `/healthz` answer (200 or 503).
+    pub fn count_healthz(&self, code: u16) {
+        self.healthz.get_or_create(&[("code", if code == 200 { "200" } else { "503" })]).inc();
+    }
+
+    /// Counts one `/livez` answer (200 or 503).
+    pub fn count_livez(&self, code: u16) {
+        self.livez.get_or_create(&[("code", if code == 200 { "200" } else { "503" })]).inc();
+    }
+
+    /// Counts one watch error of `resource` (`services`, `endpointslices`, `nodes`).
+    pub fn count_watch_error(&self, resource: &'static str) {
+        self.watch_errors.get_or_create(&[("resource", resource.to_owned())]).inc();
+    }
+
+    /// The whole exposition, OpenMetrics text ([`CONTENT_TYPE`]).
+    ///
+    /// # Errors
+    /// Only if a label value cannot be written (not expected).
+    pub fn encode(&self) -> Result<String, fmt::Error> {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_match_kube_proxy() {
+        let b = network_programming_buckets();
+        assert_eq!(b.len(), 2 + 59 + 12 + 7);
+        assert_eq!(&b[..3], &[0.25, 0.5, 1.0]);
+        assert_eq!(b[60], 59.0);
+        assert_eq!(b[61], 60.0);
+        assert_eq!(b[72], 115.0);
+        assert_eq!(b[73], 120.0);
+        assert_eq!(b[79], 300.0);
+        let s: Vec<f64> = sync_buckets().collect();
+        assert_eq!(s.len(), 15);
+        assert!((s[14] - 16.384).abs() < 1e-9);
+    }
+
+    #[test]
+    fn counters_view_reads_worker_counters() {
+        let c = WorkerCounters::new(4, 4);
+        c.rx.add(5);
+        c.count_drop(DropReason::NoNeighbour);
+        c.event(Event::ConntrackEvicted);
+        let s = WorkerStats::from_counters(3, &c);
+        assert_eq!(s.worker, 3);
+        assert_eq!(s.rx_packets, 5);
+        assert_eq!(s.conntrack_evictions, 1);
+        assert!(s.drops.contains(&("no_neighbour", 1)));
+        assert_eq!(s.drops.len(), DropReason::ALL.len());
+        let view = CountersView::new(TablesHandle::default(), vec![(3, Arc::new(c))]);
+        assert!(view.services().is_empty());
+        let m = ProxyMetrics::new();
+        m.set_dataplane(Arc::new(view));
+        let text = m.encode().unwrap();
+        assert!(text.contains("xlb_worker_rx_packets_total{worker=\"3\"} 5"), "{text}");
+        assert!(text.contains("xlb_drops_total{worker=\"3\",reason=\"no_neighbour\"} 1"), "{text}");
+        assert!(text.contains("kubeproxy_proxy_healthz_total{code=\"503\"} 0"), "{text}");
+    }
+}

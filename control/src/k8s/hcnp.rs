@@ -1,0 +1,137 @@
+//! The `healthCheckNodePort` list for [`crate::http::HealthCheckServers`] (TP-09).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::http::HealthCheckService;
+use crate::k8s::ServiceRef;
+use crate::translate::ClusterState;
+
+/// The Services that need a health check server on this node, with the number of this node's
+/// ready endpoints for each.
+///
+/// Like kube-proxy (`apiservice.NeedsHealthCheck` and `EndpointsMap.LocalReadyEndpoints`,
+/// `pkg/proxy/endpointschangetracker.go`): a Service needs one when it is of type
+/// `LoadBalancer`, has `externalTrafficPolicy: Local` and a `healthCheckNodePort`. Its count
+/// is the number of distinct `address:port` pairs over its EndpointSlices' ports of the
+/// endpoints whose `nodeName` is `node_name` and that are ready (`conditions.ready` true or
+/// unset, or any endpoint when the Service has `publishNotReadyAddresses`, EPS-05). Only
+/// `addresses[0]` counts (EPS-11). Sorted by port.
+pub fn health_check_services(state: &ClusterState, node_name: &str) -> Vec<HealthCheckService> {
+    let mut wanted: BTreeMap<ServiceRef, (u16, bool)> = BTreeMap::new();
+    for s in &state.services {
+        let Some(spec) = &s.spec else { continue };
+        if spec.type_.as_deref() != Some("LoadBalancer") || spec.external_traffic_policy.as_deref() != Some("Local") {
+            continue;
+        }
+        let Some(port) = spec.health_check_node_port.and_then(|p| u16::try_from(p).ok()).filter(|p| *p != 0) else {
+            continue;
+        };
+        wanted.insert(ServiceRef::of_service(s), (port, spec.publish_not_ready_addresses == Some(true)));
+    }
+    let mut local: BTreeMap<&ServiceRef, BTreeSet<(String, i32)>> = BTreeMap::new();
+    for sl in &state.endpoint_slices {
+        let Some(r) = ServiceRef::of_slice(sl) else { continue };
+        let Some((key, (_, publish_not_ready))) = wanted.get_key_value(&r) else { continue };
+        let ports: Vec<i32> = sl.ports.iter().flatten().filter_map(|p| p.port).collect();
+        for ep in &sl.endpoints {
+            if ep.node_name.as_deref() != Some(node_name) {
+                continue;
+            }
+            let ready = ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
+            if !ready && !publish_not_ready {
+                continue;
+            }
+            let Some(addr) = ep.addresses.first() else { continue };
+            for p in &ports {
+                local.entry(key).or_default().insert((addr.clone(), *p));
+            }
+        }
+    }
+    let mut out: Vec<HealthCheckService> = wanted
+        .iter()
+        .map(|(r, (port, _))| HealthCheckService {
+            port: *port,
+            service: r.clone(),
+            local_endpoints: local.get(r).map_or(0, BTreeSet::len),
+        })
+        .collect();
+    out.sort_by(|a, b| (a.port, &a.service).cmp(&(b.port, &b.service)));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{Service, ServiceSpec};
+    use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn svc(name: &str, ty: &str, etp: &str, hc: Option<i32>) -> Service {
+        Service {
+            metadata: ObjectMeta { namespace: Some("default".into()), name: Some(name.into()), ..Default::default() },
+            spec: Some(ServiceSpec {
+                type_: Some(ty.into()),
+                external_traffic_policy: Some(etp.into()),
+                health_check_node_port: hc,
+                ..Default::default()
+            }),
+            status: None,
+        }
+    }
+
+    fn ep(addr: &str, node: &str, ready: Option<bool>) -> Endpoint {
+        Endpoint {
+            addresses: vec![addr.into()],
+            node_name: Some(node.into()),
+            conditions: Some(EndpointConditions { ready, ..Default::default() }),
+            ..Default::default()
+        }
+    }
+
+    fn slice(name: &str, svc: &str, ports: &[i32], endpoints: Vec<Endpoint>) -> EndpointSlice {
+        EndpointSlice {
+            metadata: ObjectMeta {
+                namespace: Some("default".into()),
+                name: Some(name.into()),
+                labels: Some([(crate::translate::LABEL_SERVICE_NAME.to_owned(), svc.to_owned())].into()),
+                ..Default::default()
+            },
+            address_type: "IPv4".into(),
+            endpoints,
+            ports: Some(ports.iter().map(|p| EndpointPort { port: Some(*p), ..Default::default() }).collect()),
+        }
+    }
+
+    #[test]
+    fn tp_09_counts_local_ready_endpoints_of_etp_local_load_balancers() {
+        let state = ClusterState {
+            services: vec![
+                svc("lb", "LoadBalancer", "Local", Some(32000)),
+                svc("cluster", "LoadBalancer", "Cluster", Some(32001)),
+                svc("np", "NodePort", "Local", Some(32002)),
+                svc("empty", "LoadBalancer", "Local", Some(32003)),
+            ],
+            endpoint_slices: vec![
+                slice(
+                    "lb-1",
+                    "lb",
+                    &[80, 443],
+                    vec![
+                        ep("10.0.0.1", "node-a", Some(true)),
+                        ep("10.0.0.2", "node-a", None),
+                        ep("10.0.0.3", "node-a", Some(false)),
+                        ep("10.0.0.4", "node-b", Some(true)),
+                    ],
+                ),
+                // A duplicate of 10.0.0.1 in a second slice counts once.
+                slice("lb-2", "lb", &[80], vec![ep("10.0.0.1", "node-a", Some(true))]),
+                slice("empty-1", "empty", &[80], vec![ep("10.0.0.9", "node-b", Some(true))]),
+            ],
+            node: None,
+        };
+        let hc = health_check_services(&state, "node-a");
+        assert_eq!(hc.len(), 2);
+        assert_eq!((hc[0].port, hc[0].service.name.as_str(), hc[0].local_endpoints), (32000, "lb", 4));
+        assert_eq!((hc[1].port, hc[1].service.name.as_str(), hc[1].local_endpoints), (32003, "empty", 0));
+    }
+}

@@ -1,0 +1,132 @@
+//! The Kubernetes source: watches Services, EndpointSlices (`discovery.k8s.io/v1`) and this
+//! node's own Node, and hands consistent [`Snapshot`]s to the caller with kube-proxy's sync
+//! timing (SYNC-01..08). The caller translates them with the one pure function
+//! [`crate::translate::build_spec`], builds and publishes the tables, and reports back with
+//! [`Source::published`] (metrics and health) or [`Source::sync_failed`] (retry).
+//!
+//! # Watching
+//! Each kind has a kube-rs `watcher` with `.default_backoff()` (client-go's: 0.8 s doubling to
+//! 30 s, with jitter, reset after 120 s of success) reflected into a `Store`. Errors are
+//! logged and counted (`xlb_watch_errors_total{resource}`), never end a stream and never
+//! clear a store: while the API server is unreachable the last good objects stay and so do
+//! the tables (ROLE-14). An in-stream `ERROR` 410 Expired makes the watcher relist; the store
+//! swaps in the complete new list at once, so objects deleted during the gap disappear then,
+//! and xlb treats a relist as a full resync. The Node is watched with the field selector
+//! `metadata.name=NODE` (HC-07); only its labels and addresses affect the tables, its
+//! `deletionTimestamp` goes to the health server.
+//!
+//! The API server must be reached at its own address (ROLE-13): pass a kubeconfig whose
+//! `server` is the real API server endpoint to [`client`]. In-cluster configuration uses
+//! `KUBERNETES_SERVICE_HOST`/`_PORT`, which default to the `kubernetes` Service VIP that xlb
+//! itself programs; a DaemonSet must override both with the API server's address.
+//!
+//! # Timing
+//! [`Source::next_snapshot`] yields nothing until every initial list is complete, then a
+//! [`SyncReason::Initial`] snapshot. After that, changes mark the state dirty and are
+//! coalesced: a snapshot is yielded at once when the previous one is at least
+//! `minSyncPeriod` old, else when it becomes so (kube-proxy's `BoundedFrequencyRunner`
+//! without its burst of 2), and a [`SyncReason::Periodic`] full resync when none was
+//! yielded for `syncPeriod`.
+//!
+//! # Wiring (what `xlb run --kubeconfig` does)
+//! ```no_run
+//! # async fn run(cfg: xlb::config::Config) -> Result<(), Box<dyn std::error::Error>> {
+//! use dataplane::tables::{TableBuilder, TablesHandle};
+//! let telemetry = xlb::http::Telemetry::new(cfg.sync_period);
+//! let _healthz = xlb::http::serve_healthz(cfg.healthz_bind_address, telemetry.clone()).await?;
+//! let _metrics = xlb::http::serve_metrics(cfg.metrics_bind_address, telemetry.metrics.clone()).await?;
+//! let mut hc = xlb::http::HealthCheckServers::new("0.0.0.0".parse()?, telemetry.health.clone());
+//! let client = xlb::k8s::client(Some(std::path::Path::new("/etc/xlb/kubeconfig"))).await?;
+//! let source_cfg = xlb::k8s::SourceConfig::from_config(&cfg)?;
+//! let node = source_cfg.node_name.clone();
+//! let mut source = xlb::k8s::Source::start(client, source_cfg, telemetry.clone());
+//! let (mut builder, handle) = (TableBuilder::new(), TablesHandle::default());
+//! loop {
+//!     let snap = source.next_snapshot().await;
+//!     let built = xlb::translate::build_spec(&snap.state, &cfg)
+//!         .map_err(|e| e.to_string())
+//!         .and_then(|(spec, report)| Ok((builder.build(&spec).map_err(|e| e.to_string())?, report)));
+//!     match built {
+//!         Ok((tables, report)) => {
+//!             handle.publish(tables);
+//!             source.published(&snap, &report);
+//!             for e in hc.sync(&xlb::k8s::health_check_services(&snap.state, &node)).await {
+//!                 tracing::warn!("{e}");
+//!             }
+//!         }
+//!         Err(e) => {
+//!             tracing::error!("{e}; keeping the running tables");
+//!             source.sync_failed(snap);
+//!         }
+//!     }
+//! }
+//! # }
+//! ```
+//!
+//! # Rebuilding only what changed (SYNC-03)
+//! [`Snapshot::changes`] names the Services a snapshot touches ([`ServiceRef`]; slices map
+//! to their Service through `kubernetes.io/service-name`), or is [`Changes::Full`]. Today
+//! `TableBuilder::build` always builds the whole table (Maglev tables included), so the
+//! simplest correct sync is a full `build_spec` + `build` per snapshot; the module test
+//! `full_rebuild_timing_1000_services` measures that. To translate only the touched Services:
+//! 1. keep the previous `TablesSpec`'s `ServiceSpec`s grouped by Service (a spec's name is
+//!    `namespace/name:port…`, so the part before the first `:` is the Service);
+//! 2. `build_spec(&changes.restrict(&snap.state)?, cfg)` translates the touched Services and
+//!    their slices with the same Node; replace their groups (a touched Service missing from
+//!    the result was deleted or is not programmed: drop its group);
+//! 3. concatenate the groups in name order into a `TablesSpec` and `build` it; fall back to a
+//!    full translation when two specs claim one (IP, protocol, port) (the full translation
+//!    resolves such conflicts by Service name order across all Services) and on every
+//!    `Changes::Full`. The MET-04 counts must be kept per Service for this as well.
+
+mod changes;
+mod hcnp;
+mod source;
+
+use std::path::{Path, PathBuf};
+
+pub use changes::{Changes, ServiceRef, diff_states};
+pub use hcnp::health_check_services;
+pub use source::{ANNOTATION_LAST_CHANGE_TRIGGER_TIME, Snapshot, Source, SourceConfig, SyncReason};
+
+/// Errors of the Kubernetes source.
+#[derive(Debug, thiserror::Error)]
+pub enum K8sError {
+    /// The kubeconfig file cannot be read or used.
+    #[error("kubeconfig {path}: {source}")]
+    Kubeconfig {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    /// Neither in-cluster configuration nor a default kubeconfig was found.
+    #[error("no Kubernetes client configuration (in-cluster or $KUBECONFIG/~/.kube/config): {0}")]
+    Infer(#[from] kube::config::InferConfigError),
+    /// The client cannot be built from the configuration.
+    #[error("Kubernetes client: {0}")]
+    Client(#[from] kube::Error),
+    /// The configuration names no node.
+    #[error("no node name: set nodeName (or hostnameOverride) in the xlb configuration")]
+    NoNodeName,
+}
+
+/// A Kubernetes client: from the kubeconfig file `kubeconfig` (its current context) when
+/// given, else inferred (in-cluster service account, then `$KUBECONFIG` or `~/.kube/config`).
+/// `http://` servers work too (used by the tests' fake API server).
+///
+/// # Errors
+/// [`K8sError::Kubeconfig`], [`K8sError::Infer`] or [`K8sError::Client`].
+pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, K8sError> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let err = |source| K8sError::Kubeconfig { path: path.to_owned(), source };
+            let kc = kube::config::Kubeconfig::read_from(path).map_err(err)?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default()).await.map_err(err)?
+        }
+        None => kube::Config::infer().await?,
+    };
+    tracing::info!(server = %config.cluster_url, "Kubernetes API server");
+    Ok(kube::Client::try_from(config)?)
+}
