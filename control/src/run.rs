@@ -18,6 +18,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, bail};
 use dataplane::addr::Cidr;
+use dataplane::affinity::AffinityTable;
 use dataplane::conntrack::Timeouts;
 use dataplane::process::PipelineConfig;
 use dataplane::tables::{NeighbourSpec, TableBuilder, Tables, TablesHandle, TablesSpec, VipAddrKind};
@@ -170,6 +171,7 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf) -> Result<()> {
         steering.push(Steering::attach(&iface.name, XdpMode::Native)?);
     }
     let fabric = Fabric::new(nworkers);
+    let affinity = Arc::new(AffinityTable::new(1 << 16));
     let wstop = Arc::new(AtomicBool::new(false));
     let mut workers: Vec<WorkerHandle> = Vec::new();
     let result = (|| -> Result<()> {
@@ -196,6 +198,7 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf) -> Result<()> {
                 },
                 pipeline: pipeline_config(&config, id, nworkers_u16),
                 busy_poll: config.af_xdp.busy_poll,
+                affinity: affinity.clone(),
             };
             let h = worker::spawn(spec, handle.clone(), fabric.clone(), wstop.clone())?;
             for (st, ((_, queue), fd)) in steering.iter_mut().zip(ports.iter().zip(&h.fds)) {

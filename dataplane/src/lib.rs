@@ -12,6 +12,7 @@
 #![deny(unsafe_code)]
 
 pub mod addr;
+pub mod affinity;
 pub mod build;
 pub mod conntrack;
 pub mod counters;

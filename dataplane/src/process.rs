@@ -17,9 +17,8 @@
 
 use std::sync::Arc;
 
-use hashbrown::HashMap;
-
 use crate::addr::{Cidr, Family, V4, V6};
+use crate::affinity::AffinityTable;
 use crate::conntrack::{self, Conntrack, CtState, Flow, FlowKey, RevFlow, Timeouts, flow_flags};
 use crate::counters::{DropReason, Event, WorkerCounters};
 use crate::frag::{FragAction, FragEntry, FragKey, FragTable};
@@ -74,7 +73,7 @@ pub struct PipelineConfig {
     pub frag_capacity: usize,
     /// How long a fragment series is remembered, in seconds.
     pub frag_timeout_s: u32,
-    /// Maximum ClientIP affinity records per family.
+    /// Maximum ClientIP affinity records (the table is shared by the node's workers).
     pub affinity_capacity: usize,
     /// Interval between conntrack sweep steps (one shard each), in milliseconds.
     pub sweep_interval_ms: u64,
@@ -137,32 +136,11 @@ pub struct FamState<A: Family> {
     /// Connection tracking.
     pub ct: Conntrack<A>,
     frag: FragTable<A>,
-    affinity: HashMap<(u32, A), (BackendRef, u32), foldhash::fast::RandomState>,
-    affinity_capacity: usize,
 }
 
 impl<A: Family> FamState<A> {
     fn new(c: &PipelineConfig) -> Self {
-        Self {
-            ct: Conntrack::new(c.conntrack_capacity),
-            frag: FragTable::new(c.frag_capacity),
-            affinity: HashMap::with_capacity_and_hasher(
-                c.affinity_capacity.min(1 << 16),
-                foldhash::fast::RandomState::default(),
-            ),
-            affinity_capacity: c.affinity_capacity,
-        }
-    }
-
-    /// Records ClientIP affinity (AFF-04: the timer restarts with each new connection).
-    fn remember(&mut self, svc: u32, client: A, r: BackendRef, expires_s: u32, now_s: u32) {
-        if self.affinity.len() >= self.affinity_capacity && !self.affinity.contains_key(&(svc, client)) {
-            self.affinity.retain(|_, v| v.1 >= now_s);
-            if self.affinity.len() >= self.affinity_capacity {
-                return; // best effort: affinity is a preference, not a correctness matter
-            }
-        }
-        self.affinity.insert((svc, client), (r, expires_s));
+        Self { ct: Conntrack::new(c.conntrack_capacity), frag: FragTable::new(c.frag_capacity) }
     }
 }
 
@@ -229,6 +207,7 @@ struct Common {
     tokens_s: u32,
     snat_cursor: u16,
     own_snat: (u16, u16),
+    affinity: Arc<AffinityTable>,
 }
 
 impl Common {
@@ -312,8 +291,15 @@ pub struct FlowDump {
 }
 
 impl Pipeline {
-    /// A pipeline with empty state; `counters` is shared with metrics readers.
+    /// A pipeline with empty state and its own affinity table; `counters` is shared with
+    /// metrics readers.
     pub fn new(cfg: PipelineConfig, seed: u64) -> Self {
+        let affinity = Arc::new(AffinityTable::new(cfg.affinity_capacity));
+        Self::with_affinity(cfg, seed, affinity)
+    }
+
+    /// A pipeline that shares `affinity` with the node's other workers.
+    pub fn with_affinity(cfg: PipelineConfig, seed: u64, affinity: Arc<AffinityTable>) -> Self {
         let counters = Arc::new(WorkerCounters::new(cfg.max_services, cfg.max_backends));
         Self {
             fam: Families { v4: FamState::new(&cfg), v6: FamState::new(&cfg) },
@@ -328,6 +314,7 @@ impl Pipeline {
                 last_sweep_ms: 0,
                 tokens: 0,
                 tokens_s: 0,
+                affinity,
             },
         }
     }
@@ -614,12 +601,11 @@ fn new_flow<A: Fam>(
     let now = c.now_s;
     let mut chosen = None;
     if svc.affinity_timeout_s.is_some()
-        && let Some(&(r, exp)) = st.affinity.get(&(svc.id, key.src))
-    {
+        && let Some(r) = c.affinity.get(&(svc.id, key.src.to_mapped()), now)
         // A sticky backend that left, or is draining, is not revived (AFF-08, TP-06).
-        if exp >= now && t.backend(r).is_some_and(|b| b.eligible) {
-            chosen = Some(r);
-        }
+        && t.backend(r).is_some_and(|b| b.eligible)
+    {
+        chosen = Some(r);
     }
     let info = FlowInfo { src: key.src.octets(), sport: key.sport, dst: key.dst.octets() };
     let chosen = chosen.or_else(|| c.sched.pick(fe.service as usize, svc, info));
@@ -630,7 +616,7 @@ fn new_flow<A: Fam>(
         };
     };
     if let Some(to) = svc.affinity_timeout_s {
-        st.remember(svc.id, key.src, b.this, now.saturating_add(to), now);
+        c.affinity.put((svc.id, key.src.to_mapped()), b.this, now.saturating_add(to), now);
     }
     let Some(baddr) = A::from_ip(b.addr) else { return Verdict::Drop(DropReason::NoSourceAddress) };
     let state = initial_state(p);

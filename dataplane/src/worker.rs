@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam::queue::ArrayQueue;
 
+use crate::affinity::AffinityTable;
 use crate::counters::{Counter, DropReason, WorkerCounters};
 use crate::nat::Packet;
 use crate::process::{FlowDump, Pipeline, PipelineConfig, Verdict};
@@ -41,6 +42,15 @@ pub struct WorkerSpec {
     pub pipeline: PipelineConfig,
     /// Busy-poll (never sleep in `poll(2)`); otherwise, when idle, wait up to 1 ms in `poll(2)`.
     pub busy_poll: bool,
+    /// ClientIP affinity records shared by the node's workers.
+    pub affinity: Arc<AffinityTable>,
+}
+
+/// The process-wide clock origin: every worker measures time from it, so times written into
+/// shared tables (affinity expiry) mean the same on every worker.
+fn epoch() -> Instant {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
 }
 
 /// AF_XDP-level counters of one worker (frame accounting included).
@@ -177,7 +187,7 @@ pub fn spawn(
                 }
             };
             let seed = u64::from(id) ^ std::process::id() as u64 ^ 0x9E37_79B9_7F4A_7C15;
-            let pipeline = Pipeline::new(spec.pipeline.clone(), seed);
+            let pipeline = Pipeline::with_affinity(spec.pipeline.clone(), seed, spec.affinity.clone());
             let xc = Arc::new(XskCounters::default());
             xc.frames_total.set(spec.xsk.frame_count.into());
             xc.zero_copy.set(u64::from(xsk.zero_copy(0)));
@@ -210,7 +220,7 @@ fn run(
 ) {
     let id = spec.id;
     let nports = xsk.port_count();
-    let epoch = Instant::now();
+    let epoch = epoch();
     let mut rx: Vec<OwnedFrame> = Vec::with_capacity(BATCH);
     let mut tx: Vec<Vec<OwnedFrame>> = (0..nports).map(|_| Vec::with_capacity(BATCH * 2)).collect();
     let mut scratch = Vec::with_capacity(2048);

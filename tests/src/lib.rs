@@ -656,6 +656,394 @@ fn reap_stale_testbeds() {
     }
 }
 
+// ---- xlb itself on the testbed ------------------------------------------------------------
+
+use std::os::unix::fs::FileTypeExt as _;
+use std::process::{Child, ExitStatus};
+use std::sync::OnceLock;
+
+/// How long [`Xlb::start`] waits for the admin socket (it appears once the workers run and
+/// the steering program is attached).
+const XLB_READY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long [`Xlb::stop`] (and dropping an [`Xlb`]) waits after SIGTERM before SIGKILL.
+const XLB_STOP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The profile directory of the running test executable (`<target>/<profile>/deps/<test>`
+/// → `<target>/<profile>`), where cargo also puts the workspace's binaries.
+fn test_profile_dir() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let deps = exe.parent()?;
+    (deps.file_name()? == "deps").then(|| deps.parent().map(Path::to_path_buf))?
+}
+
+fn xlb_candidates() -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    if let Some(dir) = test_profile_dir() {
+        v.push(dir.join("xlb"));
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .filter(|t| !t.is_empty())
+        .map_or_else(|| repo_root().join("target"), |t| repo_root().join(t));
+    v.push(target.join("debug").join("xlb"));
+    v
+}
+
+/// The `xlb` binary the tests run: `$XLB_BIN` if set; otherwise `xlb` next to the test
+/// executable's `deps` directory (the same target directory and profile), then
+/// `$CARGO_TARGET_DIR/debug/xlb`, or `<workspace>/target/debug/xlb` when `CARGO_TARGET_DIR`
+/// is not set. When none exists it
+/// runs `cargo build -p xlb` once per process (later callers wait for that build and share
+/// its result). It does not rebuild a binary that exists: `cargo test --workspace` builds
+/// it anyway.
+///
+/// # Errors
+/// When `$XLB_BIN` names a missing file, or the build fails.
+pub fn xlb_binary() -> Result<PathBuf> {
+    static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    if let Some(bin) = std::env::var_os("XLB_BIN").filter(|b| !b.is_empty()) {
+        let bin = PathBuf::from(bin);
+        return if bin.is_file() {
+            Ok(bin)
+        } else {
+            Err(io_err(format!("XLB_BIN={}", bin.display()))(std::io::ErrorKind::NotFound.into()))
+        };
+    }
+    BIN.get_or_init(|| {
+        if let Some(bin) = xlb_candidates().into_iter().find(|p| p.is_file()) {
+            return Ok(bin);
+        }
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "-p", "xlb"]).current_dir(repo_root()).stdin(Stdio::null());
+        if let Some(target) = test_profile_dir().and_then(|d| d.parent().map(Path::to_path_buf)) {
+            cmd.arg("--target-dir").arg(target);
+        }
+        let _ = writeln!(std::io::stderr(), "xlb binary missing: running `{}`", command_line(&cmd));
+        run_ok(&mut cmd).map_err(|e| e.to_string())?;
+        xlb_candidates()
+            .into_iter()
+            .find(|p| p.is_file())
+            .ok_or_else(|| format!("`cargo build -p xlb` succeeded but none of {:?} exists", xlb_candidates()))
+    })
+    .clone()
+    .map_err(|e| io_err("cannot find or build the xlb binary")(std::io::Error::other(e)))
+}
+
+/// `xlb run` in a testbed's lb namespace, started by [`Xlb::start`]. Dropping it stops xlb
+/// like [`Xlb::stop`] (SIGTERM, SIGKILL after 5 s) without reporting.
+///
+/// Its files live in `<run dir>/xlb/`: `xlb.yaml` (the config, which the test may rewrite),
+/// `xlb.log` (xlb's stdout and stderr) and `admin.sock`.
+#[derive(Debug)]
+pub struct Xlb {
+    child: Option<Child>,
+    bin: PathBuf,
+    command: String,
+    config: PathBuf,
+    socket: PathBuf,
+    log: PathBuf,
+}
+
+impl Xlb {
+    /// Writes `config_yaml` to `<run dir>/xlb/xlb.yaml`, starts
+    /// `ip netns exec <prefix>-lb xlb run --config .. --admin-socket ..` with its output in
+    /// `xlb.log`, and waits (up to 10 s) until the admin socket exists, which xlb creates
+    /// only after its workers run and its XDP program is attached.
+    ///
+    /// # Errors
+    /// When the binary cannot be found or built, the files cannot be written, xlb cannot be
+    /// started, exits early, or does not create its socket in time (the error holds its log).
+    pub fn start(tb: &Testbed, config_yaml: &str) -> Result<Self> {
+        let bin = xlb_binary()?;
+        let dir = tb.run_dir().join("xlb");
+        std::fs::create_dir_all(&dir).map_err(io_err(format!("cannot create {}", dir.display())))?;
+        let config = dir.join("xlb.yaml");
+        std::fs::write(&config, config_yaml).map_err(io_err(format!("cannot write {}", config.display())))?;
+        let socket = dir.join("admin.sock");
+        match std::fs::remove_file(&socket) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(io_err(format!("cannot remove {}", socket.display()))(e));
+            }
+            _ => {}
+        }
+        let log = dir.join("xlb.log");
+        let out = File::create(&log).map_err(io_err(format!("cannot create {}", log.display())))?;
+        let err = out.try_clone().map_err(io_err(format!("cannot dup {}", log.display())))?;
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec"])
+            .arg(tb.ns_name(Role::Lb))
+            .arg(&bin)
+            .arg("run")
+            .arg("--config")
+            .arg(&config)
+            .arg("--admin-socket")
+            .arg(&socket)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err);
+        let command = command_line(&cmd);
+        // `ip netns exec` execs xlb, so the child's pid is xlb's
+        let child = cmd.spawn().map_err(io_err(format!("cannot run `{command}`")))?;
+        let mut xlb = Self { child: Some(child), bin, command, config, socket, log };
+        xlb.wait_ready()?;
+        Ok(xlb)
+    }
+
+    fn wait_ready(&mut self) -> Result<()> {
+        let deadline = Instant::now() + XLB_READY_TIMEOUT;
+        loop {
+            if std::fs::metadata(&self.socket).is_ok_and(|m| m.file_type().is_socket()) {
+                return Ok(());
+            }
+            if let Some(child) = self.child.as_mut()
+                && let Some(status) = child.try_wait().map_err(io_err("waiting for xlb"))?
+            {
+                self.child = None;
+                return Err(TestbedError::Command {
+                    command: self.command.clone(),
+                    status,
+                    stdout: self.log(),
+                    stderr: String::new(),
+                });
+            }
+            if Instant::now() >= deadline {
+                return Err(TestbedError::Timeout(format!(
+                    "xlb did not create {} within {XLB_READY_TIMEOUT:?}; its log:\n{}",
+                    self.socket.display(),
+                    self.log()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// xlb's process id (`None` once it has been stopped or has exited early).
+    #[must_use]
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// The config file xlb watches.
+    #[must_use]
+    pub fn config_path(&self) -> &Path {
+        &self.config
+    }
+
+    /// The admin socket.
+    #[must_use]
+    pub fn admin_socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// The file with xlb's stdout and stderr.
+    #[must_use]
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
+    /// Everything xlb has logged so far (empty if the log cannot be read).
+    #[must_use]
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Runs `xlb <sub> --admin-socket <socket>` and returns its stdout.
+    ///
+    /// # Errors
+    /// When the command fails (e.g. xlb is not running).
+    pub fn admin(&self, sub: &str) -> Result<String> {
+        run_ok(Command::new(&self.bin).arg(sub).arg("--admin-socket").arg(&self.socket).stdin(Stdio::null()))
+    }
+
+    /// `xlb stats`: per-worker counters and packets per backend (parse with [`XlbStats`]).
+    ///
+    /// # Errors
+    /// As [`admin`](Self::admin).
+    pub fn stats(&self) -> Result<String> {
+        self.admin("stats")
+    }
+
+    /// `xlb services`: the running tables in `ipvsadm -Ln` layout (see [`service_backends`]).
+    ///
+    /// # Errors
+    /// As [`admin`](Self::admin).
+    pub fn services(&self) -> Result<String> {
+        self.admin("services")
+    }
+
+    /// `xlb conntrack`: the flow table.
+    ///
+    /// # Errors
+    /// As [`admin`](Self::admin).
+    pub fn conntrack(&self) -> Result<String> {
+        self.admin("conntrack")
+    }
+
+    /// Replaces the config file atomically (writes `xlb.yaml.tmp`, renames it over
+    /// `xlb.yaml`) and sends SIGHUP. xlb reloads it shortly after (its loop ticks every
+    /// 200 ms); poll [`services`](Self::services) to see when the new tables are live.
+    ///
+    /// # Errors
+    /// When the file cannot be written or xlb is not running.
+    pub fn rewrite_config(&self, config_yaml: &str) -> Result<()> {
+        let tmp = self.config.with_extension("yaml.tmp");
+        std::fs::write(&tmp, config_yaml).map_err(io_err(format!("cannot write {}", tmp.display())))?;
+        std::fs::rename(&tmp, &self.config).map_err(io_err(format!("cannot rename {}", tmp.display())))?;
+        self.signal(libc::SIGHUP)
+    }
+
+    fn signal(&self, sig: libc::c_int) -> Result<()> {
+        let Some(child) = &self.child else {
+            return Err(not_running());
+        };
+        let pid = libc::pid_t::try_from(child.id())
+            .map_err(|_| TestbedError::Parse { what: "pid", text: child.id().to_string() })?;
+        // SAFETY: kill(2) touches no memory of ours. `pid` is our own child, which has not
+        // been reaped (we hold its `Child` and only reap it through that), so the pid cannot
+        // have been reused by another process.
+        if unsafe { libc::kill(pid, sig) } != 0 {
+            return Err(io_err(format!("kill({pid}, {sig})"))(std::io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+
+    /// Sends SIGTERM and waits for xlb to exit (it detaches its XDP program first); after
+    /// 5 s it is killed with SIGKILL and this is an error.
+    ///
+    /// # Errors
+    /// When xlb is not running any more, does not exit in time, or waiting fails.
+    pub fn stop(mut self) -> Result<ExitStatus> {
+        self.terminate()
+    }
+
+    fn terminate(&mut self) -> Result<ExitStatus> {
+        self.signal(libc::SIGTERM)?;
+        let Some(mut child) = self.child.take() else {
+            return Err(not_running());
+        };
+        let deadline = Instant::now() + XLB_STOP_TIMEOUT;
+        loop {
+            if let Some(status) = child.try_wait().map_err(io_err("waiting for xlb"))? {
+                return Ok(status);
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(TestbedError::Timeout(format!(
+                    "xlb did not exit within {XLB_STOP_TIMEOUT:?} of SIGTERM (killed); its log:\n{}",
+                    self.log()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Xlb {
+    fn drop(&mut self) {
+        if self.child.is_some()
+            && let Err(e) = self.terminate()
+        {
+            eprintln!("xlb: stop failed: {e}");
+        }
+    }
+}
+
+fn not_running() -> TestbedError {
+    io_err("xlb")(std::io::Error::other("not running (stopped, or exited early)"))
+}
+
+/// Counters of one backend in `xlb stats`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BackendStats {
+    /// Packets sent to the backend.
+    pub packets: u64,
+    /// Flows that xlb assigned to the backend.
+    pub new_flows: u64,
+}
+
+/// `xlb stats` output, parsed line by line (unknown lines are ignored).
+#[derive(Debug, Clone, Default)]
+pub struct XlbStats {
+    lines: Vec<Vec<String>>,
+}
+
+impl XlbStats {
+    /// Splits the output of `xlb stats` into lines of words.
+    #[must_use]
+    pub fn parse(text: &str) -> Self {
+        Self { lines: text.lines().map(|l| l.split_whitespace().map(str::to_owned).collect()).collect() }
+    }
+
+    fn worker_sum(&self, kind: &str, name: &str) -> u64 {
+        self.lines
+            .iter()
+            .filter_map(|w| match w.as_slice() {
+                [worker, _, k, n, v] if worker == "worker" && k == kind && n == name => v.parse::<u64>().ok(),
+                _ => None,
+            })
+            .sum()
+    }
+
+    /// The sum over workers of `worker N event <name> V` (0 when no worker reports it).
+    #[must_use]
+    pub fn event(&self, name: &str) -> u64 {
+        self.worker_sum("event", name)
+    }
+
+    /// The sum over workers of `worker N drop <reason> V` (0 when no worker reports it).
+    #[must_use]
+    pub fn drops(&self, reason: &str) -> u64 {
+        self.worker_sum("drop", reason)
+    }
+
+    /// Every `worker N drop REASON V` line with V > 0, as `(worker, reason, V)`.
+    #[must_use]
+    pub fn all_drops(&self) -> Vec<(String, String, u64)> {
+        self.lines
+            .iter()
+            .filter_map(|w| match w.as_slice() {
+                [worker, n, k, reason, v] if worker == "worker" && k == "drop" => {
+                    v.parse::<u64>().ok().filter(|v| *v > 0).map(|v| (n.clone(), reason.clone(), v))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The counters of `backend <service> <addr> packets N new_flows M`, e.g. service
+    /// `demo/web:http` and addr `10.250.2.11:80` (IPv6 without brackets: `fd00:250:2::11:80`).
+    #[must_use]
+    pub fn backend(&self, service: &str, addr: &str) -> Option<BackendStats> {
+        self.lines.iter().find_map(|w| match w.as_slice() {
+            [b, s, a, p, packets, f, flows]
+                if b == "backend" && s == service && a == addr && p == "packets" && f == "new_flows" =>
+            {
+                Some(BackendStats { packets: packets.parse().ok()?, new_flows: flows.parse().ok()? })
+            }
+            _ => None,
+        })
+    }
+}
+
+/// The backends (`addr:port`, in table order) that `xlb services` (or `xlb check`) lists
+/// under the frontend `proto vip:port`, e.g. `("TCP", "10.250.100.1:80")`; `None` when the
+/// frontend is not in the table.
+#[must_use]
+pub fn service_backends(services: &str, proto: &str, vip_port: &str) -> Option<Vec<String>> {
+    let mut lines = services.lines();
+    lines.by_ref().find(|l| {
+        let mut w = l.split_whitespace();
+        w.next() == Some(proto) && w.next() == Some(vip_port)
+    })?;
+    Some(
+        lines
+            .map_while(|l| l.trim_start().strip_prefix("->"))
+            .filter_map(|rest| rest.split_whitespace().next().map(str::to_owned))
+            .collect(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
