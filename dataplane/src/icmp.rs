@@ -225,11 +225,7 @@ mod tests {
     use crate::build::{self, Frame};
 
     fn parsed(f: &[u8]) -> Parsed {
-        let (l3, at) = wire::ethernet(f).unwrap();
-        match l3 {
-            wire::L3::V4 => wire::parse_v4(f, at).unwrap(),
-            _ => wire::parse_v6(f, at).unwrap(),
-        }
+        wire::parse(f).unwrap().unwrap()
     }
 
     #[test]

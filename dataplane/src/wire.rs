@@ -313,6 +313,19 @@ fn l4(frame: &[u8], p: &mut Parsed) -> Result<(), DropReason> {
     Ok(())
 }
 
+/// Parses a whole frame: Ethernet, then IPv4 or IPv6 and L4. `Ok(None)` for frames that are
+/// not IP (ARP, LLDP, ...).
+///
+/// # Errors
+/// As [`ethernet`], [`parse_v4`] and [`parse_v6`].
+pub fn parse(frame: &[u8]) -> Result<Option<Parsed>, DropReason> {
+    match ethernet(frame)? {
+        (L3::V4, at) => parse_v4(frame, at).map(Some),
+        (L3::V6, at) => parse_v6(frame, at).map(Some),
+        (L3::Other, _) => Ok(None),
+    }
+}
+
 /// ICMPv4 error types that quote an offending datagram (RFC 792): destination unreachable,
 /// time exceeded, parameter problem.
 #[inline]

@@ -19,7 +19,7 @@ use crate::affinity::AffinityTable;
 use crate::counters::{Counter, DropReason, WorkerCounters};
 use crate::nat::Packet;
 use crate::process::{FlowDump, Pipeline, PipelineConfig, Verdict};
-use crate::tables::{BackendRef, TablesHandle};
+use crate::tables::{BackendRef, Tables, TablesHandle};
 use crate::xsk::{OwnedFrame, Xsk, XskConfig, XskError};
 
 /// Frames per RX batch.
@@ -239,13 +239,7 @@ fn run(
             got += xsk.receive(port, &mut rx, BATCH, wait);
             for mut f in rx.drain(..) {
                 let in_port = u8::try_from(port).unwrap_or(0);
-                let verdict = xsk.with_buffer(&mut f, |buf, len| {
-                    let mut pkt = Packet::new(buf, 0, len);
-                    let v = pipeline.process(&t, &mut pkt, in_port);
-                    // AF_XDP TX starts at the data segment: a frame moved into headroom
-                    // (never, with head 0) would need copying back.
-                    (pkt.head + pkt.len, v)
-                });
+                let verdict = process_frame(&xsk, &mut pipeline, &t, &mut f, in_port);
                 dispatch(
                     verdict,
                     f,
@@ -274,11 +268,7 @@ fn run(
                     xc.handoff_dropped.inc();
                     continue;
                 };
-                let verdict = xsk.with_buffer(&mut f, |buf, len| {
-                    let mut pkt = Packet::new(buf, 0, len);
-                    let v = pipeline.process(&t, &mut pkt, in_port);
-                    (pkt.head + pkt.len, v)
-                });
+                let verdict = process_frame(&xsk, &mut pipeline, &t, &mut f, in_port);
                 dispatch(
                     verdict,
                     f,
@@ -327,6 +317,17 @@ fn run(
         xsk.kick(port);
     }
     xsk.complete();
+}
+
+/// Runs the pipeline on a frame in place. The frame starts at the data segment (head 0):
+/// AF_XDP TX descriptors cannot start earlier, so encapsulation uses tailroom.
+#[inline]
+fn process_frame(xsk: &Xsk, pipeline: &mut Pipeline, t: &Tables, f: &mut OwnedFrame, in_port: u8) -> Verdict {
+    xsk.with_buffer(f, |buf, len| {
+        let mut pkt = Packet::new(buf, 0, len);
+        let v = pipeline.process(t, &mut pkt, in_port);
+        (pkt.head + pkt.len, v)
+    })
 }
 
 #[expect(clippy::too_many_arguments, reason = "the worker's borrowed state")]

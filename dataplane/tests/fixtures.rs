@@ -909,7 +909,7 @@ struct Outcome {
     frame: Vec<u8>,
 }
 
-fn run_row(r: &Row) -> Vec<Outcome> {
+fn run_row(r: &Row) -> (Vec<Outcome>, std::sync::Arc<dataplane::counters::WorkerCounters>) {
     let mut builder = TableBuilder::new();
     let mut tables = builder.build(&r.setup).expect("setup tables build");
     let mut p = Pipeline::new(r.config.clone(), 7);
@@ -927,7 +927,7 @@ fn run_row(r: &Row) -> Vec<Outcome> {
         let verdict = p.process(&tables, &mut pkt, 0);
         out.push(Outcome { verdict, frame: pkt.frame().to_vec() });
     }
-    out
+    (out, p.counters().clone())
 }
 
 fn all_rows() -> Vec<Row> {
@@ -950,7 +950,7 @@ fn every_fixture_row_gives_its_expected_verdict_and_frame() {
     let mut failures = Vec::new();
     let mut count = 0;
     for r in all_rows() {
-        for (s, o) in r.steps.iter().zip(run_row(&r)) {
+        for (s, o) in r.steps.iter().zip(run_row(&r).0) {
             count += 1;
             let ok = match &s.expect {
                 Expect::Tx(want) => o.verdict == (Verdict::Tx { port: 0 }) && o.frame == *want,
@@ -992,22 +992,7 @@ fn short(e: &Expect) -> String {
 fn counters_account_for_every_frame_and_count_events() {
     let mut rx = 0;
     for r in all_rows() {
-        let mut builder = TableBuilder::new();
-        let mut tables = builder.build(&r.setup).unwrap();
-        let mut p = Pipeline::new(r.config.clone(), 7);
-        let mut now = 1000;
-        for s in &r.steps {
-            if let Some(spec) = &s.retable {
-                tables = builder.build(spec).unwrap();
-            }
-            now += s.advance_s * 1000;
-            p.begin_batch(&tables, now);
-            let mut buf = vec![0u8; BUF];
-            buf[HEADROOM..HEADROOM + s.input.len()].copy_from_slice(&s.input);
-            let mut pkt = Packet::new(&mut buf, HEADROOM, s.input.len());
-            p.process(&tables, &mut pkt, 0);
-        }
-        let k = p.counters();
+        let (_, k) = run_row(&r);
         let drops: u64 = DropReason::ALL.iter().map(|d| k.drops_of(*d)).sum();
         assert_eq!(k.rx.get(), k.tx.get() + k.pass.get() + drops, "{}", r.name);
         assert_eq!(k.rx.get(), r.steps.len() as u64, "{}", r.name);
