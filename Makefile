@@ -24,3 +24,17 @@ build-release:
 ## The main job: real traffic through xlb on the namespace testbed (needs root).
 demo: build-release
 	bash deploy/demo.sh
+
+## Pipeline benchmarks (issue 2): criterion (1,000 VIPs, 10,000 backends, 1,000,000 flows),
+## then instructions per packet under callgrind; ends with one `NAME VALUE UNIT` line per
+## figure. About 3 minutes on the 2-core VM. See docs/benchmarks.md.
+BENCH_TARGET = $(or $(CARGO_TARGET_DIR),target)
+BENCH_OUT = $(BENCH_TARGET)/xlb-bench
+.PHONY: bench-pipeline
+bench-pipeline:
+	bash scripts/install-deps.sh bench
+	mkdir -p $(BENCH_OUT)
+	set -o pipefail; $(CARGO) bench -p dataplane --bench pipeline 2>&1 | tee $(BENCH_OUT)/criterion.log
+	set -o pipefail; bash perf/callgrind/run.sh $(BENCH_OUT) | tee $(BENCH_OUT)/callgrind.txt
+	@echo "== bench-pipeline summary (commit $$(git rev-parse --short HEAD 2>/dev/null)) =="
+	@python3 perf/callgrind/summary.py $(BENCH_TARGET)/criterion $(BENCH_OUT)/criterion.log $(BENCH_OUT)/callgrind.txt
