@@ -22,6 +22,7 @@ pub type AffinityKey = (u32, [u8; 16]);
 pub struct AffinityTable {
     map: papaya::HashMap<AffinityKey, (BackendRef, u32), foldhash::fast::RandomState>,
     capacity: usize,
+    last_reclaim_s: std::sync::atomic::AtomicU32,
 }
 
 impl AffinityTable {
@@ -33,6 +34,7 @@ impl AffinityTable {
                 .hasher(foldhash::fast::RandomState::default())
                 .build(),
             capacity,
+            last_reclaim_s: std::sync::atomic::AtomicU32::new(u32::MAX),
         }
     }
 
@@ -47,7 +49,11 @@ impl AffinityTable {
     pub fn put(&self, k: AffinityKey, r: BackendRef, expires_s: u32, now_s: u32) {
         let m = self.map.pin();
         if m.len() >= self.capacity && !m.contains_key(&k) {
-            m.retain(|_, v| v.1 >= now_s);
+            // Rescan at most once per second (whichever worker gets there first).
+            use std::sync::atomic::Ordering::Relaxed;
+            if self.last_reclaim_s.swap(now_s, Relaxed) != now_s {
+                m.retain(|_, v| v.1 >= now_s);
+            }
             if m.len() >= self.capacity {
                 return;
             }

@@ -66,12 +66,17 @@ pub struct FragEntry<A> {
 pub struct FragTable<A: Family> {
     map: HashMap<FragKey<A>, FragEntry<A>, foldhash::fast::RandomState>,
     capacity: usize,
+    last_reclaim_s: u32,
 }
 
 impl<A: Family> FragTable<A> {
     /// A table for at most `capacity` series (memory reserved up front).
     pub fn new(capacity: usize) -> Self {
-        Self { map: HashMap::with_capacity_and_hasher(capacity, foldhash::fast::RandomState::default()), capacity }
+        Self {
+            map: HashMap::with_capacity_and_hasher(capacity, foldhash::fast::RandomState::default()),
+            capacity,
+            last_reclaim_s: u32::MAX,
+        }
     }
 
     /// Records a series. When full, expired series are dropped first.
@@ -80,7 +85,11 @@ impl<A: Family> FragTable<A> {
     /// the caller counts `FragmentTableFull`.
     pub fn insert(&mut self, k: FragKey<A>, e: FragEntry<A>, now_s: u32) -> bool {
         if self.map.len() >= self.capacity && !self.map.contains_key(&k) {
-            self.map.retain(|_, v| v.expires_s >= now_s);
+            // Rescan at most once per second, so a full table costs a probe, not a scan.
+            if self.last_reclaim_s != now_s {
+                self.last_reclaim_s = now_s;
+                self.map.retain(|_, v| v.expires_s >= now_s);
+            }
             if self.map.len() >= self.capacity {
                 return false;
             }

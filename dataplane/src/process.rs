@@ -95,7 +95,7 @@ impl Default for PipelineConfig {
             frag_capacity: 8192,
             frag_timeout_s: 5,
             affinity_capacity: 1 << 16,
-            sweep_interval_ms: 10,
+            sweep_interval_ms: 100,
             max_services: 1 << 14,
             max_backends: 1 << 16,
         }
@@ -663,7 +663,9 @@ fn new_flow<A: Fam>(
     }
     if nat {
         let rk = reverse_key::<A>(&key, &flow, baddr, b.port, snat_addr);
-        st.ct.insert_rev(rk, RevFlow { client: key.src, vip: key.dst, cport: key.sport, vport: key.dport });
+        let rev =
+            RevFlow { client: key.src, vip: key.dst, cport: key.sport, vport: key.dport, check_s: flow.expires_s };
+        st.ct.insert_rev(rk, rev);
     }
     c.sched.conns.add(b.this, state.is_active());
     c.count_new_flow(svc.id, b.this);
@@ -728,7 +730,8 @@ fn transmit_forward<A: Fam>(
     if let Frag::First { id } = p.frag {
         let e = FragEntry { action, hop, backend: b.this, expires_s: c.now_s.saturating_add(c.cfg.frag_timeout_s) };
         if !st.frag.insert(FragKey { src, dst, id, proto: p.proto }, e, c.now_s) {
-            c.counters.count_drop(DropReason::FragmentTableFull);
+            // Its later fragments could not follow it, so sending it only wastes the path.
+            return Verdict::Drop(DropReason::FragmentTableFull);
         }
     }
     apply(pkt, p, action, b.port, flow.snat_port, flow.flags & flow_flags::SNAT != 0, hop)
@@ -815,7 +818,7 @@ fn reply<A: Fam>(
             expires_s: now.saturating_add(c.cfg.frag_timeout_s),
         };
         if !st.frag.insert(FragKey { src: rk.src, dst: rk.dst, id, proto: p.proto }, e, now) {
-            c.counters.count_drop(DropReason::FragmentTableFull);
+            return Verdict::Drop(DropReason::FragmentTableFull);
         }
     }
     let f = pkt.frame_mut();
