@@ -5,6 +5,8 @@
 
 pub mod config;
 pub mod duration;
+pub mod http;
+pub mod k8s;
 pub mod show;
 pub mod translate;
 

@@ -64,7 +64,12 @@ impl ProxyHealth {
         Self {
             timeout,
             created: SystemTime::now(),
-            inner: Mutex::new(Inner { last_updated: None, oldest_pending: None, node_eligible: true, node_seen: false }),
+            inner: Mutex::new(Inner {
+                last_updated: None,
+                oldest_pending: None,
+                node_eligible: true,
+                node_seen: false,
+            }),
         }
     }
 
@@ -140,7 +145,12 @@ impl ProxyHealth {
     pub fn livez(&self) -> HealthStatus {
         let now = SystemTime::now();
         let (healthy, last) = self.proxy_health(now);
-        HealthStatus { healthy, last_updated: if healthy { Some(now) } else { last }, current_time: now, node_eligible: true }
+        HealthStatus {
+            healthy,
+            last_updated: if healthy { Some(now) } else { last },
+            current_time: now,
+            node_eligible: true,
+        }
     }
 }
 

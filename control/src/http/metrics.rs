@@ -19,9 +19,11 @@ use prometheus_client::registry::Registry;
 
 use crate::translate::NoLocalEndpoints;
 
-/// Content type of [`ProxyMetrics::encode`]'s output (OpenMetrics text, which Prometheus
-/// scrapes natively).
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// Content type of [`ProxyMetrics::encode`]'s output (OpenMetrics text 1.0.0).
+pub const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// Content type of [`ProxyMetrics::encode_prometheus`]'s output (Prometheus text 0.0.4, what
+/// kube-proxy serves).
+pub const PROMETHEUS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// One worker's counters at scrape time.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -197,8 +199,20 @@ impl Collector for DataplaneCollector {
         let w = |s: &WorkerStats| [("worker", s.worker.to_string())];
         use MetricType::{Counter as C, Gauge as G};
         let e = &mut enc;
-        family(e, "xlb_worker_rx_packets", "Frames received by the worker.", C, workers.iter().map(|s| (w(s), s.rx_packets)))?;
-        family(e, "xlb_worker_tx_packets", "Frames transmitted by the worker.", C, workers.iter().map(|s| (w(s), s.tx_packets)))?;
+        family(
+            e,
+            "xlb_worker_rx_packets",
+            "Frames received by the worker.",
+            C,
+            workers.iter().map(|s| (w(s), s.rx_packets)),
+        )?;
+        family(
+            e,
+            "xlb_worker_tx_packets",
+            "Frames transmitted by the worker.",
+            C,
+            workers.iter().map(|s| (w(s), s.tx_packets)),
+        )?;
         family(
             e,
             "xlb_worker_pass_packets",
@@ -211,16 +225,26 @@ impl Collector for DataplaneCollector {
             "xlb_drops",
             "Packets dropped, by worker and reason.",
             C,
-            workers.iter().flat_map(|s| s.drops.iter().map(|(r, v)| ([("worker", s.worker.to_string()), ("reason", (*r).to_owned())], *v))),
+            workers.iter().flat_map(|s| {
+                s.drops.iter().map(|(r, v)| ([("worker", s.worker.to_string()), ("reason", (*r).to_owned())], *v))
+            }),
         )?;
         family(
             e,
             "xlb_events",
             "Dataplane events (rejects, resets, new flows, ...), by worker and event.",
             C,
-            workers.iter().flat_map(|s| s.events.iter().map(|(n, v)| ([("worker", s.worker.to_string()), ("event", (*n).to_owned())], *v))),
+            workers.iter().flat_map(|s| {
+                s.events.iter().map(|(n, v)| ([("worker", s.worker.to_string()), ("event", (*n).to_owned())], *v))
+            }),
         )?;
-        family(e, "xlb_conntrack_entries", "Flow-table entries now.", G, workers.iter().map(|s| (w(s), s.conntrack_entries)))?;
+        family(
+            e,
+            "xlb_conntrack_entries",
+            "Flow-table entries now.",
+            G,
+            workers.iter().map(|s| (w(s), s.conntrack_entries)),
+        )?;
         family(
             e,
             "xlb_conntrack_evictions",
@@ -231,7 +255,13 @@ impl Collector for DataplaneCollector {
         let services = view.services();
         let sl = |s: &ServiceStats| [("service", s.service.clone())];
         family(e, "xlb_service_packets", "Packets per Service table.", C, services.iter().map(|s| (sl(s), s.packets)))?;
-        family(e, "xlb_service_new_flows", "New flows per Service table.", C, services.iter().map(|s| (sl(s), s.new_flows)))?;
+        family(
+            e,
+            "xlb_service_new_flows",
+            "New flows per Service table.",
+            C,
+            services.iter().map(|s| (sl(s), s.new_flows)),
+        )?;
         let backends = view.backends();
         let bl = |b: &BackendStats| [("service", b.service.clone()), ("backend", b.backend.clone())];
         family(e, "xlb_backend_packets", "Packets per backend.", C, backends.iter().map(|b| (bl(b), b.packets)))?;
@@ -342,11 +372,11 @@ impl ProxyMetrics {
         let view: SharedView = Arc::new(RwLock::new(None));
         registry.register_collector(Box::new(DataplaneCollector { view: view.clone() }));
         for p in ["internal", "external"] {
-            no_local.get_or_create(&[("traffic_policy", p)]);
+            let _ = no_local.get_or_create(&[("traffic_policy", p)]);
         }
         for c in ["200", "503"] {
-            healthz.get_or_create(&[("code", c)]);
-            livez.get_or_create(&[("code", c)]);
+            let _ = healthz.get_or_create(&[("code", c)]);
+            let _ = livez.get_or_create(&[("code", c)]);
         }
         Self {
             registry,
@@ -409,7 +439,7 @@ impl ProxyMetrics {
         self.watch_errors.get_or_create(&[("resource", resource.to_owned())]).inc();
     }
 
-    /// The whole exposition, OpenMetrics text ([`CONTENT_TYPE`]).
+    /// The whole exposition, OpenMetrics text ([`OPENMETRICS_CONTENT_TYPE`]).
     ///
     /// # Errors
     /// Only if a label value cannot be written (not expected).
@@ -418,6 +448,45 @@ impl ProxyMetrics {
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)
     }
+
+    /// The whole exposition in the Prometheus text format 0.0.4
+    /// ([`PROMETHEUS_CONTENT_TYPE`]), as kube-proxy serves it: [`encode`](Self::encode)'s
+    /// output with counters' `# HELP`/`# TYPE` lines named with their `_total` suffix, and
+    /// without the `# UNIT` and `# EOF` lines.
+    ///
+    /// # Errors
+    /// As [`encode`](Self::encode).
+    pub fn encode_prometheus(&self) -> Result<String, fmt::Error> {
+        Ok(openmetrics_to_prometheus(&self.encode()?))
+    }
+}
+
+/// Converts OpenMetrics text as prometheus-client writes it to the Prometheus text format
+/// 0.0.4 (see [`ProxyMetrics::encode_prometheus`]).
+pub fn openmetrics_to_prometheus(om: &str) -> String {
+    let counters: std::collections::HashSet<&str> =
+        om.lines().filter_map(|l| l.strip_prefix("# TYPE ")).filter_map(|l| l.strip_suffix(" counter")).collect();
+    let mut out = String::with_capacity(om.len());
+    for l in om.lines() {
+        if l == "# EOF" || l.starts_with("# UNIT ") {
+            continue;
+        }
+        let meta = ["# HELP ", "# TYPE "].into_iter().find_map(|p| l.strip_prefix(p).map(|rest| (p, rest)));
+        if let Some((prefix, rest)) = meta {
+            let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+            if counters.contains(name) {
+                out.push_str(prefix);
+                out.push_str(name);
+                out.push_str("_total ");
+                out.push_str(tail);
+                out.push('\n');
+                continue;
+            }
+        }
+        out.push_str(l);
+        out.push('\n');
+    }
+    out
 }
 
 #[cfg(test)]
@@ -459,5 +528,11 @@ mod tests {
         assert!(text.contains("xlb_worker_rx_packets_total{worker=\"3\"} 5"), "{text}");
         assert!(text.contains("xlb_drops_total{worker=\"3\",reason=\"no_neighbour\"} 1"), "{text}");
         assert!(text.contains("kubeproxy_proxy_healthz_total{code=\"503\"} 0"), "{text}");
+        let classic = m.encode_prometheus().unwrap();
+        assert!(classic.contains("# TYPE xlb_worker_rx_packets_total counter\n"), "{classic}");
+        assert!(classic.contains("# HELP xlb_worker_rx_packets_total Frames received"), "{classic}");
+        assert!(classic.contains("# TYPE kubeproxy_sync_proxy_rules_no_local_endpoints_total gauge\n"), "{classic}");
+        assert!(classic.contains("# TYPE kubeproxy_sync_proxy_rules_duration_seconds histogram\n"), "{classic}");
+        assert!(!classic.contains("# EOF"), "{classic}");
     }
 }

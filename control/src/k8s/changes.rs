@@ -31,10 +31,7 @@ impl ServiceRef {
 
     /// The Service itself.
     pub fn of_service(s: &Service) -> Self {
-        Self::new(
-            s.metadata.namespace.as_deref().unwrap_or("default"),
-            s.metadata.name.as_deref().unwrap_or_default(),
-        )
+        Self::new(s.metadata.namespace.as_deref().unwrap_or("default"), s.metadata.name.as_deref().unwrap_or_default())
     }
 
     /// The Service an EndpointSlice belongs to, through its `kubernetes.io/service-name`
@@ -146,10 +143,7 @@ impl Changes {
 pub fn diff_states(old: &ClusterState, new: &ClusterState) -> Changes {
     use std::collections::BTreeMap;
     fn key(m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> (String, String) {
-        (
-            m.namespace.clone().unwrap_or_else(|| "default".to_owned()),
-            m.name.clone().unwrap_or_default(),
-        )
+        (m.namespace.clone().unwrap_or_else(|| "default".to_owned()), m.name.clone().unwrap_or_default())
     }
     let node_same = match (&old.node, &new.node) {
         (None, None) => true,
@@ -229,7 +223,11 @@ mod tests {
     fn restrict_keeps_touched_services_and_their_slices() {
         let state = ClusterState {
             services: vec![svc("a", "web"), svc("a", "db"), svc("b", "web")],
-            endpoint_slices: vec![slice("a", "web-1", Some("web")), slice("b", "web-1", Some("web")), slice("a", "x", None)],
+            endpoint_slices: vec![
+                slice("a", "web-1", Some("web")),
+                slice("b", "web-1", Some("web")),
+                slice("a", "x", None),
+            ],
             node: None,
         };
         let mut c = Changes::default();
@@ -256,6 +254,9 @@ mod tests {
         new.endpoint_slices.retain(|s| s.metadata.name.as_deref() != Some("db-1"));
         new.endpoint_slices.push(slice("a", "cache-1", Some("cache")));
         let Changes::Services(set) = diff_states(&old, &new) else { panic!("partial expected") };
-        assert_eq!(set.into_iter().collect::<Vec<_>>(), vec![ServiceRef::new("a", "cache"), ServiceRef::new("a", "db")]);
+        assert_eq!(
+            set.into_iter().collect::<Vec<_>>(),
+            vec![ServiceRef::new("a", "cache"), ServiceRef::new("a", "db")]
+        );
     }
 }

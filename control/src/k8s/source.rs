@@ -8,9 +8,9 @@ use std::time::{Duration, Instant, SystemTime};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, NodeAddress, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, Resource};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
@@ -136,7 +136,7 @@ impl Kind {
 }
 
 /// The node fields a table depends on (name, zone and other labels, addresses).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 struct NodeFingerprint {
     labels: Option<BTreeMap<String, String>>,
     addresses: Option<Vec<NodeAddress>>,
@@ -246,10 +246,16 @@ impl Shared {
     }
 }
 
+/// `t + d`, saturating at about a year ahead (periods are validated to be sane, but an
+/// `Instant` overflow would panic).
+fn after(t: Instant, d: Duration) -> Instant {
+    t.checked_add(d.min(Duration::from_secs(365 * 86_400))).unwrap_or(t)
+}
+
 fn trigger_time(s: &EndpointSlice) -> Option<SystemTime> {
     let v = s.metadata.annotations.as_ref()?.get(ANNOTATION_LAST_CHANGE_TRIGGER_TIME)?;
     let ts: k8s_openapi::jiff::Timestamp = v.parse().ok()?;
-    SystemTime::try_from(ts).ok()
+    Some(SystemTime::from(ts))
 }
 
 fn find_node(store: &Store<Node>, name: &str) -> Option<Arc<Node>> {
@@ -370,8 +376,9 @@ impl Source {
     ///
     /// Cancel-safe: dropping the future (in `select!` or `timeout`) loses nothing.
     pub async fn next_snapshot(&mut self) -> Snapshot {
+        let shared = self.shared.clone();
         loop {
-            let notified = self.shared.notify.notified();
+            let notified = shared.notify.notified();
             match self.poll_due(Instant::now()) {
                 Ok(s) => return s,
                 Err(Some(deadline)) => {
@@ -391,11 +398,15 @@ impl Source {
         self.poll_due(Instant::now()).ok()
     }
 
-    /// When the next snapshot is due if nothing changes before (`None`: waiting for the
-    /// initial lists, or for a change).
+    /// When the next snapshot is due if nothing changes before: now or earlier when one is
+    /// due, `None` while waiting for the initial lists.
     pub fn next_deadline(&self) -> Option<Instant> {
+        let now = Instant::now();
         let p = self.shared.lock();
-        self.deadline(&p, Instant::now()).err().flatten()
+        match self.deadline(&p, now) {
+            Ok(_) => Some(now),
+            Err(d) => d,
+        }
     }
 
     /// `Ok(reason)` if a snapshot is due, else `Err(when)`.
@@ -404,9 +415,10 @@ impl Source {
             return Err(None);
         }
         let Some(last) = self.last_sync else { return Ok(SyncReason::Initial) };
-        let periodic = last + self.cfg.sync_period;
+        let periodic = after(last, self.cfg.sync_period);
         if p.dirty {
-            let due = p.not_before.map_or(last + self.cfg.min_sync_period, |t| t.max(last + self.cfg.min_sync_period));
+            let min = after(last, self.cfg.min_sync_period);
+            let due = p.not_before.map_or(min, |t| t.max(min));
             if now >= due {
                 return Ok(SyncReason::Changes);
             }
@@ -448,15 +460,7 @@ impl Source {
             endpoint_slices = state.endpoint_slices.len(),
             "snapshot"
         );
-        Ok(Snapshot {
-            generation: self.generation,
-            reason,
-            changes,
-            state,
-            started: Instant::now(),
-            oldest_queued,
-            triggers,
-        })
+        Ok(Snapshot { generation: self.generation, reason, changes, state, started: now, oldest_queued, triggers })
     }
 
     /// The stores' current contents.
@@ -508,7 +512,7 @@ impl Source {
         let mut p = self.shared.lock();
         p.changes.set_full();
         p.dirty = true;
-        p.not_before = Some(Instant::now() + self.cfg.min_sync_period.max(MIN_RETRY));
+        p.not_before = Some(after(Instant::now(), self.cfg.min_sync_period.max(MIN_RETRY)));
         p.oldest_queued = Some(match (p.oldest_queued, snap.oldest_queued) {
             (Some(a), Some(b)) => a.min(b),
             (a, b) => a.or(b).unwrap_or_else(SystemTime::now),
@@ -523,12 +527,18 @@ impl Source {
 /// Runs one watcher into its store until the task is aborted. Errors are logged and
 /// counted; the stream is never stopped on them (the watcher recovers by itself after the
 /// backoff).
-async fn watch_loop<K, F>(api: Api<K>, wc: watcher::Config, writer: reflector::store::Writer<K>, kind: Kind, shared: Arc<Shared>, on_change: F)
-where
+async fn watch_loop<K, F>(
+    api: Api<K>,
+    wc: watcher::Config,
+    writer: reflector::store::Writer<K>,
+    kind: Kind,
+    shared: Arc<Shared>,
+    on_change: F,
+) where
     K: Resource<DynamicType = ()> + Clone + fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
     F: Fn(&Shared, &K, bool) + Send + 'static,
 {
-    let stream = watcher(api, wc).default_backoff().modify(strip::<K>).reflect(writer);
+    let stream = watcher::watcher(api, wc).default_backoff().modify(strip::<K>).reflect(writer);
     let mut stream = std::pin::pin!(stream);
     while let Some(ev) = stream.next().await {
         match ev {
@@ -543,8 +553,14 @@ where
     tracing::error!(resource = kind.resource(), "watch stream ended");
 }
 
-async fn node_loop(api: Api<Node>, wc: watcher::Config, writer: reflector::store::Writer<Node>, store: Store<Node>, shared: Arc<Shared>) {
-    let stream = watcher(api, wc).default_backoff().modify(strip::<Node>).reflect(writer);
+async fn node_loop(
+    api: Api<Node>,
+    wc: watcher::Config,
+    writer: reflector::store::Writer<Node>,
+    store: Store<Node>,
+    shared: Arc<Shared>,
+) {
+    let stream = watcher::watcher(api, wc).default_backoff().modify(strip::<Node>).reflect(writer);
     let mut stream = std::pin::pin!(stream);
     while let Some(ev) = stream.next().await {
         match ev {

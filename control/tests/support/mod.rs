@@ -1,0 +1,67 @@
+//! Test support: the fake API server, object builders and a tiny HTTP client.
+
+pub(crate) mod fake_apiserver;
+
+use std::net::SocketAddr;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Our node's name.
+pub(crate) const NODE: &str = "node-a";
+
+/// A ClusterIP Service with TCP ports `(name, port, targetPort)`.
+pub(crate) fn service(ns: &str, name: &str, cluster_ip: &str, ports: &[(&str, i32, i32)]) -> Value {
+    json!({
+        "metadata": {"namespace": ns, "name": name},
+        "spec": {
+            "type": "ClusterIP",
+            "clusterIP": cluster_ip,
+            "clusterIPs": [cluster_ip],
+            "ports": ports.iter().map(|(n, p, t)| json!({"name": n, "port": p, "targetPort": t, "protocol": "TCP"})).collect::<Vec<_>>(),
+        }
+    })
+}
+
+/// An IPv4 EndpointSlice of Service `svc` with endpoints `(address, ready, nodeName)` and
+/// ports `(name, port)`.
+pub(crate) fn slice(ns: &str, name: &str, svc: &str, endpoints: &[(&str, bool, &str)], ports: &[(&str, i32)]) -> Value {
+    json!({
+        "metadata": {"namespace": ns, "name": name, "labels": {"kubernetes.io/service-name": svc}},
+        "addressType": "IPv4",
+        "endpoints": endpoints.iter().map(|(a, r, n)| json!({
+            "addresses": [a], "conditions": {"ready": r, "serving": r, "terminating": false}, "nodeName": n
+        })).collect::<Vec<_>>(),
+        "ports": ports.iter().map(|(n, p)| json!({"name": n, "port": p, "protocol": "TCP"})).collect::<Vec<_>>(),
+    })
+}
+
+/// A Node with one InternalIP.
+pub(crate) fn node(name: &str, ip: &str) -> Value {
+    json!({
+        "metadata": {"name": name, "labels": {"topology.kubernetes.io/zone": "zone-a"}},
+        "status": {"addresses": [{"type": "InternalIP", "address": ip}]}
+    })
+}
+
+/// A plain HTTP/1.1 GET: (status, headers, body).
+pub(crate) async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String, String)> {
+    http_get_with(addr, path, "").await
+}
+
+/// A plain HTTP/1.1 GET with extra header lines (each ending in `\r\n`).
+pub(crate) async fn http_get_with(
+    addr: SocketAddr,
+    path: &str,
+    headers: &str,
+) -> std::io::Result<(u16, String, String)> {
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n{headers}Connection: close\r\n\r\n").as_bytes())
+        .await?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let code = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    Ok((code, head.to_owned(), body.to_owned()))
+}
