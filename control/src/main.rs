@@ -39,9 +39,17 @@ enum Command {
     /// Run the load balancer in standalone mode until SIGINT/SIGTERM. SIGHUP, or a change
     /// of FILE, reloads it atomically; a bad file is logged and the running tables stay.
     Run {
-        /// Config file (standalone mode).
+        /// The XlbConfiguration; in standalone mode (neither --kubernetes nor --kubeconfig)
+        /// also the Service, EndpointSlice and Node objects.
         #[arg(long, value_name = "FILE")]
         config: PathBuf,
+        /// Watch the API server with in-cluster credentials (KUBERNETES_SERVICE_HOST/PORT
+        /// must name the API server itself, not the `kubernetes` Service VIP).
+        #[arg(long, conflicts_with = "kubeconfig")]
+        kubernetes: bool,
+        /// Watch the API server with this kubeconfig.
+        #[arg(long, value_name = "PATH")]
+        kubeconfig: Option<PathBuf>,
         /// Admin socket path.
         #[arg(long, value_name = "PATH", default_value = admin::DEFAULT_SOCKET)]
         admin_socket: PathBuf,
@@ -85,7 +93,14 @@ fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         },
-        Command::Run { config, admin_socket } => report(run::run(config, admin_socket)),
+        Command::Run { config, kubernetes, kubeconfig, admin_socket } => {
+            let source = match (kubernetes, kubeconfig) {
+                (_, Some(k)) => run::StateSource::Kubernetes { kubeconfig: Some(k) },
+                (true, None) => run::StateSource::Kubernetes { kubeconfig: None },
+                (false, None) => run::StateSource::File,
+            };
+            report(run::run(config, admin_socket, source))
+        }
         Command::Services { admin_socket } => ask(&admin_socket, "services"),
         Command::Conntrack { admin_socket } => ask(&admin_socket, "conntrack"),
         Command::Stats { admin_socket } => ask(&admin_socket, "stats"),

@@ -1,4 +1,10 @@
-//! `xlb run --config FILE`: standalone mode.
+//! `xlb run --config FILE [--kubernetes | --kubeconfig PATH]`.
+//!
+//! FILE always holds the XlbConfiguration. In standalone mode it also holds the Services,
+//! EndpointSlices and Node; with `--kubernetes` (in-cluster credentials) or `--kubeconfig`
+//! they come from the API server through [`xlb::k8s::Source`] instead, and nothing is
+//! programmed until every initial list is complete. Both modes serve `/healthz` and `/livez`
+//! (kube-proxy semantics) and `/metrics` on the configured addresses.
 //!
 //! Start-up: load and translate the file → fill in interface MACs/MTUs and the kernel's
 //! neighbour table → build and publish the tables → attach the steering program to every
@@ -25,6 +31,7 @@ use dataplane::tables::{NeighbourSpec, TableBuilder, Tables, TablesHandle, Table
 use dataplane::worker::{self, Fabric, WorkerHandle, WorkerSpec};
 use dataplane::xsk::{CopyMode, XskConfig};
 use nic_config::{ServiceKey, Steering, XdpMode, neighbours};
+use xlb::translate::ClusterState;
 
 use crate::admin;
 
@@ -33,18 +40,31 @@ use crate::admin;
 /// own connections never land in xlb when the SNAT address is a node address.
 pub(crate) const SNAT_PORTS: (u16, u16) = (61000, 65535);
 
-struct Loaded {
-    spec: TablesSpec,
-    config: xlb::config::Config,
+/// Where Services, EndpointSlices and the Node come from.
+#[derive(Debug, Clone)]
+pub(crate) enum StateSource {
+    /// The config file itself.
+    File,
+    /// The API server; `None` = in-cluster credentials.
+    Kubernetes {
+        /// Kubeconfig path.
+        kubeconfig: Option<PathBuf>,
+    },
 }
 
-fn load(path: &Path) -> Result<Loaded> {
-    let loaded = xlb::config::load_file(path)?;
-    let (spec, report) = xlb::translate::build_spec(&loaded.cluster, &loaded.config)?;
+/// Translates and builds tables for a cluster state.
+fn build(
+    cluster: &ClusterState,
+    config: &xlb::config::Config,
+    builder: &mut TableBuilder,
+) -> Result<(Tables, xlb::translate::TranslateReport)> {
+    let (mut spec, report) = xlb::translate::build_spec(cluster, config)?;
     for i in &report.issues {
         tracing::warn!("{i}");
     }
-    Ok(Loaded { spec, config: loaded.config })
+    complete_spec(&mut spec, config)?;
+    let t = builder.build(&spec).map_err(|e| anyhow::anyhow!("the tables cannot be built: {e}"))?;
+    Ok((t, report))
 }
 
 /// Fills in what the file cannot know: interface MACs and MTUs, and the kernel's neighbours.
@@ -136,21 +156,66 @@ fn mtime(p: &Path) -> Option<SystemTime> {
 }
 
 /// Runs until SIGINT or SIGTERM.
-pub(crate) fn run(path: PathBuf, admin_socket: PathBuf) -> Result<()> {
+pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource) -> Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     let reload = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGINT, stop.clone())?;
     signal_hook::flag::register(signal_hook::consts::SIGTERM, stop.clone())?;
     signal_hook::flag::register(signal_hook::consts::SIGHUP, reload.clone())?;
 
-    let Loaded { mut spec, config } = load(&path)?;
+    let loaded = xlb::config::load_file(&path)?;
+    let config = loaded.config;
     if config.interfaces.is_empty() {
         bail!("{}: `interfaces` is empty: xlb needs at least one interface to attach to", path.display());
     }
-    complete_spec(&mut spec, &config)?;
+    // The control plane's runtime: HTTP servers and the Kubernetes watchers. One thread; the
+    // workers are plain threads pinned to their cores.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("xlb-control")
+        .enable_all()
+        .build()?;
+    let telemetry = xlb::http::Telemetry::new(config.sync_period);
+    let _healthz = rt.block_on(xlb::http::serve_healthz(config.healthz_bind_address, telemetry.clone()))?;
+    let _metrics = rt.block_on(xlb::http::serve_metrics(config.metrics_bind_address, telemetry.metrics.clone()))?;
+    let mut k8s = match &source {
+        StateSource::File => None,
+        StateSource::Kubernetes { kubeconfig } => {
+            if !loaded.cluster.services.is_empty() || !loaded.cluster.endpoint_slices.is_empty() {
+                tracing::warn!(config = %path.display(), "Service and EndpointSlice objects in the file are ignored: they come from the API server");
+            }
+            let client = rt.block_on(xlb::k8s::client(kubeconfig.as_deref()))?;
+            let scfg = xlb::k8s::SourceConfig::from_config(&config)?;
+            let node = scfg.node_name.clone();
+            let _guard = rt.enter();
+            let src = xlb::k8s::Source::start(client, scfg, telemetry.clone());
+            let hc = xlb::http::HealthCheckServers::new(IpAddr::from([0, 0, 0, 0]), telemetry.health.clone());
+            Some((src, hc, node))
+        }
+    };
+    // Nothing is programmed before the first consistent state (no empty-table blip).
+    let mut cluster = match &mut k8s {
+        None => loaded.cluster,
+        Some((src, hc, node)) => {
+            let snap = loop {
+                if stop.load(Ordering::Relaxed) {
+                    return Ok(());
+                }
+                if let Ok(s) = rt.block_on(tokio::time::timeout(Duration::from_millis(500), src.next_snapshot())) {
+                    break s;
+                }
+                tracing::info!("waiting for the initial lists of Services, EndpointSlices and the Node");
+            };
+            for e in rt.block_on(hc.sync(&xlb::k8s::health_check_services(&snap.state, node))) {
+                tracing::warn!("{e}");
+            }
+            snap.state
+        }
+    };
     let mut builder = TableBuilder::new();
-    let tables =
-        builder.build(&spec).map_err(|e| anyhow::anyhow!("{}: the tables cannot be built: {e}", path.display()))?;
+    let (tables, report) = build(&cluster, &config, &mut builder).with_context(|| path.display().to_string())?;
+    telemetry.metrics.set_no_local_endpoints(report.no_local_endpoints);
+    telemetry.health.updated(SystemTime::now());
     let handle = TablesHandle::new(tables);
 
     // Cores: read the allowed set before pinning anything (core_affinity reports the calling
@@ -209,8 +274,20 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf) -> Result<()> {
         }
         sync_steering(&mut steering, &handle.load())?;
         let admin = admin::serve(&admin_socket, handle.clone(), &workers)?;
-        tracing::info!(config = %path.display(), workers = nworkers, "xlb running");
-        supervise(&path, &config, &mut builder, &handle, &mut steering, &stop, &reload)?;
+        let view =
+            xlb::http::CountersView::new(handle.clone(), workers.iter().map(|w| (w.id, w.counters.clone())).collect());
+        telemetry.metrics.set_dataplane(Arc::new(view));
+        tracing::info!(config = %path.display(), workers = nworkers, source = ?source, "xlb running");
+        let mut sup = Supervisor {
+            path: &path,
+            config: config.clone(),
+            builder: &mut builder,
+            handle: &handle,
+            steering: &mut steering,
+            telemetry: &telemetry,
+            rt: &rt,
+        };
+        sup.run(&mut cluster, k8s.as_mut(), &stop, &reload)?;
         drop(admin);
         Ok(())
     })();
@@ -229,69 +306,113 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf) -> Result<()> {
     result
 }
 
-fn supervise(
-    path: &Path,
-    config: &xlb::config::Config,
-    builder: &mut TableBuilder,
-    handle: &TablesHandle,
-    steering: &mut [Steering],
-    stop: &AtomicBool,
-    reload: &AtomicBool,
-) -> Result<()> {
-    let mut watcher = neighbours::NeighbourWatcher::new()?;
-    let mut last_mtime = mtime(path);
-    let mut config = config.clone();
-    let mut dirty = false;
-    let mut last_resolve = Instant::now() - Duration::from_secs(60);
-    while !stop.load(Ordering::Relaxed) {
-        // Neighbour changes (blocks up to 200 ms: this is also the loop's tick).
-        match watcher.recv_timeout(Duration::from_millis(200)) {
-            Ok(Some(_)) => dirty = true,
-            Ok(None) => {}
-            Err(e) => tracing::warn!(error = %e, "neighbour watch"),
-        }
-        let m = mtime(path);
-        if reload.swap(false, Ordering::Relaxed) || m != last_mtime {
-            last_mtime = m;
-            match load(path) {
-                Ok(l) => {
-                    config = l.config;
-                    dirty = true;
-                    tracing::info!(config = %path.display(), "configuration reloaded");
-                }
-                Err(e) => tracing::error!("{e:#}; keeping the running tables"),
-            }
-        }
-        if dirty {
-            dirty = false;
-            match rebuild(path, &config, builder) {
-                Ok(t) => {
-                    let unresolved = t.unresolved.clone();
-                    handle.publish(t);
-                    if let Err(e) = sync_steering(steering, &handle.load()) {
-                        tracing::error!(error = %e, "steering maps");
-                    }
-                    resolve(&config, &unresolved);
-                    last_resolve = Instant::now();
-                }
-                Err(e) => tracing::error!("{e:#}; keeping the running tables"),
-            }
-        }
-        if last_resolve.elapsed() > Duration::from_secs(2) {
-            let t = handle.load();
-            if !t.unresolved.is_empty() {
-                resolve(&config, &t.unresolved);
-            }
-            last_resolve = Instant::now();
-        }
-    }
-    Ok(())
+struct Supervisor<'a> {
+    path: &'a Path,
+    config: xlb::config::Config,
+    builder: &'a mut TableBuilder,
+    handle: &'a TablesHandle,
+    steering: &'a mut [Steering],
+    telemetry: &'a xlb::http::Telemetry,
+    rt: &'a tokio::runtime::Runtime,
 }
 
-fn rebuild(path: &Path, config: &xlb::config::Config, builder: &mut TableBuilder) -> Result<Tables> {
-    let Loaded { mut spec, .. } = load(path)?;
-    complete_spec(&mut spec, config)?;
-    builder.build(&spec).map_err(|e| anyhow::anyhow!("{}: the tables cannot be built: {e}", path.display()))
+type K8s = (xlb::k8s::Source, xlb::http::HealthCheckServers, String);
+
+impl Supervisor<'_> {
+    /// Rebuilds from `cluster` and publishes; on error logs and keeps the running tables.
+    fn rebuild(&mut self, cluster: &ClusterState) -> Option<xlb::translate::TranslateReport> {
+        let started = Instant::now();
+        match build(cluster, &self.config, self.builder) {
+            Ok((t, report)) => {
+                let unresolved = t.unresolved.clone();
+                self.handle.publish(t);
+                if let Err(e) = sync_steering(self.steering, &self.handle.load()) {
+                    tracing::error!(error = %e, "steering maps");
+                }
+                resolve(&self.config, &unresolved);
+                self.telemetry.metrics.observe_sync(started.elapsed());
+                self.telemetry.metrics.set_no_local_endpoints(report.no_local_endpoints);
+                self.telemetry.metrics.set_last_sync(SystemTime::now());
+                self.telemetry.health.updated(SystemTime::now());
+                Some(report)
+            }
+            Err(e) => {
+                tracing::error!("{}: {e:#}; keeping the running tables", self.path.display());
+                None
+            }
+        }
+    }
+
+    fn run(
+        &mut self,
+        cluster: &mut ClusterState,
+        mut k8s: Option<&mut K8s>,
+        stop: &AtomicBool,
+        reload: &AtomicBool,
+    ) -> Result<()> {
+        let mut watcher = neighbours::NeighbourWatcher::new()?;
+        let mut last_mtime = mtime(self.path);
+        let mut dirty = false;
+        let mut last_resolve = Instant::now();
+        let mut last_periodic = Instant::now();
+        while !stop.load(Ordering::Relaxed) {
+            // Neighbour changes (blocks up to 100 ms: part of the loop's tick).
+            match watcher.recv_timeout(Duration::from_millis(100)) {
+                Ok(Some(_)) => dirty = true,
+                Ok(None) => {}
+                Err(e) => tracing::warn!(error = %e, "neighbour watch"),
+            }
+            let m = mtime(self.path);
+            if reload.swap(false, Ordering::Relaxed) || m != last_mtime {
+                last_mtime = m;
+                match xlb::config::load_file(self.path) {
+                    Ok(l) => {
+                        self.config = l.config;
+                        if k8s.is_none() {
+                            *cluster = l.cluster;
+                        }
+                        dirty = true;
+                        tracing::info!(config = %self.path.display(), "configuration reloaded");
+                    }
+                    Err(e) => tracing::error!("{e:#}; keeping the running tables"),
+                }
+            }
+            if let Some((src, hc, node)) = k8s.as_deref_mut() {
+                let next = self.rt.block_on(tokio::time::timeout(Duration::from_millis(100), src.next_snapshot()));
+                if let Ok(snap) = next {
+                    *cluster = snap.state.clone();
+                    match self.rebuild(cluster) {
+                        Some(report) => {
+                            src.published(&snap, &report);
+                            for e in self.rt.block_on(hc.sync(&xlb::k8s::health_check_services(cluster, node))) {
+                                tracing::warn!("{e}");
+                            }
+                        }
+                        None => src.sync_failed(snap),
+                    }
+                    dirty = false;
+                }
+            } else if last_periodic.elapsed() >= self.config.sync_period {
+                // Standalone: a periodic full resync repairs outside interference with the
+                // steering maps (SYNC-04) and keeps /healthz fresh.
+                dirty = true;
+            }
+            if dirty {
+                dirty = false;
+                last_periodic = Instant::now();
+                self.rebuild(cluster);
+                last_resolve = Instant::now();
+            }
+            if last_resolve.elapsed() > Duration::from_secs(2) {
+                let t = self.handle.load();
+                if !t.unresolved.is_empty() {
+                    resolve(&self.config, &t.unresolved);
+                }
+                last_resolve = Instant::now();
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Asks the kernel to resolve next hops xlb could not find (counted `no_neighbour` drops until
