@@ -201,7 +201,9 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource) -> 
                 if stop.load(Ordering::Relaxed) {
                     return Ok(());
                 }
-                if let Ok(s) = rt.block_on(tokio::time::timeout(Duration::from_millis(500), src.next_snapshot())) {
+                if let Ok(s) =
+                    rt.block_on(async { tokio::time::timeout(Duration::from_millis(500), src.next_snapshot()).await })
+                {
                     break s;
                 }
                 tracing::info!("waiting for the initial lists of Services, EndpointSlices and the Node");
@@ -378,7 +380,9 @@ impl Supervisor<'_> {
                 }
             }
             if let Some((src, hc, node)) = k8s.as_deref_mut() {
-                let next = self.rt.block_on(tokio::time::timeout(Duration::from_millis(100), src.next_snapshot()));
+                let next = self
+                    .rt
+                    .block_on(async { tokio::time::timeout(Duration::from_millis(100), src.next_snapshot()).await });
                 if let Ok(snap) = next {
                     *cluster = snap.state.clone();
                     match self.rebuild(cluster) {

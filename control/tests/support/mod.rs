@@ -1,4 +1,5 @@
 //! Test support: the fake API server, object builders and a tiny HTTP client.
+#![allow(dead_code, reason = "shared by several test binaries, each of which uses a part")]
 
 pub(crate) mod fake_apiserver;
 

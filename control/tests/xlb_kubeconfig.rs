@@ -1,0 +1,189 @@
+//! The real `xlb` binary in Kubernetes mode (`xlb run --kubeconfig`) against the in-process
+//! fake API server, inside a network namespace this test creates (the API server, xlb, its
+//! XDP program and its HTTP servers all live there; nothing touches the root namespace).
+//! Asserts the published tables through `xlb services` and the health and metrics endpoints,
+//! across Service and EndpointSlice changes. Needs root (CI is root); skips with a message
+//! otherwise.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::fake_apiserver::{FakeApiServer, Res};
+use support::{NODE, node, service, slice};
+
+struct Netns(String);
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+struct Xlb(Child);
+
+impl Drop for Xlb {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").args(["-TERM", &self.0.id().to_string()]).status();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if matches!(self.0.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn sh(args: &[&str]) -> String {
+    let out = Command::new(args[0]).args(&args[1..]).output().expect("spawn");
+    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn in_ns(ns: &str, args: &[&str]) -> std::process::Output {
+    Command::new("ip").args(["netns", "exec", ns]).args(args).output().expect("spawn")
+}
+
+fn services(ns: &str, sock: &Path) -> String {
+    let out = in_ns(ns, &[env!("CARGO_BIN_EXE_xlb"), "services", "--admin-socket", &sock.display().to_string()]);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn wait_until(what: &str, mut f: impl FnMut() -> Option<String>) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        match f() {
+            Some(s) => return s,
+            None => std::thread::sleep(Duration::from_millis(200)),
+        }
+    }
+    panic!("timed out waiting for {what}");
+}
+
+#[test]
+fn xlb_with_a_kubeconfig_programs_what_the_api_server_holds_and_follows_changes() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("xlb_with_a_kubeconfig_programs_what_the_api_server_holds_and_follows_changes: skipped: needs root");
+        return;
+    }
+    let ns = format!("xk{}", std::process::id());
+    sh(&["ip", "netns", "add", &ns]);
+    let _ns = Netns(ns.clone());
+    sh(&["ip", "-n", &ns, "link", "set", "lo", "up"]);
+    sh(&["ip", "link", "add", "xk0", "netns", &ns, "type", "veth", "peer", "name", "xk1", "netns", &ns]);
+    sh(&["ip", "-n", &ns, "addr", "add", "10.251.0.1/24", "dev", "xk0"]);
+    sh(&["ip", "-n", &ns, "link", "set", "xk0", "up"]);
+    sh(&["ip", "-n", &ns, "link", "set", "xk1", "up"]);
+
+    // The fake API server runs on threads that entered the namespace before its runtime
+    // started, so it listens on the namespace's loopback.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (change_tx, change_rx) = std::sync::mpsc::channel::<()>();
+    let ns2 = ns.clone();
+    let server_thread = std::thread::spawn(move || {
+        let f = std::fs::File::open(format!("/run/netns/{ns2}")).expect("netns file");
+        nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let server = rt.block_on(FakeApiServer::start());
+        server.apply(Res::Nodes, node(NODE, "10.251.0.1"));
+        server.apply(Res::Services, service("shop", "web", "10.96.0.10", &[("http", 80, 8080)]));
+        server.apply(
+            Res::EndpointSlices,
+            slice("shop", "web-1", "web", &[("10.251.0.2", true, NODE)], &[("http", 8080)]),
+        );
+        tx.send(server.url()).expect("send url");
+        // Apply the changes when the test asks; serve until the test drops its sender.
+        for () in change_rx {
+            server.apply(
+                Res::EndpointSlices,
+                slice(
+                    "shop",
+                    "web-1",
+                    "web",
+                    &[("10.251.0.2", true, NODE), ("10.251.0.3", true, NODE)],
+                    &[("http", 8080)],
+                ),
+            );
+            server.apply(Res::Services, service("shop", "db", "10.96.0.20", &[("pg", 5432, 5432)]));
+        }
+        drop(rt);
+    });
+    let url = rx.recv_timeout(Duration::from_secs(20)).expect("fake API server url");
+
+    let dir = PathBuf::from(format!("/tmp/xlb-kubeconfig-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let kubeconfig = dir.join("kubeconfig.yaml");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster: {{server: \"{url}\"}}\ncontexts:\n- name: fake\n  context: {{cluster: fake, user: fake}}\ncurrent-context: fake\nusers:\n- name: fake\n  user: {{}}\n"
+        ),
+    )
+    .expect("write kubeconfig");
+    let config = dir.join("xlb.yaml");
+    std::fs::write(
+        &config,
+        "apiVersion: xlb.dev/v1alpha1\nkind: XlbConfiguration\nnodeName: node-a\nminSyncPeriod: 200ms\nsyncPeriod: 30s\n\
+         healthzBindAddress: 127.0.0.1:10256\nmetricsBindAddress: 127.0.0.1:10249\n\
+         interfaces: [{name: xk0, queues: [0]}]\ncores: [0]\nsnatAddresses: {ipv4: 10.251.0.1}\n",
+    )
+    .expect("write config");
+    let sock = dir.join("xlb.sock");
+    let log = std::fs::File::create(dir.join("xlb.log")).expect("log");
+    let child = Command::new("ip")
+        .args(["netns", "exec", &ns, env!("CARGO_BIN_EXE_xlb"), "run", "--config"])
+        .arg(&config)
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .arg("--admin-socket")
+        .arg(&sock)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start xlb");
+    let xlb = Xlb(child);
+    let read_log = || std::fs::read_to_string(dir.join("xlb.log")).unwrap_or_default();
+
+    // The initial state, exactly as the API server holds it.
+    let table = wait_until("the initial tables", || {
+        let s = services(&ns, &sock);
+        s.contains("10.96.0.10:80").then_some(s)
+    });
+    assert!(table.contains("-> 10.251.0.2:8080"), "{table}\n{}", read_log());
+    assert!(!table.contains("10.96.0.20"), "{table}");
+
+    // A changed EndpointSlice and a new Service are published.
+    change_tx.send(()).expect("ask for changes");
+    let table = wait_until("the changed tables", || {
+        let s = services(&ns, &sock);
+        (s.contains("-> 10.251.0.3:8080") && s.contains("10.96.0.20:5432")).then_some(s)
+    });
+    assert!(table.contains("-> 10.251.0.2:8080"), "{table}");
+
+    // Health and metrics, kube-proxy style.
+    let health = in_ns(&ns, &["curl", "-s", "-w", " %{http_code}", "http://127.0.0.1:10256/healthz"]);
+    let health = String::from_utf8_lossy(&health.stdout).into_owned();
+    assert!(health.ends_with(" 200") && health.contains("lastUpdated"), "{health}");
+    let metrics = in_ns(&ns, &["curl", "-s", "http://127.0.0.1:10249/metrics"]);
+    let metrics = String::from_utf8_lossy(&metrics.stdout).into_owned();
+    for name in [
+        "kubeproxy_sync_proxy_rules_duration_seconds",
+        "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+        "kubeproxy_network_programming_duration_seconds",
+        "xlb_worker_rx_packets_total",
+    ] {
+        assert!(metrics.contains(name), "{name} missing from /metrics:\n{metrics}");
+    }
+
+    drop(change_tx);
+    drop(xlb);
+    let link = sh(&["ip", "-n", &ns, "-d", "link", "show", "xk0"]);
+    assert!(!link.contains("xdp"), "XDP program left on xk0 after xlb stopped:\n{link}");
+    let _ = server_thread.join();
+    let _ = std::fs::remove_dir_all(&dir);
+}
