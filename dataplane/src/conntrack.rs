@@ -492,14 +492,22 @@ mod tests {
             ct.insert(key(i), flow(100, CtState::Established), 0, |_| {}).unwrap();
         }
         assert_eq!(ct.insert(key(999), flow(100, CtState::Established), 0, |_| {}), Err(Full));
-        // Once everything has expired, a sweep of one shard makes room.
+        // Once everything has expired, a refused insert sweeps one shard, at most once per
+        // second; within SHARDS seconds some shard holding an expired flow is swept.
         let mut n = 0;
-        for _ in 0..SHARDS {
-            if ct.insert(key(999), flow(300, CtState::Established), 200, |_| n += 1).is_ok() {
+        let mut at = None;
+        for sec in 200..200 + SHARDS as u32 {
+            if ct.insert(key(999), flow(500, CtState::Established), sec, |_| n += 1).is_ok() {
+                at = Some(sec);
                 break;
             }
+            // A second refused insert in the same second does not scan again.
+            let before = n;
+            assert_eq!(ct.insert(key(998), flow(500, CtState::Established), sec, |_| n += 1), Err(Full));
+            assert_eq!(n, before, "reclaim ran twice in second {sec}");
         }
-        assert!(ct.get(&key(999), 200, |_| {}).is_some());
+        let at = at.expect("room was made within SHARDS seconds");
+        assert!(ct.get(&key(999), at, |_| {}).is_some());
         assert!(n >= 1);
     }
 
