@@ -1,0 +1,405 @@
+//! The Kubernetes manifests in `deploy/kubernetes/`, checked offline (no API server or kubectl
+//! validation can run here):
+//! - every object parses into its k8s-openapi type and serialises back to the same JSON.
+//!   k8s-openapi ignores unknown fields, so a misspelt or misplaced field disappears in the
+//!   round trip and the test names it;
+//! - the RBAC is read-only on exactly what xlb watches;
+//! - the DaemonSet runs on the host network with kube-proxy's probe and metrics ports, the
+//!   capabilities xlb needs and nothing more, and the API server's own address;
+//! - the ConfigMap's `config.yaml` is a valid XlbConfiguration, also after the init container
+//!   appends `nodeName`, and `xlb check` accepts it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Container, EnvVar, Namespace, PodSpec, Probe, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+/// The capabilities xlb's container gets (docs/operations.md explains each one).
+const CAPABILITIES: [&str; 5] = ["NET_ADMIN", "NET_RAW", "BPF", "PERFMON", "IPC_LOCK"];
+
+fn manifest_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes")
+}
+
+/// Every `*.yaml` file of the directory, sorted, kustomization.yaml included.
+fn yaml_files() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(manifest_dir())
+        .expect("deploy/kubernetes exists")
+        .map(|e| e.expect("directory entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name().expect("a file name").to_string_lossy().into_owned()
+}
+
+/// One YAML document of a manifest file, as JSON.
+struct Doc {
+    /// `file.yaml#N` (1-based, empty documents not counted).
+    place: String,
+    value: Value,
+}
+
+impl Doc {
+    fn str_field(&self, name: &str) -> &str {
+        self.value.get(name).and_then(Value::as_str).unwrap_or_default()
+    }
+}
+
+fn parse_documents(path: &Path) -> Vec<Doc> {
+    let text = std::fs::read_to_string(path).expect("manifest is readable");
+    // YAML 1.2 booleans, as xlb's own loader: `no` stays a string.
+    let options = serde_saphyr::options! { strict_booleans: true };
+    let values: Vec<Value> = serde_saphyr::from_multiple_with_options(&text, options)
+        .unwrap_or_else(|e| panic!("{}: YAML syntax: {e}", path.display()));
+    values
+        .into_iter()
+        .filter(|v| !v.is_null())
+        .enumerate()
+        .map(|(i, value)| Doc { place: format!("{}#{}", file_name(path), i + 1), value })
+        .collect()
+}
+
+/// Every Kubernetes object of the directory (kustomization.yaml is kustomize's, not the API's).
+fn objects() -> Vec<Doc> {
+    let docs: Vec<Doc> =
+        yaml_files().iter().filter(|p| file_name(p) != "kustomization.yaml").flat_map(|p| parse_documents(p)).collect();
+    assert!(!docs.is_empty(), "no manifests in {}", manifest_dir().display());
+    docs
+}
+
+/// The one object of `kind`, parsed into `T`.
+fn one<T: DeserializeOwned>(kind: &str) -> T {
+    let docs: Vec<Doc> = objects().into_iter().filter(|d| d.str_field("kind") == kind).collect();
+    assert_eq!(docs.len(), 1, "want exactly one {kind} in deploy/kubernetes");
+    serde_json::from_value(docs[0].value.clone()).unwrap_or_else(|e| panic!("{}: {kind}: {e}", docs[0].place))
+}
+
+/// Where `back` differs from `orig`: fields lost, added or changed, with their JSON paths.
+fn differences(orig: &Value, back: &Value, path: &str, out: &mut Vec<String>) {
+    match (orig, back) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, va) in a {
+                let p = format!("{path}.{k}");
+                match b.get(k) {
+                    Some(vb) => differences(va, vb, &p, out),
+                    None => out.push(format!("{p}: lost (unknown or misspelt field?)")),
+                }
+            }
+            for k in b.keys().filter(|k| !a.contains_key(*k)) {
+                out.push(format!("{path}.{k}: added by the round trip"));
+            }
+        }
+        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => {
+            for (i, (va, vb)) in a.iter().zip(b).enumerate() {
+                differences(va, vb, &format!("{path}[{i}]"), out);
+            }
+        }
+        _ if orig == back => {}
+        _ => out.push(format!("{path}: {orig} became {back}")),
+    }
+}
+
+/// Parses `doc` into `T` and back; `Err` names every field that did not survive.
+fn round_trip<T: DeserializeOwned + Serialize>(doc: &Doc) -> Result<(), String> {
+    let typed: T = serde_path_to_error::deserialize(doc.value.clone())
+        .map_err(|e| format!("{}: does not parse: field {}: {}", doc.place, e.path(), e.inner()))?;
+    let back = serde_json::to_value(&typed).map_err(|e| format!("{}: does not serialise: {e}", doc.place))?;
+    let mut diffs = Vec::new();
+    differences(&doc.value, &back, "", &mut diffs);
+    if diffs.is_empty() { Ok(()) } else { Err(format!("{}:\n    {}", doc.place, diffs.join("\n    "))) }
+}
+
+#[test]
+fn every_manifest_round_trips_through_its_k8s_openapi_type_without_losing_a_field() {
+    let mut failures = Vec::new();
+    let mut kinds = BTreeSet::new();
+    for doc in objects() {
+        let (api_version, kind) = (doc.str_field("apiVersion"), doc.str_field("kind"));
+        let result = match (api_version, kind) {
+            ("v1", "Namespace") => round_trip::<Namespace>(&doc),
+            ("v1", "ServiceAccount") => round_trip::<ServiceAccount>(&doc),
+            ("v1", "ConfigMap") => round_trip::<ConfigMap>(&doc),
+            ("apps/v1", "DaemonSet") => round_trip::<DaemonSet>(&doc),
+            ("rbac.authorization.k8s.io/v1", "ClusterRole") => round_trip::<ClusterRole>(&doc),
+            ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => round_trip::<ClusterRoleBinding>(&doc),
+            _ => Err(format!("{}: {api_version}/{kind} has no k8s-openapi type in this test", doc.place)),
+        };
+        kinds.insert(kind.to_owned());
+        if let Err(e) = result {
+            failures.push(e);
+        }
+    }
+    assert!(failures.is_empty(), "manifests that do not round-trip:\n  {}", failures.join("\n  "));
+    for kind in ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet"] {
+        assert!(kinds.contains(kind), "no {kind} in deploy/kubernetes (found {kinds:?})");
+    }
+}
+
+#[test]
+fn round_trip_check_catches_a_misspelt_field() {
+    let value = serde_json::json!({
+        "apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": "xlb", "namespace": "kube-system"},
+        "automountServiceAcountToken": false,
+    });
+    let err = round_trip::<ServiceAccount>(&Doc { place: "inline#1".into(), value }).unwrap_err();
+    assert!(err.contains(".automountServiceAcountToken: lost"), "{err}");
+}
+
+#[test]
+fn kustomization_lists_exactly_the_manifest_files() {
+    let path = manifest_dir().join("kustomization.yaml");
+    let docs = parse_documents(&path);
+    assert_eq!(docs.len(), 1, "kustomization.yaml holds one document");
+    let listed: Vec<String> = docs[0].value["resources"]
+        .as_array()
+        .expect("kustomization.yaml has a resources list")
+        .iter()
+        .map(|r| r.as_str().expect("resources are file names").to_owned())
+        .collect();
+    let listed_set: BTreeSet<String> = listed.iter().cloned().collect();
+    assert_eq!(listed_set.len(), listed.len(), "a resource is listed twice: {listed:?}");
+    let files: BTreeSet<String> =
+        yaml_files().iter().map(|p| file_name(p)).filter(|n| n != "kustomization.yaml").collect();
+    assert_eq!(listed_set, files, "kustomization.yaml resources vs the manifest files beside it");
+}
+
+#[test]
+fn cluster_role_grants_only_get_list_watch_on_services_endpointslices_and_nodes() {
+    let role: ClusterRole = one("ClusterRole");
+    assert!(role.aggregation_rule.is_none(), "an aggregated role can grow beyond its rules");
+    let mut granted = BTreeSet::new();
+    for rule in role.rules.as_deref().unwrap_or_default() {
+        assert!(rule.resource_names.is_none() && rule.non_resource_urls.is_none(), "unexpected rule shape: {rule:?}");
+        for group in rule.api_groups.as_deref().unwrap_or_default() {
+            for resource in rule.resources.as_deref().unwrap_or_default() {
+                for verb in &rule.verbs {
+                    granted.insert((group.as_str(), resource.as_str(), verb.as_str()));
+                }
+            }
+        }
+    }
+    let mut want = BTreeSet::new();
+    for (group, resource) in [("", "services"), ("", "nodes"), ("discovery.k8s.io", "endpointslices")] {
+        for verb in ["get", "list", "watch"] {
+            want.insert((group, resource, verb));
+        }
+    }
+    assert_eq!(granted, want);
+
+    let binding: ClusterRoleBinding = one("ClusterRoleBinding");
+    let account: ServiceAccount = one("ServiceAccount");
+    assert_eq!(binding.role_ref.api_group, "rbac.authorization.k8s.io");
+    assert_eq!(binding.role_ref.kind, "ClusterRole");
+    assert_eq!(Some(&binding.role_ref.name), role.metadata.name.as_ref());
+    let subjects = binding.subjects.unwrap_or_default();
+    assert_eq!(subjects.len(), 1, "{subjects:?}");
+    assert_eq!(subjects[0].kind, "ServiceAccount");
+    assert_eq!(Some(&subjects[0].name), account.metadata.name.as_ref());
+    assert_eq!(subjects[0].namespace, account.metadata.namespace);
+
+    let ds: DaemonSet = one("DaemonSet");
+    let pod = pod_spec(&ds);
+    assert_eq!(pod.service_account_name, account.metadata.name, "the DaemonSet runs as the bound account");
+    assert_eq!(ds.metadata.namespace, account.metadata.namespace);
+}
+
+fn pod_spec(ds: &DaemonSet) -> &PodSpec {
+    ds.spec.as_ref().and_then(|s| s.template.spec.as_ref()).expect("DaemonSet has a pod spec")
+}
+
+fn xlb_container(pod: &PodSpec) -> &Container {
+    let named: Vec<&Container> = pod.containers.iter().filter(|c| c.name == "xlb").collect();
+    assert_eq!(named.len(), 1, "one container named xlb");
+    assert_eq!(pod.containers.len(), 1, "xlb runs alone in its pod");
+    named[0]
+}
+
+/// `(path, port)` of an HTTP GET probe.
+fn http_get(probe: Option<&Probe>, which: &str) -> (String, i32) {
+    let get = probe.and_then(|p| p.http_get.as_ref()).unwrap_or_else(|| panic!("{which} is an httpGet probe"));
+    let port = match &get.port {
+        IntOrString::Int(p) => *p,
+        IntOrString::String(s) => panic!("{which} uses the named port {s}; use the number"),
+    };
+    (get.path.clone().unwrap_or_default(), port)
+}
+
+#[test]
+fn daemonset_runs_on_the_host_network_with_probes_on_10256_and_metrics_on_10249() {
+    let ds: DaemonSet = one("DaemonSet");
+    let pod = pod_spec(&ds);
+    assert_eq!(pod.host_network, Some(true));
+    assert_eq!(pod.priority_class_name.as_deref(), Some("system-node-critical"));
+    let tolerates_all =
+        pod.tolerations.iter().flatten().any(|t| t.operator.as_deref() == Some("Exists") && t.key.is_none());
+    assert!(tolerates_all, "a toleration with operator Exists and no key runs xlb on every node");
+
+    let c = xlb_container(pod);
+    assert_eq!(http_get(c.liveness_probe.as_ref(), "livenessProbe"), ("/livez".into(), 10256));
+    assert_eq!(http_get(c.readiness_probe.as_ref(), "readinessProbe"), ("/healthz".into(), 10256));
+    let ports: BTreeMap<i32, Option<String>> =
+        c.ports.iter().flatten().map(|p| (p.container_port, p.name.clone())).collect();
+    assert_eq!(ports.get(&10249), Some(&Some("metrics".into())), "{ports:?}");
+    assert_eq!(ports.get(&10256), Some(&Some("healthz".into())), "{ports:?}");
+
+    let annotations = ds.spec.as_ref().and_then(|s| s.template.metadata.as_ref()).and_then(|m| m.annotations.as_ref());
+    let annotation = |k: &str| annotations.and_then(|a| a.get(k)).map(String::as_str);
+    assert_eq!(annotation("prometheus.io/scrape"), Some("true"));
+    assert_eq!(annotation("prometheus.io/port"), Some("10249"));
+
+    // The probes and the scrape target are where the ConfigMap's config binds its servers.
+    let config = configmap_config();
+    assert_eq!(config.healthz_bind_address.port(), 10256);
+    assert_eq!(config.metrics_bind_address.port(), 10249);
+}
+
+#[test]
+fn daemonset_container_gets_only_the_capabilities_xlb_needs() {
+    let ds: DaemonSet = one("DaemonSet");
+    let pod = pod_spec(&ds);
+    assert_ne!(pod.host_pid, Some(true));
+    assert_ne!(pod.host_ipc, Some(true));
+    let c = xlb_container(pod);
+    let sc = c.security_context.as_ref().expect("xlb has a securityContext");
+    assert_eq!(sc.privileged, Some(false));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    let caps = sc.capabilities.as_ref().expect("capabilities are listed");
+    assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_owned()][..]));
+    let added: BTreeSet<&str> = caps.add.iter().flatten().map(String::as_str).collect();
+    assert_eq!(added, CAPABILITIES.into_iter().collect(), "exactly the capabilities xlb uses");
+    for init in pod.init_containers.iter().flatten() {
+        let sc = init.security_context.as_ref().expect("init container has a securityContext");
+        assert_ne!(sc.privileged, Some(true), "{}", init.name);
+        let caps = sc.capabilities.as_ref();
+        assert!(caps.and_then(|c| c.add.as_ref()).is_none_or(Vec::is_empty), "{} adds capabilities", init.name);
+    }
+}
+
+#[test]
+fn daemonset_pod_is_guaranteed_qos_with_whole_cpus_for_the_workers() {
+    let ds: DaemonSet = one("DaemonSet");
+    let pod = pod_spec(&ds);
+    // The kubelet's static CPU manager gives exclusive cores only to a Guaranteed pod's
+    // containers with whole CPUs; init containers count for the QoS class too.
+    for c in pod.init_containers.iter().flatten().chain(&pod.containers) {
+        let r = c.resources.as_ref().unwrap_or_else(|| panic!("{} has resources", c.name));
+        for resource in ["cpu", "memory"] {
+            let request = r.requests.as_ref().and_then(|m| m.get(resource));
+            let limit = r.limits.as_ref().and_then(|m| m.get(resource));
+            assert!(
+                request.is_some() && request == limit,
+                "{}: {resource} request {request:?} limit {limit:?}",
+                c.name
+            );
+        }
+    }
+    let c = xlb_container(pod);
+    let cpu = c.resources.as_ref().and_then(|r| r.limits.as_ref()).and_then(|l| l.get("cpu")).expect("a CPU limit");
+    let cores: u32 = cpu.0.parse().unwrap_or_else(|_| panic!("whole CPUs, not {:?}", cpu.0));
+    let config = configmap_config();
+    let queues = config.interfaces.iter().map(|i| i.queues.len().max(1)).min().unwrap_or(1);
+    assert!(
+        usize::try_from(cores).is_ok_and(|c| c > queues),
+        "{cores} CPUs: one pinned worker per queue ({queues}) plus one for the control thread"
+    );
+}
+
+fn env<'a>(c: &'a Container, name: &str) -> &'a EnvVar {
+    c.env.iter().flatten().find(|e| e.name == name).unwrap_or_else(|| panic!("{} sets {name}", c.name))
+}
+
+#[test]
+fn daemonset_reaches_the_api_server_directly_and_names_its_node() {
+    let ds: DaemonSet = one("DaemonSet");
+    let pod = pod_spec(&ds);
+    let c = xlb_container(pod);
+    let command: Vec<&str> = c.command.iter().flatten().chain(c.args.iter().flatten()).map(String::as_str).collect();
+    assert_eq!(command, ["/usr/local/bin/xlb", "run", "--config", "/etc/xlb/config.yaml", "--kubernetes"]);
+    // ROLE-13: literal values, so the kubelet's Service-VIP values are overridden.
+    let host = env(c, "KUBERNETES_SERVICE_HOST");
+    assert!(host.value_from.is_none() && host.value.as_deref().is_some_and(|v| !v.is_empty()), "{host:?}");
+    let port = env(c, "KUBERNETES_SERVICE_PORT");
+    assert!(port.value.as_deref().is_some_and(|v| v.parse::<u16>().is_ok()), "{port:?}");
+    for container in pod.init_containers.iter().flatten().chain([c]) {
+        let node = env(container, "NODE_NAME").value_from.as_ref().and_then(|v| v.field_ref.as_ref());
+        assert_eq!(node.map(|f| f.field_path.as_str()), Some("spec.nodeName"), "{}", container.name);
+    }
+
+    // The init container writes the config xlb reads: from the ConfigMap's key, into the volume
+    // xlb mounts at /etc/xlb.
+    let configmap: ConfigMap = one("ConfigMap");
+    let volumes: BTreeMap<&str, _> = pod.volumes.iter().flatten().map(|v| (v.name.as_str(), v)).collect();
+    let mount = |c: &Container, path: &str| -> String {
+        let m = c.volume_mounts.iter().flatten().find(|m| m.mount_path == path);
+        m.unwrap_or_else(|| panic!("{} mounts {path}", c.name)).name.clone()
+    };
+    let init = pod.init_containers.iter().flatten().find(|i| i.name == "node-config").expect("init container");
+    let script = init.args.iter().flatten().cloned().collect::<String>();
+    assert!(script.contains("/etc/xlb-configmap/config.yaml") && script.contains("nodeName: "), "{script}");
+    let source = volumes[mount(init, "/etc/xlb-configmap").as_str()].config_map.as_ref().expect("a ConfigMap volume");
+    assert_eq!(Some(&source.name), configmap.metadata.name.as_ref());
+    assert_eq!(mount(init, "/etc/xlb"), mount(c, "/etc/xlb"), "xlb reads what the init container writes");
+    for container in pod.init_containers.iter().flatten().chain([c]) {
+        for m in container.volume_mounts.iter().flatten() {
+            assert!(volumes.contains_key(m.name.as_str()), "{} mounts the undefined volume {}", container.name, m.name);
+        }
+    }
+}
+
+/// The ConfigMap's `config.yaml` text.
+fn configmap_text() -> String {
+    let configmap: ConfigMap = one("ConfigMap");
+    configmap.data.and_then(|d| d.get("config.yaml").cloned()).expect("the ConfigMap has the key config.yaml")
+}
+
+fn configmap_config() -> xlb::config::Config {
+    match xlb::config::load_str(&configmap_text(), "configmap.yaml:config.yaml") {
+        Ok(l) => l.config,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[test]
+fn configmap_config_yaml_loads_as_an_xlb_configuration_before_and_after_the_node_name_is_added() {
+    let text = configmap_text();
+    let loaded = xlb::config::load_str(&text, "config.yaml").unwrap_or_else(|e| panic!("{e}"));
+    assert!(loaded.notes.is_empty(), "{:?}", loaded.notes);
+    assert!(loaded.cluster.services.is_empty() && loaded.cluster.endpoint_slices.is_empty(), "only the config");
+    assert_eq!(loaded.config.node_name(), None, "the node name comes from the init container");
+    assert!(!loaded.config.interfaces.is_empty(), "`xlb run` needs an interface");
+
+    // What the init container writes (printf '\nnodeName: "%s"\n' "$NODE_NAME").
+    let per_node = format!("{text}\nnodeName: \"node-a\"\n");
+    let loaded = xlb::config::load_str(&per_node, "config.yaml").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(loaded.config.node_name(), Some("node-a"));
+}
+
+#[test]
+fn configmap_config_yaml_passes_xlb_check() {
+    let path = std::env::temp_dir().join(format!("xlb-manifests-{}-config.yaml", std::process::id()));
+    std::fs::write(&path, configmap_text()).expect("write the extracted config");
+    let out = Command::new(env!("CARGO_BIN_EXE_xlb"))
+        .args(["check", "--config", path.to_str().expect("utf-8 path")])
+        .output()
+        .expect("xlb runs");
+    let _ = std::fs::remove_file(&path);
+    assert!(
+        out.status.success(),
+        "xlb check: {}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
