@@ -48,6 +48,23 @@
 //!   the Service `port` when `targetPort` is unset) is used.
 
 mod select;
+/// Parses an address from field `field` of object `label`; a bad one is reported as an error
+/// naming the field (only that address is skipped) and gives `None`.
+fn parse_sourced(s: &str, field: String, what: &str, label: &str, report: &mut TranslateReport) -> Option<SourcedAddr> {
+    match s.trim().parse::<IpAddr>() {
+        Ok(addr) => Some(SourcedAddr { addr, field }),
+        Err(_) => {
+            report.issues.push(Issue {
+                severity: Severity::Error,
+                object: label.to_owned(),
+                field,
+                message: format!("{s:?} is not an IP address; this {what} is not programmed"),
+            });
+            None
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests;
 
@@ -734,15 +751,7 @@ fn translate_service(
     let mut external_ips = Vec::new();
     for (i, s) in spec.external_ips.iter().flatten().enumerate() {
         let field = format!("spec.externalIPs[{i}]");
-        match s.trim().parse::<IpAddr>() {
-            Ok(addr) => external_ips.push(SourcedAddr { addr, field }),
-            Err(_) => report.issues.push(Issue {
-                severity: Severity::Error,
-                object: label.to_owned(),
-                field,
-                message: format!("{s:?} is not an IP address; this external IP is not programmed"),
-            }),
-        }
+        external_ips.extend(parse_sourced(s, field, "external IP", label, report));
     }
     let mut lb_ips = Vec::new();
     let mut source_ranges = Vec::new();
@@ -764,15 +773,7 @@ fn translate_service(
                     continue; // hostname-only ingress (SVC-06): nothing to match on.
                 };
                 let field = format!("status.loadBalancer.ingress[{i}].ip");
-                match s.trim().parse::<IpAddr>() {
-                    Ok(addr) => lb_ips.push(SourcedAddr { addr, field }),
-                    Err(_) => report.issues.push(Issue {
-                        severity: Severity::Error,
-                        object: label.to_owned(),
-                        field,
-                        message: format!("{s:?} is not an IP address; this ingress IP is not programmed"),
-                    }),
-                }
+                lb_ips.extend(parse_sourced(s, field, "ingress IP", label, report));
             }
             // LB-01: source ranges (field, else the legacy annotation).
             let (ranges, field_of): (Vec<String>, Box<dyn Fn(usize) -> String>) =
