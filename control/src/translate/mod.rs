@@ -48,6 +48,7 @@
 //!   the Service `port` when `targetPort` is unset) is used.
 
 mod select;
+
 /// Parses an address from field `field` of object `label`; a bad one is reported as an error
 /// naming the field (only that address is skipped) and gives `None`.
 fn parse_sourced(s: &str, field: String, what: &str, label: &str, report: &mut TranslateReport) -> Option<SourcedAddr> {
