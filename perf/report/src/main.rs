@@ -1,0 +1,3 @@
+//! `make bench` report generator (work in progress).
+
+fn main() {}
