@@ -616,8 +616,22 @@ fn render_doc_errors(errors: &[DocError]) -> String {
 /// # Errors
 /// [`LoadError`] naming the file, document, object and field of every problem.
 pub fn load_file(path: &Path) -> Result<Loaded, LoadError> {
+    load_file_for_node(path, None)
+}
+
+/// Environment variable that names this node when the file sets neither `nodeName` nor
+/// `hostnameOverride`. The DaemonSet sets it from the downward API (`spec.nodeName`), so one
+/// ConfigMap serves every node.
+pub const NODE_NAME_ENV: &str = "NODE_NAME";
+
+/// [`load_file`], with `fallback_node_name` (the value of [`NODE_NAME_ENV`], if set) used as
+/// `nodeName` when the file names no node. An empty or blank fallback counts as unset.
+///
+/// # Errors
+/// As [`load_file`].
+pub fn load_file_for_node(path: &Path, fallback_node_name: Option<&str>) -> Result<Loaded, LoadError> {
     let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read { path: path.to_owned(), source })?;
-    load_str(&text, &path.display().to_string())
+    load_str_for_node(&text, &path.display().to_string(), fallback_node_name)
 }
 
 /// One YAML document cut out of a multi-document file.
@@ -887,6 +901,15 @@ impl Collector {
 /// # Errors
 /// [`LoadError::Invalid`] with every problem found.
 pub fn load_str(text: &str, source_name: &str) -> Result<Loaded, LoadError> {
+    load_str_for_node(text, source_name, None)
+}
+
+/// [`load_str`] with a fallback node name (see [`load_file_for_node`]). The fallback is
+/// applied before this node's Node object is picked out of the documents.
+///
+/// # Errors
+/// As [`load_str`].
+pub fn load_str_for_node(text: &str, source_name: &str, fallback_node_name: Option<&str>) -> Result<Loaded, LoadError> {
     let mut c = Collector::default();
     // YAML 1.2 booleans only: `name: y` or `zone: no` stay strings, as in Kubernetes.
     let options = serde_saphyr::options! { with_snippet: false, strict_booleans: true };
@@ -931,7 +954,13 @@ pub fn load_str(text: &str, source_name: &str) -> Result<Loaded, LoadError> {
     if !c.errors.is_empty() {
         return Err(LoadError::Invalid { source_name: source_name.to_owned(), errors: c.errors });
     }
-    let Some((config, _)) = c.config else { unreachable!("missing config was turned into an error above") };
+    let Some((mut config, _)) = c.config else { unreachable!("missing config was turned into an error above") };
+    if config.node_name().is_none()
+        && let Some(name) = fallback_node_name.map(str::trim).filter(|n| !n.is_empty())
+    {
+        notes.push(format!("nodeName {name:?} taken from ${NODE_NAME_ENV}"));
+        config.node_name = Some(name.to_owned());
+    }
     let node = match config.node_name() {
         Some(name) => {
             let found = c.nodes.iter().find(|n| n.metadata.name.as_deref() == Some(name)).cloned();
@@ -1056,6 +1085,27 @@ routes: [{{dst: 10.0.0.0/8, via: 192.168.1.1}}]\n"
         assert_eq!(e[0].field.as_deref(), Some("hostnameOverride"));
         let e = errors(&format!("{HEAD}nodePortAddresses: [10.0.0.1/8]\n"));
         assert_eq!(e[0].field.as_deref(), Some("nodePortAddresses"), "{}", e[0]);
+    }
+
+    #[test]
+    fn node_name_env_names_the_node_only_when_the_file_does_not() {
+        let nodes = "---\napiVersion: v1\nkind: Node\nmetadata: {name: n1}\n---\napiVersion: v1\nkind: Node\nmetadata: {name: n2}\n";
+        // Unnamed file: the fallback names the node, and picks that Node object.
+        let l = load_str_for_node(&format!("{HEAD}{nodes}"), "t", Some(" n2 ")).unwrap();
+        assert_eq!(l.config.node_name(), Some("n2"));
+        assert_eq!(l.cluster.node.and_then(|n| n.metadata.name).as_deref(), Some("n2"));
+        assert!(l.notes.iter().any(|n| n.contains("NODE_NAME")), "{:?}", l.notes);
+        // The file wins over the environment (nodeName and hostnameOverride alike).
+        for key in ["nodeName", "hostnameOverride"] {
+            let l = load_str_for_node(&format!("{HEAD}{key}: n1\n{nodes}"), "t", Some("n2")).unwrap();
+            assert_eq!(l.config.node_name(), Some("n1"), "{key}");
+            assert!(l.config.hostname_override.is_none() || l.config.node_name.is_none(), "{key}: nothing added");
+        }
+        // Blank or missing: no node.
+        for v in [None, Some(""), Some("  ")] {
+            let l = load_str_for_node(HEAD, "t", v).unwrap();
+            assert_eq!(l.config.node_name(), None, "{v:?}");
+        }
     }
 
     #[test]

@@ -130,9 +130,15 @@ fn ask(path: &std::path::Path, cmd: &str) -> ExitCode {
     }
 }
 
+/// Loads the config file, naming the node from `$NODE_NAME` when the file does not.
+pub(crate) fn load_config(path: &std::path::Path) -> Result<xlb::config::Loaded, xlb::config::LoadError> {
+    let env = std::env::var(xlb::config::NODE_NAME_ENV).ok();
+    xlb::config::load_file_for_node(path, env.as_deref())
+}
+
 /// `xlb check`: load, translate, build, print.
 fn check(path: &std::path::Path) -> anyhow::Result<ExitCode> {
-    let loaded = xlb::config::load_file(path)?;
+    let loaded = load_config(path)?;
     for n in &loaded.notes {
         eprintln!("note: {n}");
     }

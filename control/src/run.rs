@@ -163,7 +163,10 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource) -> 
     signal_hook::flag::register(signal_hook::consts::SIGTERM, stop.clone())?;
     signal_hook::flag::register(signal_hook::consts::SIGHUP, reload.clone())?;
 
-    let loaded = xlb::config::load_file(&path)?;
+    let loaded = crate::load_config(&path)?;
+    for n in &loaded.notes {
+        tracing::info!("{n}");
+    }
     let config = loaded.config;
     if config.interfaces.is_empty() {
         bail!("{}: `interfaces` is empty: xlb needs at least one interface to attach to", path.display());
@@ -367,7 +370,7 @@ impl Supervisor<'_> {
             let m = mtime(self.path);
             if reload.swap(false, Ordering::Relaxed) || m != last_mtime {
                 last_mtime = m;
-                match xlb::config::load_file(self.path) {
+                match crate::load_config(self.path) {
                     Ok(l) => {
                         self.config = l.config;
                         if k8s.is_none() {

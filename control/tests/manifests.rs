@@ -279,12 +279,10 @@ fn daemonset_container_gets_only_the_capabilities_xlb_needs() {
     assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_owned()][..]));
     let added: BTreeSet<&str> = caps.add.iter().flatten().map(String::as_str).collect();
     assert_eq!(added, CAPABILITIES.into_iter().collect(), "exactly the capabilities xlb uses");
-    for init in pod.init_containers.iter().flatten() {
-        let sc = init.security_context.as_ref().expect("init container has a securityContext");
-        assert_ne!(sc.privileged, Some(true), "{}", init.name);
-        let caps = sc.capabilities.as_ref();
-        assert!(caps.and_then(|c| c.add.as_ref()).is_none_or(Vec::is_empty), "{} adds capabilities", init.name);
-    }
+    assert!(
+        pod.init_containers.as_ref().is_none_or(Vec::is_empty),
+        "no init containers: nothing else runs with the pod's volumes"
+    );
 }
 
 #[test]
@@ -332,29 +330,19 @@ fn daemonset_reaches_the_api_server_directly_and_names_its_node() {
     assert!(host.value_from.is_none() && host.value.as_deref().is_some_and(|v| !v.is_empty()), "{host:?}");
     let port = env(c, "KUBERNETES_SERVICE_PORT");
     assert!(port.value.as_deref().is_some_and(|v| v.parse::<u16>().is_ok()), "{port:?}");
-    for container in pod.init_containers.iter().flatten().chain([c]) {
-        let node = env(container, "NODE_NAME").value_from.as_ref().and_then(|v| v.field_ref.as_ref());
-        assert_eq!(node.map(|f| f.field_path.as_str()), Some("spec.nodeName"), "{}", container.name);
-    }
+    // The node's name comes from the downward API, because the ConfigMap names no node.
+    let node = env(c, "NODE_NAME").value_from.as_ref().and_then(|v| v.field_ref.as_ref());
+    assert_eq!(node.map(|f| f.field_path.as_str()), Some("spec.nodeName"));
+    assert_eq!(xlb::config::NODE_NAME_ENV, "NODE_NAME");
 
-    // The init container writes the config xlb reads: from the ConfigMap's key, into the volume
-    // xlb mounts at /etc/xlb.
+    // xlb reads config.yaml from the ConfigMap mounted at /etc/xlb.
     let configmap: ConfigMap = one("ConfigMap");
     let volumes: BTreeMap<&str, _> = pod.volumes.iter().flatten().map(|v| (v.name.as_str(), v)).collect();
-    let mount = |c: &Container, path: &str| -> String {
-        let m = c.volume_mounts.iter().flatten().find(|m| m.mount_path == path);
-        m.unwrap_or_else(|| panic!("{} mounts {path}", c.name)).name.clone()
-    };
-    let init = pod.init_containers.iter().flatten().find(|i| i.name == "node-config").expect("init container");
-    let script = init.args.iter().flatten().cloned().collect::<String>();
-    assert!(script.contains("/etc/xlb-configmap/config.yaml") && script.contains("nodeName: "), "{script}");
-    let source = volumes[mount(init, "/etc/xlb-configmap").as_str()].config_map.as_ref().expect("a ConfigMap volume");
+    let m = c.volume_mounts.iter().flatten().find(|m| m.mount_path == "/etc/xlb").expect("xlb mounts /etc/xlb");
+    let source = volumes[m.name.as_str()].config_map.as_ref().expect("a ConfigMap volume");
     assert_eq!(Some(&source.name), configmap.metadata.name.as_ref());
-    assert_eq!(mount(init, "/etc/xlb"), mount(c, "/etc/xlb"), "xlb reads what the init container writes");
-    for container in pod.init_containers.iter().flatten().chain([c]) {
-        for m in container.volume_mounts.iter().flatten() {
-            assert!(volumes.contains_key(m.name.as_str()), "{} mounts the undefined volume {}", container.name, m.name);
-        }
+    for m in c.volume_mounts.iter().flatten() {
+        assert!(volumes.contains_key(m.name.as_str()), "xlb mounts the undefined volume {}", m.name);
     }
 }
 
@@ -372,17 +360,16 @@ fn configmap_config() -> xlb::config::Config {
 }
 
 #[test]
-fn configmap_config_yaml_loads_as_an_xlb_configuration_before_and_after_the_node_name_is_added() {
+fn configmap_config_yaml_loads_as_an_xlb_configuration_and_takes_the_node_name_from_the_environment() {
     let text = configmap_text();
     let loaded = xlb::config::load_str(&text, "config.yaml").unwrap_or_else(|e| panic!("{e}"));
     assert!(loaded.notes.is_empty(), "{:?}", loaded.notes);
     assert!(loaded.cluster.services.is_empty() && loaded.cluster.endpoint_slices.is_empty(), "only the config");
-    assert_eq!(loaded.config.node_name(), None, "the node name comes from the init container");
+    assert_eq!(loaded.config.node_name(), None, "the node name comes from $NODE_NAME");
     assert!(!loaded.config.interfaces.is_empty(), "`xlb run` needs an interface");
 
-    // What the init container writes (printf '\nnodeName: "%s"\n' "$NODE_NAME").
-    let per_node = format!("{text}\nnodeName: \"node-a\"\n");
-    let loaded = xlb::config::load_str(&per_node, "config.yaml").unwrap_or_else(|e| panic!("{e}"));
+    // What xlb does with the DaemonSet's NODE_NAME.
+    let loaded = xlb::config::load_str_for_node(&text, "config.yaml", Some("node-a")).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(loaded.config.node_name(), Some("node-a"));
 }
 

@@ -111,7 +111,9 @@ pub enum K8sError {
     #[error("Kubernetes client: {0}")]
     Client(#[from] kube::Error),
     /// The configuration names no node.
-    #[error("no node name: set nodeName (or hostnameOverride) in the xlb configuration")]
+    #[error(
+        "no node name: set nodeName (or hostnameOverride) in the xlb configuration, or the NODE_NAME environment variable"
+    )]
     NoNodeName,
 }
 
