@@ -52,18 +52,34 @@ pub(crate) enum StateSource {
     },
 }
 
+/// What survives from one table build to the next: the translation cache and the builder's
+/// backend slots and Maglev tables, so a change redoes only the Services it touches (SYNC-03).
+#[derive(Debug, Default)]
+struct Builders {
+    translator: xlb::translate::Translator,
+    tables: TableBuilder,
+}
+
 /// Translates and builds tables for a cluster state.
 fn build(
     cluster: &ClusterState,
     config: &xlb::config::Config,
-    builder: &mut TableBuilder,
+    b: &mut Builders,
 ) -> Result<(Tables, xlb::translate::TranslateReport)> {
-    let (mut spec, report) = xlb::translate::build_spec(cluster, config)?;
+    let (mut spec, report) = b.translator.build(cluster, config)?;
     for i in &report.issues {
         tracing::warn!("{i}");
     }
     complete_spec(&mut spec, config)?;
-    let t = builder.build(&spec).map_err(|e| anyhow::anyhow!("the tables cannot be built: {e}"))?;
+    let t = b.tables.build(&spec).map_err(|e| anyhow::anyhow!("the tables cannot be built: {e}"))?;
+    let (tr, mg) = (b.translator.stats(), b.tables.maglev_stats());
+    tracing::debug!(
+        translated = tr.translated,
+        reused = tr.reused,
+        maglev_built = mg.built,
+        maglev_reused = mg.reused,
+        "tables built"
+    );
     Ok((t, report))
 }
 
@@ -217,7 +233,7 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource) -> 
             snap.state
         }
     };
-    let mut builder = TableBuilder::new();
+    let mut builder = Builders::default();
     let (tables, report) = build(&cluster, &config, &mut builder).with_context(|| path.display().to_string())?;
     telemetry.metrics.set_no_local_endpoints(report.no_local_endpoints);
     telemetry.health.updated(SystemTime::now());
@@ -314,7 +330,7 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource) -> 
 struct Supervisor<'a> {
     path: &'a Path,
     config: xlb::config::Config,
-    builder: &'a mut TableBuilder,
+    builder: &'a mut Builders,
     handle: &'a TablesHandle,
     steering: &'a mut [Steering],
     telemetry: &'a xlb::http::Telemetry,
@@ -386,8 +402,10 @@ impl Supervisor<'_> {
                 let next = self
                     .rt
                     .block_on(async { tokio::time::timeout(Duration::from_millis(100), src.next_snapshot()).await });
-                if let Ok(snap) = next {
-                    *cluster = snap.state.clone();
+                if let Ok(mut snap) = next {
+                    // The snapshot's objects are ours (published/sync_failed read only its
+                    // bookkeeping): move them instead of copying every object.
+                    *cluster = std::mem::take(&mut snap.state);
                     match self.rebuild(cluster) {
                         Some(report) => {
                             src.published(&snap, &report);

@@ -283,7 +283,7 @@ pub fn backend_key(addr: IpAddr, port: u16) -> BackendKey {
 }
 
 /// One backend as seen by [`MaglevTable::build`].
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MaglevBackend {
     /// Identity hashed for the permutation; see [`backend_key`].
     pub key: BackendKey,

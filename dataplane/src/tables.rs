@@ -392,8 +392,10 @@ pub struct Service {
     pub weights: Box<[u16]>,
     /// Running sum of `weights` (for weighted random choice).
     pub cum_weights: Box<[u32]>,
-    /// Maglev lookup table over `eligible` (for [`Scheduler::Maglev`]).
-    pub maglev: Option<MaglevTable>,
+    /// Maglev lookup table over `eligible` (for [`Scheduler::Maglev`]). Shared with the
+    /// previous snapshot when this service's eligible backends and weights did not change
+    /// (the builder keeps the last table per service, SYNC-03).
+    pub maglev: Option<Arc<MaglevTable>>,
     /// Static 256-bucket hash table over `eligible` for `sh` / `dh` (IPVS `ip_vs_sh.c`).
     pub hash_buckets: Box<[u32]>,
 }
@@ -591,6 +593,27 @@ pub struct TableBuilder {
     free_ids: Vec<u32>,
     next_id: u32,
     generation: u64,
+    /// The last Maglev table of each service, with the input it was built from: a rebuild
+    /// reuses it when the input is equal, so a change builds only the tables it touches.
+    maglev: HashMap<String, MaglevCached>,
+    maglev_stats: MaglevBuildStats,
+}
+
+/// A Maglev table and the input it was built from (eligible backends in order, and M).
+#[derive(Debug)]
+struct MaglevCached {
+    input: Box<[MaglevBackend]>,
+    max_m: u32,
+    table: Arc<MaglevTable>,
+}
+
+/// How many Maglev tables the last [`TableBuilder::build`] computed and how many it reused.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct MaglevBuildStats {
+    /// Tables computed (new service, or its eligible backends or weights changed).
+    pub built: usize,
+    /// Tables shared with the previous snapshot (input unchanged).
+    pub reused: usize,
 }
 
 /// Number of buckets of the `sh`/`dh` static hash table (IPVS `IP_VS_SH_TAB_SIZE` is 256).
@@ -671,6 +694,8 @@ impl TableBuilder {
         // Scheduler data per service (may fail: Maglev), still without touching `self`.
         let max_m = if spec.maglev_max_size == 0 { maglev::DEFAULT_MAX_TABLE_SIZE } else { spec.maglev_max_size };
         let mut sched_data = Vec::with_capacity(spec.services.len());
+        let mut next_maglev: HashMap<String, MaglevCached> = HashMap::new();
+        let mut stats = MaglevBuildStats::default();
         for s in &spec.services {
             let eligible: Vec<&BackendSpec> = s.backends.iter().filter(|b| b.eligible && b.weight > 0).collect();
             let maglev = if matches!(s.scheduler, Scheduler::Maglev { .. }) && !eligible.is_empty() {
@@ -678,10 +703,22 @@ impl TableBuilder {
                     .iter()
                     .map(|b| MaglevBackend { key: maglev::backend_key(b.addr, b.port), weight: u32::from(b.weight) })
                     .collect();
-                let size = maglev::table_size_for(mb.len(), max_m)
-                    .and_then(|m| MaglevTable::build(&mb, m))
-                    .map_err(|source| BuildError::Maglev { service: s.name.clone(), source })?;
-                Some(size)
+                let table = match self.maglev.get(&s.name) {
+                    Some(c) if c.max_m == max_m && *c.input == *mb => {
+                        stats.reused += 1;
+                        c.table.clone()
+                    }
+                    _ => {
+                        stats.built += 1;
+                        let t = maglev::table_size_for(mb.len(), max_m)
+                            .and_then(|m| MaglevTable::build(&mb, m))
+                            .map_err(|source| BuildError::Maglev { service: s.name.clone(), source })?;
+                        Arc::new(t)
+                    }
+                };
+                next_maglev
+                    .insert(s.name.clone(), MaglevCached { input: mb.into_boxed_slice(), max_m, table: table.clone() });
+                Some(table)
             } else {
                 None
             };
@@ -696,6 +733,8 @@ impl TableBuilder {
         }
 
         // Commit: assign slots and ids.
+        self.maglev = next_maglev;
+        self.maglev_stats = stats;
         let mut next_slots: BTreeMap<(String, IpAddr, u16), BackendRef> = BTreeMap::new();
         for s in &spec.services {
             for b in &s.backends {
@@ -843,6 +882,11 @@ impl TableBuilder {
         Ok(t)
     }
 
+    /// Maglev tables computed and reused by the last successful [`TableBuilder::build`].
+    pub fn maglev_stats(&self) -> MaglevBuildStats {
+        self.maglev_stats
+    }
+
     /// Number of backend slots in use or free (the length of [`Tables::backends`]).
     pub fn slot_count(&self) -> usize {
         self.next_slot
@@ -959,6 +1003,41 @@ mod tests {
         assert_eq!(r3.index(), r1.index());
         assert_ne!(r3, r1);
         assert!(t2.generation > t1.generation);
+    }
+
+    #[test]
+    fn a_rebuild_computes_only_the_maglev_tables_whose_backends_changed() {
+        let mut b = TableBuilder::new();
+        let spec = |c_backends: &[(&str, u16)]| TablesSpec {
+            services: vec![
+                svc("a", "10.96.0.1", &[("10.0.0.1", 80), ("10.0.0.2", 80)]),
+                svc("b", "10.96.0.2", &[("10.0.1.1", 80)]),
+                svc("c", "10.96.0.3", c_backends),
+            ],
+            ..Default::default()
+        };
+        let t1 = b.build(&spec(&[("10.0.2.1", 80)])).unwrap();
+        assert_eq!(b.maglev_stats(), MaglevBuildStats { built: 3, reused: 0 });
+        let t2 = b.build(&spec(&[("10.0.2.1", 80), ("10.0.2.2", 80)])).unwrap();
+        assert_eq!(b.maglev_stats(), MaglevBuildStats { built: 1, reused: 2 });
+        let table = |t: &Tables, i: usize| t.services[i].maglev.clone().unwrap();
+        assert!(Arc::ptr_eq(&table(&t1, 0), &table(&t2, 0)) && Arc::ptr_eq(&table(&t1, 1), &table(&t2, 1)));
+        assert!(!Arc::ptr_eq(&table(&t1, 2), &table(&t2, 2)));
+        // The rebuilt table is the one a fresh builder makes: reuse changes nothing visible.
+        let fresh = TableBuilder::new().build(&spec(&[("10.0.2.1", 80), ("10.0.2.2", 80)])).unwrap();
+        for i in 0..3 {
+            assert_eq!(*table(&t2, i), *table(&fresh, i), "service {i}");
+        }
+        // A weight change is a change; a failed build keeps the cache (nothing committed).
+        let mut heavier = spec(&[("10.0.2.1", 80), ("10.0.2.2", 80)]);
+        heavier.services[0].backends[0].weight = 3;
+        b.build(&heavier).unwrap();
+        assert_eq!(b.maglev_stats(), MaglevBuildStats { built: 1, reused: 2 });
+        let mut bad = heavier.clone();
+        bad.services[1].frontends[0].port = 0;
+        assert!(b.build(&bad).is_err());
+        b.build(&heavier).unwrap();
+        assert_eq!(b.maglev_stats(), MaglevBuildStats { built: 0, reused: 3 });
     }
 
     #[test]

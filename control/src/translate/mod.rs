@@ -69,7 +69,7 @@ fn parse_sourced(s: &str, field: String, what: &str, label: &str, report: &mut T
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::net::IpAddr;
 
@@ -205,8 +205,120 @@ pub enum TranslateError {
 /// [`TranslateError`] only for an invalid `cfg`; bad objects are skipped and listed in the
 /// [`TranslateReport`].
 pub fn build_spec(input: &ClusterState, cfg: &Config) -> Result<(TablesSpec, TranslateReport), TranslateError> {
-    cfg.validate().map_err(|e| TranslateError::Config { field: e.field, message: e.message })?;
+    Translator::new().build(input, cfg)
+}
+
+/// Which version of a Service and of its EndpointSlices a cached translation was made from:
+/// `metadata.resourceVersion` of each (slices by name, in name order).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Versions {
+    service: String,
+    slices: Vec<(String, String)>,
+}
+
+impl Versions {
+    /// `None` when an object has no resourceVersion (objects from a file): such a Service is
+    /// translated every time.
+    fn of(svc: &Service, slices: &[&EndpointSlice]) -> Option<Self> {
+        let service = svc.metadata.resource_version.clone()?;
+        let slices = slices
+            .iter()
+            .map(|s| Some((s.metadata.name.clone().unwrap_or_default(), s.metadata.resource_version.clone()?)))
+            .collect::<Option<Vec<_>>>()?;
+        Some(Self { service, slices })
+    }
+
+    /// Whether these are the versions of `svc` and `slices`, without allocating.
+    fn matches(&self, svc: &Service, slices: &[&EndpointSlice]) -> bool {
+        svc.metadata.resource_version.as_deref() == Some(self.service.as_str())
+            && self.slices.len() == slices.len()
+            && self.slices.iter().zip(slices).all(|((name, rv), s)| {
+                s.metadata.name.as_deref().unwrap_or_default() == name
+                    && s.metadata.resource_version.as_deref() == Some(rv.as_str())
+            })
+    }
+}
+
+/// One Service's translation, kept for the next build.
+#[derive(Debug, Clone)]
+struct Cached {
+    versions: Versions,
+    result: Result<Vec<Pending>, Issue>,
+    issues: Vec<Issue>,
+    no_local: NoLocalEndpoints,
+}
+
+/// How many Services the last [`Translator::build`] translated and how many it reused.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TranslateStats {
+    /// Services translated from their objects.
+    pub translated: usize,
+    /// Services whose previous translation was reused.
+    pub reused: usize,
+}
+
+/// [`build_spec`] that remembers each Service's translation and translates again only the
+/// Services whose objects changed (SYNC-03: a change rebuilds only the Services it touches).
+///
+/// A cached translation is reused when the Service's `metadata.resourceVersion` and the
+/// names and resourceVersions of its EndpointSlices are those it was made from, and the
+/// xlb configuration and this node's Node object are equal to the previous build's (any
+/// change of those translates everything). The API server changes a resourceVersion on every
+/// write, so this needs no list of changes from the watcher, and a slice that moves to another
+/// Service changes both Services' slice lists. Objects without a resourceVersion (from a
+/// file) are always translated. The result is always equal to [`build_spec`]'s for the same
+/// input (pinned by a test); only the time differs.
+#[derive(Debug, Default)]
+pub struct Translator {
+    /// Config and Node the cache was made with.
+    basis: Option<(Config, Option<Node>)>,
+    /// By (namespace, name).
+    cache: HashMap<(String, String), Cached>,
+    stats: TranslateStats,
+}
+
+impl Translator {
+    /// A translator with nothing cached.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Services translated and reused by the last [`Translator::build`].
+    pub fn stats(&self) -> TranslateStats {
+        self.stats
+    }
+
+    /// Builds the [`TablesSpec`] for `input`, as [`build_spec`] does, reusing the cached
+    /// translations of unchanged Services.
+    ///
+    /// # Errors
+    /// As [`build_spec`]: only for an invalid `cfg` (then the cache is left as it was).
+    pub fn build(
+        &mut self,
+        input: &ClusterState,
+        cfg: &Config,
+    ) -> Result<(TablesSpec, TranslateReport), TranslateError> {
+        cfg.validate().map_err(|e| TranslateError::Config { field: e.field, message: e.message })?;
+        if self.basis.as_ref().is_none_or(|(c, n)| c != cfg || n.as_ref() != input.node.as_ref()) {
+            self.cache.clear();
+            self.basis = Some((cfg.clone(), input.node.clone()));
+        }
+        let (spec, report, stats) = assemble(input, cfg, &mut self.cache);
+        self.stats = stats;
+        Ok((spec, report))
+    }
+}
+
+/// The body of [`Translator::build`] (and so of [`build_spec`]): every Service through
+/// `cache`, then the cross-Service checks (table names, frontend collisions) and the global
+/// fields. Entries of Services that no longer exist are dropped from `cache`.
+fn assemble(
+    input: &ClusterState,
+    cfg: &Config,
+    cache: &mut HashMap<(String, String), Cached>,
+) -> (TablesSpec, TranslateReport, TranslateStats) {
     let mut report = TranslateReport::default();
+    let mut stats = TranslateStats::default();
     let node = NodeInfo::new(input.node.as_ref(), cfg, &mut report);
     let node_port_addrs = node.node_port_addresses(cfg);
 
@@ -228,6 +340,7 @@ pub fn build_spec(input: &ClusterState, cfg: &Config) -> Result<(TablesSpec, Tra
     });
 
     let ctx = Ctx { cfg, node: &node, node_port_addrs: &node_port_addrs };
+    let mut seen: HashSet<(String, String)> = HashSet::with_capacity(input.services.len());
     let mut claimed: HashMap<(IpAddr, L4Proto, u16), String> = HashMap::new();
     let mut names: BTreeSet<String> = BTreeSet::new();
     let mut out = Vec::new();
@@ -236,7 +349,36 @@ pub fn build_spec(input: &ClusterState, cfg: &Config) -> Result<(TablesSpec, Tra
         let name = svc.metadata.name.as_deref().unwrap_or_default();
         let label = format!("Service {ns}/{name}");
         let svc_slices = slices.get(&(ns, name)).map_or(&[][..], Vec::as_slice);
-        let pending = match translate_service(svc, svc_slices, &ctx, &label, &mut report) {
+        let key = (ns.to_owned(), name.to_owned());
+        let hit = cache.get(&key).filter(|c| c.versions.matches(svc, svc_slices));
+        let (result, issues, no_local) = if let Some(c) = hit {
+            stats.reused += 1;
+            (c.result.clone(), c.issues.clone(), c.no_local)
+        } else {
+            stats.translated += 1;
+            let mut own = TranslateReport::default();
+            let result = translate_service(svc, svc_slices, &ctx, &label, &mut own);
+            match Versions::of(svc, svc_slices) {
+                Some(versions) => {
+                    let c = Cached {
+                        versions,
+                        result: result.clone(),
+                        issues: own.issues.clone(),
+                        no_local: own.no_local_endpoints,
+                    };
+                    cache.insert(key.clone(), c);
+                }
+                None => {
+                    cache.remove(&key);
+                }
+            }
+            (result, own.issues, own.no_local_endpoints)
+        };
+        seen.insert(key);
+        report.issues.extend(issues);
+        report.no_local_endpoints.internal += no_local.internal;
+        report.no_local_endpoints.external += no_local.external;
+        let pending = match result {
             Ok(p) => p,
             Err(issue) => {
                 report.issues.push(issue);
@@ -346,7 +488,8 @@ pub fn build_spec(input: &ClusterState, cfg: &Config) -> Result<(TablesSpec, Tra
     }
     report.issues.sort();
     report.issues.dedup();
-    Ok((spec, report))
+    cache.retain(|k, _| seen.contains(k));
+    (spec, report, stats)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -471,6 +614,7 @@ struct Ctx<'a> {
 }
 
 /// A service spec before frontend collision checks; frontends carry their source field.
+#[derive(Debug, Clone)]
 struct Pending {
     name: String,
     frontends: Vec<(Frontend, String)>,

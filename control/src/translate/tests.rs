@@ -1001,3 +1001,78 @@ fn maglev_service_larger_than_the_table_is_skipped_not_the_whole_table() {
     assert_eq!(names(&t), ["default/web:http"]);
     assert!(errors(&r)[0].contains("maglevTableSize"), "{:?}", r.issues);
 }
+
+// ---------------------------------------------------------------------------------- SYNC-03
+
+/// Gives every object a resourceVersion, as the API server does.
+fn versioned(mut st: ClusterState, rv: &str) -> ClusterState {
+    for s in &mut st.services {
+        s.metadata.resource_version.get_or_insert_with(|| rv.to_owned());
+    }
+    for s in &mut st.endpoint_slices {
+        s.metadata.resource_version.get_or_insert_with(|| rv.to_owned());
+    }
+    st
+}
+
+#[test]
+fn sync_03_a_change_translates_only_the_services_it_touches_and_equals_a_full_build() {
+    let api = svc("default/api", "10.96.0.11").port("http", 80, 8080);
+    let api_slice = || slice("default/api-1", "api", "IPv4").port("http", 8080).ep(ep("10.0.1.1"));
+    let db = svc("default/db", "10.96.0.12")
+        .port("pg", 5432, 5432)
+        .etp_local()
+        .ty("LoadBalancer")
+        .lb_ingress(&["192.0.2.7"]);
+    let db_slice = slice("default/db-1", "db", "IPv4").port("pg", 5432).ep(ep("10.0.2.1").on("elsewhere"));
+    let base = versioned(
+        state(vec![web(), api, db], vec![web_slice().ep(ep("10.0.0.1")), api_slice(), db_slice], Some(our_node())),
+        "1",
+    );
+    let c = cfg();
+    let mut tr = Translator::new();
+    let check = |tr: &mut Translator, st: &ClusterState| {
+        let got = tr.build(st, &c).expect("valid config");
+        assert_eq!(got, build_spec(st, &c).expect("valid config"), "incremental = full");
+        tr.stats()
+    };
+    assert_eq!(check(&mut tr, &base), TranslateStats { translated: 3, reused: 0 });
+    assert_eq!(check(&mut tr, &base), TranslateStats { translated: 0, reused: 3 });
+
+    // One EndpointSlice changes (new resourceVersion): only its Service is translated again.
+    let mut st = base.clone();
+    st.endpoint_slices[1] = api_slice().ep(ep("10.0.1.2")).0;
+    st.endpoint_slices[1].metadata.resource_version = Some("2".into());
+    assert_eq!(check(&mut tr, &st), TranslateStats { translated: 1, reused: 2 });
+    assert_eq!(eligible(spec(&tr.build(&st, &c).unwrap().0, "default/api:http")), ["10.0.1.1:8080", "10.0.1.2:8080"]);
+
+    // The slice moves to another Service (label change): both Services change.
+    let mut moved = st.clone();
+    moved.endpoint_slices[1] = slice("default/api-1", "web", "IPv4").port("http", 8080).ep(ep("10.0.1.9")).0;
+    moved.endpoint_slices[1].metadata.resource_version = Some("3".into());
+    assert_eq!(check(&mut tr, &moved), TranslateStats { translated: 2, reused: 1 });
+
+    // A deleted Service leaves the cache; a deleted slice changes its Service.
+    let mut gone = moved.clone();
+    gone.services.remove(2);
+    gone.endpoint_slices.remove(1);
+    assert_eq!(check(&mut tr, &gone), TranslateStats { translated: 1, reused: 1 });
+    assert_eq!(tr.cache.len(), 2);
+
+    // A change of this node (its zone) or of the config translates everything again, and the
+    // no-local-endpoints counts and issues come back from the cache intact.
+    let mut renode = base.clone();
+    renode.node = Some(our_node().zone("z2").0);
+    assert_eq!(check(&mut tr, &renode), TranslateStats { translated: 3, reused: 0 });
+    assert_eq!(check(&mut tr, &renode), TranslateStats { translated: 0, reused: 3 });
+    assert_eq!(tr.build(&renode, &c).unwrap().1.no_local_endpoints.external, 1);
+    let mut c2 = cfg();
+    c2.iptables.masquerade_all = true;
+    tr.build(&renode, &c2).unwrap();
+    assert_eq!(tr.stats(), TranslateStats { translated: 3, reused: 0 });
+
+    // Objects without a resourceVersion (a config file) are translated every time.
+    let file = state(vec![web()], vec![web_slice().ep(ep("10.0.0.1"))], Some(our_node()));
+    assert_eq!(check(&mut tr, &file), TranslateStats { translated: 1, reused: 0 });
+    assert_eq!(check(&mut tr, &file), TranslateStats { translated: 1, reused: 0 });
+}
