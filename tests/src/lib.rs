@@ -754,6 +754,15 @@ impl Xlb {
     /// When the binary cannot be found or built, the files cannot be written, xlb cannot be
     /// started, exits early, or does not create its socket in time (the error holds its log).
     pub fn start(tb: &Testbed, config_yaml: &str) -> Result<Self> {
+        Self::start_with_args::<&str>(tb, config_yaml, &[])
+    }
+
+    /// [`Xlb::start`] with `extra` appended to `xlb run`'s arguments (e.g. `--kubeconfig
+    /// PATH`, which makes xlb take Services and EndpointSlices from an API server).
+    ///
+    /// # Errors
+    /// As [`Xlb::start`].
+    pub fn start_with_args<S: AsRef<OsStr>>(tb: &Testbed, config_yaml: &str, extra: &[S]) -> Result<Self> {
         let bin = xlb_binary()?;
         let dir = tb.run_dir().join("xlb");
         std::fs::create_dir_all(&dir).map_err(io_err(format!("cannot create {}", dir.display())))?;
@@ -778,6 +787,7 @@ impl Xlb {
             .arg(&config)
             .arg("--admin-socket")
             .arg(&socket)
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);
