@@ -295,8 +295,11 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource) -> 
         }
         sync_steering(&mut steering, &handle.load())?;
         let admin = admin::serve(&admin_socket, handle.clone(), &workers)?;
+        let iface_stats = xlb::http::InterfaceStatsCell::default();
         let view =
-            xlb::http::CountersView::new(handle.clone(), workers.iter().map(|w| (w.id, w.counters.clone())).collect());
+            xlb::http::CountersView::new(handle.clone(), workers.iter().map(|w| (w.id, w.counters.clone())).collect())
+                .with_xsk(workers.iter().map(|w| (w.id, w.xsk.clone())).collect())
+                .with_interfaces(iface_stats.clone());
         telemetry.metrics.set_dataplane(Arc::new(view));
         tracing::info!(config = %path.display(), workers = nworkers, source = ?source, "xlb running");
         let mut sup = Supervisor {
@@ -307,6 +310,7 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource) -> 
             steering: &mut steering,
             telemetry: &telemetry,
             rt: &rt,
+            iface_stats,
         };
         sup.run(&mut cluster, k8s.as_mut(), &stop, &reload)?;
         drop(admin);
@@ -335,6 +339,8 @@ struct Supervisor<'a> {
     steering: &'a mut [Steering],
     telemetry: &'a xlb::http::Telemetry,
     rt: &'a tokio::runtime::Runtime,
+    /// The steering programs' counters for `/metrics`, refreshed once a second.
+    iface_stats: xlb::http::InterfaceStatsCell,
 }
 
 type K8s = (xlb::k8s::Source, xlb::http::HealthCheckServers, String);
@@ -364,6 +370,28 @@ impl Supervisor<'_> {
         }
     }
 
+    /// Reads every steering program's counters (one map lookup per interface) for `/metrics`.
+    fn refresh_interface_stats(&self) {
+        let stats: Vec<xlb::http::InterfaceStats> = self
+            .steering
+            .iter()
+            .filter_map(|st| match st.stats() {
+                Ok(s) => Some(xlb::http::InterfaceStats {
+                    interface: st.ifname().to_owned(),
+                    redirected: s.redirected,
+                    passed: s.passed,
+                    redirect_failed: s.redirect_failed,
+                    parse_errors: s.parse_errors,
+                }),
+                Err(e) => {
+                    tracing::debug!(interface = st.ifname(), error = %e, "steering stats");
+                    None
+                }
+            })
+            .collect();
+        *self.iface_stats.write().unwrap_or_else(std::sync::PoisonError::into_inner) = stats;
+    }
+
     fn run(
         &mut self,
         cluster: &mut ClusterState,
@@ -376,6 +404,7 @@ impl Supervisor<'_> {
         let mut dirty = false;
         let mut last_resolve = Instant::now();
         let mut last_periodic = Instant::now();
+        let mut last_stats: Option<Instant> = None;
         while !stop.load(Ordering::Relaxed) {
             // Neighbour changes (blocks up to 100 ms: part of the loop's tick).
             match watcher.recv_timeout(Duration::from_millis(100)) {
@@ -427,6 +456,10 @@ impl Supervisor<'_> {
                 last_periodic = Instant::now();
                 self.rebuild(cluster);
                 last_resolve = Instant::now();
+            }
+            if last_stats.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                last_stats = Some(Instant::now());
+                self.refresh_interface_stats();
             }
             if last_resolve.elapsed() > Duration::from_secs(2) {
                 let t = self.handle.load();

@@ -386,6 +386,7 @@ impl DataplaneView for FakeDataplane {
                 events: vec![("new_flow", 42)],
                 conntrack_entries: 11,
                 conntrack_evictions: 2,
+                xsk: None,
             })
             .collect()
     }

@@ -20,7 +20,7 @@ use crate::counters::{Counter, DropReason, WorkerCounters};
 use crate::nat::Packet;
 use crate::process::{FlowDump, Pipeline, PipelineConfig, Verdict};
 use crate::tables::{BackendRef, Tables, TablesHandle};
-use crate::xsk::{OwnedFrame, Xsk, XskConfig, XskError};
+use crate::xsk::{OwnedFrame, SocketStats, Xsk, XskConfig, XskError};
 
 /// Frames per RX batch.
 pub const BATCH: usize = 64;
@@ -73,6 +73,59 @@ pub struct XskCounters {
     pub frames_accounted: Counter,
     /// Whether the sockets are zero-copy (1) or copy mode (0).
     pub zero_copy: Counter,
+    /// The kernel's socket counters ([`SocketStats`]) summed over the worker's sockets, read
+    /// once a second (`XDP_STATISTICS`).
+    pub socket: SocketCounters,
+}
+
+/// [`SocketStats`] as counters the control thread can read while the worker writes them.
+#[derive(Debug, Default)]
+pub struct SocketCounters {
+    /// See [`SocketStats::rx_dropped`].
+    pub rx_dropped: Counter,
+    /// See [`SocketStats::rx_ring_full`].
+    pub rx_ring_full: Counter,
+    /// See [`SocketStats::rx_fill_ring_empty`].
+    pub rx_fill_ring_empty: Counter,
+    /// See [`SocketStats::rx_invalid_descs`].
+    pub rx_invalid_descs: Counter,
+    /// See [`SocketStats::tx_invalid_descs`].
+    pub tx_invalid_descs: Counter,
+    /// See [`SocketStats::tx_ring_empty`].
+    pub tx_ring_empty: Counter,
+}
+
+impl SocketCounters {
+    fn store(&self, s: SocketStats) {
+        self.rx_dropped.set(s.rx_dropped);
+        self.rx_ring_full.set(s.rx_ring_full);
+        self.rx_fill_ring_empty.set(s.rx_fill_ring_empty);
+        self.rx_invalid_descs.set(s.rx_invalid_descs);
+        self.tx_invalid_descs.set(s.tx_invalid_descs);
+        self.tx_ring_empty.set(s.tx_ring_empty);
+    }
+
+    /// The current values.
+    pub fn load(&self) -> SocketStats {
+        SocketStats {
+            rx_dropped: self.rx_dropped.get(),
+            rx_ring_full: self.rx_ring_full.get(),
+            rx_fill_ring_empty: self.rx_fill_ring_empty.get(),
+            rx_invalid_descs: self.rx_invalid_descs.get(),
+            tx_invalid_descs: self.tx_invalid_descs.get(),
+            tx_ring_empty: self.tx_ring_empty.get(),
+        }
+    }
+}
+
+/// How often a worker reads its sockets' `XDP_STATISTICS` (ms).
+const SOCKET_STATS_EVERY_MS: u64 = 1000;
+
+/// Reads and sums the kernel counters of every socket of `xsk` into `c`.
+fn refresh_socket_stats(xsk: &Xsk, c: &SocketCounters) {
+    let sum =
+        (0..xsk.port_count()).filter_map(|i| xsk.socket_stats(i)?.ok()).fold(SocketStats::default(), SocketStats::sum);
+    c.store(sum);
 }
 
 /// A request from the control thread, answered between batches.
@@ -226,9 +279,14 @@ fn run(
     let mut scratch = Vec::with_capacity(2048);
     let mut idle_rounds = 0u32;
     let counters = pipeline.counters().clone();
+    let mut next_socket_stats_ms = 0u64;
     while !stop.load(Ordering::Relaxed) {
         let t = tables.load();
         let now_ms = u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        if now_ms >= next_socket_stats_ms {
+            next_socket_stats_ms = now_ms.saturating_add(SOCKET_STATS_EVERY_MS);
+            refresh_socket_stats(&xsk, &xc.socket);
+        }
         pipeline.begin_batch(&t, now_ms);
         xsk.complete();
         let mut got = 0;

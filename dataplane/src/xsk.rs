@@ -150,6 +150,42 @@ impl OwnedFrame {
     }
 }
 
+/// The kernel's counters of one AF_XDP socket (`getsockopt(SOL_XDP, XDP_STATISTICS)`,
+/// `struct xdp_statistics` of `linux/if_xdp.h`; kernel doc af_xdp.rst "XDP_STATISTICS
+/// getsockopt"). Cumulative since the socket was bound, in frames (descriptors).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct SocketStats {
+    /// Frames dropped for other reasons than a full RX ring (`rx_dropped`), e.g. a frame
+    /// larger than the UMEM frame.
+    pub rx_dropped: u64,
+    /// Frames dropped because the RX ring was full (`rx_ring_full`): the worker did not keep up.
+    pub rx_ring_full: u64,
+    /// Frames dropped because the fill ring was empty (`rx_fill_ring_empty_descs`): no free
+    /// UMEM frame to receive into.
+    pub rx_fill_ring_empty: u64,
+    /// RX descriptors the kernel found invalid (`rx_invalid_descs`).
+    pub rx_invalid_descs: u64,
+    /// TX descriptors the kernel found invalid (`tx_invalid_descs`).
+    pub tx_invalid_descs: u64,
+    /// Times the kernel found the TX ring empty when asked to send (`tx_ring_empty_descs`).
+    pub tx_ring_empty: u64,
+}
+
+impl SocketStats {
+    /// Field-wise sum (a worker's sockets together).
+    #[must_use]
+    pub fn sum(self, o: Self) -> Self {
+        Self {
+            rx_dropped: self.rx_dropped + o.rx_dropped,
+            rx_ring_full: self.rx_ring_full + o.rx_ring_full,
+            rx_fill_ring_empty: self.rx_fill_ring_empty + o.rx_fill_ring_empty,
+            rx_invalid_descs: self.rx_invalid_descs + o.rx_invalid_descs,
+            tx_invalid_descs: self.tx_invalid_descs + o.tx_invalid_descs,
+            tx_ring_empty: self.tx_ring_empty + o.tx_ring_empty,
+        }
+    }
+}
+
 /// A worker's UMEM and sockets.
 #[derive(Debug)]
 pub struct Xsk {
@@ -278,6 +314,24 @@ impl Xsk {
     /// Raw socket fds in port order, for the steering program's XSKMAP.
     pub fn fds(&self) -> Vec<RawFd> {
         self.ports.iter().map(|p| p.rx.fd().as_raw_fd()).collect()
+    }
+
+    /// The kernel's counters of port `i`'s socket: one `getsockopt` system call, so call it
+    /// between batches and rarely (the worker does once a second). `None` for a port that
+    /// does not exist.
+    ///
+    /// # Errors
+    /// The `getsockopt` error (not expected on a bound socket).
+    pub fn socket_stats(&self, i: usize) -> Option<std::io::Result<SocketStats>> {
+        let p = self.ports.get(i)?;
+        Some(p.rx.fd().xdp_statistics().map(|s| SocketStats {
+            rx_dropped: s.rx_dropped(),
+            rx_ring_full: s.rx_ring_full(),
+            rx_fill_ring_empty: s.rx_fill_ring_empty_descs(),
+            rx_invalid_descs: s.rx_invalid_descs(),
+            tx_invalid_descs: s.tx_invalid_descs(),
+            tx_ring_empty: s.tx_ring_empty_descs(),
+        }))
     }
 
     /// Whether port `i` is bound in zero-copy mode.

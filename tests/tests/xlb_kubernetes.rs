@@ -158,6 +158,28 @@ mod kubernetes {
         let t = wait_for_backends(&tb, &xlb, &[1, 2, 3], 15);
         println!("be1 back after {t:?}");
 
+        // /metrics shows the traffic at every layer: the steering program redirected it, the
+        // AF_XDP rings carried it, and the Service's table counted it. Steering and socket
+        // counters are refreshed once a second, so allow a few seconds.
+        let scrape = || {
+            tb.exec_ok(Role::Lb, &["curl", "-sS", "--max-time", "5", "http://127.0.0.1:10249/metrics"])
+                .expect("scrape /metrics")
+        };
+        // Counters and these gauges are integers in the exposition text.
+        let value = |metrics: &str, series: &str| -> Option<u64> {
+            metrics.lines().find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        };
+        let redirected = "xlb_steering_packets_total{interface=\"eth0\",action=\"redirected\"} ";
+        let metrics = wait_for(Duration::from_secs(5), || {
+            let m = scrape();
+            value(&m, redirected).is_some_and(|v| v > 0).then_some(m)
+        })
+        .unwrap_or_else(|| panic!("steering counters missing or zero:\n{}", scrape()));
+        assert!(value(&metrics, "xlb_xsk_umem_frames{worker=\"0\"} ").is_some_and(|v| v > 0), "{metrics}");
+        assert!(value(&metrics, "xlb_xsk_socket_rx_ring_full_total{worker=\"0\"} ").is_some(), "{metrics}");
+        let web = value(&metrics, "xlb_service_packets_total{service=\"demo/web:http\"} ");
+        assert!(web.is_some_and(|v| v > 0), "{metrics}");
+
         // The EndpointSlice is deleted: the VIP has no endpoints and is rejected (REJ-03): curl
         // fails at once with "connection refused", not after its timeout.
         op(Op::Delete(Res::EndpointSlices, "demo", "web-1"));

@@ -8,6 +8,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use dataplane::counters::{DropReason, Event, WorkerCounters};
 use dataplane::tables::TablesHandle;
+use dataplane::worker::XskCounters;
+use dataplane::xsk::SocketStats;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::MetricType;
@@ -44,7 +46,69 @@ pub struct WorkerStats {
     pub conntrack_entries: u64,
     /// Flow-table entries evicted before expiry (`xlb_conntrack_evictions_total`).
     pub conntrack_evictions: u64,
+    /// AF_XDP ring and socket counters (`xlb_xsk_*`); `None` when the view has none.
+    pub xsk: Option<XskStats>,
 }
+
+/// One worker's AF_XDP counters at scrape time (from [`XskCounters`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct XskStats {
+    /// Frames dropped because the TX ring was full (`xlb_xsk_tx_ring_full_total`).
+    pub tx_ring_full: u64,
+    /// Frames the steering program sent that the tables did not own, dropped
+    /// (`xlb_xsk_pass_in_userspace_total`).
+    pub pass_in_userspace: u64,
+    /// Frames handed to another worker (`xlb_xsk_handed_off_total`).
+    pub handed_off: u64,
+    /// Hand-offs dropped because the target inbox or the buffer pool was full
+    /// (`xlb_xsk_handoff_dropped_total`).
+    pub handoff_dropped: u64,
+    /// UMEM frames (`xlb_xsk_umem_frames`, gauge).
+    pub frames_total: u64,
+    /// UMEM frames accounted for at the last batch (`xlb_xsk_umem_frames_accounted`, gauge;
+    /// equal to `frames_total` unless a frame was lost).
+    pub frames_accounted: u64,
+    /// 1 when the sockets are zero-copy, 0 in copy mode (`xlb_xsk_zero_copy`, gauge).
+    pub zero_copy: u64,
+    /// The kernel's socket counters (`xlb_xsk_socket_*_total`), read once a second.
+    pub socket: SocketStats,
+}
+
+impl XskStats {
+    /// Reads a worker's [`XskCounters`] (relaxed loads).
+    pub fn from_counters(c: &XskCounters) -> Self {
+        Self {
+            tx_ring_full: c.tx_ring_full.get(),
+            pass_in_userspace: c.pass_in_userspace.get(),
+            handed_off: c.handed_off.get(),
+            handoff_dropped: c.handoff_dropped.get(),
+            frames_total: c.frames_total.get(),
+            frames_accounted: c.frames_accounted.get(),
+            zero_copy: c.zero_copy.get(),
+            socket: c.socket.load(),
+        }
+    }
+}
+
+/// The steering XDP program's counters on one interface (nic-config's `SteeringStats`),
+/// summed over CPUs; `xlb_steering_packets_total{interface,action}`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InterfaceStats {
+    /// Interface name (label `interface`).
+    pub interface: String,
+    /// Frames redirected to an xlb socket (`action="redirected"`).
+    pub redirected: u64,
+    /// Frames not for xlb, given to the kernel (`action="passed"`).
+    pub passed: u64,
+    /// Frames for xlb on a queue without a socket, given to the kernel
+    /// (`action="redirect_failed"`).
+    pub redirect_failed: u64,
+    /// Malformed frames given to the kernel (`action="parse_error"`).
+    pub parse_errors: u64,
+}
+
+/// Where the control thread leaves the latest [`InterfaceStats`] for scrapes to read.
+pub type InterfaceStatsCell = Arc<RwLock<Vec<InterfaceStats>>>;
 
 impl WorkerStats {
     /// Reads a worker's [`WorkerCounters`] (relaxed loads; every drop reason and event, zeros
@@ -59,6 +123,7 @@ impl WorkerStats {
             events: Event::ALL.iter().map(|e| (e.name(), c.events_of(*e))).collect(),
             conntrack_entries: c.ct_entries.get(),
             conntrack_evictions: c.events_of(Event::ConntrackEvicted),
+            xsk: None,
         }
     }
 }
@@ -96,6 +161,10 @@ pub trait DataplaneView: Send + Sync {
     fn services(&self) -> Vec<ServiceStats>;
     /// Per-backend counters.
     fn backends(&self) -> Vec<BackendStats>;
+    /// Per-interface steering-program counters (none by default).
+    fn interfaces(&self) -> Vec<InterfaceStats> {
+        Vec::new()
+    }
 }
 
 /// A [`DataplaneView`] over the published tables and the workers' [`WorkerCounters`].
@@ -108,18 +177,45 @@ pub trait DataplaneView: Send + Sync {
 pub struct CountersView {
     tables: TablesHandle,
     workers: Vec<(u16, Arc<WorkerCounters>)>,
+    xsk: Vec<(u16, Arc<XskCounters>)>,
+    interfaces: InterfaceStatsCell,
 }
 
 impl CountersView {
     /// A view of `workers` (id, counters) with names from `tables`.
     pub fn new(tables: TablesHandle, workers: Vec<(u16, Arc<WorkerCounters>)>) -> Self {
-        Self { tables, workers }
+        Self { tables, workers, xsk: Vec::new(), interfaces: InterfaceStatsCell::default() }
+    }
+
+    /// Adds the workers' AF_XDP counters, by worker id.
+    #[must_use]
+    pub fn with_xsk(mut self, xsk: Vec<(u16, Arc<XskCounters>)>) -> Self {
+        self.xsk = xsk;
+        self
+    }
+
+    /// Adds the steering counters the control thread stores in `cell`.
+    #[must_use]
+    pub fn with_interfaces(mut self, cell: InterfaceStatsCell) -> Self {
+        self.interfaces = cell;
+        self
     }
 }
 
 impl DataplaneView for CountersView {
     fn workers(&self) -> Vec<WorkerStats> {
-        self.workers.iter().map(|(id, c)| WorkerStats::from_counters(*id, c)).collect()
+        self.workers
+            .iter()
+            .map(|(id, c)| {
+                let mut s = WorkerStats::from_counters(*id, c);
+                s.xsk = self.xsk.iter().find(|(x, _)| x == id).map(|(_, x)| XskStats::from_counters(x));
+                s
+            })
+            .collect()
+    }
+
+    fn interfaces(&self) -> Vec<InterfaceStats> {
+        self.interfaces.read().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     fn services(&self) -> Vec<ServiceStats> {
@@ -162,6 +258,9 @@ impl DataplaneView for CountersView {
 }
 
 type SharedView = Arc<RwLock<Option<Arc<dyn DataplaneView>>>>;
+
+/// One `xlb_xsk_*` family: name, help, type, and the value it reads.
+type XskFamily = (&'static str, &'static str, MetricType, fn(&XskStats) -> u64);
 
 /// Encodes the `xlb_*` families from the view at scrape time.
 struct DataplaneCollector {
@@ -252,6 +351,73 @@ impl Collector for DataplaneCollector {
             C,
             workers.iter().map(|s| (w(s), s.conntrack_evictions)),
         )?;
+        let xsk: Vec<(_, XskStats)> = workers.iter().filter_map(|s| Some((w(s), s.xsk?))).collect();
+        let xsk_families: [XskFamily; 13] = [
+            ("xlb_xsk_tx_ring_full", "Frames dropped because the AF_XDP TX ring was full.", C, |x| x.tx_ring_full),
+            (
+                "xlb_xsk_pass_in_userspace",
+                "Frames steered to xlb that the tables did not own (dropped: AF_XDP cannot return them to the kernel).",
+                C,
+                |x| x.pass_in_userspace,
+            ),
+            ("xlb_xsk_handed_off", "Frames handed to the worker that owns the flow.", C, |x| x.handed_off),
+            ("xlb_xsk_handoff_dropped", "Hand-offs dropped: target inbox or buffer pool full.", C, |x| {
+                x.handoff_dropped
+            }),
+            ("xlb_xsk_umem_frames", "UMEM frames of the worker.", G, |x| x.frames_total),
+            (
+                "xlb_xsk_umem_frames_accounted",
+                "UMEM frames found in the free list, fill and TX rings at the last batch (equal to xlb_xsk_umem_frames unless a frame leaked).",
+                G,
+                |x| x.frames_accounted,
+            ),
+            ("xlb_xsk_zero_copy", "1 when the worker's sockets are zero-copy, 0 in copy mode.", G, |x| x.zero_copy),
+            ("xlb_xsk_socket_rx_dropped", "Kernel XDP_STATISTICS rx_dropped.", C, |x| x.socket.rx_dropped),
+            (
+                "xlb_xsk_socket_rx_ring_full",
+                "Kernel XDP_STATISTICS rx_ring_full: frames lost because the worker did not keep up.",
+                C,
+                |x| x.socket.rx_ring_full,
+            ),
+            (
+                "xlb_xsk_socket_rx_fill_ring_empty",
+                "Kernel XDP_STATISTICS rx_fill_ring_empty_descs: frames lost for want of a free UMEM frame.",
+                C,
+                |x| x.socket.rx_fill_ring_empty,
+            ),
+            ("xlb_xsk_socket_rx_invalid_descs", "Kernel XDP_STATISTICS rx_invalid_descs.", C, |x| {
+                x.socket.rx_invalid_descs
+            }),
+            ("xlb_xsk_socket_tx_invalid_descs", "Kernel XDP_STATISTICS tx_invalid_descs.", C, |x| {
+                x.socket.tx_invalid_descs
+            }),
+            ("xlb_xsk_socket_tx_ring_empty", "Kernel XDP_STATISTICS tx_ring_empty_descs.", C, |x| {
+                x.socket.tx_ring_empty
+            }),
+        ];
+        if !xsk.is_empty() {
+            for (name, help, ty, get) in xsk_families {
+                family(e, name, help, ty, xsk.iter().map(|(l, x)| (l.clone(), get(x))))?;
+            }
+        }
+        let ifs = view.interfaces();
+        if !ifs.is_empty() {
+            family(
+                e,
+                "xlb_steering_packets",
+                "Frames seen by the steering XDP program, by interface and action (redirected to xlb, passed to the kernel, redirect_failed: no socket on that queue, parse_error: malformed, passed).",
+                C,
+                ifs.iter().flat_map(|i| {
+                    [
+                        ("redirected", i.redirected),
+                        ("passed", i.passed),
+                        ("redirect_failed", i.redirect_failed),
+                        ("parse_error", i.parse_errors),
+                    ]
+                    .map(|(a, v)| ([("interface", i.interface.clone()), ("action", a.to_owned())], v))
+                }),
+            )?;
+        }
         let services = view.services();
         let sl = |s: &ServiceStats| [("service", s.service.clone())];
         family(e, "xlb_service_packets", "Packets per Service table.", C, services.iter().map(|s| (sl(s), s.packets)))?;
@@ -520,13 +686,32 @@ mod tests {
         assert_eq!(s.conntrack_evictions, 1);
         assert!(s.drops.contains(&("no_neighbour", 1)));
         assert_eq!(s.drops.len(), DropReason::ALL.len());
-        let view = CountersView::new(TablesHandle::default(), vec![(3, Arc::new(c))]);
+        let x = XskCounters::default();
+        x.tx_ring_full.add(2);
+        x.frames_total.set(4096);
+        x.socket.rx_ring_full.set(17);
+        let ifs = InterfaceStatsCell::default();
+        let view = CountersView::new(TablesHandle::default(), vec![(3, Arc::new(c))])
+            .with_xsk(vec![(3, Arc::new(x))])
+            .with_interfaces(ifs.clone());
         assert!(view.services().is_empty());
+        *ifs.write().unwrap() = vec![InterfaceStats {
+            interface: "eth0".into(),
+            redirected: 9,
+            passed: 8,
+            redirect_failed: 0,
+            parse_errors: 1,
+        }];
         let m = ProxyMetrics::new();
         m.set_dataplane(Arc::new(view));
         let text = m.encode().unwrap();
         assert!(text.contains("xlb_worker_rx_packets_total{worker=\"3\"} 5"), "{text}");
         assert!(text.contains("xlb_drops_total{worker=\"3\",reason=\"no_neighbour\"} 1"), "{text}");
+        assert!(text.contains("xlb_xsk_tx_ring_full_total{worker=\"3\"} 2"), "{text}");
+        assert!(text.contains("xlb_xsk_umem_frames{worker=\"3\"} 4096"), "{text}");
+        assert!(text.contains("xlb_xsk_socket_rx_ring_full_total{worker=\"3\"} 17"), "{text}");
+        assert!(text.contains("xlb_steering_packets_total{interface=\"eth0\",action=\"redirected\"} 9"), "{text}");
+        assert!(text.contains("xlb_steering_packets_total{interface=\"eth0\",action=\"parse_error\"} 1"), "{text}");
         assert!(text.contains("kubeproxy_proxy_healthz_total{code=\"503\"} 0"), "{text}");
         let classic = m.encode_prometheus().unwrap();
         assert!(classic.contains("# TYPE xlb_worker_rx_packets_total counter\n"), "{classic}");
