@@ -11,7 +11,6 @@
 //! stores the ref, so an established flow keeps its backend across table changes, and notices
 //! (ref mismatch) when its backend was removed.
 
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -586,10 +585,11 @@ pub enum BuildError {
 /// assignments. Owned by the control thread.
 #[derive(Debug, Default)]
 pub struct TableBuilder {
-    slots: BTreeMap<(String, IpAddr, u16), BackendRef>,
+    /// Backend slots by service name, then (address, port).
+    slots: HashMap<String, HashMap<(IpAddr, u16), BackendRef>>,
     free: Vec<BackendRef>,
     next_slot: usize,
-    service_ids: BTreeMap<String, u32>,
+    service_ids: HashMap<String, u32>,
     free_ids: Vec<u32>,
     next_id: u32,
     generation: u64,
@@ -635,6 +635,7 @@ impl TableBuilder {
         let mut seen_names = hashbrown::HashSet::new();
         let mut vip_owner: HashMap<VipKey, &str> = HashMap::new();
         let mut total_backends = 0usize;
+        let mut seen_b = hashbrown::HashSet::new();
         for s in &spec.services {
             if !seen_names.insert(s.name.as_str()) {
                 return Err(BuildError::DuplicateService(s.name.clone()));
@@ -661,7 +662,7 @@ impl TableBuilder {
                     return Err(BuildError::MixedFamilies { service: s.name.clone(), addr: a });
                 }
             }
-            let mut seen_b = hashbrown::HashSet::new();
+            seen_b.clear();
             for b in &s.backends {
                 if b.port == 0 {
                     return Err(BuildError::ZeroPort { service: s.name.clone(), what: "backend" });
@@ -735,57 +736,64 @@ impl TableBuilder {
         // Commit: assign slots and ids.
         self.maglev = next_maglev;
         self.maglev_stats = stats;
-        let mut next_slots: BTreeMap<(String, IpAddr, u16), BackendRef> = BTreeMap::new();
+        // Keep the slot of every backend that stays; free the slots of backends that left,
+        // bumping their generation; then give the new backends free or fresh slots.
+        let mut old = core::mem::take(&mut self.slots);
+        let mut next_slots: HashMap<String, HashMap<(IpAddr, u16), BackendRef>> =
+            HashMap::with_capacity(spec.services.len());
+        let mut refs: Vec<Vec<Option<BackendRef>>> = Vec::with_capacity(spec.services.len());
         for s in &spec.services {
-            for b in &s.backends {
-                let key = (s.name.clone(), b.addr, b.port);
-                if let Some(r) = self.slots.get(&key) {
-                    next_slots.insert(key, *r);
-                }
-            }
-        }
-        // Free slots of backends that left, bumping their generation.
-        let old = core::mem::take(&mut self.slots);
-        for (k, r) in old {
-            if !next_slots.contains_key(&k) {
+            let mut prev = old.remove(s.name.as_str()).unwrap_or_default();
+            refs.push(s.backends.iter().map(|b| prev.remove(&(b.addr, b.port))).collect());
+            for r in prev.into_values() {
                 self.free.push(BackendRef::new(r.index(), (r.0 >> 20).wrapping_add(1)));
             }
         }
-        for s in &spec.services {
-            for b in &s.backends {
-                let key = (s.name.clone(), b.addr, b.port);
-                if next_slots.contains_key(&key) {
-                    continue;
-                }
-                let r = match self.free.pop() {
+        for r in old.into_values().flat_map(HashMap::into_values) {
+            self.free.push(BackendRef::new(r.index(), (r.0 >> 20).wrapping_add(1)));
+        }
+        for (s, rs) in spec.services.iter().zip(&mut refs) {
+            let mut map = HashMap::with_capacity(s.backends.len());
+            for (b, r) in s.backends.iter().zip(rs.iter_mut()) {
+                let r = *r.get_or_insert_with(|| match self.free.pop() {
                     Some(r) => r,
                     None => {
                         let r = BackendRef::new(self.next_slot, 0);
                         self.next_slot += 1;
                         r
                     }
-                };
-                next_slots.insert(key, r);
+                });
+                map.insert((b.addr, b.port), r);
             }
+            next_slots.insert(s.name.clone(), map);
         }
         self.slots = next_slots;
         // Service ids.
-        let wanted: hashbrown::HashSet<&str> = spec.services.iter().map(|s| s.name.as_str()).collect();
-        let gone: Vec<String> = self.service_ids.keys().filter(|n| !wanted.contains(n.as_str())).cloned().collect();
+        // `seen_names` holds every name of `spec` (validation above). Ids of services that left
+        // are freed in name order, so id reuse does not depend on hash order.
+        let mut gone: Vec<String> =
+            self.service_ids.keys().filter(|n| !seen_names.contains(n.as_str())).cloned().collect();
+        gone.sort_unstable();
         for n in gone {
             if let Some(id) = self.service_ids.remove(&n) {
                 self.free_ids.push(id);
             }
         }
+        let mut ids = Vec::with_capacity(spec.services.len());
         for s in &spec.services {
-            if !self.service_ids.contains_key(&s.name) {
-                let id = self.free_ids.pop().unwrap_or_else(|| {
-                    let id = self.next_id;
-                    self.next_id += 1;
+            let id = match self.service_ids.get(s.name.as_str()) {
+                Some(id) => *id,
+                None => {
+                    let id = self.free_ids.pop().unwrap_or_else(|| {
+                        let id = self.next_id;
+                        self.next_id += 1;
+                        id
+                    });
+                    self.service_ids.insert(s.name.clone(), id);
                     id
-                });
-                self.service_ids.insert(s.name.clone(), id);
-            }
+                }
+            };
+            ids.push(id);
         }
         self.generation += 1;
 
@@ -800,6 +808,11 @@ impl TableBuilder {
         };
 
         let mut t = Tables::empty();
+        let n_frontends: usize = spec.services.iter().map(|s| s.frontends.len()).sum();
+        t.vips.reserve(n_frontends);
+        t.vip_addrs.reserve(n_frontends);
+        t.endpoints.reserve(total_backends);
+        t.services.reserve(spec.services.len());
         t.generation = self.generation;
         t.ports = spec.ports.clone();
         t.snat_v4 = snat_v4;
@@ -807,12 +820,13 @@ impl TableBuilder {
         t.dsr_source_v4 = spec.dsr_source_v4;
         t.dsr_source_v6 = spec.dsr_source_v6;
         t.backends = vec![None; self.next_slot];
-        for ((s, (maglev, cum)), si) in spec.services.iter().zip(sched_data).zip(0u32..) {
+        for ((((s, (maglev, cum)), rs), id), si) in spec.services.iter().zip(sched_data).zip(refs).zip(ids).zip(0u32..)
+        {
             let mut members = Vec::with_capacity(s.backends.len());
             let mut eligible = Vec::new();
             let mut weights = Vec::new();
-            for b in &s.backends {
-                let r = self.slots[&(s.name.clone(), b.addr, b.port)];
+            for (b, r) in s.backends.iter().zip(rs) {
+                let Some(r) = r else { continue };
                 members.push(r);
                 if b.eligible && b.weight > 0 {
                     eligible.push(r);
@@ -843,7 +857,12 @@ impl TableBuilder {
                     }
                 }
             }
-            let hash_buckets = sh_buckets(&weights);
+            // Only `sh`/`dh` read the bucket table (1 KiB per service).
+            let hash_buckets = if matches!(s.scheduler, Scheduler::SourceHash | Scheduler::DestinationHash) {
+                sh_buckets(&weights)
+            } else {
+                Box::default()
+            };
             for f in &s.frontends {
                 let a = mapped(f.addr);
                 t.vips.insert(
@@ -863,7 +882,7 @@ impl TableBuilder {
                 t.vip_addrs.entry(a).and_modify(|k| *k = (*k).max(kind)).or_insert(kind);
             }
             t.services.push(Service {
-                id: self.service_ids[&s.name],
+                id,
                 name: s.name.clone().into_boxed_str(),
                 scheduler: s.scheduler,
                 affinity_timeout_s: s.affinity_timeout_s,
