@@ -70,7 +70,9 @@ pub struct Config {
     /// Address of `/metrics` (`metricsBindAddress`, default `0.0.0.0:10249`, CFG-07, HC-08).
     pub metrics_bind_address: SocketAddr,
     /// Pod CIDRs (`clusterCIDR`, comma-separated like kube-proxy's `--cluster-cidr`, NAT-06).
-    /// Parsed and kept for local-traffic detection; the translation does not use it yet (G-06).
+    /// When set, ClusterIP traffic from a source outside these prefixes is masqueraded, as
+    /// kube-proxy does with `detectLocalMode: ClusterCIDR` (`! -s <clusterCIDR> -j
+    /// KUBE-MARK-MASQ`), so that the backend's reply comes back through xlb (G-06 decided).
     #[serde(rename = "clusterCIDR", deserialize_with = "de_cluster_cidr")]
     pub cluster_cidr: Vec<Cidr>,
     /// Interfaces the workers attach to, in port-index order.

@@ -27,7 +27,7 @@ use crate::maglev;
 use crate::nat::{self, Packet};
 use crate::sched::{FlowInfo, SchedState};
 use crate::tables::{
-    Backend, BackendRef, EmptyAction, ForwardingMode, FrontendEntry, Hop, Tables, VipAddrKind, VipKey,
+    Backend, BackendRef, EmptyAction, ForwardingMode, FrontendEntry, FrontendKind, Hop, Tables, VipAddrKind, VipKey,
 };
 use crate::wire::{self, Frag, L3, Parsed, proto, tcp_flags};
 
@@ -631,8 +631,12 @@ fn new_flow<A: Fam>(
     };
     let nat = svc.mode == ForwardingMode::Nat;
     // Hairpin (NAT-03): a backend reaching its own service must be masqueraded, or its reply
-    // would go straight to itself and skip the un-DNAT.
-    let snat = nat && (fe.masquerade || baddr == key.src);
+    // would go straight to itself and skip the un-DNAT. NAT-06: with cluster CIDRs known, a
+    // ClusterIP flow from outside them is masqueraded too (kube-proxy's local-traffic rule).
+    let off_cluster = fe.kind == FrontendKind::ClusterIp
+        && !t.cluster_cidrs.is_empty()
+        && !t.cluster_cidrs.iter().any(|r| r.contains_octets(key.src.octets()));
+    let snat = nat && (fe.masquerade || baddr == key.src || off_cluster);
     let mut snat_addr = A::UNSPECIFIED;
     if !nat {
         flow.flags |= flow_flags::DSR;

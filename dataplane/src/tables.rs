@@ -306,6 +306,11 @@ pub struct TablesSpec {
     pub dsr_source_v6: Option<Cidr>,
     /// Largest Maglev table size M allowed (a prime from [`maglev::TABLE_SIZES`]).
     pub maglev_max_size: u32,
+    /// The cluster's pod CIDRs (kube-proxy `clusterCIDR`, NAT-06). When not empty, a new
+    /// flow to a ClusterIP frontend of a NAT service from a source outside every one of them
+    /// is masqueraded, as kube-proxy's `! -s <clusterCIDR> -j KUBE-MARK-MASQ` does: the
+    /// backend's reply to an off-cluster client would otherwise not come back through xlb.
+    pub cluster_cidrs: Vec<Cidr>,
 }
 
 /// Where a packet goes out: port plus the Ethernet addresses to write.
@@ -458,6 +463,8 @@ pub struct Tables {
     pub snat_v4: Option<[u8; 4]>,
     /// IPv6 SNAT address.
     pub snat_v6: Option<[u8; 16]>,
+    /// [`TablesSpec::cluster_cidrs`]: ClusterIP flows from outside them are masqueraded.
+    pub cluster_cidrs: Box<[Cidr]>,
     /// IPIP outer source prefix.
     pub dsr_source_v4: Option<Cidr>,
     /// IP6IP6 outer source prefix.
@@ -481,6 +488,7 @@ impl Tables {
             ports: Vec::new(),
             snat_v4: None,
             snat_v6: None,
+            cluster_cidrs: Box::default(),
             dsr_source_v4: None,
             dsr_source_v6: None,
             unresolved: Vec::new(),
@@ -817,6 +825,7 @@ impl TableBuilder {
         t.ports = spec.ports.clone();
         t.snat_v4 = snat_v4;
         t.snat_v6 = snat_v6;
+        t.cluster_cidrs = spec.cluster_cidrs.clone().into_boxed_slice();
         t.dsr_source_v4 = spec.dsr_source_v4;
         t.dsr_source_v6 = spec.dsr_source_v6;
         t.backends = vec![None; self.next_slot];

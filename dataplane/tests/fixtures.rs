@@ -147,6 +147,7 @@ fn spec(f: Fam, mut services: Vec<ServiceSpec>) -> TablesSpec {
         dsr_source_v4: dsr4,
         dsr_source_v6: dsr6,
         maglev_max_size: 0,
+        cluster_cidrs: vec![],
     }
 }
 
@@ -342,6 +343,37 @@ fn rows_for(f: Fam) -> Vec<Row> {
             tcp(b0, 33000, vip, 80, SYN, 64, from_b(0)),
             Expect::Tx(tcp(f.snat, 1024, b0, 8080, SYN, 63, to_b(0))),
         )],
+    ));
+
+    // --- Off-cluster ClusterIP traffic (NAT-06) ---
+    let mut cidr_spec = spec(f, vec![]);
+    cidr_spec.cluster_cidrs = vec![Cidr { addr: c, len: if f.v6 { 128 } else { 32 } }];
+    rows.push(row(
+        "clusterip_from_outside_the_cluster_cidr_is_masqueraded_from_inside_keeps_the_client_ip",
+        f,
+        cidr_spec,
+        vec![
+            step(
+                "SYN from a source inside the cluster CIDR: DNAT only",
+                tcp(c, 40000, vip, 80, SYN, 64, IN),
+                Expect::Tx(tcp(c, 40000, b0, 8080, SYN, 63, to_b(0))),
+            ),
+            step(
+                "SYN from a source outside it: masqueraded",
+                tcp(f.client2, 40000, vip, 80, SYN, 64, IN),
+                Expect::Tx(tcp(f.snat, 1024, b0, 8080, SYN, 63, to_b(0))),
+            ),
+            step(
+                "the reply to the SNAT port goes back to the outside client from the VIP",
+                tcp(b0, 8080, f.snat, 1024, SYN | ACK, 64, from_b(0)),
+                Expect::Tx(tcp(vip, 80, f.client2, 40000, SYN | ACK, 63, OUT)),
+            ),
+            step(
+                "a NodePort frontend is masqueraded as before (eTP Cluster)",
+                tcp(c, 40001, f.node, 30080, SYN, 64, IN),
+                Expect::Tx(tcp(f.snat, 1025, b0, 8080, SYN, 63, to_b(0))),
+            ),
+        ],
     ));
 
     // --- DSR ---

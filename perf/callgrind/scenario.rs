@@ -114,6 +114,7 @@ pub(crate) fn spec() -> TablesSpec {
         dsr_source_v4: None,
         dsr_source_v6: None,
         maglev_max_size: 0,
+        cluster_cidrs: vec![],
     }
 }
 

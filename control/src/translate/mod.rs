@@ -467,10 +467,17 @@ fn assemble(
         dsr_source_v4: dsr_v4,
         dsr_source_v6: dsr_v6,
         maglev_max_size: cfg.maglev_table_size,
+        // NAT-06: ClusterIP traffic from outside the pod CIDRs is masqueraded (kube-proxy's
+        // `detectLocalMode: ClusterCIDR`); with masqueradeAll everything is anyway.
+        cluster_cidrs: if cfg.iptables.masquerade_all { Vec::new() } else { cfg.cluster_cidr.clone() },
     };
     let needs_snat = |fam: Family| {
         spec.services.iter().any(|s| {
-            s.mode == ForwardingMode::Nat && s.frontends.iter().any(|f| f.masquerade && Family::of(f.addr) == fam)
+            s.mode == ForwardingMode::Nat
+                && s.frontends.iter().any(|f| {
+                    let off_cluster = f.kind == FrontendKind::ClusterIp && !spec.cluster_cidrs.is_empty();
+                    (f.masquerade || off_cluster) && Family::of(f.addr) == fam
+                })
         })
     };
     for (fam, have) in [(Family::V4, spec.snat_v4.is_some()), (Family::V6, spec.snat_v6.is_some())] {

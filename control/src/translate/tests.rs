@@ -670,6 +670,27 @@ fn nat_04_masquerade_all_masquerades_every_frontend() {
     assert!(t.services.iter().flat_map(|s| &s.frontends).all(|f| f.masquerade));
 }
 
+#[test]
+fn nat_06_cluster_cidr_reaches_the_tables_and_masquerade_all_overrides_it() {
+    let mut c = cfg();
+    c.cluster_cidr = vec!["10.244.0.0/16".parse().unwrap(), "fd44::/48".parse().unwrap()];
+    let st = state(vec![web()], vec![], Some(our_node()));
+    let (t, r) = run(&st, &c);
+    let got: Vec<String> = t.cluster_cidrs.iter().map(ToString::to_string).collect();
+    assert_eq!(got, ["10.244.0.0/16", "fd44::/48"]);
+    // The ClusterIP frontend itself stays DNAT-only: the dataplane masquerades per source.
+    assert!(spec(&t, "default/web:http").frontends.iter().all(|f| !f.masquerade));
+    assert!(r.issues.is_empty(), "{:?}", r.issues);
+    // Without any SNAT address, off-cluster ClusterIP traffic cannot be masqueraded: warned.
+    let mut no_snat = c.clone();
+    no_snat.node_name = None;
+    let (_, r) = run(&state(vec![web()], vec![], None), &no_snat);
+    assert!(r.issues.iter().any(|i| i.field == "snatAddresses.ipv4"), "{:?}", r.issues);
+    c.iptables.masquerade_all = true;
+    let (t, _) = run(&st, &c);
+    assert!(t.cluster_cidrs.is_empty(), "masqueradeAll masquerades every flow anyway");
+}
+
 // ---------------------------------------------------------------------------------- REJ
 
 #[test]
