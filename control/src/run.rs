@@ -156,13 +156,21 @@ fn steer_sets(t: &Tables) -> SteerSets {
     SteerSets { services, vip_addrs, snat, endpoints }
 }
 
+/// Makes every steering program's maps match `t` (only the changed entries are written; see
+/// [`Steering::verify_next_sync`]). After a failure the next sync compares with the kernel.
 fn sync_steering(steering: &mut [Steering], t: &Tables) -> Result<()> {
     let s = steer_sets(t);
     for st in steering {
-        st.sync_services(&s.services)?;
-        st.sync_vip_addrs(&s.vip_addrs)?;
-        st.sync_snat(&s.snat)?;
-        st.sync_endpoints(&s.endpoints)?;
+        let r = (|| {
+            st.sync_services(&s.services)?;
+            st.sync_vip_addrs(&s.vip_addrs)?;
+            st.sync_snat(&s.snat)?;
+            st.sync_endpoints(&s.endpoints)
+        })();
+        if let Err(e) = r {
+            st.verify_next_sync();
+            return Err(e.into());
+        }
     }
     Ok(())
 }
@@ -311,6 +319,7 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource) -> 
             telemetry: &telemetry,
             rt: &rt,
             iface_stats,
+            last_verify: Instant::now(),
         };
         sup.run(&mut cluster, k8s.as_mut(), &stop, &reload)?;
         drop(admin);
@@ -341,6 +350,8 @@ struct Supervisor<'a> {
     rt: &'a tokio::runtime::Runtime,
     /// The steering programs' counters for `/metrics`, refreshed once a second.
     iface_stats: xlb::http::InterfaceStatsCell,
+    /// When the steering maps were last compared with the kernel's (once per `syncPeriod`).
+    last_verify: Instant,
 }
 
 type K8s = (xlb::k8s::Source, xlb::http::HealthCheckServers, String);
@@ -353,6 +364,11 @@ impl Supervisor<'_> {
             Ok((t, report)) => {
                 let unresolved = t.unresolved.clone();
                 self.handle.publish(t);
+                if self.last_verify.elapsed() >= self.config.sync_period {
+                    // SYNC-04: the periodic resync also repairs outside changes to the maps.
+                    self.last_verify = Instant::now();
+                    self.steering.iter_mut().for_each(Steering::verify_next_sync);
+                }
                 if let Err(e) = sync_steering(self.steering, &self.handle.load()) {
                     tracing::error!(error = %e, "steering maps");
                 }

@@ -35,5 +35,6 @@ pub use iface::{
 pub use maps::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, ServiceKey};
 pub use neighbours::{Neighbour, NeighbourEvent, NeighbourState, NeighbourWatcher};
 pub use steering::{
-    MAX_QUEUES, MAX_SERVICES, MAX_SNAT_ADDRS, MAX_VIP_ADDRS, PROGRAM_NAME, Steering, SteeringStats, XdpMode,
+    MAX_ENDPOINTS, MAX_QUEUES, MAX_SERVICES, MAX_SNAT_ADDRS, MAX_VIP_ADDRS, PROGRAM_NAME, Steering, SteeringStats,
+    XdpMode,
 };

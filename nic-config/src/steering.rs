@@ -31,6 +31,9 @@ const MAP_STATS: &str = "stats";
 pub const MAX_QUEUES: u32 = 256;
 /// Capacity of the `services` map (entries).
 pub const MAX_SERVICES: usize = 65_536;
+/// Largest number of NAT backends (address, protocol, port) in the `endpoints` map
+/// (`max_entries` in xdp/steer.c).
+pub const MAX_ENDPOINTS: usize = 262_144;
 /// Capacity of the `vip_addrs` map (entries).
 pub const MAX_VIP_ADDRS: usize = 16_384;
 /// Capacity of the `snat_addrs` map (entries).
@@ -105,6 +108,8 @@ pub struct Steering {
     snat_addrs: HashMap<MapData, [u8; 16], [u16; 2]>,
     endpoints: HashMap<MapData, [u8; ServiceMapKey::LEN], u32>,
     stats: PerCpuArray<MapData, u64>,
+    /// What the last sync wrote to each map, so the next one writes only the difference.
+    shadow: Shadows,
     link: Option<XdpLinkId>,
     ebpf: Ebpf,
     ifname: String,
@@ -112,6 +117,16 @@ pub struct Steering {
     mode: XdpMode,
     prog_id: u32,
     map_ids: Vec<u32>,
+}
+
+/// The map contents as last written by xlb (only xlb writes these maps); `None` = not known,
+/// so the next sync compares with the kernel's map itself.
+#[derive(Default)]
+struct Shadows {
+    services: Option<std::collections::HashMap<[u8; ServiceMapKey::LEN], u32>>,
+    vip_addrs: Option<std::collections::HashMap<[u8; 16], u32>>,
+    snat_addrs: Option<std::collections::HashMap<[u8; 16], [u16; 2]>>,
+    endpoints: Option<std::collections::HashMap<[u8; ServiceMapKey::LEN], u32>>,
 }
 
 impl fmt::Debug for Steering {
@@ -203,6 +218,7 @@ impl Steering {
             snat_addrs,
             endpoints,
             stats,
+            shadow: Shadows::default(),
             link: Some(link),
             ebpf,
             ifname: ifname.to_owned(),
@@ -274,9 +290,19 @@ impl Steering {
         }
     }
 
+    /// Compares the next sync of every map with the kernel's map itself (every entry written,
+    /// every other key deleted) instead of with what the previous sync wrote. The control
+    /// thread calls it once per `syncPeriod`, so the periodic resync repairs outside changes
+    /// (SYNC-04); other syncs cost one system call per changed entry.
+    pub fn verify_next_sync(&mut self) {
+        self.shadow = Shadows::default();
+    }
+
     /// Makes the `services` map equal to `keys`: inserts the new ones, then deletes the stale
     /// ones (in that order, so a key present before and after never disappears). Duplicates in
-    /// `keys` are fine. Call it on every table publish. Frames to a listed (address, protocol,
+    /// `keys` are fine. Call it on every table publish. Only the entries that differ from the
+    /// previous sync are written, unless the previous contents are not known (first sync, an
+    /// error, or [`Steering::verify_next_sync`]). Frames to a listed (address, protocol,
     /// port) go to xlb, and so do ICMP errors quoting a packet sent from one (e.g. a NodePort
     /// reply from a node address).
     ///
@@ -289,7 +315,8 @@ impl Steering {
             .map(|k| ServiceMapKey::try_from(k).map(ServiceMapKey::to_bytes))
             .collect::<Result<HashSet<_>, _>>()?;
         check_len("services", want.len(), MAX_SERVICES)?;
-        sync_map(&self.ifname, MAP_SERVICES, &mut self.services, want.into_iter().map(|k| (k, 0)))
+        let want = want.into_iter().map(|k| (k, 0)).collect();
+        sync_map(&self.ifname, MAP_SERVICES, &mut self.services, &mut self.shadow.services, want)
     }
 
     /// Makes the `endpoints` map equal to `keys`: (address, protocol, port) of the backends of
@@ -303,8 +330,9 @@ impl Steering {
             .iter()
             .map(|k| ServiceMapKey::try_from(k).map(ServiceMapKey::to_bytes))
             .collect::<Result<HashSet<_>, _>>()?;
-        check_len("endpoints", want.len(), MAX_SERVICES)?;
-        sync_map(&self.ifname, MAP_ENDPOINTS, &mut self.endpoints, want.into_iter().map(|k| (k, 0)))
+        check_len("endpoints", want.len(), MAX_ENDPOINTS)?;
+        let want = want.into_iter().map(|k| (k, 0)).collect();
+        sync_map(&self.ifname, MAP_ENDPOINTS, &mut self.endpoints, &mut self.shadow.endpoints, want)
     }
 
     /// Makes the `vip_addrs` map equal to `addrs`. List here addresses wholly owned by xlb
@@ -318,7 +346,8 @@ impl Steering {
     pub fn sync_vip_addrs(&mut self, addrs: &[IpAddr]) -> Result<(), NicError> {
         let want: HashSet<[u8; 16]> = addrs.iter().map(|a| addr_bytes(*a)).collect();
         check_len("vip_addrs", want.len(), MAX_VIP_ADDRS)?;
-        sync_map(&self.ifname, MAP_VIP_ADDRS, &mut self.vip_addrs, want.into_iter().map(|k| (k, 0)))
+        let want = want.into_iter().map(|k| (k, 0)).collect();
+        sync_map(&self.ifname, MAP_VIP_ADDRS, &mut self.vip_addrs, &mut self.shadow.vip_addrs, want)
     }
 
     /// Makes the `snat_addrs` map equal to `ranges`: `(address, first port, last port)`, ports
@@ -343,7 +372,7 @@ impl Steering {
             want.insert(addr_bytes(addr), SnatRange { port_min, port_max }.to_array());
         }
         check_len("snat_addrs", want.len(), MAX_SNAT_ADDRS)?;
-        sync_map(&self.ifname, MAP_SNAT_ADDRS, &mut self.snat_addrs, want.into_iter())
+        sync_map(&self.ifname, MAP_SNAT_ADDRS, &mut self.snat_addrs, &mut self.shadow.snat_addrs, want)
     }
 
     /// Reads back the `services` map (for diagnostics such as `xlb status`), in no order.
@@ -356,6 +385,19 @@ impl Steering {
             .keys()
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| NicError::map(&self.ifname, MAP_SERVICES, "iterate keys", e))?;
+        Ok(keys.iter().map(ServiceMapKey::from_bytes).map(|k| k.to_service_key()).collect())
+    }
+
+    /// Reads back the `endpoints` map, in no order.
+    ///
+    /// # Errors
+    /// [`NicError::Map`] if iterating fails.
+    pub fn endpoints_in_map(&self) -> Result<Vec<ServiceKey>, NicError> {
+        let keys = self
+            .endpoints
+            .keys()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| NicError::map(&self.ifname, MAP_ENDPOINTS, "iterate keys", e))?;
         Ok(keys.iter().map(ServiceMapKey::from_bytes).map(|k| k.to_service_key()).collect())
     }
 
@@ -479,30 +521,58 @@ fn sync_map<K, V>(
     ifname: &str,
     name: &'static str,
     map: &mut HashMap<MapData, K, V>,
-    want: impl Iterator<Item = (K, V)>,
+    shadow: &mut Option<std::collections::HashMap<K, V>>,
+    want: std::collections::HashMap<K, V>,
 ) -> Result<(), NicError>
 where
     K: aya::Pod + Eq + std::hash::Hash,
-    V: aya::Pod,
+    V: aya::Pod + PartialEq,
 {
-    let mut wanted = HashSet::new();
-    for (k, v) in want {
-        map.insert(k, v, 0).map_err(|e| NicError::map(ifname, name, "insert", e))?;
-        wanted.insert(k);
-    }
-    let stale: Vec<K> = map
-        .keys()
-        .collect::<Result<Vec<K>, _>>()
-        .map_err(|e| NicError::map(ifname, name, "iterate keys", e))?
-        .into_iter()
-        .filter(|k| !wanted.contains(k))
-        .collect();
-    for k in &stale {
-        match map.remove(k) {
-            Ok(()) => {}
-            Err(e) if is_enoent(&e) => {}
-            Err(e) => return Err(NicError::map(ifname, name, "delete", e)),
+    let Some(last) = shadow.as_mut() else {
+        // Full pass: write every entry, delete whatever else the kernel's map holds.
+        for (k, v) in &want {
+            map.insert(*k, *v, 0).map_err(|e| NicError::map(ifname, name, "insert", e))?;
+        }
+        let stale: Vec<K> = map
+            .keys()
+            .collect::<Result<Vec<K>, _>>()
+            .map_err(|e| NicError::map(ifname, name, "iterate keys", e))?
+            .into_iter()
+            .filter(|k| !want.contains_key(k))
+            .collect();
+        for k in &stale {
+            remove_key(ifname, name, map, k)?;
+        }
+        *shadow = Some(want);
+        return Ok(());
+    };
+    // Difference against what the last sync wrote: one system call per changed entry.
+    for (k, v) in &want {
+        if last.get(k) != Some(v) {
+            // Forget the entry first, so a failure leaves the shadow no more optimistic than
+            // the map (the next sync writes it again).
+            last.remove(k);
+            map.insert(*k, *v, 0).map_err(|e| NicError::map(ifname, name, "insert", e))?;
         }
     }
+    let gone: Vec<K> = last.keys().filter(|k| !want.contains_key(*k)).copied().collect();
+    for k in &gone {
+        remove_key(ifname, name, map, k)?;
+        last.remove(k);
+    }
+    *shadow = Some(want);
     Ok(())
+}
+
+/// Deletes `k` from the map; already absent is fine.
+fn remove_key<K, V>(ifname: &str, name: &'static str, map: &mut HashMap<MapData, K, V>, k: &K) -> Result<(), NicError>
+where
+    K: aya::Pod,
+    V: aya::Pod,
+{
+    match map.remove(k) {
+        Ok(()) => Ok(()),
+        Err(e) if is_enoent(&e) => Ok(()),
+        Err(e) => Err(NicError::map(ifname, name, "delete", e)),
+    }
 }

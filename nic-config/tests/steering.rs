@@ -325,6 +325,48 @@ mod tests {
     }
 
     #[test]
+    fn endpoints_map_holds_100k_backends_and_later_syncs_apply_only_the_difference() {
+        if !common::can_run("endpoints_map_holds_100k_backends_and_later_syncs_apply_only_the_difference") {
+            return;
+        }
+        let ns = Netns::new();
+        ns.ip(&["link", "add", "lb0", "type", "veth", "peer", "name", "lb1"]);
+        let mut steering = ns.run(|| Steering::attach("lb0", XdpMode::Native).unwrap());
+        let ep = |i: u32| ServiceKey {
+            addr: std::net::Ipv4Addr::from(0x0af4_0000 + i / 10).into(),
+            proto: IPPROTO_TCP,
+            port: 8000 + u16::try_from(i % 10).unwrap(),
+        };
+        let sorted = |mut v: Vec<ServiceKey>| {
+            v.sort();
+            v
+        };
+        // 10,000 Services x 10 endpoints (issue 5's scale profile): more than the old 65,536.
+        let mut want: Vec<ServiceKey> = (0..100_000).map(ep).collect();
+        let t = std::time::Instant::now();
+        steering.sync_endpoints(&want).unwrap();
+        eprintln!("first sync of 100,000 endpoints (full pass): {:?}", t.elapsed());
+        assert_eq!(sorted(steering.endpoints_in_map().unwrap()), sorted(want.clone()));
+        // One endpoint replaced: the map follows (written as a difference).
+        want[7] = ep(100_000);
+        let t = std::time::Instant::now();
+        steering.sync_endpoints(&want).unwrap();
+        eprintln!("sync of one changed endpoint: {:?}", t.elapsed());
+        assert_eq!(sorted(steering.endpoints_in_map().unwrap()), sorted(want.clone()));
+        // A verified sync (the periodic resync) gives the same contents.
+        want.truncate(10);
+        steering.verify_next_sync();
+        steering.sync_endpoints(&want).unwrap();
+        assert_eq!(sorted(steering.endpoints_in_map().unwrap()), sorted(want.clone()));
+        assert!(
+            steering.sync_endpoints(&(0..262_145).map(ep).collect::<Vec<_>>()).is_err(),
+            "more than MAX_ENDPOINTS is refused"
+        );
+        assert_eq!(nic_config::MAX_ENDPOINTS, 262_144);
+        assert_eq!(sorted(steering.endpoints_in_map().unwrap()), sorted(want), "a refused sync changes nothing");
+    }
+
+    #[test]
     fn map_sync_inserts_new_and_removes_stale_keys() {
         if !common::can_run("map_sync_inserts_new_and_removes_stale_keys") {
             return;

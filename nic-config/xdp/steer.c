@@ -128,7 +128,7 @@ struct {
  * ours) must reach xlb to be translated back to the VIP. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 65536);
+	__uint(max_entries, 262144);
 	__type(key, struct service_key);
 	__type(value, __u32);
 } endpoints SEC(".maps");
