@@ -1,3 +1,0 @@
-//! xlb benchmarks and packet generator.
-
-fn main() {}
