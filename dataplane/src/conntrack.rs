@@ -11,8 +11,12 @@
 //!
 //! Expiry is checked on lookup and by [`Conntrack::sweep`], which visits one shard per call.
 //! A reverse entry is valid only while its forward entry exists; sweeps drop orphans.
-//! When the forward table is full, a sweep is tried, then non-established entries of the
-//! swept shard are evicted early (like Linux `early_drop`), else the new flow is refused.
+//! When the forward table is full, the new flow first evicts the oldest TCP flow that is
+//! still not established (a bounded queue of the most recent such flows keeps the
+//! candidates; at most [`EVICT_PROBES`] are looked at), like Linux's `early_drop` of
+//! unassured entries, so a SYN flood does not lock new flows out; failing that, a sweep is
+//! tried at most once a second and the non-established entries of the swept shard are
+//! evicted, else the new flow is refused.
 //!
 //! Timeouts follow IPVS (`ipvsadm --set`; seed CT-04): established 900 s, FIN 120 s, UDP
 //! 300 s, all configurable.
@@ -27,6 +31,9 @@ use crate::wire::tcp_flags;
 
 /// Number of shards per table (a power of two).
 pub const SHARDS: usize = 64;
+
+/// Candidates a full table looks at to find a not-yet-established flow to evict.
+pub const EVICT_PROBES: usize = 8;
 
 /// A flow's 5-tuple. For IPv4 this is 14 bytes.
 #[derive(Copy, Clone, PartialEq, Eq, Hash, Debug, Default)]
@@ -213,6 +220,11 @@ pub struct Conntrack<A: Family> {
     capacity: usize,
     sweep_at: usize,
     last_reclaim_s: u32,
+    /// Keys of the most recent flows inserted in a not-yet-established TCP state, oldest
+    /// first: the eviction candidates of a full table. Bounded by `capacity / 4` (memory
+    /// reserved up front); entries may be stale and are checked when used.
+    embryonic: std::collections::VecDeque<FlowKey<A>>,
+    embryonic_max: usize,
 }
 
 #[inline]
@@ -233,6 +245,8 @@ impl<A: Family> Conntrack<A> {
             capacity,
             sweep_at: 0,
             last_reclaim_s: u32::MAX,
+            embryonic: std::collections::VecDeque::with_capacity((capacity / 4).max(64)),
+            embryonic_max: (capacity / 4).max(64),
         }
     }
 
@@ -308,9 +322,9 @@ impl<A: Family> Conntrack<A> {
             e.get_mut().1 = f;
             return Ok(());
         }
-        if self.fwd_len >= self.capacity {
-            // Reclaim at most once per second: when the table is full of live flows (a SYN
-            // flood), each refused SYN then costs one failed probe, not a shard scan.
+        if self.fwd_len >= self.capacity && !self.evict_embryonic(&mut on_remove) {
+            // Reclaim at most once per second: when the table is full of live flows, each
+            // refused flow then costs a few failed probes, not a shard scan.
             if self.last_reclaim_s != now_s {
                 self.last_reclaim_s = now_s;
                 self.sweep(now_s, &mut on_remove);
@@ -326,7 +340,33 @@ impl<A: Family> Conntrack<A> {
         let shard = self.fwd.get_mut(shard_of(h)).ok_or(Full)?;
         shard.insert_unique(h, (k, f), |e| hasher.hash_one(e.0));
         self.fwd_len += 1;
+        if !matches!(f.state, CtState::Established | CtState::Datagram) {
+            if self.embryonic.len() >= self.embryonic_max {
+                self.embryonic.pop_front();
+            }
+            self.embryonic.push_back(k);
+        }
         Ok(())
+    }
+
+    /// Evicts the oldest queued flow that is still not established (looking at no more than
+    /// [`EVICT_PROBES`] candidates). Returns whether one was evicted.
+    fn evict_embryonic(&mut self, on_remove: &mut impl FnMut(Removed)) -> bool {
+        for _ in 0..EVICT_PROBES {
+            let Some(k) = self.embryonic.pop_front() else { return false };
+            let h = self.hash(&k);
+            let Some(shard) = self.fwd.get_mut(shard_of(h)) else { continue };
+            let Ok(e) = shard.find_entry(h, |e| e.0 == k) else { continue };
+            let state = e.get().1.state;
+            if matches!(state, CtState::Established | CtState::Datagram) {
+                continue;
+            }
+            let ((_, f), _) = e.remove();
+            self.fwd_len -= 1;
+            on_remove(Removed { backend: f.backend, state: f.state, evicted: true });
+            return true;
+        }
+        false
     }
 
     /// Inserts or replaces a reverse entry.
@@ -438,6 +478,7 @@ impl<A: Family> Conntrack<A> {
         for s in self.rev.iter_mut() {
             s.clear();
         }
+        self.embryonic.clear();
         self.fwd_len = 0;
     }
 }
@@ -483,6 +524,39 @@ mod tests {
         let mut seen = 0;
         assert!(ct.get(&key(1), 11, |_| seen += 1).is_none());
         assert_eq!((seen, ct.len()), (1, 0));
+    }
+
+    #[test]
+    fn full_table_of_syn_flows_evicts_the_oldest_unestablished_one_per_new_flow() {
+        let cap = 256;
+        let mut ct = Conntrack::<V4>::new(cap);
+        // A SYN flood fills the table; one flow in the middle got established meanwhile.
+        for i in 0..cap as u16 {
+            ct.insert(key(i), flow(1000, CtState::SynSent), 0, |_| {}).unwrap();
+        }
+        ct.get(&key(0), 0, |_| {}).unwrap().state = CtState::Established;
+        // Every new SYN still gets in, in the same second, by evicting the oldest
+        // not-established flow (key 0 is skipped: established flows are never evicted early).
+        let mut evicted = Vec::new();
+        for i in 0..cap as u16 {
+            let k = key(10_000 + i);
+            ct.insert(k, flow(1000, CtState::SynSent), 5, |r| evicted.push(r)).expect("a SYN evicts a SYN");
+            assert_eq!(ct.len(), cap);
+        }
+        assert_eq!(evicted.len(), cap);
+        assert!(evicted.iter().all(|r| r.evicted && r.state == CtState::SynSent));
+        assert!(ct.get(&key(0), 5, |_| {}).is_some(), "the established flow stayed");
+        // The queue keeps the newest capacity / 4 = 64 candidates: the oldest of those went
+        // first; older SYN flows stay until they time out.
+        assert!(ct.get(&key(cap as u16 - 64), 5, |_| {}).is_none(), "the oldest queued SYN went first");
+        assert!(ct.get(&key(1), 5, |_| {}).is_some());
+        assert!(ct.get(&key(10_000 + cap as u16 - 1), 5, |_| {}).is_some());
+        // A table full of established flows still refuses (after its once-a-second reclaim).
+        let mut full = Conntrack::<V4>::new(SHARDS);
+        for i in 0..SHARDS as u16 {
+            full.insert(key(i), flow(100, CtState::Established), 0, |_| {}).unwrap();
+        }
+        assert_eq!(full.insert(key(999), flow(100, CtState::SynSent), 0, |_| {}), Err(Full));
     }
 
     #[test]

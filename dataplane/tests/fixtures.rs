@@ -802,12 +802,12 @@ fn rows_for(f: Fam) -> Vec<Row> {
         spec(f, vec![]),
         vec![
             step(
-                "fills the one-flow table",
-                tcp(c, 40000, vip, 80, SYN, 64, IN),
-                Expect::Tx(tcp(c, 40000, b0, 8080, SYN, 63, to_b(0))),
+                "an established flow (picked up mid-stream) fills the one-flow table",
+                tcp(c, 40000, vip, 80, ACK, 64, IN),
+                Expect::Tx(tcp(c, 40000, b0, 8080, ACK, 63, to_b(0))),
             ),
             step(
-                "no room for a second flow",
+                "no room for a second flow: established flows are never evicted early",
                 tcp(c, 40001, vip, 80, SYN, 64, IN),
                 Expect::Drop(DropReason::ConntrackFull),
             ),
@@ -820,6 +820,30 @@ fn rows_for(f: Fam) -> Vec<Row> {
     );
     full.config.conntrack_capacity = 1;
     rows.push(full);
+    let mut flood = row(
+        "syn_on_a_table_full_of_unestablished_flows_evicts_the_oldest_like_early_drop",
+        f,
+        spec(f, vec![]),
+        vec![
+            step(
+                "a SYN fills the one-flow table",
+                tcp(c, 40000, vip, 80, SYN, 64, IN),
+                Expect::Tx(tcp(c, 40000, b0, 8080, SYN, 63, to_b(0))),
+            ),
+            step(
+                "the next SYN takes its place (a SYN flood cannot lock new clients out)",
+                tcp(c, 40001, vip, 80, SYN, 64, IN),
+                Expect::Tx(tcp(c, 40001, b0, 8080, SYN, 63, to_b(0))),
+            ),
+            step(
+                "the evicted flow's SYN-ACK matches no flow: it goes to the kernel",
+                tcp(b0, 8080, c, 40000, SYN | ACK, 64, from_b(0)),
+                Expect::Pass,
+            ),
+        ],
+    );
+    flood.config.conntrack_capacity = 1;
+    rows.push(flood);
 
     rows
 }
