@@ -1,0 +1,551 @@
+//! The control-plane scale benchmark: full table builds from Kubernetes objects, the
+//! one-EndpointSlice-change path, and kube-proxy's nftables mode loading the equivalent
+//! ruleset into a scratch namespace.
+//!
+//! Memory is measured with the counting global allocator of [`crate::alloc_count`] (heap
+//! bytes allocated and still live), when the binary installs it; `VmHWM` from
+//! `/proc/self/status` is reported too, for the whole process.
+
+use std::fmt::Write as _;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use dataplane::tables::{BuildError, TableBuilder, Tables, TablesHandle, TablesSpec};
+use xlb::config::Config;
+use xlb::translate::{ClusterState, TranslateError, TranslateReport, Translator};
+
+use crate::alloc_count;
+use crate::netns::{self, NetnsError, ScratchNs};
+use crate::nft;
+use crate::synth::{self, Profile, Rng};
+
+/// Why the benchmark stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// The xlb configuration document did not load.
+    #[error("benchmark configuration: {0}")]
+    Config(#[from] xlb::config::LoadError),
+    /// `build_spec` refused the configuration.
+    #[error(transparent)]
+    Translate(#[from] TranslateError),
+    /// `TableBuilder::build` refused the spec.
+    #[error(transparent)]
+    Build(#[from] BuildError),
+    /// The synthetic objects did not translate cleanly (a bug in [`crate::synth`]).
+    #[error("translation reported errors: {0}")]
+    Report(String),
+    /// The kube-proxy model refused the spec.
+    #[error(transparent)]
+    Model(#[from] crate::model::ModelError),
+    /// A scratch namespace or `nft` failed.
+    #[error(transparent)]
+    Netns(#[from] NetnsError),
+    /// Writing a ruleset file failed.
+    #[error("writing {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The xlb scheduler a run uses (`ipvs.scheduler`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SchedulerVariant {
+    /// The default (`random`, kube-proxy's behaviour): no per-service tables to build.
+    Default,
+    /// Maglev (`mh`): one lookup table per service, the expensive part of a build.
+    Maglev,
+}
+
+impl SchedulerVariant {
+    /// Short name used in metric names: `default` or `mh`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Default => "default",
+            Self::Maglev => "mh",
+        }
+    }
+}
+
+/// The xlb configuration of a run: a minimal `XlbConfiguration` document, with `ipvs.scheduler:
+/// mh` for [`SchedulerVariant::Maglev`].
+///
+/// # Errors
+/// [`BenchError::Config`] if the document does not load (a bug).
+pub fn config(s: SchedulerVariant) -> Result<Config, BenchError> {
+    let mut yaml = String::from(
+        "apiVersion: xlb.dev/v1alpha1\nkind: XlbConfiguration\nnodeName: node-0\nnodeAddresses: [192.168.0.10]\n",
+    );
+    if s == SchedulerVariant::Maglev {
+        yaml.push_str("ipvs: {scheduler: mh}\n");
+    }
+    Ok(xlb::config::load_str(&yaml, "xlb-cpbench")?.config)
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Cluster sizes.
+    pub profiles: Vec<Profile>,
+    /// Scheduler variants.
+    pub schedulers: Vec<SchedulerVariant>,
+    /// Full builds per profile and scheduler (at least 5 for min/median/max to mean much).
+    pub repeats: usize,
+    /// One-change samples per profile, for each scheduler of `change_schedulers`.
+    pub change_samples: usize,
+    /// Scheduler variants whose change path is timed.
+    pub change_schedulers: Vec<SchedulerVariant>,
+    /// Whether to time kube-proxy's nftables ruleset in a scratch namespace.
+    pub nft: bool,
+    /// `nft -f` repeats (full load and one-service update each).
+    pub nft_repeats: usize,
+    /// The nft comparison runs on the profile with its Service count divided by this (1 =
+    /// full scale). A full-scale load of profile A takes minutes on a 6.x kernel: the time
+    /// grows faster than linearly with the ruleset.
+    pub nft_scale_divisor: usize,
+    /// PRNG seed for the changes.
+    pub seed: u64,
+}
+
+impl Options {
+    /// The default run: profiles A and B, both schedulers, 5 full builds, 200 changes, 3 nft
+    /// loads at 1/10 scale.
+    pub fn full() -> Self {
+        Self {
+            profiles: vec![synth::PROFILE_A, synth::PROFILE_B],
+            schedulers: vec![SchedulerVariant::Maglev, SchedulerVariant::Default],
+            repeats: 5,
+            change_samples: 200,
+            change_schedulers: vec![SchedulerVariant::Maglev, SchedulerVariant::Default],
+            nft: true,
+            nft_repeats: 3,
+            nft_scale_divisor: 10,
+            seed: 1,
+        }
+    }
+
+    /// `--quick`: 200 Services × 10 endpoints, every measurement, nft at full scale.
+    pub fn quick() -> Self {
+        Self { profiles: vec![synth::PROFILE_QUICK], nft_scale_divisor: 1, ..Self::full() }
+    }
+}
+
+/// One `NAME VALUE UNIT` figure.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Metric {
+    /// Dotted name, e.g. `A.mh.full_build.total.median`.
+    pub name: String,
+    /// Value.
+    pub value: f64,
+    /// Unit: `ms`, `bytes`, `count`.
+    pub unit: &'static str,
+}
+
+/// What the last full build of a profile and scheduler produced, read from the built
+/// [`Tables`] (for sanity checks; timings say nothing about correctness).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuildCheck {
+    /// Profile name.
+    pub profile: &'static str,
+    /// Scheduler variant.
+    pub scheduler: SchedulerVariant,
+    /// `Tables::services.len()`.
+    pub services: usize,
+    /// Occupied backend slots.
+    pub backends: usize,
+    /// Sum of `Service::eligible` lengths.
+    pub eligible: usize,
+    /// Services with a Maglev table.
+    pub maglev_tables: usize,
+    /// `Tables::vips.len()`.
+    pub vips: usize,
+    /// After the change samples (`None` when none ran for this scheduler), whether the last
+    /// changed Service's new address is a member of its service in the published tables and
+    /// the replaced one is gone.
+    pub last_change_published: Option<bool>,
+}
+
+/// Everything a run measured.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    /// Figures in the order measured.
+    pub metrics: Vec<Metric>,
+    /// Remarks (skipped parts, methods).
+    pub notes: Vec<String>,
+    /// Sanity data per profile and scheduler.
+    pub checks: Vec<BuildCheck>,
+}
+
+impl Report {
+    fn push(&mut self, name: String, value: f64, unit: &'static str) {
+        self.metrics.push(Metric { name, value, unit });
+    }
+
+    fn push_ms_summary(&mut self, name: &str, d: &[Duration]) {
+        let s = summary(d);
+        self.push(format!("{name}.min"), s.min, "ms");
+        self.push(format!("{name}.median"), s.median, "ms");
+        self.push(format!("{name}.max"), s.max, "ms");
+    }
+
+    /// `NAME VALUE UNIT` lines.
+    pub fn text(&self) -> String {
+        let mut s = String::new();
+        for m in &self.metrics {
+            let _ = writeln!(s, "{} {} {}", m.name, fmt_value(m.value, m.unit), m.unit);
+        }
+        for n in &self.notes {
+            let _ = writeln!(s, "# {n}");
+        }
+        s
+    }
+
+    /// The JSON object: `{"metrics": {NAME: {"value": V, "unit": U}}, "notes": [...]}`.
+    pub fn json(&self) -> serde_json::Value {
+        let mut m = serde_json::Map::new();
+        for x in &self.metrics {
+            m.insert(x.name.clone(), serde_json::json!({ "value": x.value, "unit": x.unit }));
+        }
+        serde_json::json!({ "metrics": m, "notes": self.notes })
+    }
+
+    /// The value of metric `name`.
+    pub fn get(&self, name: &str) -> Option<f64> {
+        self.metrics.iter().find(|m| m.name == name).map(|m| m.value)
+    }
+}
+
+fn fmt_value(v: f64, unit: &str) -> String {
+    if unit == "ms" { format!("{v:.3}") } else { format!("{v:.0}") }
+}
+
+/// min / median / max in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Summary {
+    /// Smallest.
+    pub min: f64,
+    /// Median (lower middle for an even count).
+    pub median: f64,
+    /// Largest.
+    pub max: f64,
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// min / median / max of `d` in milliseconds (zeros for an empty slice).
+pub fn summary(d: &[Duration]) -> Summary {
+    let mut v: Vec<f64> = d.iter().copied().map(ms).collect();
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return Summary { min: 0.0, median: 0.0, max: 0.0 };
+    }
+    Summary { min: v[0], median: v[(v.len() - 1) / 2], max: v[v.len() - 1] }
+}
+
+/// Nearest-rank percentile `p` (0..=100) of `d` in milliseconds.
+pub fn percentile(d: &[Duration], p: f64) -> f64 {
+    let mut v: Vec<f64> = d.iter().copied().map(ms).collect();
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return 0.0;
+    }
+    #[allow(
+        clippy::cast_precision_loss,
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "sample counts are small; the rank is clamped to the slice"
+    )]
+    let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
+    v[rank.clamp(1, v.len()) - 1]
+}
+
+fn vm_hwm_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+fn check_report(report: &TranslateReport) -> Result<(), BenchError> {
+    if report.has_errors() {
+        let first: Vec<String> = report.issues.iter().take(3).map(ToString::to_string).collect();
+        return Err(BenchError::Report(first.join("; ")));
+    }
+    Ok(())
+}
+
+fn translate(state: &ClusterState, cfg: &Config) -> Result<(TablesSpec, TranslateReport), BenchError> {
+    let (spec, report) = xlb::translate::build_spec(state, cfg)?;
+    check_report(&report)?;
+    Ok((spec, report))
+}
+
+/// The control thread's rebuild path after a change: translate with the incremental
+/// [`Translator`] (reuses the translation of every Service whose objects kept their
+/// `resourceVersion`), build with the long-lived [`TableBuilder`] (reuses slots, ids and the
+/// Maglev tables of unchanged services), publish.
+#[derive(Debug)]
+pub struct ChangePath {
+    translator: Translator,
+    builder: TableBuilder,
+    handle: TablesHandle,
+}
+
+impl ChangePath {
+    /// Builds and publishes the first tables from `state`.
+    ///
+    /// # Errors
+    /// [`BenchError`] if translation or the build fails.
+    pub fn new(state: &ClusterState, cfg: &Config) -> Result<Self, BenchError> {
+        let mut p =
+            Self { translator: Translator::new(), builder: TableBuilder::new(), handle: TablesHandle::default() };
+        p.apply(state, cfg)?;
+        Ok(p)
+    }
+
+    /// Rebuilds after a change of `state` and publishes.
+    ///
+    /// # Errors
+    /// [`BenchError`] if translation or the build fails.
+    pub fn apply(&mut self, state: &ClusterState, cfg: &Config) -> Result<(), BenchError> {
+        let (spec, report) = self.translator.build(state, cfg)?;
+        check_report(&report)?;
+        let tables = self.builder.build(&spec)?;
+        self.handle.publish(tables);
+        Ok(())
+    }
+
+    /// Services translated and reused by the last [`ChangePath::apply`].
+    pub fn translate_stats(&self) -> xlb::translate::TranslateStats {
+        self.translator.stats()
+    }
+
+    /// The published tables.
+    pub fn tables(&self) -> std::sync::Arc<Tables> {
+        self.handle.load()
+    }
+}
+
+fn check_of(p: Profile, s: SchedulerVariant, t: &Tables) -> BuildCheck {
+    BuildCheck {
+        profile: p.name,
+        scheduler: s,
+        services: t.services.len(),
+        backends: t.backends.iter().flatten().count(),
+        eligible: t.services.iter().map(|s| s.eligible.len()).sum(),
+        maglev_tables: t.services.iter().filter(|s| s.maglev.is_some()).count(),
+        vips: t.vips.len(),
+        last_change_published: None,
+    }
+}
+
+/// Full builds from objects: `build_spec` + `TableBuilder::build` (fresh builder, as at
+/// start-up) + `TablesHandle::publish`, `repeats` times; memory of the last one.
+fn full_builds(
+    r: &mut Report,
+    p: Profile,
+    s: SchedulerVariant,
+    state: &ClusterState,
+    cfg: &Config,
+    repeats: usize,
+) -> Result<BuildCheck, BenchError> {
+    let prefix = format!("{}.{}.full_build", p.name, s.name());
+    let (mut t_spec, mut t_build, mut t_publish, mut t_total) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut check = None;
+    for _ in 0..repeats.max(1) {
+        let live0 = alloc_count::live_bytes();
+        let t0 = Instant::now();
+        let (spec, _) = translate(state, cfg)?;
+        let t1 = Instant::now();
+        let live_spec = alloc_count::live_bytes();
+        let mut builder = TableBuilder::new();
+        let tables = builder.build(&spec)?;
+        let t2 = Instant::now();
+        let handle = TablesHandle::default();
+        handle.publish(tables);
+        let t3 = Instant::now();
+        let live_built = alloc_count::live_bytes();
+        t_spec.push(t1 - t0);
+        t_build.push(t2 - t1);
+        t_publish.push(t3 - t2);
+        t_total.push(t3 - t0);
+        drop(builder);
+        let live_tables = alloc_count::live_bytes();
+        check = Some(check_of(p, s, &handle.load()));
+        if alloc_count::active() {
+            // Overwritten each repeat; the builds are identical, so are the figures.
+            r.metrics.retain(|m| !m.name.starts_with(&format!("{prefix}.memory")));
+            r.push(format!("{prefix}.memory.spec_bytes"), (live_spec.saturating_sub(live0)) as f64, "bytes");
+            r.push(format!("{prefix}.memory.tables_bytes"), (live_tables.saturating_sub(live_spec)) as f64, "bytes");
+            r.push(format!("{prefix}.memory.builder_bytes"), (live_built.saturating_sub(live_tables)) as f64, "bytes");
+        }
+    }
+    r.push_ms_summary(&format!("{prefix}.translate"), &t_spec);
+    r.push_ms_summary(&format!("{prefix}.build"), &t_build);
+    r.push_ms_summary(&format!("{prefix}.publish"), &t_publish);
+    r.push_ms_summary(&format!("{prefix}.total"), &t_total);
+    check.ok_or_else(|| BenchError::Report("no build ran".into()))
+}
+
+/// `samples` one-endpoint changes, each rebuilt and published through [`ChangePath`].
+fn changes(
+    r: &mut Report,
+    p: Profile,
+    s: SchedulerVariant,
+    state: &ClusterState,
+    cfg: &Config,
+    samples: usize,
+    seed: u64,
+) -> Result<bool, BenchError> {
+    let mut state = state.clone();
+    let mut path = ChangePath::new(&state, cfg)?;
+    let mut rng = Rng::new(seed);
+    let mut times = Vec::with_capacity(samples);
+    let mut last = None;
+    for k in 0..samples {
+        let ch = synth::change_one_endpoint(&mut state, p, &mut rng, k);
+        let t = Instant::now();
+        path.apply(&state, cfg)?;
+        times.push(t.elapsed());
+        let st = path.translate_stats();
+        if st.translated != 1 {
+            return Err(BenchError::Report(format!(
+                "the incremental translator retranslated {} Services (reused {}) for one changed slice",
+                st.translated, st.reused
+            )));
+        }
+        last = Some(ch);
+    }
+    let prefix = format!("{}.{}.change", p.name, s.name());
+    r.push(format!("{prefix}.p50"), percentile(&times, 50.0), "ms");
+    r.push(format!("{prefix}.p99"), percentile(&times, 99.0), "ms");
+    r.push(format!("{prefix}.max"), percentile(&times, 100.0), "ms");
+    r.push(format!("{prefix}.samples"), times.len() as f64, "count");
+    let Some(ch) = last else { return Ok(false) };
+    let t = path.tables();
+    let svc_name = format!("{}:http", ch.service_name);
+    let Some(svc) = t.services.iter().find(|x| &*x.name == svc_name.as_str()) else { return Ok(false) };
+    let addrs: Vec<IpAddr> = svc.members.iter().filter_map(|m| t.backend(*m)).map(|b| b.addr).collect();
+    let new_in = addrs.contains(&IpAddr::V4(ch.new_addr));
+    let old_out = ch.old_addr.and_then(|o| o.parse::<IpAddr>().ok()).is_some_and(|o| !addrs.contains(&o));
+    Ok(new_in && old_out)
+}
+
+fn write_file(path: &PathBuf, text: &str) -> Result<(), BenchError> {
+    std::fs::write(path, text).map_err(|source| BenchError::Io { path: path.clone(), source })
+}
+
+/// kube-proxy nftables mode on the same Services: `nft -f` of the full ruleset into a fresh
+/// scratch namespace, and of a one-Service partial-sync transaction on top of it.
+fn nft_side(r: &mut Report, p: Profile, state: &ClusterState, repeats: usize, seed: u64) -> Result<(), BenchError> {
+    let cfg = config(SchedulerVariant::Default)?;
+    let (spec, _) = translate(state, &cfg)?;
+    let t = Instant::now();
+    let text = nft::nft_ruleset(&spec)?;
+    let gen_time = t.elapsed();
+    let prefix = format!("{}.nft", p.name);
+    r.push(format!("{prefix}.services"), p.services as f64, "count");
+    r.push(format!("{prefix}.endpoints"), (p.services * p.endpoints) as f64, "count");
+    r.push(format!("{prefix}.generate"), ms(gen_time), "ms");
+    r.push(format!("{prefix}.ruleset_bytes"), text.len() as f64, "bytes");
+    r.push(format!("{prefix}.chains"), text.lines().filter(|l| l.starts_with("add chain ")).count() as f64, "count");
+    let dir = std::env::temp_dir();
+    let full = dir.join(format!("xlb-cpbench-{}-{}.nft", std::process::id(), p.name));
+    write_file(&full, &text)?;
+    let mut loads = Vec::new();
+    for _ in 0..repeats.max(1) {
+        let ns = ScratchNs::new("cpb")?;
+        loads.push(ns.nft_file(&full)?);
+    }
+    r.push_ms_summary(&format!("{prefix}.full_load"), &loads);
+
+    let ns = ScratchNs::new("cpb")?;
+    ns.nft_file(&full)?;
+    let mut state = state.clone();
+    let mut cur = spec;
+    let mut rng = Rng::new(seed ^ 0x6e66_7400);
+    let upd_file = dir.join(format!("xlb-cpbench-{}-{}-update.nft", std::process::id(), p.name));
+    let del_file = dir.join(format!("xlb-cpbench-{}-{}-deferred.nft", std::process::id(), p.name));
+    let mut updates = Vec::new();
+    for k in 0..repeats.max(1) {
+        let ch = synth::change_one_endpoint(&mut state, p, &mut rng, 100_000 + k);
+        let (new, _) = translate(&state, &cfg)?;
+        let u = nft::nft_service_update(&cur, &new, &ch.service_name)?;
+        write_file(&upd_file, &u.transaction)?;
+        updates.push(ns.nft_file(&upd_file)?);
+        if !u.deferred.is_empty() {
+            write_file(&del_file, &u.deferred)?;
+            ns.nft_file(&del_file)?;
+        }
+        cur = new;
+    }
+    r.push_ms_summary(&format!("{prefix}.service_update"), &updates);
+    if std::env::var_os("XLB_CPBENCH_KEEP").is_none() {
+        for f in [&full, &upd_file, &del_file] {
+            let _ = std::fs::remove_file(f);
+        }
+    }
+    Ok(())
+}
+
+/// Runs everything `o` asks for; `progress` gets a line before each step.
+///
+/// # Errors
+/// [`BenchError`] for a failed build, translation or `nft` load.
+pub fn run(o: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, BenchError> {
+    let mut r = Report::default();
+    r.notes.push(if alloc_count::active() {
+        "memory: heap bytes live after the build, counted by a counting global allocator (alloc_count)".into()
+    } else {
+        "memory: counting allocator not installed in this binary; only VmHWM is reported".into()
+    });
+    r.notes.push(
+        "change path: Translator::build (incremental, by resourceVersion) + TableBuilder::build (warm builder) + publish; full build: build_spec + a fresh TableBuilder + publish".into(),
+    );
+    let nft_ok = o.nft && netns::is_root() && netns::have_tool("nft", "--version") && netns::have_tool("ip", "-V");
+    if nft_ok && o.nft_scale_divisor > 1 {
+        r.notes.push(format!(
+            "nft comparison at 1/{} of each profile's Services (see PROFILE.nft.services); --nft-full-scale for full scale (minutes per load)",
+            o.nft_scale_divisor
+        ));
+    }
+    if o.nft && !nft_ok {
+        r.notes.push("nft comparison skipped: needs root and the nft and ip tools".into());
+    }
+    for &p in &o.profiles {
+        progress(&format!("profile {}: generating {} Services x {} endpoints", p.name, p.services, p.endpoints));
+        let state = synth::cluster(p);
+        r.push(format!("{}.services", p.name), p.services as f64, "count");
+        r.push(format!("{}.endpoints", p.name), (p.services * p.endpoints) as f64, "count");
+        for &s in &o.schedulers {
+            let cfg = config(s)?;
+            progress(&format!("profile {} scheduler {}: {} full builds", p.name, s.name(), o.repeats));
+            let mut check = full_builds(&mut r, p, s, &state, &cfg, o.repeats)?;
+            if o.change_schedulers.contains(&s) && o.change_samples > 0 {
+                progress(&format!("profile {} scheduler {}: {} changes", p.name, s.name(), o.change_samples));
+                check.last_change_published = Some(changes(&mut r, p, s, &state, &cfg, o.change_samples, o.seed)?);
+            }
+            r.checks.push(check);
+        }
+        if nft_ok {
+            let div = o.nft_scale_divisor.max(1);
+            let np = Profile { services: (p.services / div).max(1), ..p };
+            progress(&format!(
+                "profile {}: kube-proxy nftables ruleset of {} Services x {} endpoints, {} loads",
+                p.name, np.services, np.endpoints, o.nft_repeats
+            ));
+            let nstate = if div == 1 { state } else { synth::cluster(np) };
+            nft_side(&mut r, np, &nstate, o.nft_repeats, o.seed)?;
+        }
+    }
+    if let Some(h) = vm_hwm_bytes() {
+        r.push("process.vm_hwm".into(), h as f64, "bytes");
+    }
+    Ok(r)
+}

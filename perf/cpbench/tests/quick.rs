@@ -1,0 +1,65 @@
+//! `xlb-cpbench --quick` end to end: the scaled-down run produces every figure, and the built
+//! tables hold exactly the synthetic cluster (timings are not asserted).
+
+use xlb_cpbench::bench::{self, Options, SchedulerVariant};
+use xlb_cpbench::netns;
+
+#[global_allocator]
+static ALLOC: xlb_cpbench::alloc_count::Counting = xlb_cpbench::alloc_count::Counting;
+
+#[test]
+fn quick_run_measures_the_expected_tables() {
+    let mut o = Options::quick();
+    o.repeats = 5;
+    o.change_samples = 200;
+    let r = bench::run(&o, &mut |_| {}).unwrap();
+    assert_eq!(r.checks.len(), 2, "{:?}", r.checks);
+    for c in &r.checks {
+        assert_eq!(c.services, 200, "{c:?}");
+        assert_eq!(c.backends, 2000, "{c:?}");
+        assert_eq!(c.eligible, 2000, "{c:?}");
+        assert_eq!(c.vips, 200, "{c:?}");
+        let want_maglev = if c.scheduler == SchedulerVariant::Maglev { 200 } else { 0 };
+        assert_eq!(c.maglev_tables, want_maglev, "{c:?}");
+        assert_eq!(c.last_change_published, Some(true), "{c:?}");
+    }
+    for s in ["mh", "default"] {
+        for stage in ["translate", "build", "total"] {
+            for q in ["min", "median", "max"] {
+                let v = r.get(&format!("quick.{s}.full_build.{stage}.{q}")).unwrap();
+                assert!(v.is_finite() && v > 0.0, "{s} {stage} {q} = {v}");
+            }
+        }
+        let (p50, p99, max) = (
+            r.get(&format!("quick.{s}.change.p50")).unwrap(),
+            r.get(&format!("quick.{s}.change.p99")).unwrap(),
+            r.get(&format!("quick.{s}.change.max")).unwrap(),
+        );
+        assert!(0.0 < p50 && p50 <= p99 && p99 <= max, "{p50} {p99} {max}");
+        assert_eq!(r.get(&format!("quick.{s}.change.samples")), Some(200.0));
+        let tables = r.get(&format!("quick.{s}.full_build.memory.tables_bytes")).unwrap();
+        // At least the 2000 backend slots and 200 services must be somewhere.
+        assert!(tables > 2000.0 * 16.0, "{tables}");
+    }
+    // Maglev tables (200 × 1021 slots) make the mh tables larger.
+    assert!(
+        r.get("quick.mh.full_build.memory.tables_bytes").unwrap()
+            > r.get("quick.default.full_build.memory.tables_bytes").unwrap() + 200.0 * 1021.0 * 2.0
+    );
+    if netns::is_root() && netns::have_tool("nft", "--version") {
+        assert_eq!(r.get("quick.nft.services"), Some(200.0));
+        // 2000 endpoint chains + 200 service chains + the fixed ones.
+        assert!(r.get("quick.nft.chains").unwrap() >= 2200.0);
+        for m in ["full_load", "service_update"] {
+            let v = r.get(&format!("quick.nft.{m}.median")).unwrap();
+            assert!(v > 0.0, "{m} {v}");
+        }
+    } else {
+        assert!(r.notes.iter().any(|n| n.contains("nft comparison skipped")), "{:?}", r.notes);
+    }
+    let j = r.json();
+    assert!(j["metrics"]["quick.mh.change.p99"]["value"].as_f64().is_some());
+    assert_eq!(j["metrics"]["quick.mh.change.p99"]["unit"], "ms");
+    let text = r.text();
+    assert!(text.lines().any(|l| l.starts_with("quick.mh.full_build.total.median ") && l.ends_with(" ms")));
+}
