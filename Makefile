@@ -38,3 +38,25 @@ bench-pipeline:
 	set -o pipefail; bash perf/callgrind/run.sh $(BENCH_OUT) | tee $(BENCH_OUT)/callgrind.txt
 	@echo "== bench-pipeline summary (commit $$(git rev-parse --short HEAD 2>/dev/null)) =="
 	@python3 perf/callgrind/summary.py $(BENCH_TARGET)/criterion $(BENCH_OUT)/criterion.log $(BENCH_OUT)/callgrind.txt
+
+## Side-by-side packet and connection rates (issue 5): the AF_XDP ceiling (xlb-macfwd), xlb,
+## kube-proxy's nftables and iptables rulesets for the same Services, driven by xlb-pktgen
+## (and trafgen as a cross-check) on the two-armed namespace testbed; then the control-plane
+## scale benchmark. Needs root and a quiet machine; about 25 minutes. Results:
+## perf/results/latest.{json,md,png} plus dated copies; see docs/benchmarks.md.
+.PHONY: bench bench-cp
+bench:
+	bash scripts/install-deps.sh bench
+	BENCH_COMMAND="make bench" bash perf/bench/run.sh
+	$(CARGO) build --release -p xlb-perf --bin xlb-pktgen
+	set -o pipefail; PKTGEN=$(BENCH_TARGET)/release/xlb-pktgen ROUNDS=5 bash perf/bench/pktgen-vs-trafgen.sh \
+		| tee perf/results/pktgen-vs-trafgen-latest.txt
+	$(MAKE) bench-cp
+
+## Control-plane scale: 10,000 Services x 10 endpoints and 1,000 x 100 (build time, memory,
+## one change to published tables) next to `nft -f` of kube-proxy's ruleset.
+bench-cp:
+	bash scripts/install-deps.sh bench
+	$(CARGO) build --release -p xlb-cpbench
+	mkdir -p perf/results
+	set -o pipefail; $(BENCH_TARGET)/release/xlb-cpbench --json | tee perf/results/cpbench-latest.json

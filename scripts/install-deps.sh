@@ -14,10 +14,14 @@ case "$what" in
   build) ;;
   test|demo|bench)
     # testbed and end-to-end tests: namespaces, veth, offloads, servers and clients
-    pkgs+=(iproute2 ethtool iputils-ping curl nftables nginx-light socat wrk valgrind) ;;
+    pkgs+=(iproute2 ethtool iputils-ping curl nftables nginx-light socat wrk valgrind)
+    # perf/cpbench's tests load the generated kube-proxy rulesets with nft and iptables-restore
+    pkgs+=(iptables) ;;
   *) echo "unknown target: $what" >&2; exit 2 ;;
 esac
-[ "$what" = bench ] && pkgs+=(netsniff-ng iptables linux-perf)
+# make bench: trafgen (netsniff-ng), jq for the raw results, conntrack -F between paths, the
+# report's font (plotters draws its text with DejaVu Sans), perf for profiles
+[ "$what" = bench ] && pkgs+=(netsniff-ng linux-perf jq conntrack fonts-dejavu-core)
 # nic-config tests: bpftool shows that no XDP program or map of ours remains after detach
 [ "$what" != build ] && pkgs+=(bpftool)
 # deploy/testbed.sh: sysctl (procps), tc/ss (iproute2), uapi headers for its BPF DSR decap
