@@ -594,7 +594,7 @@ pub enum BuildError {
 #[derive(Debug, Default)]
 pub struct TableBuilder {
     /// Backend slots by service name, then (address, port).
-    slots: HashMap<String, HashMap<(IpAddr, u16), BackendRef>>,
+    slots: HashMap<String, SlotMap>,
     free: Vec<BackendRef>,
     next_slot: usize,
     service_ids: HashMap<String, u32>,
@@ -606,6 +606,9 @@ pub struct TableBuilder {
     maglev: HashMap<String, MaglevCached>,
     maglev_stats: MaglevBuildStats,
 }
+
+/// One service's backend slots by (address, port).
+type SlotMap = HashMap<(IpAddr, u16), BackendRef>;
 
 /// A Maglev table and the input it was built from (eligible backends in order, and M).
 #[derive(Debug)]
@@ -750,17 +753,37 @@ impl TableBuilder {
         let mut next_slots: HashMap<String, HashMap<(IpAddr, u16), BackendRef>> =
             HashMap::with_capacity(spec.services.len());
         let mut refs: Vec<Vec<Option<BackendRef>>> = Vec::with_capacity(spec.services.len());
+        // A service whose backend set did not change keeps its map (and name) as they are.
+        let mut unchanged: Vec<Option<(String, SlotMap)>> = Vec::with_capacity(spec.services.len());
         for s in &spec.services {
-            let mut prev = old.remove(s.name.as_str()).unwrap_or_default();
-            refs.push(s.backends.iter().map(|b| prev.remove(&(b.addr, b.port))).collect());
-            for r in prev.into_values() {
-                self.free.push(BackendRef::new(r.index(), (r.0 >> 20).wrapping_add(1)));
+            match old.remove_entry(s.name.as_str()) {
+                // Backends are unique per service (validated), so equal sizes and every backend
+                // present mean the same set.
+                Some((name, prev))
+                    if prev.len() == s.backends.len()
+                        && s.backends.iter().all(|b| prev.contains_key(&(b.addr, b.port))) =>
+                {
+                    refs.push(s.backends.iter().map(|b| prev.get(&(b.addr, b.port)).copied()).collect());
+                    unchanged.push(Some((name, prev)));
+                }
+                other => {
+                    let mut prev = other.map(|(_, m)| m).unwrap_or_default();
+                    refs.push(s.backends.iter().map(|b| prev.remove(&(b.addr, b.port))).collect());
+                    for r in prev.into_values() {
+                        self.free.push(BackendRef::new(r.index(), (r.0 >> 20).wrapping_add(1)));
+                    }
+                    unchanged.push(None);
+                }
             }
         }
         for r in old.into_values().flat_map(HashMap::into_values) {
             self.free.push(BackendRef::new(r.index(), (r.0 >> 20).wrapping_add(1)));
         }
-        for (s, rs) in spec.services.iter().zip(&mut refs) {
+        for ((s, rs), same) in spec.services.iter().zip(&mut refs).zip(unchanged) {
+            if let Some((name, map)) = same {
+                next_slots.insert(name, map);
+                continue;
+            }
             let mut map = HashMap::with_capacity(s.backends.len());
             for (b, r) in s.backends.iter().zip(rs.iter_mut()) {
                 let r = *r.get_or_insert_with(|| match self.free.pop() {

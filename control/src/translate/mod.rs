@@ -208,6 +208,16 @@ pub fn build_spec(input: &ClusterState, cfg: &Config) -> Result<(TablesSpec, Tra
     Translator::new().build(input, cfg)
 }
 
+/// The order Services are translated in: namespace, then name.
+fn service_order(s: &Service) -> (&str, Option<&str>) {
+    (s.metadata.namespace.as_deref().unwrap_or("default"), s.metadata.name.as_deref())
+}
+
+/// Hash map with foldhash (the keys are our own objects' names, not attacker-chosen packets).
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+/// Hash set with foldhash.
+type FastSet<K> = HashSet<K, foldhash::fast::RandomState>;
+
 /// Which version of a Service and of its EndpointSlices a cached translation was made from:
 /// `metadata.resourceVersion` of each (slices by name, in name order).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -273,7 +283,7 @@ pub struct Translator {
     /// Config and Node the cache was made with.
     basis: Option<(Config, Option<Node>)>,
     /// By (namespace, name).
-    cache: HashMap<(String, String), Cached>,
+    cache: FastMap<(String, String), Cached>,
     stats: TranslateStats,
 }
 
@@ -315,14 +325,14 @@ impl Translator {
 fn assemble(
     input: &ClusterState,
     cfg: &Config,
-    cache: &mut HashMap<(String, String), Cached>,
+    cache: &mut FastMap<(String, String), Cached>,
 ) -> (TablesSpec, TranslateReport, TranslateStats) {
     let mut report = TranslateReport::default();
     let mut stats = TranslateStats::default();
     let node = NodeInfo::new(input.node.as_ref(), cfg, &mut report);
     let node_port_addrs = node.node_port_addresses(cfg);
 
-    let mut slices: BTreeMap<(&str, &str), Vec<&EndpointSlice>> = BTreeMap::new();
+    let mut slices: FastMap<(&str, &str), Vec<&EndpointSlice>> = FastMap::default();
     for s in &input.endpoint_slices {
         let ns = s.metadata.namespace.as_deref().unwrap_or("default");
         if let Some(svc) = s.metadata.labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME)) {
@@ -334,75 +344,89 @@ fn assemble(
     }
 
     let mut services: Vec<&Service> = input.services.iter().collect();
-    services.sort_by(|a, b| {
-        (a.metadata.namespace.as_deref().unwrap_or("default"), a.metadata.name.as_deref())
-            .cmp(&(b.metadata.namespace.as_deref().unwrap_or("default"), b.metadata.name.as_deref()))
-    });
+    // The Kubernetes source hands them over sorted already: check (n compares) before sorting.
+    if !services.is_sorted_by(|a, b| service_order(a) <= service_order(b)) {
+        services.sort_by(|a, b| service_order(a).cmp(&service_order(b)));
+    }
 
     let ctx = Ctx { cfg, node: &node, node_port_addrs: &node_port_addrs };
-    let mut seen: HashSet<(String, String)> = HashSet::with_capacity(input.services.len());
-    let mut claimed: HashMap<(IpAddr, L4Proto, u16), String> = HashMap::new();
-    let mut names: BTreeSet<String> = BTreeSet::new();
-    let mut out = Vec::new();
-    for svc in services {
+    let label_of = |svc: &Service| {
+        let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
+        format!("Service {ns}/{}", svc.metadata.name.as_deref().unwrap_or_default())
+    };
+    // Pass 1: bring every Service's translation up to date (translating only those whose
+    // objects changed). Translations of unversioned objects are not cached: kept aside.
+    let mut seen: FastSet<(String, String)> = FastSet::default();
+    seen.reserve(input.services.len());
+    let mut order: Vec<((String, String), Option<Cached>)> = Vec::with_capacity(services.len());
+    for svc in &services {
         let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
         let name = svc.metadata.name.as_deref().unwrap_or_default();
-        let label = format!("Service {ns}/{name}");
         let svc_slices = slices.get(&(ns, name)).map_or(&[][..], Vec::as_slice);
         let key = (ns.to_owned(), name.to_owned());
-        let hit = cache.get(&key).filter(|c| c.versions.matches(svc, svc_slices));
-        let (result, issues, no_local) = if let Some(c) = hit {
+        let mut uncached = None;
+        if cache.get(&key).is_some_and(|c| c.versions.matches(svc, svc_slices)) {
             stats.reused += 1;
-            (c.result.clone(), c.issues.clone(), c.no_local)
         } else {
             stats.translated += 1;
             let mut own = TranslateReport::default();
-            let result = translate_service(svc, svc_slices, &ctx, &label, &mut own);
-            match Versions::of(svc, svc_slices) {
-                Some(versions) => {
-                    let c = Cached {
-                        versions,
-                        result: result.clone(),
-                        issues: own.issues.clone(),
-                        no_local: own.no_local_endpoints,
-                    };
-                    cache.insert(key.clone(), c);
-                }
-                None => {
-                    cache.remove(&key);
-                }
+            let result = translate_service(svc, svc_slices, &ctx, &label_of(svc), &mut own);
+            let versions = Versions::of(svc, svc_slices);
+            let unversioned = versions.is_none();
+            let c = Cached {
+                versions: versions.unwrap_or(Versions { service: String::new(), slices: Vec::new() }),
+                result,
+                issues: own.issues,
+                no_local: own.no_local_endpoints,
+            };
+            if unversioned {
+                cache.remove(&key);
+                uncached = Some(c);
+            } else {
+                cache.insert(key.clone(), c);
             }
-            (result, own.issues, own.no_local_endpoints)
-        };
-        seen.insert(key);
-        report.issues.extend(issues);
-        report.no_local_endpoints.internal += no_local.internal;
-        report.no_local_endpoints.external += no_local.external;
-        let pending = match result {
+        }
+        seen.insert(key.clone());
+        order.push((key, uncached));
+    }
+    cache.retain(|k, _| seen.contains(k));
+
+    // Pass 2: the cross-Service checks, in Service order, reading the translations in place
+    // (only what goes into the spec is copied).
+    let mut claimed: FastMap<(IpAddr, L4Proto, u16), &str> = FastMap::default();
+    let mut names: FastSet<&str> = FastSet::default();
+    let mut out = Vec::with_capacity(order.len());
+    let cache = &*cache;
+    for ((key, uncached), svc) in order.iter().zip(&services) {
+        let Some(c) = uncached.as_ref().or_else(|| cache.get(key)) else { continue };
+        report.issues.extend(c.issues.iter().cloned());
+        report.no_local_endpoints.internal += c.no_local.internal;
+        report.no_local_endpoints.external += c.no_local.external;
+        let pending = match &c.result {
             Ok(p) => p,
             Err(issue) => {
-                report.issues.push(issue);
+                report.issues.push(issue.clone());
                 continue;
             }
         };
         for p in pending {
-            if !names.insert(p.name.clone()) {
+            if !names.insert(p.name.as_str()) {
                 report.issues.push(Issue {
                     severity: Severity::Error,
-                    object: label.clone(),
+                    object: label_of(svc),
                     field: "metadata.name".into(),
                     message: format!("table name {:?} is already used; not programmed", p.name),
                 });
                 continue;
             }
             let mut frontends = Vec::with_capacity(p.frontends.len());
-            for (f, field) in p.frontends {
+            for (f, field) in &p.frontends {
                 let key = (f.addr, f.proto, f.port);
                 if let Some(owner) = claimed.get(&key) {
                     report.issues.push(Issue {
                         severity: Severity::Error,
-                        object: label.clone(),
-                        field,
+                        object: label_of(svc),
+                        field: field.clone(),
                         message: format!(
                             "{} {} {}/{} is already a frontend of {owner}; not programmed here",
                             f.kind.name(),
@@ -413,8 +437,8 @@ fn assemble(
                     });
                     continue;
                 }
-                claimed.insert(key, p.name.clone());
-                frontends.push(f);
+                claimed.insert(key, p.name.as_str());
+                frontends.push(f.clone());
             }
             if frontends.is_empty() {
                 continue;
@@ -427,7 +451,7 @@ fn assemble(
             {
                 report.issues.push(Issue {
                     severity: Severity::Error,
-                    object: label.clone(),
+                    object: label_of(svc),
                     field: format!("metadata.annotations[{ANNOTATION_SCHEDULER}]"),
                     message: format!(
                         "{weighted} eligible backends do not fit a Maglev table of maglevTableSize {}; {} not programmed (raise maglevTableSize)",
@@ -437,13 +461,13 @@ fn assemble(
                 continue;
             }
             out.push(ServiceSpec {
-                name: p.name,
+                name: p.name.clone(),
                 frontends,
                 scheduler: p.scheduler,
                 affinity_timeout_s: p.affinity,
                 mode: p.mode,
                 when_empty: p.when_empty,
-                backends: p.backends,
+                backends: p.backends.clone(),
             });
         }
     }
@@ -495,7 +519,6 @@ fn assemble(
     }
     report.issues.sort();
     report.issues.dedup();
-    cache.retain(|k, _| seen.contains(k));
     (spec, report, stats)
 }
 
