@@ -245,7 +245,14 @@ impl Xsk {
             need_wakeup: cfg.need_wakeup,
         };
         for (ifname, queue) in ports {
-            let port = out.bind(cfg, ifname, *queue)?;
+            let mut port = out.bind(cfg, ifname, *queue)?;
+            if let Some(first) = out.ports.first() {
+                // Later sockets share the first one's UMEM: libxdp binds them with
+                // XDP_SHARED_UMEM and no mode flags (the kernel refuses flags there), and the
+                // kernel gives them the UMEM's mode (`xp_assign_dev_shared`). So the first
+                // socket's mode is theirs, whatever the attempt that "succeeded".
+                port.zero_copy = first.zero_copy;
+            }
             out.ports.push(port);
         }
         for i in 0..out.ports.len() {
@@ -286,7 +293,11 @@ impl Xsk {
             // program inhibited no program is detached behind xsk-rs's back (xsk-rs#21).
             match unsafe { Socket::new(scfg, &self.umem, &iface, queue) } {
                 Ok((tx, rx, Some((fill, comp)))) => {
-                    tracing::info!(ifname, queue, mode, "AF_XDP socket bound");
+                    if self.ports.is_empty() {
+                        tracing::info!(ifname, queue, mode, "AF_XDP socket bound");
+                    } else {
+                        tracing::info!(ifname, queue, "AF_XDP socket bound on the shared UMEM (its mode)");
+                    }
                     return Ok(Port {
                         ifname: ifname.to_owned(),
                         queue,
