@@ -500,6 +500,13 @@ if [ "$CPS" = 1 ]; then
     say "nginx did not start in $SINK (see $NGINX_DIR): no conn/s"
     failed all http_close 0 "nginx did not start"
   else
+    # wrk with `Connection: close` makes ~10k connections/s and nginx, which closes first,
+    # keeps each in TIME_WAIT for 60 s; a new SYN that lands on a TIME_WAIT 4-tuple (3 backend
+    # addresses x the client's ports) waits for a retransmit, so after two fast trials every
+    # path fell to ~100 conn/s for a minute (first run, 2026-11-22). Benchmark-only settings:
+    # the sink keeps no TIME_WAIT sockets and the client reuses its own.
+    nsx "$SINK" sysctl -qw net.ipv4.tcp_max_tw_buckets=0
+    nsx "$GEN" sysctl -qw net.ipv4.tcp_tw_reuse=1
     say "connections/s: wrk -t1 -c32 -d${CPS_SECS}s, Connection: close, paths $CPS_PATHS"
     for rep in $(seq "$REPEATS"); do
       for path in $CPS_PATHS; do
