@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use dataplane::addr::Cidr;
@@ -986,7 +987,15 @@ pub fn load_str_for_node(text: &str, source_name: &str, fallback_node_name: Opti
     if ignored > 0 && node.is_some() {
         notes.push(format!("{ignored} Node object(s) other than this node's are ignored"));
     }
-    Ok(Loaded { config, cluster: ClusterState { services: c.services, endpoint_slices: c.slices, node }, notes })
+    Ok(Loaded {
+        config,
+        cluster: ClusterState {
+            services: c.services.into_iter().map(Arc::new).collect(),
+            endpoint_slices: c.slices.into_iter().map(Arc::new).collect(),
+            node,
+        },
+        notes,
+    })
 }
 
 /// The YAML error message without its location suffix: the line it gives counts from the

@@ -281,8 +281,8 @@ pub(crate) fn our_node() -> NodeB {
 /// A cluster state from builders.
 pub(crate) fn state(svcs: Vec<Svc>, slices: Vec<Slice>, n: Option<NodeB>) -> ClusterState {
     ClusterState {
-        services: svcs.into_iter().map(|s| s.0).collect(),
-        endpoint_slices: slices.into_iter().map(|s| s.0).collect(),
+        services: svcs.into_iter().map(|s| std::sync::Arc::new(s.0)).collect(),
+        endpoint_slices: slices.into_iter().map(|s| std::sync::Arc::new(s.0)).collect(),
         node: n.map(|n| n.0),
     }
 }

@@ -618,7 +618,11 @@ fn full_rebuild_timing_1000_services() {
         );
     }
     let node = serde_json::from_value(node(NODE, "192.0.2.10")).expect("node");
-    let state = xlb::translate::ClusterState { services, endpoint_slices: slices, node: Some(node) };
+    let state = xlb::translate::ClusterState {
+        services: services.into_iter().map(std::sync::Arc::new).collect(),
+        endpoint_slices: slices.into_iter().map(std::sync::Arc::new).collect(),
+        node: Some(node),
+    };
     for sched in ["random", "mh"] {
         let mut cfg = xlb_config();
         cfg.ipvs.scheduler = xlb::config::parse_scheduler(sched).expect("scheduler");

@@ -190,16 +190,17 @@ pub fn diff_states(old: &ClusterState, new: &ClusterState) -> Changes {
 mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use std::sync::Arc;
 
-    fn svc(ns: &str, name: &str) -> Service {
-        Service {
+    fn svc(ns: &str, name: &str) -> Arc<Service> {
+        Arc::new(Service {
             metadata: ObjectMeta { namespace: Some(ns.into()), name: Some(name.into()), ..Default::default() },
             ..Default::default()
-        }
+        })
     }
 
-    fn slice(ns: &str, name: &str, svc: Option<&str>) -> EndpointSlice {
-        EndpointSlice {
+    fn slice(ns: &str, name: &str, svc: Option<&str>) -> Arc<EndpointSlice> {
+        Arc::new(EndpointSlice {
             metadata: ObjectMeta {
                 namespace: Some(ns.into()),
                 name: Some(name.into()),
@@ -209,7 +210,7 @@ mod tests {
             address_type: "IPv4".into(),
             endpoints: vec![],
             ports: None,
-        }
+        })
     }
 
     #[test]

@@ -66,8 +66,8 @@ mod tests {
     use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-    fn svc(name: &str, ty: &str, etp: &str, hc: Option<i32>) -> Service {
-        Service {
+    fn svc(name: &str, ty: &str, etp: &str, hc: Option<i32>) -> std::sync::Arc<Service> {
+        std::sync::Arc::new(Service {
             metadata: ObjectMeta { namespace: Some("default".into()), name: Some(name.into()), ..Default::default() },
             spec: Some(ServiceSpec {
                 type_: Some(ty.into()),
@@ -76,7 +76,7 @@ mod tests {
                 ..Default::default()
             }),
             status: None,
-        }
+        })
     }
 
     fn ep(addr: &str, node: &str, ready: Option<bool>) -> Endpoint {
@@ -88,8 +88,8 @@ mod tests {
         }
     }
 
-    fn slice(name: &str, svc: &str, ports: &[i32], endpoints: Vec<Endpoint>) -> EndpointSlice {
-        EndpointSlice {
+    fn slice(name: &str, svc: &str, ports: &[i32], endpoints: Vec<Endpoint>) -> std::sync::Arc<EndpointSlice> {
+        std::sync::Arc::new(EndpointSlice {
             metadata: ObjectMeta {
                 namespace: Some("default".into()),
                 name: Some(name.into()),
@@ -99,7 +99,7 @@ mod tests {
             address_type: "IPv4".into(),
             endpoints,
             ports: Some(ports.iter().map(|p| EndpointPort { port: Some(*p), ..Default::default() }).collect()),
-        }
+        })
     }
 
     #[test]

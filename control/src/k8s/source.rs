@@ -463,16 +463,16 @@ impl Source {
         Ok(Snapshot { generation: self.generation, reason, changes, state, started: now, oldest_queued, triggers })
     }
 
-    /// The stores' current contents.
+    /// The stores' current contents: the caches' own objects (`Arc`s, no copy), sorted by
+    /// namespace and name.
     fn read_state(&self) -> ClusterState {
-        let key = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
-            (m.namespace.clone().unwrap_or_default(), m.name.clone().unwrap_or_default())
-        };
-        let mut services: Vec<Service> = self.services.state().iter().map(|s| Service::clone(s)).collect();
-        services.sort_by_cached_key(|s| key(&s.metadata));
-        let mut endpoint_slices: Vec<EndpointSlice> =
-            self.slices.state().iter().map(|s| EndpointSlice::clone(s)).collect();
-        endpoint_slices.sort_by_cached_key(|s| key(&s.metadata));
+        fn order(m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> (&str, &str) {
+            (m.namespace.as_deref().unwrap_or_default(), m.name.as_deref().unwrap_or_default())
+        }
+        let mut services = self.services.state();
+        services.sort_by(|a, b| order(&a.metadata).cmp(&order(&b.metadata)));
+        let mut endpoint_slices = self.slices.state();
+        endpoint_slices.sort_by(|a, b| order(&a.metadata).cmp(&order(&b.metadata)));
         let node = find_node(&self.nodes, &self.cfg.node_name).map(|n| Node::clone(&n));
         ClusterState { services, endpoint_slices, node }
     }

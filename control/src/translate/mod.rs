@@ -72,6 +72,7 @@ mod tests;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use dataplane::addr::Cidr;
 use dataplane::tables::{
@@ -110,13 +111,15 @@ pub const AFFINITY_MAX_TIMEOUT_S: u32 = 86400;
 /// MTU (bytes) given to ports until the running process reads the interface's own.
 pub const PLACEHOLDER_MTU: u16 = 1500;
 
-/// The Kubernetes objects a table is built from.
+/// The Kubernetes objects a table is built from. Objects are shared (`Arc`): the Kubernetes
+/// source hands over the watch caches' own objects, so a snapshot copies pointers, not
+/// objects (a deep copy of 10,000 Services and their slices took ~58 ms).
 #[derive(Debug, Clone, Default)]
 pub struct ClusterState {
     /// Every Service (any namespace).
-    pub services: Vec<Service>,
+    pub services: Vec<Arc<Service>>,
     /// Every EndpointSlice (any namespace).
-    pub endpoint_slices: Vec<EndpointSlice>,
+    pub endpoint_slices: Vec<Arc<EndpointSlice>>,
     /// This node's own Node object, if known (addresses, zone label).
     pub node: Option<Node>,
 }
@@ -343,7 +346,7 @@ fn assemble(
         v.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     }
 
-    let mut services: Vec<&Service> = input.services.iter().collect();
+    let mut services: Vec<&Service> = input.services.iter().map(|s| &**s).collect();
     // The Kubernetes source hands them over sorted already: check (n compares) before sorting.
     if !services.is_sorted_by(|a, b| service_order(a) <= service_order(b)) {
         services.sort_by(|a, b| service_order(a).cmp(&service_order(b)));

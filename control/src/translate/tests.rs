@@ -1028,10 +1028,10 @@ fn maglev_service_larger_than_the_table_is_skipped_not_the_whole_table() {
 /// Gives every object a resourceVersion, as the API server does.
 fn versioned(mut st: ClusterState, rv: &str) -> ClusterState {
     for s in &mut st.services {
-        s.metadata.resource_version.get_or_insert_with(|| rv.to_owned());
+        Arc::make_mut(s).metadata.resource_version.get_or_insert_with(|| rv.to_owned());
     }
     for s in &mut st.endpoint_slices {
-        s.metadata.resource_version.get_or_insert_with(|| rv.to_owned());
+        Arc::make_mut(s).metadata.resource_version.get_or_insert_with(|| rv.to_owned());
     }
     st
 }
@@ -1062,15 +1062,17 @@ fn sync_03_a_change_translates_only_the_services_it_touches_and_equals_a_full_bu
 
     // One EndpointSlice changes (new resourceVersion): only its Service is translated again.
     let mut st = base.clone();
-    st.endpoint_slices[1] = api_slice().ep(ep("10.0.1.2")).0;
-    st.endpoint_slices[1].metadata.resource_version = Some("2".into());
+    let mut changed = api_slice().ep(ep("10.0.1.2")).0;
+    changed.metadata.resource_version = Some("2".into());
+    st.endpoint_slices[1] = Arc::new(changed);
     assert_eq!(check(&mut tr, &st), TranslateStats { translated: 1, reused: 2 });
     assert_eq!(eligible(spec(&tr.build(&st, &c).unwrap().0, "default/api:http")), ["10.0.1.1:8080", "10.0.1.2:8080"]);
 
     // The slice moves to another Service (label change): both Services change.
     let mut moved = st.clone();
-    moved.endpoint_slices[1] = slice("default/api-1", "web", "IPv4").port("http", 8080).ep(ep("10.0.1.9")).0;
-    moved.endpoint_slices[1].metadata.resource_version = Some("3".into());
+    let mut relabelled = slice("default/api-1", "web", "IPv4").port("http", 8080).ep(ep("10.0.1.9")).0;
+    relabelled.metadata.resource_version = Some("3".into());
+    moved.endpoint_slices[1] = Arc::new(relabelled);
     assert_eq!(check(&mut tr, &moved), TranslateStats { translated: 2, reused: 1 });
 
     // A deleted Service leaves the cache; a deleted slice changes its Service.

@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
@@ -138,8 +139,8 @@ pub fn cluster(p: Profile) -> ClusterState {
         node: None,
     };
     for i in 0..p.services {
-        state.services.push(service(i));
-        state.endpoint_slices.extend(slices(i, p.endpoints, i * p.endpoints));
+        state.services.push(Arc::new(service(i)));
+        state.endpoint_slices.extend(slices(i, p.endpoints, i * p.endpoints).into_iter().map(Arc::new));
     }
     state
 }
@@ -199,7 +200,9 @@ pub fn change_one_endpoint(state: &mut ClusterState, p: Profile, rng: &mut Rng, 
     let base = u32::from(Ipv4Addr::new(10, 248, 0, 0));
     let new_addr = Ipv4Addr::from(base + 1 + u32::try_from(serial).unwrap_or(0) % ((1 << 18) - 2));
     let mut old_addr = None;
-    if let Some(slice) = state.endpoint_slices.get_mut(slice_index) {
+    if let Some(slot) = state.endpoint_slices.get_mut(slice_index) {
+        // A new object, as a watch event brings (the old one may still be shared).
+        let slice = Arc::make_mut(slot);
         slice.metadata.resource_version = Some(format!("{}", 2 + serial));
         if let Some(e) = slice.endpoints.get_mut(endpoint) {
             old_addr = e.addresses.first().cloned();
