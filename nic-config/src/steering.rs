@@ -1,6 +1,6 @@
 //! The steering XDP program: load, attach, fill its maps, read its counters, detach.
 
-use std::{collections::HashSet, fmt, net::IpAddr, os::fd::AsRawFd};
+use std::{fmt, net::IpAddr, os::fd::AsRawFd};
 
 use aya::{
     Ebpf, EbpfLoader,
@@ -123,10 +123,24 @@ pub struct Steering {
 /// so the next sync compares with the kernel's map itself.
 #[derive(Default)]
 struct Shadows {
-    services: Option<std::collections::HashMap<[u8; ServiceMapKey::LEN], u32>>,
-    vip_addrs: Option<std::collections::HashMap<[u8; 16], u32>>,
-    snat_addrs: Option<std::collections::HashMap<[u8; 16], [u16; 2]>>,
-    endpoints: Option<std::collections::HashMap<[u8; ServiceMapKey::LEN], u32>>,
+    services: Option<FastMap<[u8; ServiceMapKey::LEN], u32>>,
+    vip_addrs: Option<FastMap<[u8; 16], u32>>,
+    snat_addrs: Option<FastMap<[u8; 16], [u16; 2]>>,
+    endpoints: Option<FastMap<[u8; ServiceMapKey::LEN], u32>>,
+}
+
+/// Hash map with foldhash: the keys are our own table entries, and these maps hold up to
+/// 262,144 of them per sync.
+type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
+/// The wanted `services` / `endpoints` entries (value 0), validated.
+fn key_map(keys: &[ServiceKey]) -> Result<FastMap<[u8; ServiceMapKey::LEN], u32>, NicError> {
+    let mut want = FastMap::default();
+    want.reserve(keys.len());
+    for k in keys {
+        want.insert(ServiceMapKey::try_from(k)?.to_bytes(), 0);
+    }
+    Ok(want)
 }
 
 impl fmt::Debug for Steering {
@@ -310,12 +324,8 @@ impl Steering {
     /// [`NicError::InvalidArgument`] for a protocol other than TCP/UDP/SCTP or more than
     /// [`MAX_SERVICES`] keys (the map is then unchanged); [`NicError::Map`] if the kernel refuses.
     pub fn sync_services(&mut self, keys: &[ServiceKey]) -> Result<(), NicError> {
-        let want = keys
-            .iter()
-            .map(|k| ServiceMapKey::try_from(k).map(ServiceMapKey::to_bytes))
-            .collect::<Result<HashSet<_>, _>>()?;
+        let want = key_map(keys)?;
         check_len("services", want.len(), MAX_SERVICES)?;
-        let want = want.into_iter().map(|k| (k, 0)).collect();
         sync_map(&self.ifname, MAP_SERVICES, &mut self.services, &mut self.shadow.services, want)
     }
 
@@ -326,12 +336,8 @@ impl Steering {
     /// # Errors
     /// As [`Steering::sync_services`].
     pub fn sync_endpoints(&mut self, keys: &[ServiceKey]) -> Result<(), NicError> {
-        let want = keys
-            .iter()
-            .map(|k| ServiceMapKey::try_from(k).map(ServiceMapKey::to_bytes))
-            .collect::<Result<HashSet<_>, _>>()?;
+        let want = key_map(keys)?;
         check_len("endpoints", want.len(), MAX_ENDPOINTS)?;
-        let want = want.into_iter().map(|k| (k, 0)).collect();
         sync_map(&self.ifname, MAP_ENDPOINTS, &mut self.endpoints, &mut self.shadow.endpoints, want)
     }
 
@@ -344,9 +350,8 @@ impl Steering {
     /// [`NicError::InvalidArgument`] for more than [`MAX_VIP_ADDRS`] addresses;
     /// [`NicError::Map`] if the kernel refuses.
     pub fn sync_vip_addrs(&mut self, addrs: &[IpAddr]) -> Result<(), NicError> {
-        let want: HashSet<[u8; 16]> = addrs.iter().map(|a| addr_bytes(*a)).collect();
+        let want: FastMap<[u8; 16], u32> = addrs.iter().map(|a| (addr_bytes(*a), 0)).collect();
         check_len("vip_addrs", want.len(), MAX_VIP_ADDRS)?;
-        let want = want.into_iter().map(|k| (k, 0)).collect();
         sync_map(&self.ifname, MAP_VIP_ADDRS, &mut self.vip_addrs, &mut self.shadow.vip_addrs, want)
     }
 
@@ -361,7 +366,7 @@ impl Steering {
     /// [`NicError::InvalidArgument`] if a range has first > last or there are more than
     /// [`MAX_SNAT_ADDRS`] addresses; [`NicError::Map`] if the kernel refuses.
     pub fn sync_snat(&mut self, ranges: &[(IpAddr, u16, u16)]) -> Result<(), NicError> {
-        let mut want = std::collections::HashMap::new();
+        let mut want = FastMap::default();
         for &(addr, port_min, port_max) in ranges {
             if port_min > port_max {
                 return Err(NicError::InvalidArgument {
@@ -521,8 +526,8 @@ fn sync_map<K, V>(
     ifname: &str,
     name: &'static str,
     map: &mut HashMap<MapData, K, V>,
-    shadow: &mut Option<std::collections::HashMap<K, V>>,
-    want: std::collections::HashMap<K, V>,
+    shadow: &mut Option<FastMap<K, V>>,
+    want: FastMap<K, V>,
 ) -> Result<(), NicError>
 where
     K: aya::Pod + Eq + std::hash::Hash,
