@@ -221,9 +221,10 @@ pub struct Conntrack<A: Family> {
     sweep_at: usize,
     last_reclaim_s: u32,
     /// Keys of the most recent flows inserted in a not-yet-established TCP state, oldest
-    /// first: the eviction candidates of a full table. Bounded by `capacity / 4` (memory
-    /// reserved up front); entries may be stale and are checked when used.
-    embryonic: std::collections::VecDeque<FlowKey<A>>,
+    /// first, with the key of their reverse entry once [`Conntrack::insert_rev`] adds it: the
+    /// eviction candidates of a full table. Bounded by `capacity / 4` (memory reserved up
+    /// front); entries may be stale and are checked when used.
+    embryonic: std::collections::VecDeque<(FlowKey<A>, Option<FlowKey<A>>)>,
     embryonic_max: usize,
 }
 
@@ -344,7 +345,7 @@ impl<A: Family> Conntrack<A> {
             if self.embryonic.len() >= self.embryonic_max {
                 self.embryonic.pop_front();
             }
-            self.embryonic.push_back(k);
+            self.embryonic.push_back((k, None));
         }
         Ok(())
     }
@@ -353,7 +354,7 @@ impl<A: Family> Conntrack<A> {
     /// [`EVICT_PROBES`] candidates). Returns whether one was evicted.
     fn evict_embryonic(&mut self, on_remove: &mut impl FnMut(Removed)) -> bool {
         for _ in 0..EVICT_PROBES {
-            let Some(k) = self.embryonic.pop_front() else { return false };
+            let Some((k, rev)) = self.embryonic.pop_front() else { return false };
             let h = self.hash(&k);
             let Some(shard) = self.fwd.get_mut(shard_of(h)) else { continue };
             let Ok(e) = shard.find_entry(h, |e| e.0 == k) else { continue };
@@ -363,14 +364,36 @@ impl<A: Family> Conntrack<A> {
             }
             let ((_, f), _) = e.remove();
             self.fwd_len -= 1;
+            // Its reverse entry goes too (else a flood leaves a reverse entry per evicted flow
+            // until the sweep finds it orphaned, and the reverse table outgrows its reserve).
+            if let Some(r) = rev {
+                self.remove_rev_of(&r, &k);
+            }
             on_remove(Removed { backend: f.backend, state: f.state, evicted: true });
             return true;
         }
         false
     }
 
-    /// Inserts or replaces a reverse entry.
+    /// Removes the reverse entry `k` if it still belongs to the forward key `fwd`.
+    fn remove_rev_of(&mut self, k: &FlowKey<A>, fwd: &FlowKey<A>) {
+        let h = self.hash(k);
+        if let Some(shard) = self.rev.get_mut(shard_of(h))
+            && let Ok(e) = shard.find_entry(h, |e| e.0 == *k)
+            && e.get().1.forward_key(k.proto) == *fwd
+        {
+            e.remove();
+        }
+    }
+
+    /// Inserts or replaces a reverse entry. When it belongs to the flow inserted last and that
+    /// flow is an eviction candidate, the candidate records it, so evicting the flow removes it.
     pub fn insert_rev(&mut self, k: FlowKey<A>, r: RevFlow<A>) {
+        if let Some((fwd, rev)) = self.embryonic.back_mut()
+            && r.forward_key(k.proto) == *fwd
+        {
+            *rev = Some(k);
+        }
         let h = self.hash(&k);
         let hasher = &self.hasher;
         if let Some(shard) = self.rev.get_mut(shard_of(h)) {
@@ -557,6 +580,29 @@ mod tests {
             full.insert(key(i), flow(100, CtState::Established), 0, |_| {}).unwrap();
         }
         assert_eq!(full.insert(key(999), flow(100, CtState::SynSent), 0, |_| {}), Err(Full));
+    }
+
+    #[test]
+    fn evicting_an_unestablished_flow_removes_its_reverse_entry_too() {
+        let mut ct = Conntrack::<V4>::new(64);
+        // The reply tuple of flow i: backend 10.1.0.1:8080 -> client port i.
+        let rkey = |i: u16| FlowKey { src: V4([10, 1, 0, 1]), dst: V4([10, 0, 0, 1]), sport: 8080, dport: i, proto: 6 };
+        let rev =
+            |i: u16| RevFlow { client: V4([10, 0, 0, 1]), vip: V4([10, 96, 0, 1]), cport: i, vport: 80, check_s: 0 };
+        for i in 0..64 {
+            ct.insert(key(i), flow(1000, CtState::SynSent), 0, |_| {}).unwrap();
+            ct.insert_rev(rkey(i), rev(i));
+        }
+        ct.insert(key(100), flow(1000, CtState::SynSent), 1, |_| {}).unwrap();
+        ct.insert_rev(rkey(100), rev(100));
+        assert!(ct.get(&key(0), 1, |_| {}).is_none(), "the oldest SYN flow was evicted");
+        assert!(!ct.rev_exists(&rkey(0)), "and its reverse entry with it");
+        assert!(ct.rev_exists(&rkey(1)) && ct.rev_exists(&rkey(100)));
+        // A reverse entry that now belongs to another flow is left alone.
+        ct.insert_rev(rkey(1), rev(999));
+        ct.insert(key(101), flow(1000, CtState::SynSent), 1, |_| {}).unwrap();
+        assert!(ct.get(&key(1), 1, |_| {}).is_none());
+        assert!(ct.rev_exists(&rkey(1)), "reassigned reverse entry kept");
     }
 
     #[test]
