@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use support::fake_apiserver::{FakeApiServer, Res};
-use support::{NODE, node, service, slice};
+use support::{NODE, kubeconfig as kubeconfig_for, node, service, slice};
 
 struct Netns(String);
 
@@ -118,13 +118,7 @@ fn xlb_with_a_kubeconfig_programs_what_the_api_server_holds_and_follows_changes(
     let dir = PathBuf::from(format!("/tmp/xlb-kubeconfig-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("mkdir");
     let kubeconfig = dir.join("kubeconfig.yaml");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster: {{server: \"{url}\"}}\ncontexts:\n- name: fake\n  context: {{cluster: fake, user: fake}}\ncurrent-context: fake\nusers:\n- name: fake\n  user: {{}}\n"
-        ),
-    )
-    .expect("write kubeconfig");
+    std::fs::write(&kubeconfig, kubeconfig_for(&url)).expect("write kubeconfig");
     let config = dir.join("xlb.yaml");
     std::fs::write(
         &config,

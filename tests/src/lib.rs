@@ -61,6 +61,13 @@ pub const CLIENT_MAC: [u8; 6] = [0x02, 0x00, 0x0a, 0xfa, 0x01, 0x02];
 pub const LB_MAC: [u8; 6] = [0x02, 0x00, 0x0a, 0xfa, 0x01, 0x01];
 /// Number of backends (`be1` ..= `be3`).
 pub const BACKENDS: u8 = 3;
+
+/// Which backend answered, from the body every backend server sends (`be<i>`, 1-based);
+/// `None` for anything else.
+#[must_use]
+pub fn backend_of(body: &str) -> Option<u8> {
+    body.trim().strip_prefix("be")?.parse().ok().filter(|i| (1..=BACKENDS).contains(i))
+}
 /// Port of nginx in every backend (IPv4 and IPv6); it answers `be<i>\n`.
 pub const HTTP_PORT: u16 = 80;
 /// UDP port of the backends' reply service: any datagram gets `be<i> <peer address>\n`.

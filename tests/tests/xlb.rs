@@ -17,8 +17,8 @@ mod xlb {
     use socket2::{Domain, Protocol, Socket, Type};
     use xlb_e2e::{
         AccessLogEntry, BACKENDS, CLIENT_V4, CLIENT_V6, DSR_VIP_V4, DsrDecap, HTTP_PORT, LB_BACKEND_SIDE_V4,
-        LB_CLIENT_SIDE_V4, LB_CLIENT_SIDE_V6, Role, ServiceReply, TCP_PORT, Testbed, Xlb, XlbStats, backend_v4,
-        backend_v6, service_backends, skip_without_root, wait_for, xlb_binary,
+        LB_CLIENT_SIDE_V4, LB_CLIENT_SIDE_V6, Role, ServiceReply, TCP_PORT, Testbed, Xlb, XlbStats, backend_of,
+        backend_v4, backend_v6, service_backends, skip_without_root, wait_for, xlb_binary,
     };
 
     /// The configuration every test starts from (the one `make demo` runs).
@@ -92,10 +92,6 @@ mod xlb {
         backend: u8,
         /// The client's TCP source port (curl's `%{local_port}`).
         local_port: u16,
-    }
-
-    fn backend_of(body: &str) -> Option<u8> {
-        body.trim().strip_prefix("be")?.parse().ok().filter(|i| (1..=BACKENDS).contains(i))
     }
 
     /// `curl` from the client; the body must be `be<i>\n`.

@@ -17,7 +17,7 @@ mod kubernetes {
     use std::time::{Duration, Instant};
 
     use serde_json::Value;
-    use xlb_e2e::{BACKENDS, Role, Testbed, Xlb, backend_v4, skip_without_root, wait_for, xlb_binary};
+    use xlb_e2e::{Role, Testbed, Xlb, backend_of, backend_v4, skip_without_root, wait_for, xlb_binary};
 
     use crate::support::fake_apiserver::{FakeApiServer, Res};
     use crate::support::{node, service, slice};
@@ -45,6 +45,23 @@ mod kubernetes {
         slice("demo", "web-1", "web", &eps, &[("http", 80)])
     }
 
+    /// [`web_slice`] plus backends that are terminating but still serving (a Pod being deleted:
+    /// `ready: false, serving: true, terminating: true`), as the EndpointSlice controller
+    /// publishes them before it removes them.
+    fn web_slice_terminating(ready: &[u8], terminating: &[u8]) -> Value {
+        let mut s = web_slice(ready);
+        if let Some(eps) = s["endpoints"].as_array_mut() {
+            for &i in terminating {
+                eps.push(serde_json::json!({
+                    "addresses": [backend_v4(i).to_string()],
+                    "conditions": {"ready": false, "serving": true, "terminating": true},
+                    "nodeName": "node-b",
+                }));
+            }
+        }
+        s
+    }
+
     /// What the API server is asked to do, from the test thread.
     enum Op {
         Apply(Res, Value),
@@ -61,11 +78,7 @@ mod kubernetes {
         if !out.status.success() {
             return Err(format!("{} {}", out.status, String::from_utf8_lossy(&out.stderr).trim()));
         }
-        body.trim()
-            .strip_prefix("be")
-            .and_then(|i| i.parse().ok())
-            .filter(|i| (1..=BACKENDS).contains(i))
-            .ok_or_else(|| format!("unexpected body {body:?}"))
+        backend_of(&body).ok_or_else(|| format!("unexpected body {body:?}"))
     }
 
     /// Waits until `n` requests in a row were all answered by exactly the backends `want`
@@ -76,7 +89,11 @@ mod kubernetes {
         let start = Instant::now();
         loop {
             let got: Vec<u8> = (0..n)
-                .map(|k| fetch(tb).unwrap_or_else(|e| panic!("request {k} failed: {e}\n{}", xlb.log())))
+                .map(|k| {
+                    fetch(tb).unwrap_or_else(|e| {
+                        panic!("request {k} failed: {e}\n{}\n{}", xlb.stats().unwrap_or_default(), xlb.log())
+                    })
+                })
                 .collect();
             let seen: BTreeSet<u8> = got.iter().copied().collect();
             if seen == want {
@@ -129,13 +146,7 @@ mod kubernetes {
         });
         let url = url_rx.recv_timeout(Duration::from_secs(20)).expect("fake API server url");
         let kubeconfig = tb.run_dir().join("kubeconfig.yaml");
-        std::fs::write(
-            &kubeconfig,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster: {{server: \"{url}\"}}\ncontexts:\n- name: fake\n  context: {{cluster: fake, user: fake}}\ncurrent-context: fake\nusers:\n- name: fake\n  user: {{}}\n"
-            ),
-        )
-        .expect("write kubeconfig");
+        std::fs::write(&kubeconfig, crate::support::kubeconfig(&url)).expect("write kubeconfig");
         let kc = kubeconfig.to_str().expect("utf-8 path");
         let xlb = Xlb::start_with_args(&tb, &config(), &["--kubeconfig", kc]).expect("xlb start");
         let op = |o: Op| op_tx.send(o).expect("API server thread is running");
@@ -144,10 +155,16 @@ mod kubernetes {
         let t = wait_for_backends(&tb, &xlb, &[1, 2], 12);
         println!("initial tables served after {t:?}");
 
-        // An endpoint leaves and another joins: traffic moves, no request fails.
+        // An endpoint leaves the way Kubernetes removes a Pod (terminating first, CT-03) and
+        // another joins: new requests move at once and no request fails. (Removing be1 in one
+        // step would reset a request that is in flight to it at that moment: xlb sends a RST
+        // for a flow whose backend is gone.)
+        op(Op::Apply(Res::EndpointSlices, web_slice_terminating(&[2, 3], &[1])));
+        let t = wait_for_backends(&tb, &xlb, &[2, 3], 12);
+        println!("be1 (terminating) -> be3 followed after {t:?}");
         op(Op::Apply(Res::EndpointSlices, web_slice(&[2, 3])));
         let t = wait_for_backends(&tb, &xlb, &[2, 3], 12);
-        println!("be1 -> be3 followed after {t:?}");
+        println!("be1 removed; still be2+be3 after {t:?}");
 
         // The watch connections drop: xlb keeps forwarding on the last good tables, then
         // follows a change made after the outage.

@@ -65,22 +65,14 @@
 //!
 //! # Rebuilding only what changed (SYNC-03)
 //! [`Snapshot::changes`] names the Services a snapshot touches ([`ServiceRef`]; slices map
-//! to their Service through `kubernetes.io/service-name`), or is [`Changes::Full`]. Today
-//! `TableBuilder::build` always builds the whole table (Maglev tables included), so the
-//! simplest correct sync is a full `build_spec` + `build` per snapshot. The test
-//! `full_rebuild_timing_1000_services` (`control/tests/k8s_fake_apiserver.rs`) measures it:
-//! 1,000 Services × 10 endpoints, release build, 2 cores: `build_spec` ≈ 6 ms, `build` ≈ 10 ms
-//! with `random` and ≈ 25 ms with `mh` (Maglev tables), far below the 1 s `minSyncPeriod`.
-//! To translate only the touched Services:
-//! 1. keep the previous `TablesSpec`'s `ServiceSpec`s grouped by Service (a spec's name is
-//!    `namespace/name:port…`, so the part before the first `:` is the Service);
-//! 2. `build_spec(&changes.restrict(&snap.state)?, cfg)` translates the touched Services and
-//!    their slices with the same Node; replace their groups (a touched Service missing from
-//!    the result was deleted or is not programmed: drop its group);
-//! 3. concatenate the groups in name order into a `TablesSpec` and `build` it; fall back to a
-//!    full translation when two specs claim one (IP, protocol, port) (the full translation
-//!    resolves such conflicts by Service name order across all Services) and on every
-//!    `Changes::Full`. The MET-04 counts must be kept per Service for this as well.
+//! to their Service through `kubernetes.io/service-name`), or is [`Changes::Full`]; it is
+//! reported (logs, tests), but the rebuild does not depend on it. The control thread keeps a
+//! [`crate::translate::Translator`], which translates again only the Services whose Service or
+//! EndpointSlice `resourceVersion`s changed (so a relist or a periodic resync of unchanged
+//! objects costs no translation, and a slice that moves between Services is seen from both
+//! sides), and a `TableBuilder`, which rebuilds only the Maglev tables and backend slot maps of
+//! services whose backends changed. The snapshot holds the watch caches' own objects (`Arc`s).
+//! Figures: `docs/benchmarks.md`, "Control-plane scale".
 
 mod changes;
 mod hcnp;

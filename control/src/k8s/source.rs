@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use crate::config::Config;
 use crate::http::Telemetry;
 use crate::k8s::{Changes, K8sError, ServiceRef};
-use crate::translate::{ClusterState, TranslateReport};
+use crate::translate::{ClusterState, TranslateReport, object_order};
 
 /// Annotation the EndpointSlice controller sets to the time of the Pod or Service change that
 /// caused the slice's last update (kube-proxy's network programming latency starts there).
@@ -464,15 +464,12 @@ impl Source {
     }
 
     /// The stores' current contents: the caches' own objects (`Arc`s, no copy), sorted by
-    /// namespace and name.
+    /// [`object_order`].
     fn read_state(&self) -> ClusterState {
-        fn order(m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> (&str, &str) {
-            (m.namespace.as_deref().unwrap_or_default(), m.name.as_deref().unwrap_or_default())
-        }
         let mut services = self.services.state();
-        services.sort_by(|a, b| order(&a.metadata).cmp(&order(&b.metadata)));
+        services.sort_by(|a, b| object_order(&a.metadata).cmp(&object_order(&b.metadata)));
         let mut endpoint_slices = self.slices.state();
-        endpoint_slices.sort_by(|a, b| order(&a.metadata).cmp(&order(&b.metadata)));
+        endpoint_slices.sort_by(|a, b| object_order(&a.metadata).cmp(&object_order(&b.metadata)));
         let node = find_node(&self.nodes, &self.cfg.node_name).map(|n| Node::clone(&n));
         ClusterState { services, endpoint_slices, node }
     }

@@ -81,6 +81,7 @@ use dataplane::tables::{
 };
 use k8s_openapi::api::core::v1::{Node, Service, ServicePort};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::config::{Config, NodePortAddress};
@@ -211,9 +212,11 @@ pub fn build_spec(input: &ClusterState, cfg: &Config) -> Result<(TablesSpec, Tra
     Translator::new().build(input, cfg)
 }
 
-/// The order Services are translated in: namespace, then name.
-fn service_order(s: &Service) -> (&str, Option<&str>) {
-    (s.metadata.namespace.as_deref().unwrap_or("default"), s.metadata.name.as_deref())
+/// The order objects are taken in: namespace (`default` when unset, as everywhere in the
+/// translation), then name. Services are translated in this order; the Kubernetes source
+/// hands its snapshot over sorted by it, so the translation need not sort again.
+pub fn object_order(m: &ObjectMeta) -> (&str, &str) {
+    (m.namespace.as_deref().unwrap_or("default"), m.name.as_deref().unwrap_or_default())
 }
 
 /// Hash map with foldhash (the keys are our own objects' names, not attacker-chosen packets).
@@ -255,7 +258,6 @@ impl Versions {
 /// One Service's translation, kept for the next build.
 #[derive(Debug, Clone)]
 struct Cached {
-    versions: Versions,
     result: Result<Vec<Pending>, Issue>,
     issues: Vec<Issue>,
     no_local: NoLocalEndpoints,
@@ -285,8 +287,8 @@ pub struct TranslateStats {
 pub struct Translator {
     /// Config and Node the cache was made with.
     basis: Option<(Config, Option<Node>)>,
-    /// By (namespace, name).
-    cache: FastMap<(String, String), Cached>,
+    /// By (namespace, name): the versions a translation was made from, and the translation.
+    cache: FastMap<(String, String), (Versions, Cached)>,
     stats: TranslateStats,
 }
 
@@ -328,7 +330,7 @@ impl Translator {
 fn assemble(
     input: &ClusterState,
     cfg: &Config,
-    cache: &mut FastMap<(String, String), Cached>,
+    cache: &mut FastMap<(String, String), (Versions, Cached)>,
 ) -> (TablesSpec, TranslateReport, TranslateStats) {
     let mut report = TranslateReport::default();
     let mut stats = TranslateStats::default();
@@ -348,8 +350,8 @@ fn assemble(
 
     let mut services: Vec<&Service> = input.services.iter().map(|s| &**s).collect();
     // The Kubernetes source hands them over sorted already: check (n compares) before sorting.
-    if !services.is_sorted_by(|a, b| service_order(a) <= service_order(b)) {
-        services.sort_by(|a, b| service_order(a).cmp(&service_order(b)));
+    if !services.is_sorted_by(|a, b| object_order(&a.metadata) <= object_order(&b.metadata)) {
+        services.sort_by(|a, b| object_order(&a.metadata).cmp(&object_order(&b.metadata)));
     }
 
     let ctx = Ctx { cfg, node: &node, node_port_addrs: &node_port_addrs };
@@ -368,25 +370,21 @@ fn assemble(
         let svc_slices = slices.get(&(ns, name)).map_or(&[][..], Vec::as_slice);
         let key = (ns.to_owned(), name.to_owned());
         let mut uncached = None;
-        if cache.get(&key).is_some_and(|c| c.versions.matches(svc, svc_slices)) {
+        if cache.get(&key).is_some_and(|(v, _)| v.matches(svc, svc_slices)) {
             stats.reused += 1;
         } else {
             stats.translated += 1;
             let mut own = TranslateReport::default();
             let result = translate_service(svc, svc_slices, &ctx, &label_of(svc), &mut own);
-            let versions = Versions::of(svc, svc_slices);
-            let unversioned = versions.is_none();
-            let c = Cached {
-                versions: versions.unwrap_or(Versions { service: String::new(), slices: Vec::new() }),
-                result,
-                issues: own.issues,
-                no_local: own.no_local_endpoints,
-            };
-            if unversioned {
-                cache.remove(&key);
-                uncached = Some(c);
-            } else {
-                cache.insert(key.clone(), c);
+            let c = Cached { result, issues: own.issues, no_local: own.no_local_endpoints };
+            match Versions::of(svc, svc_slices) {
+                Some(versions) => {
+                    cache.insert(key.clone(), (versions, c));
+                }
+                None => {
+                    cache.remove(&key);
+                    uncached = Some(c);
+                }
             }
         }
         seen.insert(key.clone());
@@ -401,7 +399,7 @@ fn assemble(
     let mut out = Vec::with_capacity(order.len());
     let cache = &*cache;
     for ((key, uncached), svc) in order.iter().zip(&services) {
-        let Some(c) = uncached.as_ref().or_else(|| cache.get(key)) else { continue };
+        let Some(c) = uncached.as_ref().or_else(|| cache.get(key).map(|(_, c)| c)) else { continue };
         report.issues.extend(c.issues.iter().cloned());
         report.no_local_endpoints.internal += c.no_local.internal;
         report.no_local_endpoints.external += c.no_local.external;

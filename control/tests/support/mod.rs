@@ -37,6 +37,14 @@ pub(crate) fn slice(ns: &str, name: &str, svc: &str, endpoints: &[(&str, bool, &
     })
 }
 
+/// A kubeconfig whose current context points at `server` (e.g. the fake API server's
+/// `http://127.0.0.1:PORT`), without credentials.
+pub(crate) fn kubeconfig(server: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster: {{server: \"{server}\"}}\ncontexts:\n- name: fake\n  context: {{cluster: fake, user: fake}}\ncurrent-context: fake\nusers:\n- name: fake\n  user: {{}}\n"
+    )
+}
+
 /// A Node with one InternalIP.
 pub(crate) fn node(name: &str, ip: &str) -> Value {
     json!({

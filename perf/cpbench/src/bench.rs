@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use dataplane::tables::{BuildError, TableBuilder, Tables, TablesHandle, TablesSpec};
 use xlb::config::Config;
-use xlb::translate::{ClusterState, TranslateError, TranslateReport, Translator};
+use xlb::translate::{ClusterState, TranslateError, TranslateReport, Translator, object_order};
 
 use crate::alloc_count;
 use crate::netns::{self, NetnsError, ScratchNs};
@@ -441,15 +441,12 @@ fn changes(
 /// control/src/k8s/source.rs): take the watch caches' objects (shared `Arc`s, no copy) and sort
 /// them by (namespace, name). Not part of the `change.*` figures, which start from the objects.
 fn snapshot_copies(state: &ClusterState, repeats: usize) -> Vec<Duration> {
-    fn order(m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> (&str, &str) {
-        (m.namespace.as_deref().unwrap_or_default(), m.name.as_deref().unwrap_or_default())
-    }
     (0..repeats)
         .map(|_| {
             let t = Instant::now();
             let mut copy = state.clone();
-            copy.services.sort_by(|a, b| order(&a.metadata).cmp(&order(&b.metadata)));
-            copy.endpoint_slices.sort_by(|a, b| order(&a.metadata).cmp(&order(&b.metadata)));
+            copy.services.sort_by(|a, b| object_order(&a.metadata).cmp(&object_order(&b.metadata)));
+            copy.endpoint_slices.sort_by(|a, b| object_order(&a.metadata).cmp(&object_order(&b.metadata)));
             let d = t.elapsed();
             drop(std::hint::black_box(copy));
             d
