@@ -710,11 +710,21 @@ mod xlb {
         let offloads_after = tb.exec_ok(Role::Lb, &["ethtool", "-k", "eth0"]).expect("ethtool -k");
         assert_eq!(offloads_after, offloads_before, "eth0's offloads changed");
         if have_bpftool {
-            let out = bpftool(&["prog", "show", "id", &prog.to_string()]).expect("bpftool");
-            assert!(!out.status.success(), "program {prog} still loaded: {}", String::from_utf8_lossy(&out.stdout));
-            for m in &maps {
-                let out = bpftool(&["map", "show", "id", &m.to_string()]).expect("bpftool");
-                assert!(!out.status.success(), "map {m} still exists: {}", String::from_utf8_lossy(&out.stdout));
+            // The kernel frees a program and its maps after the last reference is dropped, from
+            // RCU callbacks and a workqueue (bpf_map_put -> bpf_map_free_deferred), so "gone" is
+            // waited for (CI once saw a map still listed just after xlb exited).
+            let show = |kind: &str, id: u32| bpftool(&[kind, "show", "id", &id.to_string()]).expect("bpftool");
+            let gone = |kind: &str, id: u32| -> Result<(), String> {
+                wait_for(Duration::from_secs(3), || (!show(kind, id).status.success()).then_some(()))
+                    .ok_or_else(|| String::from_utf8_lossy(&show(kind, id).stdout).into_owned())
+            };
+            if let Err(text) = gone("prog", prog) {
+                panic!("program {prog} still loaded 3 s after xlb exited: {text}");
+            }
+            for &m in &maps {
+                if let Err(text) = gone("map", m) {
+                    panic!("map {m} still exists 3 s after xlb exited: {text}");
+                }
             }
             let links = bpftool(&["link", "show"]).expect("bpftool");
             let links = String::from_utf8_lossy(&links.stdout);
