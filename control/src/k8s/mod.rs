@@ -80,7 +80,7 @@ mod source;
 
 use std::path::{Path, PathBuf};
 
-pub use changes::{Changes, ServiceRef, diff_states};
+pub use changes::{Changes, ServiceRef};
 pub use hcnp::health_check_services;
 pub use source::{ANNOTATION_LAST_CHANGE_TRIGGER_TIME, Snapshot, Source, SourceConfig, SyncReason};
 
