@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 P=${XLB_DEMO_PREFIX:-xlbdemo}
-XLB=${XLB_BIN:-target/release/xlb}
+# The binary `make demo` built (cargo puts it under $CARGO_TARGET_DIR when that is set).
+XLB=${XLB_BIN:-${CARGO_TARGET_DIR:-target}/release/xlb}
 SOCK=/run/xlb-demo-$P.sock
 LOG=$(mktemp /tmp/xlb-demo-XXXXXX.log)
 N=${XLB_DEMO_REQUESTS:-30}
