@@ -346,7 +346,8 @@ fn check_of(p: Profile, s: SchedulerVariant, t: &Tables) -> BuildCheck {
 }
 
 /// Full builds from objects: `build_spec` + `TableBuilder::build` (fresh builder, as at
-/// start-up) + `TablesHandle::publish`, `repeats` times; memory of the last one.
+/// start-up) + `TablesHandle::publish`, `repeats` times with the allocator's counting off; then
+/// one more, untimed, inside [`alloc_count::count`] for the memory figures.
 fn full_builds(
     r: &mut Report,
     p: Profile,
@@ -359,32 +360,39 @@ fn full_builds(
     let (mut t_spec, mut t_build, mut t_publish, mut t_total) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut check = None;
     for _ in 0..repeats.max(1) {
-        let live0 = alloc_count::live_bytes();
         let t0 = Instant::now();
         let (spec, _) = translate(state, cfg)?;
         let t1 = Instant::now();
-        let live_spec = alloc_count::live_bytes();
         let mut builder = TableBuilder::new();
         let tables = builder.build(&spec)?;
         let t2 = Instant::now();
         let handle = TablesHandle::default();
         handle.publish(tables);
         let t3 = Instant::now();
-        let live_built = alloc_count::live_bytes();
         t_spec.push(t1 - t0);
         t_build.push(t2 - t1);
         t_publish.push(t3 - t2);
         t_total.push(t3 - t0);
-        drop(builder);
-        let live_tables = alloc_count::live_bytes();
         check = Some(check_of(p, s, &handle.load()));
-        if alloc_count::active() {
-            // Overwritten each repeat; the builds are identical, so are the figures.
-            r.metrics.retain(|m| !m.name.starts_with(&format!("{prefix}.memory")));
-            r.push(format!("{prefix}.memory.spec_bytes"), (live_spec.saturating_sub(live0)) as f64, "bytes");
-            r.push(format!("{prefix}.memory.tables_bytes"), (live_tables.saturating_sub(live_spec)) as f64, "bytes");
-            r.push(format!("{prefix}.memory.builder_bytes"), (live_built.saturating_sub(live_tables)) as f64, "bytes");
-        }
+    }
+    if alloc_count::active() {
+        let (spec_bytes, tables_bytes, builder_bytes) = alloc_count::count(|live| {
+            let live0 = live();
+            let (spec, _) = translate(state, cfg)?;
+            let live_spec = live();
+            let mut builder = TableBuilder::new();
+            let handle = TablesHandle::default();
+            handle.publish(builder.build(&spec)?);
+            let live_built = live();
+            drop(builder);
+            let live_tables = live();
+            let out = (live_spec - live0, live_tables - live_spec, live_built - live_tables);
+            drop((spec, handle));
+            Ok::<_, BenchError>(out)
+        })?;
+        r.push(format!("{prefix}.memory.spec_bytes"), spec_bytes as f64, "bytes");
+        r.push(format!("{prefix}.memory.tables_bytes"), tables_bytes as f64, "bytes");
+        r.push(format!("{prefix}.memory.builder_bytes"), builder_bytes as f64, "bytes");
     }
     r.push_ms_summary(&format!("{prefix}.translate"), &t_spec);
     r.push_ms_summary(&format!("{prefix}.build"), &t_build);
