@@ -712,7 +712,7 @@ mod xlb {
         if have_bpftool {
             // The kernel frees a program and its maps after the last reference is dropped, from
             // RCU callbacks and a workqueue (bpf_map_put -> bpf_map_free_deferred), so "gone" is
-            // waited for (CI once saw a map still listed just after xlb exited).
+            // waited for (a fresh-clone `.ci/run` here once saw a map still listed just after xlb exited).
             let show = |kind: &str, id: u32| bpftool(&[kind, "show", "id", &id.to_string()]).expect("bpftool");
             let gone = |kind: &str, id: u32| -> Result<(), String> {
                 wait_for(Duration::from_secs(3), || (!show(kind, id).status.success()).then_some(()))
