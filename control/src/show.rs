@@ -153,7 +153,7 @@ mod tests {
             zone: None,
         };
         TablesSpec {
-            services: vec![ServiceSpec {
+            services: vec![std::sync::Arc::new(ServiceSpec {
                 name: "default/web:http".into(),
                 frontends: vec![
                     Frontend {
@@ -182,7 +182,7 @@ mod tests {
                     be("10.0.0.2", false, true, false),
                     be("10.0.0.3", false, true, true),
                 ],
-            }],
+            })],
             ..Default::default()
         }
     }

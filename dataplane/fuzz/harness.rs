@@ -228,7 +228,7 @@ pub(crate) fn spec() -> TablesSpec {
     neighbours.push(NeighbourSpec { addr: v4([10, 1, 0, 1]), mac: [2, 0, 0, 0, 1, 0xfe], port: 1 });
     neighbours.push(NeighbourSpec { addr: v4(ROUTER4), mac: [2, 0, 0, 0, 0, 0xc8], port: 0 });
     TablesSpec {
-        services,
+        services: services.into_iter().map(std::sync::Arc::new).collect(),
         ports: vec![
             PortSpec { name: "client".into(), mac: build::LB_MAC, mtu: 1500 },
             PortSpec { name: "backends".into(), mac: [2, 0, 0, 0, 1, 0xfd], mtu: 1500 },

@@ -268,7 +268,7 @@ mod tests {
 
     fn tables(sched: Scheduler, weights: &[u16]) -> Tables {
         let spec = TablesSpec {
-            services: vec![ServiceSpec {
+            services: vec![std::sync::Arc::new(ServiceSpec {
                 name: "s".into(),
                 frontends: vec![Frontend {
                     addr: "10.96.0.1".parse().unwrap(),
@@ -295,7 +295,7 @@ mod tests {
                         zone: None,
                     })
                     .collect(),
-            }],
+            })],
             ..Default::default()
         };
         TableBuilder::new().build(&spec).unwrap()

@@ -287,8 +287,9 @@ pub struct RouteSpec {
 /// Everything a table build needs. Plain data: built from YAML or Kubernetes objects.
 #[derive(Clone, PartialEq, Eq, Hash, Debug, Default)]
 pub struct TablesSpec {
-    /// Services.
-    pub services: Vec<ServiceSpec>,
+    /// Services. Shared (`Arc`) so that a translator can hand over the same spec from one
+    /// build to the next without copying it (SYNC-03); edit one with [`Arc::make_mut`].
+    pub services: Vec<Arc<ServiceSpec>>,
     /// Ports (interfaces) in index order.
     pub ports: Vec<PortSpec>,
     /// Neighbours (next hops) by address.
@@ -1036,14 +1037,14 @@ mod tests {
     fn backend_refs_survive_rebuilds_and_removed_refs_go_stale() {
         let mut b = TableBuilder::new();
         let spec = TablesSpec {
-            services: vec![svc("a", "10.96.0.1", &[("10.0.0.1", 80), ("10.0.0.2", 80)])],
+            services: vec![svc("a", "10.96.0.1", &[("10.0.0.1", 80), ("10.0.0.2", 80)]).into()],
             ..Default::default()
         };
         let t1 = b.build(&spec).unwrap();
         let r1 = t1.services[0].members[0];
         let r2 = t1.services[0].members[1];
         let spec2 = TablesSpec {
-            services: vec![svc("a", "10.96.0.1", &[("10.0.0.2", 80), ("10.0.0.3", 80)])],
+            services: vec![svc("a", "10.96.0.1", &[("10.0.0.2", 80), ("10.0.0.3", 80)]).into()],
             ..Default::default()
         };
         let t2 = b.build(&spec2).unwrap();
@@ -1061,9 +1062,9 @@ mod tests {
         let mut b = TableBuilder::new();
         let spec = |c_backends: &[(&str, u16)]| TablesSpec {
             services: vec![
-                svc("a", "10.96.0.1", &[("10.0.0.1", 80), ("10.0.0.2", 80)]),
-                svc("b", "10.96.0.2", &[("10.0.1.1", 80)]),
-                svc("c", "10.96.0.3", c_backends),
+                svc("a", "10.96.0.1", &[("10.0.0.1", 80), ("10.0.0.2", 80)]).into(),
+                svc("b", "10.96.0.2", &[("10.0.1.1", 80)]).into(),
+                svc("c", "10.96.0.3", c_backends).into(),
             ],
             ..Default::default()
         };
@@ -1081,11 +1082,11 @@ mod tests {
         }
         // A weight change is a change; a failed build keeps the cache (nothing committed).
         let mut heavier = spec(&[("10.0.2.1", 80), ("10.0.2.2", 80)]);
-        heavier.services[0].backends[0].weight = 3;
+        Arc::make_mut(&mut heavier.services[0]).backends[0].weight = 3;
         b.build(&heavier).unwrap();
         assert_eq!(b.maglev_stats(), MaglevBuildStats { built: 1, reused: 2 });
         let mut bad = heavier.clone();
-        bad.services[1].frontends[0].port = 0;
+        Arc::make_mut(&mut bad.services[1]).frontends[0].port = 0;
         assert!(b.build(&bad).is_err());
         b.build(&heavier).unwrap();
         assert_eq!(b.maglev_stats(), MaglevBuildStats { built: 0, reused: 3 });
@@ -1094,10 +1095,13 @@ mod tests {
     #[test]
     fn duplicate_frontend_is_an_error_naming_both_services_and_keeps_builder_state() {
         let mut b = TableBuilder::new();
-        let ok = TablesSpec { services: vec![svc("a", "10.96.0.1", &[("10.0.0.1", 80)])], ..Default::default() };
+        let ok = TablesSpec { services: vec![svc("a", "10.96.0.1", &[("10.0.0.1", 80)]).into()], ..Default::default() };
         let t = b.build(&ok).unwrap();
         let bad = TablesSpec {
-            services: vec![svc("a", "10.96.0.1", &[("10.0.0.1", 80)]), svc("b", "10.96.0.1", &[("10.0.0.9", 80)])],
+            services: vec![
+                svc("a", "10.96.0.1", &[("10.0.0.1", 80)]).into(),
+                svc("b", "10.96.0.1", &[("10.0.0.9", 80)]).into(),
+            ],
             ..Default::default()
         };
         let e = b.build(&bad).unwrap_err().to_string();
@@ -1110,7 +1114,7 @@ mod tests {
     fn a_service_mixing_address_families_is_refused() {
         let mut s = svc("a", "10.96.0.1", &[("10.0.0.1", 80)]);
         s.backends[0].addr = "fd00::1".parse().unwrap();
-        let e = TableBuilder::new().build(&TablesSpec { services: vec![s], ..Default::default() }).unwrap_err();
+        let e = TableBuilder::new().build(&TablesSpec { services: vec![s.into()], ..Default::default() }).unwrap_err();
         assert!(matches!(e, BuildError::MixedFamilies { .. }), "{e}");
     }
 
@@ -1128,7 +1132,7 @@ mod tests {
         f.port = 443;
         f.kind = FrontendKind::ExternalIp;
         s.frontends.insert(0, f);
-        let t = TableBuilder::new().build(&TablesSpec { services: vec![s], ..Default::default() }).unwrap();
+        let t = TableBuilder::new().build(&TablesSpec { services: vec![s.into()], ..Default::default() }).unwrap();
         assert_eq!(t.vip_addrs[&mapped("10.96.0.1".parse().unwrap())], VipAddrKind::ClusterIp);
     }
 }

@@ -9,6 +9,7 @@
 //! the test fails if they differ from the rows.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use dataplane::addr::Cidr;
 use dataplane::build::{self, CLIENT_MAC, Frame, IpOpts, LB_MAC, icmp_message, sctp_packet, tcp_segment, udp_datagram};
@@ -138,7 +139,7 @@ fn spec(f: Fam, mut services: Vec<ServiceSpec>) -> TablesSpec {
     let (dsr4, dsr6) =
         if f.v6 { (None, Some(Cidr { addr: f.dsr, len: 128 })) } else { (Some(Cidr { addr: f.dsr, len: 32 }), None) };
     TablesSpec {
-        services,
+        services: services.into_iter().map(Arc::new).collect(),
         ports: vec![PortSpec { name: "eth0".into(), mac: LB_MAC, mtu: 1500 }],
         neighbours: f.backends.iter().zip(BMAC).map(|(a, mac)| NeighbourSpec { addr: *a, mac, port: 0 }).collect(),
         routes: vec![],
@@ -597,8 +598,9 @@ fn rows_for(f: Fam) -> Vec<Row> {
         ],
     ));
     let mut draining = two(&[0, 1]);
-    draining.services[0].backends[0].eligible = false;
-    draining.services[0].backends[0].conditions = Conditions { ready: false, serving: true, terminating: true };
+    let drained = &mut Arc::make_mut(&mut draining.services[0]).backends[0];
+    drained.eligible = false;
+    drained.conditions = Conditions { ready: false, serving: true, terminating: true };
     rows.push(row(
         "terminating_serving_backend_keeps_its_flows_and_gets_no_new_ones",
         f,
@@ -622,7 +624,7 @@ fn rows_for(f: Fam) -> Vec<Row> {
 
     // --- Session affinity (AFF-01..04) ---
     let mut aff = two(&[0, 1, 2]);
-    aff.services[0].affinity_timeout_s = Some(10);
+    Arc::make_mut(&mut aff.services[0]).affinity_timeout_s = Some(10);
     rows.push(row(
         "client_ip_affinity_keeps_a_client_on_one_backend_until_timeout",
         f,

@@ -97,6 +97,7 @@ pub(crate) fn spec() -> TablesSpec {
                 })
                 .collect(),
         })
+        .map(std::sync::Arc::new)
         .collect();
     let neighbours = (0..BACKENDS)
         .map(|i| {

@@ -76,8 +76,8 @@ use std::sync::Arc;
 
 use dataplane::addr::Cidr;
 use dataplane::tables::{
-    BackendSpec, Conditions, EmptyAction, ForwardingMode, Frontend, FrontendKind, L4Proto, NeighbourSpec, PortSpec,
-    RouteSpec, Scheduler, ServiceSpec, TablesSpec,
+    BackendSpec, Conditions, ForwardingMode, Frontend, FrontendKind, L4Proto, NeighbourSpec, PortSpec, RouteSpec,
+    Scheduler, ServiceSpec, TablesSpec,
 };
 use k8s_openapi::api::core::v1::{Node, Service, ServicePort};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -410,7 +410,7 @@ fn assemble(
                 continue;
             }
         };
-        for p in pending {
+        for Pending { spec: p, fields } in pending {
             if !names.insert(p.name.as_str()) {
                 report.issues.push(Issue {
                     severity: Severity::Error,
@@ -420,8 +420,10 @@ fn assemble(
                 });
                 continue;
             }
-            let mut frontends = Vec::with_capacity(p.frontends.len());
-            for (f, field) in &p.frontends {
+            // Frontends another Service claimed first are left out; the spec is shared as it is
+            // when none is.
+            let mut kept = Vec::with_capacity(p.frontends.len());
+            for (f, field) in p.frontends.iter().zip(fields) {
                 let key = (f.addr, f.proto, f.port);
                 if let Some(owner) = claimed.get(&key) {
                     report.issues.push(Issue {
@@ -439,9 +441,9 @@ fn assemble(
                     continue;
                 }
                 claimed.insert(key, p.name.as_str());
-                frontends.push(f.clone());
+                kept.push(f);
             }
-            if frontends.is_empty() {
+            if kept.is_empty() {
                 continue;
             }
             // The dataplane cannot build a Maglev table with more backends than slots; that
@@ -461,15 +463,12 @@ fn assemble(
                 });
                 continue;
             }
-            out.push(ServiceSpec {
-                name: p.name.clone(),
-                frontends,
-                scheduler: p.scheduler,
-                affinity_timeout_s: p.affinity,
-                mode: p.mode,
-                when_empty: p.when_empty,
-                backends: p.backends.clone(),
-            });
+            if kept.len() == p.frontends.len() {
+                out.push(Arc::clone(p));
+            } else {
+                let frontends = kept.into_iter().cloned().collect();
+                out.push(Arc::new(ServiceSpec { frontends, ..ServiceSpec::clone(p) }));
+            }
         }
     }
 
@@ -644,16 +643,13 @@ struct Ctx<'a> {
     node_port_addrs: &'a [IpAddr],
 }
 
-/// A service spec before frontend collision checks; frontends carry their source field.
+/// A Service's spec before the cross-Service checks (table names, frontend collisions), shared
+/// with every build that reuses it; `fields[i]` names the Service field that
+/// `spec.frontends[i]` comes from, for error messages.
 #[derive(Debug, Clone)]
 struct Pending {
-    name: String,
-    frontends: Vec<(Frontend, String)>,
-    scheduler: Scheduler,
-    affinity: Option<u32>,
-    mode: ForwardingMode,
-    when_empty: EmptyAction,
-    backends: Vec<BackendSpec>,
+    spec: Arc<ServiceSpec>,
+    fields: Vec<String>,
 }
 
 /// A validated Service port.
@@ -1062,14 +1058,20 @@ fn translate_service(
                     })
                     .collect()
             };
-            let pending = |name: String, frontends: Vec<(Frontend, String)>, sel: &Selection| Pending {
-                name,
-                frontends,
-                scheduler,
-                affinity,
-                mode,
-                when_empty: sel.when_empty,
-                backends: backends_for(sel),
+            let pending = |name: String, frontends: Vec<(Frontend, String)>, sel: &Selection| {
+                let (frontends, fields) = frontends.into_iter().unzip();
+                Pending {
+                    spec: Arc::new(ServiceSpec {
+                        name,
+                        frontends,
+                        scheduler,
+                        affinity_timeout_s: affinity,
+                        mode,
+                        when_empty: sel.when_empty,
+                        backends: backends_for(sel),
+                    }),
+                    fields,
+                }
             };
             if external_fe.is_empty() {
                 out.push(pending(base, internal_fe, &int_sel));

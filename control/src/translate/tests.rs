@@ -1065,8 +1065,14 @@ fn sync_03_a_change_translates_only_the_services_it_touches_and_equals_a_full_bu
     let mut changed = api_slice().ep(ep("10.0.1.2")).0;
     changed.metadata.resource_version = Some("2".into());
     st.endpoint_slices[1] = Arc::new(changed);
+    let before = tr.build(&base, &c).unwrap().0;
     assert_eq!(check(&mut tr, &st), TranslateStats { translated: 1, reused: 2 });
-    assert_eq!(eligible(spec(&tr.build(&st, &c).unwrap().0, "default/api:http")), ["10.0.1.1:8080", "10.0.1.2:8080"]);
+    let after = tr.build(&st, &c).unwrap().0;
+    assert_eq!(eligible(spec(&after, "default/api:http")), ["10.0.1.1:8080", "10.0.1.2:8080"]);
+    // The untouched Services' specs are handed over as they were (shared, not copied).
+    let shared = |t: &TablesSpec, name: &str| t.services.iter().find(|s| s.name == name).cloned().unwrap();
+    assert!(Arc::ptr_eq(&shared(&before, "default/db:pg"), &shared(&after, "default/db:pg")));
+    assert!(!Arc::ptr_eq(&shared(&before, "default/api:http"), &shared(&after, "default/api:http")));
 
     // The slice moves to another Service (label change): both Services change.
     let mut moved = st.clone();
