@@ -393,7 +393,7 @@ fn assemble(
     cache.retain(|k, _| seen.contains(k));
 
     // Pass 2: the cross-Service checks, in Service order, reading the translations in place
-    // (only what goes into the spec is copied).
+    // (specs are shared with the cache; only one that loses a frontend is copied).
     let mut claimed: FastMap<(IpAddr, L4Proto, u16), &str> = FastMap::default();
     let mut names: FastSet<&str> = FastSet::default();
     let mut out = Vec::with_capacity(order.len());
