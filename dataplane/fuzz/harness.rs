@@ -27,8 +27,8 @@ use dataplane::build::{self, Frame, IpOpts, icmp_message, sctp_packet, tcp_segme
 use dataplane::nat::Packet;
 use dataplane::process::{Pipeline, PipelineConfig, Verdict};
 use dataplane::tables::{
-    BackendSpec, Conditions, EmptyAction, ForwardingMode, Frontend, FrontendKind, L4Proto, NeighbourSpec, PortSpec,
-    RouteSpec, Scheduler, ServiceSpec, TableBuilder, Tables, TablesSpec,
+    BackendSpec, EmptyAction, ForwardingMode, Frontend, FrontendKind, L4Proto, NeighbourSpec, PortSpec, RouteSpec,
+    Scheduler, ServiceSpec, TableBuilder, Tables, TablesSpec,
 };
 use dataplane::wire::{proto, tcp_flags};
 
@@ -98,22 +98,6 @@ fn v6(a: [u8; 16]) -> IpAddr {
     IpAddr::V6(Ipv6Addr::from(a))
 }
 
-fn fe(addr: IpAddr, proto: L4Proto, port: u16, kind: FrontendKind, masquerade: bool) -> Frontend {
-    Frontend { addr, proto, port, kind, masquerade, source_ranges: vec![] }
-}
-
-fn backend(addr: IpAddr, port: u16) -> BackendSpec {
-    BackendSpec {
-        addr,
-        port,
-        weight: 1,
-        eligible: true,
-        conditions: Conditions { ready: true, serving: true, terminating: false },
-        node_local: false,
-        zone: None,
-    }
-}
-
 fn service(name: &str, frontends: Vec<Frontend>, backends: Vec<BackendSpec>, mode: ForwardingMode) -> ServiceSpec {
     ServiceSpec {
         name: name.into(),
@@ -134,78 +118,78 @@ pub(crate) fn spec() -> TablesSpec {
     let mut services = vec![
         service(
             "fuzz/nat:tcp",
-            vec![fe(v4(VIP4), Tcp, 80, ClusterIp, false)],
-            vec![backend(b0, 8080), backend(b1, 8080)],
+            vec![Frontend::new(v4(VIP4), Tcp, 80, ClusterIp, false)],
+            vec![BackendSpec::ready(b0, 8080), BackendSpec::ready(b1, 8080)],
             ForwardingMode::Nat,
         ),
         service(
             "fuzz/nat:udp",
-            vec![fe(v4(VIP4), Udp, 53, ClusterIp, false)],
-            vec![backend(b0, 53)],
+            vec![Frontend::new(v4(VIP4), Udp, 53, ClusterIp, false)],
+            vec![BackendSpec::ready(b0, 53)],
             ForwardingMode::Nat,
         ),
         service(
             "fuzz/nat:sctp",
-            vec![fe(v4(VIP4), Sctp, 3868, ClusterIp, false)],
-            vec![backend(b1, 3868)],
+            vec![Frontend::new(v4(VIP4), Sctp, 3868, ClusterIp, false)],
+            vec![BackendSpec::ready(b1, 3868)],
             ForwardingMode::Nat,
         ),
         service(
             "fuzz/snat",
-            vec![fe(v4(NODE4), Tcp, 30080, NodePort, true)],
-            vec![backend(v4(SNAT_BACKEND4), 8080)],
+            vec![Frontend::new(v4(NODE4), Tcp, 30080, NodePort, true)],
+            vec![BackendSpec::ready(v4(SNAT_BACKEND4), 8080)],
             ForwardingMode::Nat,
         ),
         service(
             "fuzz/dsr",
-            vec![fe(v4(LB4), Tcp, 80, LoadBalancer, false)],
-            vec![backend(v4([10, 1, 0, 21]), 80), backend(v4([10, 1, 0, 22]), 80)],
+            vec![Frontend::new(v4(LB4), Tcp, 80, LoadBalancer, false)],
+            vec![BackendSpec::ready(v4([10, 1, 0, 21]), 80), BackendSpec::ready(v4([10, 1, 0, 22]), 80)],
             ForwardingMode::DsrIpip,
         ),
         service(
             "fuzz/affinity",
-            vec![fe(v4(AFFINITY4), Tcp, 443, ClusterIp, false)],
-            vec![backend(v4([10, 1, 0, 31]), 8443), backend(v4([10, 1, 0, 32]), 8443)],
+            vec![Frontend::new(v4(AFFINITY4), Tcp, 443, ClusterIp, false)],
+            vec![BackendSpec::ready(v4([10, 1, 0, 31]), 8443), BackendSpec::ready(v4([10, 1, 0, 32]), 8443)],
             ForwardingMode::Nat,
         ),
-        service("fuzz/empty", vec![fe(v4(EMPTY4), Tcp, 80, ClusterIp, false)], vec![], ForwardingMode::Nat),
+        service("fuzz/empty", vec![Frontend::new(v4(EMPTY4), Tcp, 80, ClusterIp, false)], vec![], ForwardingMode::Nat),
         service(
             "fuzz/l2dsr",
-            vec![fe(v4(L2DSR4), Udp, 514, ClusterIp, false)],
-            vec![backend(v4([10, 1, 0, 41]), 514)],
+            vec![Frontend::new(v4(L2DSR4), Udp, 514, ClusterIp, false)],
+            vec![BackendSpec::ready(v4([10, 1, 0, 41]), 514)],
             ForwardingMode::DsrL2,
         ),
         service(
             "fuzz/ranges",
             vec![Frontend {
                 source_ranges: vec![Cidr { addr: v4([10, 0, 0, 0]), len: 24 }],
-                ..fe(v4(LB4), Tcp, 443, LoadBalancer, false)
+                ..Frontend::new(v4(LB4), Tcp, 443, LoadBalancer, false)
             }],
-            vec![backend(v4([10, 1, 0, 51]), 8443)],
+            vec![BackendSpec::ready(v4([10, 1, 0, 51]), 8443)],
             ForwardingMode::Nat,
         ),
         service(
             "fuzz/nat6:tcp",
-            vec![fe(v6(VIP6), Tcp, 80, ClusterIp, false)],
-            vec![backend(v6(ip6(0xfd01, 0x11)), 8080), backend(v6(ip6(0xfd01, 0x12)), 8080)],
+            vec![Frontend::new(v6(VIP6), Tcp, 80, ClusterIp, false)],
+            vec![BackendSpec::ready(v6(ip6(0xfd01, 0x11)), 8080), BackendSpec::ready(v6(ip6(0xfd01, 0x12)), 8080)],
             ForwardingMode::Nat,
         ),
         service(
             "fuzz/nat6:udp",
-            vec![fe(v6(VIP6), Udp, 53, ClusterIp, false)],
-            vec![backend(v6(ip6(0xfd01, 0x11)), 53)],
+            vec![Frontend::new(v6(VIP6), Udp, 53, ClusterIp, false)],
+            vec![BackendSpec::ready(v6(ip6(0xfd01, 0x11)), 53)],
             ForwardingMode::Nat,
         ),
         service(
             "fuzz/snat6",
-            vec![fe(v6(NODE6), Tcp, 30080, NodePort, true)],
-            vec![backend(v6(ip6(0xfd01, 0x13)), 8080)],
+            vec![Frontend::new(v6(NODE6), Tcp, 30080, NodePort, true)],
+            vec![BackendSpec::ready(v6(ip6(0xfd01, 0x13)), 8080)],
             ForwardingMode::Nat,
         ),
         service(
             "fuzz/dsr6",
-            vec![fe(v6(LB6), Tcp, 80, LoadBalancer, false)],
-            vec![backend(v6(ip6(0xfd01, 0x21)), 80)],
+            vec![Frontend::new(v6(LB6), Tcp, 80, LoadBalancer, false)],
+            vec![BackendSpec::ready(v6(ip6(0xfd01, 0x21)), 80)],
             ForwardingMode::DsrIpip,
         ),
     ];

@@ -198,6 +198,13 @@ pub struct Frontend {
     pub source_ranges: Vec<Cidr>,
 }
 
+impl Frontend {
+    /// A frontend open to every client (no `loadBalancerSourceRanges`).
+    pub fn new(addr: IpAddr, proto: L4Proto, port: u16, kind: FrontendKind, masquerade: bool) -> Self {
+        Self { addr, proto, port, kind, masquerade, source_ranges: Vec::new() }
+    }
+}
+
 /// Endpoint conditions as the EndpointSlice reports them (EPS-05, EPS-06); kept for display.
 #[derive(Copy, Clone, PartialEq, Eq, Hash, Debug, Default)]
 pub struct Conditions {
@@ -227,6 +234,22 @@ pub struct BackendSpec {
     pub node_local: bool,
     /// Endpoint zone (`endpoints[].zone`), if known.
     pub zone: Option<String>,
+}
+
+impl BackendSpec {
+    /// A ready endpoint (ready and serving, not terminating, EPS-05) that takes new flows with
+    /// weight 1 (G-08), not on this node, in no zone.
+    pub fn ready(addr: IpAddr, port: u16) -> Self {
+        Self {
+            addr,
+            port,
+            weight: 1,
+            eligible: true,
+            conditions: Conditions { ready: true, serving: true, terminating: false },
+            node_local: false,
+            zone: None,
+        }
+    }
 }
 
 /// One load-balanced service as the dataplane sees it: a set of frontends sharing a backend
@@ -1006,30 +1029,12 @@ mod tests {
     fn svc(name: &str, vip: &str, backends: &[(&str, u16)]) -> ServiceSpec {
         ServiceSpec {
             name: name.into(),
-            frontends: vec![Frontend {
-                addr: vip.parse().unwrap(),
-                proto: L4Proto::Tcp,
-                port: 80,
-                kind: FrontendKind::ClusterIp,
-                masquerade: false,
-                source_ranges: vec![],
-            }],
+            frontends: vec![Frontend::new(vip.parse().unwrap(), L4Proto::Tcp, 80, FrontendKind::ClusterIp, false)],
             scheduler: Scheduler::Maglev { port: true },
             affinity_timeout_s: None,
             mode: ForwardingMode::Nat,
             when_empty: EmptyAction::Reject,
-            backends: backends
-                .iter()
-                .map(|(a, p)| BackendSpec {
-                    addr: a.parse().unwrap(),
-                    port: *p,
-                    weight: 1,
-                    eligible: true,
-                    conditions: Conditions { ready: true, serving: true, terminating: false },
-                    node_local: false,
-                    zone: None,
-                })
-                .collect(),
+            backends: backends.iter().map(|(a, p)| BackendSpec::ready(a.parse().unwrap(), *p)).collect(),
         }
     }
 

@@ -93,20 +93,9 @@ fn v6() -> Fam {
     }
 }
 
-fn fe(addr: IpAddr, proto: L4Proto, port: u16, kind: FrontendKind, masquerade: bool) -> Frontend {
-    Frontend { addr, proto, port, kind, masquerade, source_ranges: vec![] }
-}
-
-fn backend(addr: IpAddr, port: u16) -> BackendSpec {
-    BackendSpec {
-        addr,
-        port,
-        weight: 1,
-        eligible: true,
-        conditions: Conditions { ready: true, serving: true, terminating: false },
-        node_local: true,
-        zone: None,
-    }
+/// A ready backend on this node (`node_local` is for display; forwarding does not read it).
+fn local_backend(addr: IpAddr, port: u16) -> BackendSpec {
+    BackendSpec { node_local: true, ..BackendSpec::ready(addr, port) }
 }
 
 fn service(name: &str, frontends: Vec<Frontend>, backends: Vec<BackendSpec>, mode: ForwardingMode) -> ServiceSpec {
@@ -128,11 +117,11 @@ fn spec(f: Fam, mut services: Vec<ServiceSpec>) -> TablesSpec {
         services.push(service(
             "default/web:http",
             vec![
-                fe(f.vip, L4Proto::Tcp, 80, FrontendKind::ClusterIp, false),
-                fe(f.vip, L4Proto::Udp, 53, FrontendKind::ClusterIp, false),
-                fe(f.node, L4Proto::Tcp, 30080, FrontendKind::NodePort, true),
+                Frontend::new(f.vip, L4Proto::Tcp, 80, FrontendKind::ClusterIp, false),
+                Frontend::new(f.vip, L4Proto::Udp, 53, FrontendKind::ClusterIp, false),
+                Frontend::new(f.node, L4Proto::Tcp, 30080, FrontendKind::NodePort, true),
             ],
-            vec![backend(f.backends[0], 8080)],
+            vec![local_backend(f.backends[0], 8080)],
             ForwardingMode::Nat,
         ));
     }
@@ -383,8 +372,8 @@ fn rows_for(f: Fam) -> Vec<Row> {
             f,
             vec![service(
                 "default/dsr:http",
-                vec![fe(vip, L4Proto::Tcp, 80, FrontendKind::LoadBalancer, false)],
-                vec![backend(b0, 80)],
+                vec![Frontend::new(vip, L4Proto::Tcp, 80, FrontendKind::LoadBalancer, false)],
+                vec![local_backend(b0, 80)],
                 mode,
             )],
         )
@@ -432,7 +421,7 @@ fn rows_for(f: Fam) -> Vec<Row> {
     let empty = |when| {
         let mut s = service(
             "default/empty:http",
-            vec![fe(vip, L4Proto::Tcp, 80, FrontendKind::ClusterIp, false)],
+            vec![Frontend::new(vip, L4Proto::Tcp, 80, FrontendKind::ClusterIp, false)],
             vec![],
             ForwardingMode::Nat,
         );
@@ -502,8 +491,8 @@ fn rows_for(f: Fam) -> Vec<Row> {
     // --- loadBalancerSourceRanges ---
     let mut ranged = service(
         "default/lb:http",
-        vec![fe(f.lbip, L4Proto::Tcp, 80, FrontendKind::LoadBalancer, false)],
-        vec![backend(b0, 8080)],
+        vec![Frontend::new(f.lbip, L4Proto::Tcp, 80, FrontendKind::LoadBalancer, false)],
+        vec![local_backend(b0, 8080)],
         ForwardingMode::Nat,
     );
     ranged.frontends[0].source_ranges = vec![Cidr { addr: f.client2, len: if f.v6 { 128 } else { 32 } }];
@@ -532,10 +521,10 @@ fn rows_for(f: Fam) -> Vec<Row> {
             vec![service(
                 "default/web:http",
                 vec![
-                    fe(vip, L4Proto::Tcp, 80, FrontendKind::ClusterIp, false),
-                    fe(vip, L4Proto::Udp, 53, FrontendKind::ClusterIp, false),
+                    Frontend::new(vip, L4Proto::Tcp, 80, FrontendKind::ClusterIp, false),
+                    Frontend::new(vip, L4Proto::Udp, 53, FrontendKind::ClusterIp, false),
                 ],
-                list.iter().map(|&i| backend(f.backends[i], 8080)).collect(),
+                list.iter().map(|&i| local_backend(f.backends[i], 8080)).collect(),
                 ForwardingMode::Nat,
             )],
         )
@@ -745,8 +734,8 @@ fn rows_for(f: Fam) -> Vec<Row> {
         f,
         vec![service(
             "default/sig:sctp",
-            vec![fe(vip, L4Proto::Sctp, 3868, FrontendKind::ClusterIp, false)],
-            vec![backend(b0, 3869)],
+            vec![Frontend::new(vip, L4Proto::Sctp, 3868, FrontendKind::ClusterIp, false)],
+            vec![local_backend(b0, 3869)],
             ForwardingMode::Nat,
         )],
     );

@@ -22,8 +22,8 @@ use dataplane::conntrack::Timeouts;
 use dataplane::nat::Packet;
 use dataplane::process::{Pipeline, PipelineConfig, Verdict};
 use dataplane::tables::{
-    BackendSpec, Conditions, EmptyAction, ForwardingMode, Frontend, FrontendKind, L4Proto, NeighbourSpec, PortSpec,
-    Scheduler, ServiceSpec, TableBuilder, Tables, TablesSpec,
+    BackendSpec, EmptyAction, ForwardingMode, Frontend, FrontendKind, L4Proto, NeighbourSpec, PortSpec, Scheduler,
+    ServiceSpec, TableBuilder, Tables, TablesSpec,
 };
 use dataplane::wire::tcp_flags;
 
@@ -73,27 +73,23 @@ pub(crate) fn spec() -> TablesSpec {
     let services = (0..SERVICES)
         .map(|s| ServiceSpec {
             name: format!("bench/svc-{s}:http"),
-            frontends: vec![Frontend {
-                addr: IpAddr::V4(Ipv4Addr::from(vip(s))),
-                proto: L4Proto::Tcp,
-                port: VIP_PORT,
-                kind: FrontendKind::ClusterIp,
-                masquerade: false,
-                source_ranges: vec![],
-            }],
+            frontends: vec![Frontend::new(
+                IpAddr::V4(Ipv4Addr::from(vip(s))),
+                L4Proto::Tcp,
+                VIP_PORT,
+                FrontendKind::ClusterIp,
+                false,
+            )],
             scheduler: Scheduler::Maglev { port: true },
             affinity_timeout_s: None,
             mode: ForwardingMode::Nat,
             when_empty: EmptyAction::Reject,
             backends: (0..BACKENDS_PER_SERVICE)
-                .map(|b| BackendSpec {
-                    addr: IpAddr::V4(Ipv4Addr::from(backend_addr(s * BACKENDS_PER_SERVICE + b))),
-                    port: BACKEND_PORT,
-                    weight: 1,
-                    eligible: true,
-                    conditions: Conditions { ready: true, serving: true, terminating: false },
-                    node_local: false,
-                    zone: None,
+                .map(|b| {
+                    BackendSpec::ready(
+                        IpAddr::V4(Ipv4Addr::from(backend_addr(s * BACKENDS_PER_SERVICE + b))),
+                        BACKEND_PORT,
+                    )
                 })
                 .collect(),
         })
