@@ -376,6 +376,15 @@ impl Pipeline {
         v
     }
 
+    /// Processes a batch of frames that arrived on `in_port`, as [`Pipeline::process`] would
+    /// one after the other: `verdicts[i]` is the verdict of `pkts[i]` (`verdicts` must be at
+    /// least as long as `pkts`; extra frames get no verdict and are left alone).
+    pub fn process_batch(&mut self, t: &Tables, pkts: &mut [Packet<'_>], in_port: u8, verdicts: &mut [Verdict]) {
+        for (pkt, v) in pkts.iter_mut().zip(verdicts.iter_mut()) {
+            *v = self.process(t, pkt, in_port);
+        }
+    }
+
     /// Lists tracked flows of both families (for `xlb conntrack`; allocates).
     pub fn dump_flows(&self) -> Vec<FlowDump> {
         let mut out = Vec::new();
