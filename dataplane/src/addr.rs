@@ -7,8 +7,10 @@ use core::fmt::Debug;
 use core::hash::Hash;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use bytemuck::{Pod, Zeroable};
+
 /// An IP address family: IPv4 (RFC 791) or IPv6 (RFC 8200).
-pub trait Family: Copy + Eq + Hash + Debug + Default + Send + Sync + 'static {
+pub trait Family: Copy + Eq + Hash + Debug + Default + Send + Sync + Pod + 'static {
     /// Address length in bytes (4 or 16).
     const LEN: usize;
     /// Fixed IP header length in bytes (20 without options, or 40).
@@ -37,12 +39,15 @@ pub trait Family: Copy + Eq + Hash + Debug + Default + Send + Sync + 'static {
     fn from_ip(ip: IpAddr) -> Option<Self>;
 }
 
-/// An IPv4 address in network byte order.
-#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug, Default, PartialOrd, Ord)]
+/// An IPv4 address in network byte order. Plain bytes (`Pod`), so flow records holding it
+/// can live in memory mapped by the conntrack (see [`crate::conntrack`]).
+#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug, Default, PartialOrd, Ord, Pod, Zeroable)]
+#[repr(transparent)]
 pub struct V4(pub [u8; 4]);
 
-/// An IPv6 address in network byte order.
-#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug, Default, PartialOrd, Ord)]
+/// An IPv6 address in network byte order; `Pod` like [`V4`].
+#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug, Default, PartialOrd, Ord, Pod, Zeroable)]
+#[repr(transparent)]
 pub struct V6(pub [u8; 16]);
 
 impl Family for V4 {

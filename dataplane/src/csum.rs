@@ -59,6 +59,79 @@ pub fn update_bytes(hc: u16, old: &[u8], new: &[u8]) -> u16 {
     !fold(sum)
 }
 
+/// The RFC 1624 delta of decrementing the TTL (RFC 791 §3.2) in the IPv4 header word
+/// `(TTL, protocol)`: `~m + m'` with `m' = m - 0x0100` is `0xffff - 0x0100` whatever the TTL,
+/// so it can be folded into a precomputed delta.
+pub const TTL_DEC: u16 = 0xfeff;
+
+/// Accumulates the RFC 1624 eqn. 3 terms `~m + m'` of the 16-bit words of `old` → `new`
+/// (equal lengths, even, at an even offset of the checksummed data) onto `acc`. Fold the
+/// result with [`delta`] to get a precomputed delta.
+#[inline]
+pub fn delta_add(acc: u32, old: &[u8], new: &[u8]) -> u32 {
+    let mut sum = acc;
+    for (o, n) in old.chunks_exact(2).zip(new.chunks_exact(2)) {
+        sum += u32::from(!u16::from_be_bytes([o[0], o[1]]));
+        sum += u32::from(u16::from_be_bytes([n[0], n[1]]));
+    }
+    sum
+}
+
+/// Folds an accumulator of [`delta_add`] terms to a 16-bit delta, normalised so that a net
+/// change of zero (one's-complement −0, `0xffff`) is `0`: [`apply_delta`] then leaves the
+/// checksum exactly as it was, as a rewrite that changes no bytes must.
+#[inline]
+pub fn delta(acc: u32) -> u16 {
+    let d = fold(acc);
+    if d == 0xffff { 0 } else { d }
+}
+
+/// The one's-complement negation of a delta (the reverse rewrite), normalised like [`delta`].
+#[inline]
+pub fn negate(d: u16) -> u16 {
+    if d == 0 { 0 } else { !d }
+}
+
+/// Adds two deltas (one's-complement sum), normalised like [`delta`].
+#[inline]
+pub fn add_deltas(a: u16, b: u16) -> u16 {
+    delta(u32::from(a) + u32::from(b))
+}
+
+/// One's-complement sum of two 16-bit values: add with end-around carry (RFC 1071 §2(C)).
+#[inline]
+pub fn add16(a: u16, b: u16) -> u16 {
+    let (s, carry) = a.overflowing_add(b);
+    s + u16::from(carry)
+}
+
+/// RFC 1624 eqn. 3 with a precomputed delta: `HC' = ~(~HC + Σ(~m + m'))`. A zero delta leaves
+/// `hc` unchanged. Gives the same result as updating the changed words one by one with
+/// [`update16`] / [`update_bytes`] (one's-complement addition is associative; a non-zero sum
+/// has one representation).
+#[inline]
+pub fn apply_delta(hc: u16, d: u16) -> u16 {
+    !add16(!hc, d)
+}
+
+/// [`apply_delta`] under an L4 checksum rule: UDP over IPv4 keeps a zero checksum zero and sends
+/// a computed zero as `0xffff` (RFC 768), as [`update_l4`] does.
+#[inline]
+pub fn apply_l4_delta(kind: L4Sum, hc: u16, d: u16) -> u16 {
+    match kind {
+        L4Sum::None => hc,
+        L4Sum::Always => apply_delta(hc, d),
+        L4Sum::UdpV4 => {
+            if hc == 0 || d == 0 {
+                hc
+            } else {
+                let r = apply_delta(hc, d);
+                if r == 0 { 0xffff } else { r }
+            }
+        }
+    }
+}
+
 /// Which L4 checksum rule applies when updating incrementally.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum L4Sum {
@@ -146,6 +219,27 @@ mod tests {
     }
 
     proptest! {
+        /// A precomputed delta over several changed words (with the TTL decrement folded in)
+        /// gives exactly what updating the words one at a time gives, and applying the
+        /// negated delta undoes it.
+        #[test]
+        fn precomputed_delta_equals_word_by_word_updates(
+            hc in any::<u16>(), a in any::<[u8; 8]>(), b in any::<[u8; 8]>(), ttl in 2u8.., pr in any::<u8>()) {
+            let mut one = hc;
+            for (o, n) in a.chunks_exact(2).zip(b.chunks_exact(2)) {
+                if o != n {
+                    one = update16(one, u16::from_be_bytes([o[0], o[1]]), u16::from_be_bytes([n[0], n[1]]));
+                }
+            }
+            one = update16(one, u16::from_be_bytes([ttl, pr]), u16::from_be_bytes([ttl - 1, pr]));
+            let d = delta(delta_add(0, &a, &b));
+            let all = apply_delta(hc, add_deltas(d, TTL_DEC));
+            prop_assert!(all == one || (hc == 0xffff || hc == 0), "{all:#x} vs {one:#x}");
+            if hc != 0xffff && hc != 0 {
+                prop_assert_eq!(apply_delta(apply_delta(hc, d), negate(d)), hc);
+            }
+        }
+
         #[test]
         fn incremental_update_equals_full_recompute(
             mut data in proptest::collection::vec(any::<u8>(), 2..200),

@@ -464,6 +464,21 @@ impl MaglevTable {
             .unwrap_or(0)
     }
 
+    /// Prefetches the slot [`MaglevTable::lookup`] reads for `flow_hash` (the batch pipeline
+    /// issues this for a sub-batch of new flows before it reads any slot).
+    #[inline]
+    pub fn prefetch(&self, flow_hash: u64) {
+        let len = self.slots.len() as u64;
+        if let Some(slot) =
+            flow_hash.checked_rem(len).and_then(|i| usize::try_from(i).ok()).and_then(|i| self.slots.get(i))
+        {
+            #[cfg(target_arch = "x86_64")]
+            safe_arch::prefetch_t0(slot);
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = slot;
+        }
+    }
+
     /// All `M` slots in order; entry `i` serves flow hashes `h` with
     /// `h % M == i`.
     #[must_use]

@@ -208,9 +208,24 @@ pub const fn encap_overhead<A: Family>() -> usize {
 ///
 /// Returns `false`, changing nothing, if there is neither headroom nor tailroom for it.
 pub fn encap<A: Family>(pkt: &mut Packet<'_>, p: &Parsed, outer_src: A, outer_dst: A, flow_hash: u32) -> bool {
+    encap_at(pkt, p.l3, p.end, outer_src, outer_dst, flow_hash)
+}
+
+/// [`encap`] of the IP packet at `l3..end` of the frame (the EtherType field is at `l3 - 2`).
+pub fn encap_at<A: Family>(
+    pkt: &mut Packet<'_>,
+    l3: usize,
+    end: usize,
+    outer_src: A,
+    outer_dst: A,
+    flow_hash: u32,
+) -> bool {
     let add = A::HEADER_LEN;
-    let inner_len = p.end - p.l3;
-    let l2 = p.l3; // Ethernet (+ tag) length
+    let Some(inner_len) = end.checked_sub(l3) else { return false };
+    let l2 = l3; // Ethernet (+ tag) length
+    if l2 < 2 || pkt.head + end > pkt.buf.len() {
+        return false;
+    }
     if pkt.head >= add {
         // Move the L2 header down into the headroom (XDP `bpf_xdp_adjust_head` style).
         let new_head = pkt.head - add;
@@ -255,7 +270,7 @@ pub fn encap<A: Family>(pkt: &mut Packet<'_>, p: &Parsed, outer_src: A, outer_ds
         let c = csum::checksum(h);
         h[10..12].copy_from_slice(&c.to_be_bytes());
     }
-    if let Some(et) = f.get_mut(p.ethertype_at..p.ethertype_at + 2) {
+    if let Some(et) = f.get_mut(l3 - 2..l3) {
         et.copy_from_slice(&A::ETHERTYPE.to_be_bytes());
     }
     true

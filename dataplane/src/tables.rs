@@ -355,7 +355,8 @@ pub struct Hop {
 /// Slots are reused after a backend leaves the tables; the generation makes a stale ref held
 /// by conntrack compare unequal to the slot's new occupant, so a removed backend is noticed
 /// even if its slot was refilled.
-#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug, Default)]
+#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(transparent)]
 pub struct BackendRef(pub u32);
 
 impl BackendRef {
@@ -476,6 +477,8 @@ pub struct Tables {
     pub services: Vec<Service>,
     /// Frontends by (addr, proto, port).
     pub vips: HashMap<VipKey, FrontendEntry>,
+    /// The per-packet index of `vips` ([`Tables::frontend`] reads it).
+    pub frontend_index: FrontendIndex,
     /// Addresses that carry at least one frontend, and how unmatched packets to them are
     /// treated (ICMP errors and fragments are matched by address only).
     pub vip_addrs: HashMap<[u8; 16], VipAddrKind>,
@@ -507,6 +510,7 @@ impl Tables {
             generation: 0,
             services: Vec::new(),
             vips: HashMap::new(),
+            frontend_index: FrontendIndex::default(),
             vip_addrs: HashMap::new(),
             backends: Vec::new(),
             ports: Vec::new(),
@@ -532,7 +536,97 @@ impl Tables {
     /// The frontend for (address, protocol, port).
     #[inline]
     pub fn frontend(&self, addr: [u8; 16], proto: u8, port: u16) -> Option<&FrontendEntry> {
-        self.vips.get(&VipKey { addr, port, proto })
+        self.frontend_index.get(addr, proto, port)
+    }
+}
+
+/// The frontends in a form the per-packet path can search fast: open addressing with linear
+/// probing over a power-of-two array kept at most half full, keyed by (address as two words,
+/// protocol, port) and hashed with folded multiplies (as foldhash does) whose seeds are drawn at
+/// random for every build, so packets with made-up destinations cannot aim at long probe runs.
+/// A lookup costs one hash and, typically, one slot compare.
+#[derive(Debug, Default)]
+pub struct FrontendIndex {
+    slots: Box<[FrontendSlot]>,
+    entries: Box<[FrontendEntry]>,
+    mask: usize,
+    seeds: [u64; 2],
+}
+
+#[derive(Copy, Clone, Debug, Default)]
+struct FrontendSlot {
+    addr: [u64; 2],
+    /// `port << 8 | proto`, plus 1 << 24 when the slot is taken.
+    pp: u32,
+    entry: u32,
+}
+
+impl FrontendIndex {
+    const TAKEN: u32 = 1 << 24;
+
+    /// An index over `vips`.
+    pub fn build(vips: &HashMap<VipKey, FrontendEntry>) -> Self {
+        use core::hash::BuildHasher;
+        let rs = std::collections::hash_map::RandomState::new();
+        let seeds = [rs.hash_one(1u8) | 1, rs.hash_one(2u8) | 1];
+        let n = (vips.len() * 2).next_power_of_two().max(4);
+        let mut slots = vec![FrontendSlot::default(); n].into_boxed_slice();
+        let mut entries = Vec::with_capacity(vips.len());
+        let mask = n - 1;
+        for (k, e) in vips {
+            let (addr, pp) = Self::words(k.addr, k.proto, k.port);
+            let mut i = Self::hash(seeds, addr, pp) as usize & mask;
+            while slots.get(i).is_some_and(|s| s.pp != 0) {
+                i = (i + 1) & mask;
+            }
+            if let Some(s) = slots.get_mut(i) {
+                *s = FrontendSlot { addr, pp, entry: u32::try_from(entries.len()).unwrap_or(u32::MAX) };
+            }
+            entries.push(e.clone());
+        }
+        Self { slots, entries: entries.into_boxed_slice(), mask, seeds }
+    }
+
+    #[inline]
+    fn words(addr: [u8; 16], proto: u8, port: u16) -> ([u64; 2], u32) {
+        let (a, b) = addr.split_at(8);
+        let w = |x: &[u8]| x.try_into().map(u64::from_ne_bytes).unwrap_or(0);
+        ([w(a), w(b)], u32::from(port) << 8 | u32::from(proto) | Self::TAKEN)
+    }
+
+    #[inline]
+    fn hash(seeds: [u64; 2], addr: [u64; 2], pp: u32) -> u64 {
+        let p = u128::from(addr[0] ^ seeds[0]) * u128::from(addr[1] ^ seeds[1] ^ u64::from(pp));
+        #[expect(clippy::cast_possible_truncation, reason = "folding the product's halves")]
+        let h = (p as u64) ^ (p >> 64) as u64;
+        h ^ h >> 29
+    }
+
+    /// The frontend for (address, protocol, port).
+    #[inline]
+    pub fn get(&self, addr: [u8; 16], proto: u8, port: u16) -> Option<&FrontendEntry> {
+        let (a, pp) = Self::words(addr, proto, port);
+        let mut i = Self::hash(self.seeds, a, pp) as usize & self.mask;
+        loop {
+            let s = self.slots.get(i)?;
+            if s.pp == pp && s.addr == a {
+                return self.entries.get(s.entry as usize);
+            }
+            if s.pp == 0 {
+                return None;
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+
+    /// Number of frontends.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
     }
 }
 
@@ -954,6 +1048,7 @@ impl TableBuilder {
         }
         t.unresolved.sort();
         t.unresolved.dedup();
+        t.frontend_index = FrontendIndex::build(&t.vips);
         Ok(t)
     }
 

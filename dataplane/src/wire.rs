@@ -8,6 +8,7 @@
 
 use smoltcp::wire::{EthernetFrame, Icmpv4Packet, Icmpv6Packet, Ipv4Packet, Ipv6Packet, TcpPacket, UdpPacket};
 
+use crate::addr::{V4, V6};
 use crate::counters::DropReason;
 
 /// IP protocol numbers used by the pipeline (IANA "Assigned Internet Protocol Numbers").
@@ -326,6 +327,151 @@ pub fn parse(frame: &[u8]) -> Result<Option<Parsed>, DropReason> {
     }
 }
 
+/// A frame the fast parser took: where its IP header and packet end are, and its 5-tuple.
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub struct Fast<A> {
+    /// Offset of the IP header: 14, or 18 behind an 802.1Q tag.
+    pub l3: usize,
+    /// End of the IP packet (`l3` + IP total length); Ethernet padding lies beyond.
+    pub end: usize,
+    /// [`proto::TCP`] or [`proto::UDP`].
+    pub proto: u8,
+    /// TCP flags byte (0 for UDP).
+    pub tcp_flags: u8,
+    /// Source port.
+    pub sport: u16,
+    /// Destination port.
+    pub dport: u16,
+    /// Source address.
+    pub src: A,
+    /// Destination address.
+    pub dst: A,
+}
+
+/// [`Fast`] of either family.
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub enum FastFrame {
+    /// IPv4.
+    V4(Fast<V4>),
+    /// IPv6.
+    V6(Fast<V6>),
+}
+
+/// The common case at fixed offsets: Ethernet with at most one 802.1Q tag, then IPv4 without
+/// options and not fragmented (version/IHL byte `0x45`, MF = 0, offset 0) or IPv6 whose next
+/// header is the L4 header (no extension header), then TCP or UDP. Returns `None` for every
+/// other frame (the caller hands those to [`parse`]). Each shape is read at constant offsets
+/// (instantiated per IP header offset), so a handful of bounds checks cover every field.
+///
+/// It performs the checks the full parser performs (smoltcp's `check_len` of each header, RFC
+/// 791 total length, RFC 8200 payload length, the TCP data offset, the UDP length of RFC 768)
+/// and may refuse more, so it never accepts a frame that [`parse`] rejects, and whatever it
+/// accepts, [`parse`] reads the same: [`parse_fast`] gives the [`Parsed`] view of it, and
+/// `tests::fast_parser_agrees_with_the_full_parser` and the `fast_parse` fuzz target check
+/// that the two agree.
+#[inline(always)]
+pub fn parse_fast_frame(f: &[u8]) -> Option<FastFrame> {
+    let e = f.get(..ETH_LEN)?;
+    match u16::from_be_bytes([*e.get(12)?, *e.get(13)?]) {
+        0x0800 => fast_v4::<ETH_LEN>(f).map(FastFrame::V4),
+        0x86DD => fast_v6::<ETH_LEN>(f).map(FastFrame::V6),
+        ETHERTYPE_VLAN => match read_u16(f, 16)? {
+            0x0800 => fast_v4::<18>(f).map(FastFrame::V4),
+            0x86DD => fast_v6::<18>(f).map(FastFrame::V6),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// IPv4 at offset `L3` (see [`parse_fast_frame`]).
+#[inline(always)]
+fn fast_v4<const L3: usize>(f: &[u8]) -> Option<Fast<V4>> {
+    let h = f.get(..L3 + 20)?;
+    let ip = h.get(L3..)?;
+    let &[vihl, _, t0, t1, _, _, f0, f1, _, proto, ..] = ip else { return None };
+    let total = usize::from(u16::from_be_bytes([t0, t1]));
+    // IHL 5 (no options), not fragmented (MF = 0, offset 0; DF may be set), whole packet here.
+    if vihl != 0x45 || (f0 & 0x3f) | f1 != 0 || L3 + total > f.len() {
+        return None;
+    }
+    let src = V4(ip.get(12..16)?.try_into().ok()?);
+    let dst = V4(ip.get(16..20)?.try_into().ok()?);
+    let (sport, dport, tcp_flags) = fast_l4::<20>(f, L3, total, proto)?;
+    Some(Fast { l3: L3, end: L3 + total, proto, tcp_flags, sport, dport, src, dst })
+}
+
+/// IPv6 at offset `L3` (see [`parse_fast_frame`]).
+#[inline(always)]
+fn fast_v6<const L3: usize>(f: &[u8]) -> Option<Fast<V6>> {
+    let h = f.get(..L3 + 40)?;
+    let ip = h.get(L3..)?;
+    let &[v, _, _, _, p0, p1, proto, ..] = ip else { return None };
+    let total = 40 + usize::from(u16::from_be_bytes([p0, p1]));
+    if v >> 4 != 6 || L3 + total > f.len() {
+        return None;
+    }
+    let src = V6(ip.get(8..24)?.try_into().ok()?);
+    let dst = V6(ip.get(24..40)?.try_into().ok()?);
+    let (sport, dport, tcp_flags) = fast_l4::<40>(f, L3, total, proto)?;
+    Some(Fast { l3: L3, end: L3 + total, proto, tcp_flags, sport, dport, src, dst })
+}
+
+/// TCP or UDP right after an IP header of `HL` bytes at `l3`, in an IP packet of `total` bytes
+/// that lies within `f`: ports and TCP flags.
+#[inline(always)]
+fn fast_l4<const HL: usize>(f: &[u8], l3: usize, total: usize, proto: u8) -> Option<(u16, u16, u8)> {
+    let seg = total.checked_sub(HL)?;
+    let l4 = f.get(l3 + HL..)?;
+    match proto {
+        proto::TCP => {
+            let &[s0, s1, d0, d1, _, _, _, _, _, _, _, _, off, flags, ..] = l4 else { return None };
+            let data_off = usize::from(off >> 4) * 4;
+            if seg < 20 || data_off < 20 || data_off > seg {
+                return None;
+            }
+            Some((u16::from_be_bytes([s0, s1]), u16::from_be_bytes([d0, d1]), flags))
+        }
+        proto::UDP => {
+            let &[s0, s1, d0, d1, l0, l1, ..] = l4 else { return None };
+            let len = usize::from(u16::from_be_bytes([l0, l1]));
+            if seg < 8 || len < 8 || len > seg {
+                return None;
+            }
+            Some((u16::from_be_bytes([s0, s1]), u16::from_be_bytes([d0, d1]), 0))
+        }
+        _ => None,
+    }
+}
+
+/// [`parse_fast_frame`] as the full parser's [`Parsed`] view: `Some((family, parsed))` exactly
+/// when the fast parser takes the frame, with the same value [`parse`] returns for it.
+#[inline]
+pub fn parse_fast(frame: &[u8]) -> Option<(L3, Parsed)> {
+    let (l3, f, sport, dport, proto, tcp_flags) = match parse_fast_frame(frame)? {
+        FastFrame::V4(x) => (L3::V4, (x.l3, x.end), x.sport, x.dport, x.proto, x.tcp_flags),
+        FastFrame::V6(x) => (L3::V6, (x.l3, x.end), x.sport, x.dport, x.proto, x.tcp_flags),
+    };
+    let (at, end) = f;
+    let hl = if l3 == L3::V4 { 20 } else { 40 };
+    Some((
+        l3,
+        Parsed {
+            ethertype_at: at - 2,
+            l3: at,
+            l4: at + hl,
+            end,
+            proto,
+            sport,
+            dport,
+            tcp_flags,
+            icmp_type: 0,
+            frag: Frag::None,
+            frag_hdr: 0,
+        },
+    ))
+}
+
 /// ICMPv4 error types that quote an offending datagram (RFC 792): destination unreachable,
 /// time exceeded, parameter problem.
 #[inline]
@@ -395,6 +541,65 @@ mod tests {
         assert_eq!(p.dport, 53);
         assert!(matches!(p.frag, Frag::First { .. }));
         assert!(p.frag_hdr > 0);
+    }
+
+    /// Frames of every shape the fast parser must accept, and some it must leave to the full
+    /// parser.
+    fn shapes() -> Vec<Vec<u8>> {
+        let mut v = vec![
+            build::Frame::tcp_v4([10, 0, 0, 1], 1234, [10, 96, 0, 1], 80, tcp_flags::SYN).bytes,
+            build::Frame::udp_v4([10, 0, 0, 1], 5, [10, 96, 0, 1], 53, b"q").bytes,
+            build::Frame::tcp_v6([0xfd; 16], 7, [0xfe; 16], 443, tcp_flags::ACK).bytes,
+            build::Frame::udp_v6([0xfd; 16], 7, [0xfe; 16], 53, b"abc").bytes,
+            build::Frame::udp_v4_opts([10, 0, 0, 1], 5, [10, 96, 0, 1], 53, 8).bytes,
+            build::Frame::udp_v6_with_ext([0xfd; 16], 7, [0xfe; 16], 53, false).bytes,
+            build::Frame::udp_v6_with_ext([0xfd; 16], 7, [0xfe; 16], 53, true).bytes,
+        ];
+        let mut tagged = build::Frame::tcp_v4([10, 0, 0, 1], 1234, [10, 96, 0, 1], 80, tcp_flags::ACK);
+        tagged.vlan(7);
+        v.push(tagged.bytes);
+        let mut tagged6 = build::Frame::udp_v6([0xfd; 16], 7, [0xfe; 16], 53, b"x");
+        tagged6.vlan(9);
+        v.push(tagged6.bytes);
+        let mut padded = build::Frame::tcp_v4([10, 0, 0, 1], 1, [10, 0, 0, 2], 2, tcp_flags::ACK).bytes;
+        padded.resize(60, 0); // Ethernet minimum frame: padding after the IP packet
+        v.push(padded);
+        v
+    }
+
+    #[test]
+    fn fast_parser_accepts_plain_tcp_and_udp_and_agrees_with_the_full_parser() {
+        let frames = shapes();
+        let accepted: Vec<bool> = frames.iter().map(|f| parse_fast(f).is_some()).collect();
+        // Plain v4/v6 TCP/UDP with and without a tag and padding are taken; options and
+        // extension headers are left to the full parser.
+        assert_eq!(accepted, [true, true, true, true, false, false, false, true, true, true]);
+        for f in &frames {
+            if let Some((l3, p)) = parse_fast(f) {
+                let (l3_full, _) = ethernet(f).unwrap();
+                assert_eq!(l3, l3_full);
+                assert_eq!(parse(f), Ok(Some(p)));
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// Differential check: mutate one or two bytes of a frame the fast parser takes (any
+        /// header field), or cut it short; wherever the fast parser still accepts, the full
+        /// parser yields exactly the same result.
+        #[test]
+        fn fast_parser_agrees_with_the_full_parser(
+            which in 0usize..10, at in 0usize..80, val in proptest::prelude::any::<u8>(),
+            at2 in 0usize..80, val2 in proptest::prelude::any::<u8>(), cut in 0usize..100) {
+            let mut f = shapes().swap_remove(which);
+            if let Some(b) = f.get_mut(at) { *b = val; }
+            if let Some(b) = f.get_mut(at2) { *b = val2; }
+            if cut < f.len() && cut % 3 == 0 { f.truncate(cut); }
+            if let Some((l3, p)) = parse_fast(&f) {
+                proptest::prop_assert_eq!(ethernet(&f).map(|(l, _)| l), Ok(l3));
+                proptest::prop_assert_eq!(parse(&f), Ok(Some(p)));
+            }
+        }
     }
 
     #[test]

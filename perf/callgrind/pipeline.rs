@@ -1,21 +1,28 @@
-//! Callgrind driver for the pipeline (issue 2): instructions per packet, which, unlike wall
-//! clock, is stable on a shared 2-core VM.
+//! Callgrind driver for the pipeline: instructions and last-level cache misses per packet,
+//! which, unlike wall clock, are stable on a shared 2-core VM (this VM has no PMU).
 //!
-//! Usage: `callgrind-pipeline established|new_flow K`
+//! Usage: `callgrind-pipeline batch|single PROFILE MIX K`
 //!
-//! Sets up the scenario of `perf/callgrind/scenario.rs` (the same tables and 1,000,000
-//! established flows as `dataplane/benches/pipeline.rs`), then processes `K` packets of one
-//! profile:
-//! - `established`: ACKs of established flows `0..K` (wrapping at 1,000,000);
-//! - `new_flow`: SYNs of `K` distinct flows not in conntrack (`K` ≤ 200,000, the room the
-//!   conntrack capacity leaves).
+//! Sets up the scenario of `perf/callgrind/scenario.rs` (the same worlds of 1,000 services and
+//! 1,000,000 established flows as `dataplane/benches/pipeline.rs`), then processes `2K`
+//! packets of one profile, the first `K` to warm the (simulated) caches and the last `K`
+//! measured:
+//! - `established`: ACKs of established DNAT flows;
+//! - `new_flow`: SYNs of distinct flows not in conntrack (`2K` ≤ 200,000, the room the
+//!   conntrack capacity leaves; MIX is ignored);
+//! - `snat_reply`: replies from the backends of established SNAT flows to the SNAT address;
+//! - `dsr_ipip`: ACKs of established IPIP DSR flows (encapsulated into the tailroom).
 //!
-//! Run it under `valgrind --tool=callgrind --instr-atstart=no` twice, with `K` and `2K`:
-//! the driver switches instrumentation on just before the packet loop and off after it
-//! (callgrind client requests), so the setup is not even simulated in detail, and the
-//! difference `(I(2K) - I(K)) / K` cancels whatever fixed cost remains.
-//! `perf/callgrind/run.sh` does exactly that. Outside valgrind the client requests are
-//! no-ops, so the driver also runs natively (it then prints the wall time per packet).
+//! MIX (`uniform`, `zipf`, `hot`) picks the flow of each packet (see the scenario). `batch`
+//! runs batches of 64 frames rotated over 4,096 buffers at headroom 0 through
+//! `Pipeline::process_batch`; `single` is the old loop: one buffer, `Pipeline::process` per
+//! packet.
+//!
+//! Run it under `valgrind --tool=callgrind --instr-atstart=no --collect-atstart=no`: the driver
+//! starts instrumentation before the warm-up packets (so the simulated caches hold what a
+//! running worker's would) and collects only around the measured packets (callgrind client
+//! requests), so `Collected` divided by `K` is per packet. `perf/callgrind/run.sh` does exactly
+//! that. Outside valgrind the client requests are no-ops and the driver prints the wall time.
 
 use std::hint::black_box;
 use std::process::ExitCode;
@@ -27,12 +34,14 @@ use dataplane::process::Verdict;
 #[allow(dead_code, reason = "shared with the criterion bench, which uses other items")]
 mod scenario;
 
-use scenario::{BATCH, FLOWS, NOW_MS, Templates};
+use scenario::{Arena, BATCH, FLOWS, Kind, Mix, NOW_MS, Stream, World};
 
 /// Callgrind client requests (`valgrind/callgrind.h`).
 mod callgrind {
     /// `VG_USERREQ_TOOL_BASE('C', 'T')`.
     const BASE: u64 = ((b'C' as u64) << 24) | ((b'T' as u64) << 16);
+    /// `VG_USERREQ__TOGGLE_COLLECT`.
+    const TOGGLE_COLLECT: u64 = BASE + 2;
     /// `VG_USERREQ__START_INSTRUMENTATION`.
     const START_INSTRUMENTATION: u64 = BASE + 4;
     /// `VG_USERREQ__STOP_INSTRUMENTATION`.
@@ -76,59 +85,116 @@ mod callgrind {
     pub(crate) fn stop() {
         request(STOP_INSTRUMENTATION);
     }
+
+    /// Toggles event collection (`CALLGRIND_TOGGLE_COLLECT`).
+    pub(crate) fn toggle_collect() {
+        request(TOGGLE_COLLECT);
+    }
 }
 
-/// Processes templates `0..k` (wrapping), one `begin_batch` per [`BATCH`] packets, and
-/// returns the number of packets that were not forwarded.
+/// Processes `k` packets of `stream` starting at `*at`, in batches or one at a time (or, with
+/// `copy_only`, only copies them into the buffers); returns how many were not forwarded.
 #[inline(never)]
-fn measured(w: &mut scenario::World, tpl: &Templates, k: usize) -> usize {
-    let len = tpl.frame_len();
+fn packets(w: &mut World, arena: &mut Arena, stream: &Stream, at: &mut usize, k: usize, mode: Mode) -> usize {
     let mut not_tx = 0;
-    callgrind::start();
-    for i in 0..k {
-        if i.is_multiple_of(BATCH) {
-            w.pipeline.begin_batch(&w.tables, NOW_MS);
+    let n = stream.count();
+    let mut done = 0;
+    while done < k {
+        let take = BATCH.min(k - done).min(n - *at);
+        let frames = stream.frames(*at, take);
+        w.pipeline.begin_batch(&w.tables, NOW_MS);
+        match mode {
+            Mode::Copy => {
+                arena.run(None, frames, stream.frame_len());
+            }
+            Mode::Batch => not_tx += arena.run(Some((&mut w.pipeline, &w.tables)), frames, stream.frame_len()),
+            Mode::Single => {
+                for f in frames {
+                    let v = w.buf.run(&mut w.pipeline, &w.tables, f, stream.frame_len());
+                    not_tx += usize::from(!matches!(v, Verdict::Tx { .. }));
+                }
+            }
         }
-        let v = w.buf.run(&mut w.pipeline, &w.tables, tpl.slot(i % tpl.count()), len);
-        not_tx += usize::from(!matches!(v, Verdict::Tx { .. }));
+        done += take;
+        *at = (*at + take) % n;
     }
-    callgrind::stop();
-    black_box(not_tx)
+    not_tx
+}
+
+/// How packets go through the pipeline.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Batches of 64 through `process_batch`.
+    Batch,
+    /// One at a time through `process` (the old loop).
+    Single,
+    /// Only the harness: copy the frames into the buffers (the baseline to subtract).
+    Copy,
 }
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
-    let (profile, k) = match args.as_slice() {
-        [_, p, k] => match k.parse::<usize>() {
-            Ok(k) if k > 0 => (p.as_str(), k),
-            _ => return usage(),
-        },
+    let [_, mode, profile, mix, k] = args.as_slice() else { return usage() };
+    let mode = match mode.as_str() {
+        "batch" => Mode::Batch,
+        "single" => Mode::Single,
+        "copy" => Mode::Copy,
         _ => return usage(),
     };
-    let room = scenario::CT_CAPACITY - FLOWS;
+    let (Some(mix), Ok(k)) = (Mix::from_name(mix), k.parse::<usize>()) else { return usage() };
+    if k == 0 {
+        return usage();
+    }
+    let kind = match profile.as_str() {
+        "established" | "new_flow" => Kind::Dnat,
+        "snat_reply" => Kind::Snat,
+        "dsr_ipip" => Kind::Dsr,
+        _ => return usage(),
+    };
     let acks = scenario::ack_templates(FLOWS);
-    let mut w = scenario::World::new(&acks);
-    let tpl = match profile {
-        "established" => acks,
-        "new_flow" if k <= room => scenario::new_syn_templates(k),
+    let mut w = World::of(kind, &acks);
+    let room = scenario::CT_CAPACITY - FLOWS;
+    let tpl = match profile.as_str() {
+        "new_flow" if 2 * k <= room => scenario::new_syn_templates(2 * k),
         "new_flow" => {
-            eprintln!("new_flow: K must be at most {room} (conntrack room)");
+            eprintln!("new_flow: 2K must be at most {room} (conntrack room)");
             return ExitCode::from(2);
         }
-        _ => return usage(),
+        "snat_reply" => scenario::snat_reply_templates(&w, FLOWS),
+        _ => acks,
     };
+    let seq =
+        if profile == "new_flow" { scenario::in_order(2 * k) } else { scenario::sequence(mix, FLOWS, 0x5eed_0001) };
+    let stream = Stream::new(&tpl, &seq);
+    drop(seq);
+    let mut arena = Arena::new(0);
+    let mut at = 0;
+    callgrind::start();
+    if std::env::var_os("CG_TOGGLE_FIRST").is_some() {
+        callgrind::toggle_collect();
+    }
+    let warm = packets(&mut w, &mut arena, &stream, &mut at, k, mode);
+    callgrind::toggle_collect();
     let start = Instant::now();
-    let not_tx = measured(&mut w, &tpl, k);
+    let not_tx = packets(&mut w, &mut arena, &stream, &mut at, k, mode);
     let ns = start.elapsed().as_nanos() as f64 / k as f64;
-    if not_tx != 0 {
-        eprintln!("{profile}: {not_tx} of {k} packets were not forwarded");
+    callgrind::toggle_collect();
+    callgrind::stop();
+    black_box(&arena);
+    if warm + not_tx != 0 {
+        eprintln!("{profile}: {} of {} packets were not forwarded", warm + not_tx, 2 * k);
         return ExitCode::FAILURE;
     }
-    eprintln!("{profile}: {k} packets forwarded, {ns:.1} ns/packet (wall clock; meaningless under valgrind)");
+    eprintln!(
+        "{mode:?} {profile} {}: {k} packets forwarded, {ns:.1} ns/packet (wall clock; meaningless under valgrind)",
+        mix.name()
+    );
     ExitCode::SUCCESS
 }
 
 fn usage() -> ExitCode {
-    eprintln!("usage: callgrind-pipeline established|new_flow K");
+    eprintln!(
+        "usage: callgrind-pipeline batch|single|copy established|new_flow|snat_reply|dsr_ipip uniform|zipf|hot K"
+    );
     ExitCode::from(2)
 }

@@ -1,15 +1,25 @@
 #!/usr/bin/env bash
-# Instructions per packet of the pipeline under callgrind (issue 2).
+# Instructions and last-level cache misses per packet of the pipeline under callgrind.
 #
 # Usage: perf/callgrind/run.sh [OUT_DIR]
 #
 # Builds `callgrind-pipeline` (perf/callgrind/pipeline.rs) in release and runs it under
-# `valgrind --tool=callgrind --instr-atstart=no` for each profile with K and 2K packets. The
-# driver switches instrumentation on around its packet loop only, and the difference
-# (I(2K) - I(K)) / K cancels any fixed cost left, so the figure is instructions per packet
-# of Pipeline::process (plus begin_batch once per 64 packets and the 64-byte template copy,
-# about 10 instructions). Prints `NAME VALUE UNIT` lines; logs and callgrind.out files go
-# to OUT_DIR (default: $CARGO_TARGET_DIR/xlb-bench or target/xlb-bench).
+# `valgrind --tool=callgrind --cache-sim=yes --instr-atstart=no --collect-atstart=no` once per
+# profile: the driver processes 2K packets, K to warm the simulated caches and K measured (it
+# switches collection on around them with callgrind client requests), so every figure is per
+# measured packet. This VM has no PMU; callgrind's cache simulation models the caches valgrind
+# detects on the host (`--cache-sim`) and, like cachegrind, ignores software prefetches, so the
+# miss counts say how many cache lines a packet needs from beyond the last level, not how many
+# stall the core.
+#
+# For each profile it prints (`NAME VALUE UNIT`):
+#   MODE_MIX_PROFILE_instructions_per_packet          Pipeline::process_batch / process + begin_batch
+#   MODE_MIX_PROFILE_harness_instructions_per_packet  copying frames into the buffers and the loop
+#   MODE_MIX_PROFILE_llc_misses_per_packet            LL misses (ILmr + DLmr + DLmw) of the pipeline
+# and, for continuity with earlier figures, `established_instructions_per_packet` and
+# `new_flow_instructions_per_packet` (the one-packet loop, harness included, as before).
+# Logs and callgrind.out files go to OUT_DIR (default: $CARGO_TARGET_DIR/xlb-bench or
+# target/xlb-bench). CALLGRIND_QUICK=1 runs only batch uniform established and new_flow.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 target=${CARGO_TARGET_DIR:-$root/target}
@@ -19,26 +29,77 @@ command -v valgrind >/dev/null || { echo "valgrind not found: run scripts/instal
 (cd "$root" && cargo build --release --quiet -p xlb-perf --bin callgrind-pipeline)
 bin=$target/release/callgrind-pipeline
 
-# profile K: established cycles over the 1,000,000 flows; new_flow needs 2K <= 200,000.
-profiles=(established:100000 new_flow:50000)
+# mode profile mix K (new_flow needs 2K <= 200,000).
+runs=(
+  "batch established uniform 50000"
+  "batch new_flow uniform 50000"
+  "batch snat_reply uniform 50000"
+  "batch dsr_ipip uniform 50000"
+  "batch established zipf 50000"
+  "batch established hot 50000"
+  "single established uniform 50000"
+  "single new_flow uniform 50000"
+)
+[ "${CALLGRIND_QUICK:-0}" = 1 ] && runs=("${runs[0]}" "${runs[1]}")
 
-# Instructions collected for one run: the "Collected : N" line of callgrind's log.
+# One run: its figures on stdout.
 collect() {
-    local profile=$1 k=$2 log=$out/callgrind.$1.$2.log
-    valgrind --tool=callgrind --instr-atstart=no \
-        --callgrind-out-file="$out/callgrind.out.$profile.$k" \
-        "$bin" "$profile" "$k" 2>"$log" || { cat "$log" >&2; return 1; }
-    grep -oP 'Collected : \K[0-9]+' "$log"
+    local mode=$1 profile=$2 mix=$3 k=$4
+    local name=${mode}_${mix}_${profile} file=$out/callgrind.out.$1.$3.$2 log=$out/callgrind.$1.$3.$2.log
+    valgrind --tool=callgrind --cache-sim=yes --instr-atstart=no --collect-atstart=no \
+        --callgrind-out-file="$file" "$bin" "$mode" "$profile" "$mix" "$k" 2>"$log" || { cat "$log" >&2; return 1; }
+    callgrind_annotate --inclusive=yes --show=Ir,ILmr,DLmr,DLmw "$file" >"$file.txt"
+    python3 - "$file.txt" "$name" "$k" "$mode" "$profile" <<'EOF'
+import re, sys
+path, name, k, mode, profile = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
+total = None
+fn = {}
+tok = re.compile(r"\s*(?:([\d,]+)(?:\s+\([^)]*\))?|(\.))(?=\s)")
+for line in open(path, encoding="utf-8", errors="replace"):
+    vals, pos = [], 0
+    for _ in range(4):
+        m = tok.match(line, pos)
+        if not m:
+            break
+        vals.append(int(m.group(1).replace(",", "")) if m.group(1) else 0)
+        pos = m.end()
+    if len(vals) < 4:
+        continue
+    what = line[pos:].strip()
+    if "PROGRAM TOTALS" in what:
+        total = vals
+        continue
+    # A function's inclusive cost is the largest of the lines that name it (the others are
+    # code inlined into it from other files).
+    name_part = what.split(" [")[0]
+    for key in ("Pipeline::process_batch", "Pipeline::begin_batch", "Pipeline::process"):
+        if name_part.endswith(key) and vals[0] > fn.get(key, [0])[0]:
+            fn[key] = vals
+if total is None:
+    sys.exit(f"{path}: no totals")
+main = fn.get("Pipeline::process") if mode == "single" else fn.get("Pipeline::process_batch")
+if main is None:
+    main = fn.get("Pipeline::process_batch") or [0, 0, 0, 0]
+begin = fn.get("Pipeline::begin_batch", [0, 0, 0, 0])
+pipe = [a + b for a, b in zip(main, begin)]
+print(f"{name}_instructions_per_packet {pipe[0] / k:.0f} instr")
+print(f"{name}_harness_instructions_per_packet {(total[0] - pipe[0]) / k:.0f} instr")
+print(f"{name}_llc_misses_per_packet {sum(pipe[1:]) / k:.2f} misses")
+if mode == "single" and name.endswith("uniform_established"):
+    print(f"established_instructions_per_packet {total[0] / k:.0f} instr")
+if mode == "single" and name.endswith("uniform_new_flow"):
+    print(f"new_flow_instructions_per_packet {total[0] / k:.0f} instr")
+EOF
 }
 
-# Two runs at a time (one per core), K and 2K of the same profile together.
-for p in "${profiles[@]}"; do
-    profile=${p%%:*} k=${p##*:}
-    collect "$profile" "$k" >"$out/ir.$profile.1" &
-    a=$!
-    collect "$profile" $((2 * k)) >"$out/ir.$profile.2" &
-    b=$!
-    wait "$a" "$b"
-    i1=$(cat "$out/ir.$profile.1") i2=$(cat "$out/ir.$profile.2")
-    python3 -c "import sys; i1, i2, k = map(int, sys.argv[1:]); print(f'${profile}_instructions_per_packet {(i2 - i1) / k:.0f} instr')" "$i1" "$i2" "$k"
+# Two runs at a time (one per core).
+i=0
+for r in "${runs[@]}"; do
+    # shellcheck disable=SC2086
+    collect $r >"$out/cg.$i.txt" &
+    pids[i]=$!
+    i=$((i + 1))
+    if [ $((i % 2)) = 0 ]; then wait "${pids[i - 2]}" "${pids[i - 1]}"; fi
 done
+wait
+for j in $(seq 0 $((i - 1))); do cat "$out/cg.$j.txt"; done

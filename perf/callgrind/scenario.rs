@@ -1,22 +1,30 @@
-//! The pipeline benchmark scenario of issue 2, shared by the criterion bench
+//! The pipeline benchmark scenario, shared by the criterion bench
 //! (`dataplane/benches/pipeline.rs`, which includes this file with `#[path]`) and the
-//! callgrind driver (`perf/callgrind/pipeline.rs`), so both measure exactly the same tables
-//! and flows.
+//! callgrind driver (`perf/callgrind/pipeline.rs`), so both measure exactly the same tables,
+//! flows and packets.
 //!
-//! - [`SERVICES`] (1,000) ClusterIP services, one TCP frontend each (`10.96.x.y:80`),
-//!   scheduler `mh` (Maglev with the source port), DNAT forwarding, no masquerade;
-//! - [`BACKENDS_PER_SERVICE`] (10) backends each, 10,000 in total (`10.128.0.0/14`, port
-//!   8080), every one with a resolved neighbour on port 0, so new and established packets
-//!   reach [`Verdict::Tx`];
-//! - [`FLOWS`] (1,000,000) client flows opened by one SYN each and moved to `ESTABLISHED` by
-//!   one ACK each ([`populate`]), in a conntrack sized for [`CT_CAPACITY`] flows.
+//! Worlds ([`Kind`]): [`SERVICES`] (1,000) services of [`BACKENDS_PER_SERVICE`] (10) backends,
+//! 10,000 in total, scheduler `mh` (Maglev with the source port), one TCP frontend each
+//! (`10.96.x.y:80`), every backend with a resolved neighbour:
+//! - [`Kind::Dnat`]: ClusterIP, DNAT (kube-proxy's mode);
+//! - [`Kind::Snat`]: the same frontends masqueraded (SNAT to `192.0.2.1`, as NodePorts are);
+//! - [`Kind::Dsr`]: IPIP direct server return (outer sources from `172.16.0.0/16`).
 //!
-//! Frames are kept as fixed 64-byte templates ([`Templates`]); each measured packet first
-//! copies its template into the packet buffer ([`PacketBuf::run`]), because `process`
-//! rewrites the frame in place.
+//! Each world holds [`FLOWS`] (1,000,000) client flows, opened by one SYN each and moved to
+//! `ESTABLISHED` by one ACK each ([`populate`]), in a conntrack sized for [`CT_CAPACITY`].
+//!
+//! Packets come in batches of [`BATCH`] (64) frames copied from fixed 64-byte templates
+//! ([`Templates`]) into an [`Arena`] of [`BUFFERS`] (4,096) frame buffers of [`FRAME`] (2,048)
+//! bytes, taken in turn like a UMEM's frames, at the headroom the AF_XDP workers use (0, so
+//! encapsulation moves the packet into the tailroom); [`Pipeline::process_batch`] then runs on
+//! the batch. Which flow each packet belongs to follows a [`Mix`]: uniform over the 1,000,000
+//! flows, Zipf (s = 1) over them, or uniform over 1,024 hot flows. The old one-packet-at-a-time
+//! loop ([`PacketBuf`], one buffer with 256 bytes of headroom, [`Pipeline::process`]) is kept
+//! for the ratio.
 
 use std::net::{IpAddr, Ipv4Addr};
 
+use dataplane::addr::Cidr;
 use dataplane::build::Frame;
 use dataplane::conntrack::Timeouts;
 use dataplane::nat::Packet;
@@ -25,7 +33,7 @@ use dataplane::tables::{
     BackendSpec, EmptyAction, ForwardingMode, Frontend, FrontendKind, L4Proto, NeighbourSpec, PortSpec, Scheduler,
     ServiceSpec, TableBuilder, Tables, TablesSpec,
 };
-use dataplane::wire::tcp_flags;
+use dataplane::wire::{proto, tcp_flags};
 
 /// Number of services (one VIP:port frontend each).
 pub(crate) const SERVICES: usize = 1_000;
@@ -41,19 +49,66 @@ pub(crate) const CT_CAPACITY: usize = 1_200_000;
 /// The worker clock during measurements, in milliseconds. It never advances inside a timed
 /// loop, so no conntrack sweep runs there.
 pub(crate) const NOW_MS: u64 = 1_000;
-/// Packets per RX batch: [`Pipeline::begin_batch`] is called once per this many packets, as
-/// an AF_XDP worker does.
+/// Packets per RX batch, as an AF_XDP worker takes them.
 pub(crate) const BATCH: usize = 64;
+/// Frame buffers the batches rotate over (as a UMEM's frames).
+pub(crate) const BUFFERS: usize = 4_096;
+/// Bytes of one frame buffer (the workers' UMEM frame size).
+pub(crate) const FRAME: usize = 2_048;
 /// Bytes of a frame template slot (a TCP/IPv4 frame without payload is 54 bytes).
 pub(crate) const SLOT: usize = 64;
-/// Headroom before the frame in the packet buffer (room for an encapsulation header).
+/// Headroom before the frame in the one-packet loop's buffer.
 pub(crate) const HEADROOM: usize = 256;
-/// Tailroom after the frame (room for generated replies).
+/// Tailroom after the frame in the one-packet loop's buffer.
 pub(crate) const TAILROOM: usize = 256;
 /// Frontend port of every service.
 pub(crate) const VIP_PORT: u16 = 80;
 /// Target port of every backend.
 pub(crate) const BACKEND_PORT: u16 = 8080;
+/// Hot flows of [`Mix::Hot`].
+pub(crate) const HOT_FLOWS: usize = 1_024;
+/// Length of a precomputed flow sequence (packets before it repeats).
+pub(crate) const SEQUENCE: usize = 1 << 20;
+/// The SNAT address of every world.
+pub(crate) const SNAT: [u8; 4] = [192, 0, 2, 1];
+
+/// What the services of a world do.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// DNAT (ClusterIP).
+    Dnat,
+    /// DNAT plus SNAT (masquerade).
+    Snat,
+    /// IPIP direct server return.
+    Dsr,
+}
+
+/// Which flows the packets of a run belong to.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Mix {
+    /// Each packet an independent uniform choice among the world's flows.
+    Uniform,
+    /// Zipf with exponent 1 over the world's flows (ranks scattered over the flows at random).
+    Zipf,
+    /// Uniform over [`HOT_FLOWS`] flows.
+    Hot,
+}
+
+impl Mix {
+    /// The name used in figure names: `uniform`, `zipf`, `hot`.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Uniform => "uniform",
+            Self::Zipf => "zipf",
+            Self::Hot => "hot",
+        }
+    }
+
+    /// Parses [`Mix::name`].
+    pub(crate) fn from_name(s: &str) -> Option<Self> {
+        [Self::Uniform, Self::Zipf, Self::Hot].into_iter().find(|m| m.name() == s)
+    }
+}
 
 /// The VIP of service `svc`: `10.96.0.0/16` in order.
 pub(crate) fn vip(svc: usize) -> [u8; 4] {
@@ -67,9 +122,9 @@ pub(crate) fn backend_addr(i: usize) -> [u8; 4] {
     [10, 128 | (b & 3), c, d]
 }
 
-/// The table spec: [`SERVICES`] services × [`BACKENDS_PER_SERVICE`] backends, one port,
-/// one neighbour per backend.
-pub(crate) fn spec() -> TablesSpec {
+/// The table spec of a world: [`SERVICES`] services × [`BACKENDS_PER_SERVICE`] backends, one
+/// port, one neighbour per backend.
+pub(crate) fn spec_of(kind: Kind) -> TablesSpec {
     let services = (0..SERVICES)
         .map(|s| ServiceSpec {
             name: format!("bench/svc-{s}:http"),
@@ -78,11 +133,11 @@ pub(crate) fn spec() -> TablesSpec {
                 L4Proto::Tcp,
                 VIP_PORT,
                 FrontendKind::ClusterIp,
-                false,
+                kind == Kind::Snat,
             )],
             scheduler: Scheduler::Maglev { port: true },
             affinity_timeout_s: None,
-            mode: ForwardingMode::Nat,
+            mode: if kind == Kind::Dsr { ForwardingMode::DsrIpip } else { ForwardingMode::Nat },
             when_empty: EmptyAction::Reject,
             backends: (0..BACKENDS_PER_SERVICE)
                 .map(|b| {
@@ -106,24 +161,34 @@ pub(crate) fn spec() -> TablesSpec {
         ports: vec![PortSpec { name: "eth0".into(), mac: [0x02, 0, 0, 0, 0, 0xfe], mtu: 1500 }],
         neighbours,
         routes: vec![],
-        snat_v4: Some(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1))),
+        snat_v4: Some(IpAddr::V4(Ipv4Addr::from(SNAT))),
         snat_v6: None,
-        dsr_source_v4: None,
+        dsr_source_v4: (kind == Kind::Dsr).then_some(Cidr { addr: IpAddr::V4(Ipv4Addr::new(172, 16, 0, 0)), len: 16 }),
         dsr_source_v6: None,
         maglev_max_size: 0,
         cluster_cidrs: vec![],
     }
 }
 
-/// Builds the tables of [`spec`]; the builder is returned so that later builds reuse its
+/// The DNAT world's spec (the table benchmarks build it).
+pub(crate) fn spec() -> TablesSpec {
+    spec_of(Kind::Dnat)
+}
+
+/// Builds the tables of a world; the builder is returned so that later builds reuse its
 /// backend slots, as the control thread's does.
 ///
 /// # Panics
 /// If the spec does not build (a bug in this file).
-pub(crate) fn tables() -> (TableBuilder, Tables) {
+pub(crate) fn tables_of(kind: Kind) -> (TableBuilder, Tables) {
     let mut b = TableBuilder::new();
-    let t = b.build(&spec()).unwrap_or_else(|e| panic!("bench spec does not build: {e}"));
+    let t = b.build(&spec_of(kind)).unwrap_or_else(|e| panic!("bench spec does not build: {e}"));
     (b, t)
+}
+
+/// [`tables_of`] the DNAT world.
+pub(crate) fn tables() -> (TableBuilder, Tables) {
+    tables_of(Kind::Dnat)
 }
 
 /// Worker configuration: conntrack for [`CT_CAPACITY`] flows, counters for every service and
@@ -207,7 +272,39 @@ impl Templates {
     }
 }
 
-/// A packet buffer with headroom and tailroom, reused for every packet.
+/// A packet stream: frames in arrival order (templates picked by a sequence), so that copying
+/// them into the RX buffers reads memory in order, as a NIC's DMA engine writes it, instead of
+/// adding a random template read per packet to what is measured.
+#[derive(Debug)]
+pub(crate) struct Stream {
+    frames: Vec<[u8; SLOT]>,
+    len: usize,
+}
+
+impl Stream {
+    /// The frames `tpl.slot(seq[0]), tpl.slot(seq[1]), ...`.
+    pub(crate) fn new(tpl: &Templates, seq: &[u32]) -> Self {
+        Self { frames: seq.iter().map(|&i| *tpl.slot(i as usize)).collect(), len: tpl.frame_len() }
+    }
+
+    /// Number of frames before the stream repeats.
+    pub(crate) fn count(&self) -> usize {
+        self.frames.len()
+    }
+
+    /// Frames `at..at + n` (at most to the end of the stream).
+    #[inline]
+    pub(crate) fn frames(&self, at: usize, n: usize) -> &[[u8; SLOT]] {
+        &self.frames[at..(at + n).min(self.frames.len())]
+    }
+
+    /// Frame length in bytes.
+    pub(crate) fn frame_len(&self) -> usize {
+        self.len
+    }
+}
+
+/// A packet buffer with headroom and tailroom, reused for every packet (the one-packet loop).
 #[derive(Debug)]
 pub(crate) struct PacketBuf {
     buf: Vec<u8>,
@@ -241,6 +338,117 @@ impl PacketBuf {
     }
 }
 
+/// [`BUFFERS`] frame buffers of [`FRAME`] bytes that batches take in turn, like a UMEM's frames.
+#[derive(Debug)]
+pub(crate) struct Arena {
+    buf: Vec<u8>,
+    next: usize,
+    /// Headroom of every frame (0 in the workers).
+    pub(crate) headroom: usize,
+    verdicts: [Verdict; BATCH],
+}
+
+impl Arena {
+    /// An arena whose frames start `headroom` bytes into their buffers.
+    pub(crate) fn new(headroom: usize) -> Self {
+        Self { buf: vec![0; BUFFERS * FRAME], next: 0, headroom, verdicts: [Verdict::Pass; BATCH] }
+    }
+
+    /// Copies `frames` (at most [`BATCH`], each `len` bytes) into the next buffers and, if `p` is
+    /// given, runs them through [`Pipeline::process_batch`] on port 0. Returns how many verdicts
+    /// were not [`Verdict::Tx`] (0 when only copying).
+    #[inline]
+    pub(crate) fn run(&mut self, p: Option<(&mut Pipeline, &Tables)>, frames: &[[u8; SLOT]], len: usize) -> usize {
+        let n = frames.len().min(BATCH);
+        let start = self.next * FRAME;
+        self.next = (self.next + BATCH) % BUFFERS;
+        let region = &mut self.buf[start..start + BATCH * FRAME];
+        let mut chunks = region.chunks_exact_mut(FRAME);
+        let h = self.headroom;
+        let mut pkts: [Packet<'_>; BATCH] = core::array::from_fn(|_| match chunks.next() {
+            Some(b) => Packet::new(b, h, len),
+            None => Packet::new(&mut [], 0, 0),
+        });
+        for (pkt, f) in pkts.iter_mut().zip(frames) {
+            pkt.buf[h..h + SLOT].copy_from_slice(f);
+        }
+        let Some((p, t)) = p else {
+            std::hint::black_box(&pkts);
+            return 0;
+        };
+        p.process_batch(t, &mut pkts[..n], 0, &mut self.verdicts);
+        self.verdicts[..n].iter().filter(|v| !matches!(v, Verdict::Tx { .. })).count()
+    }
+
+    /// The verdicts of the last batch.
+    pub(crate) fn verdicts(&self) -> &[Verdict; BATCH] {
+        &self.verdicts
+    }
+}
+
+/// xorshift64* (Vigna 2016), deterministic sequences for the mixes.
+#[derive(Debug)]
+pub(crate) struct Rng(u64);
+
+impl Rng {
+    /// A generator from a non-zero seed.
+    pub(crate) fn new(seed: u64) -> Self {
+        Self(seed | 1)
+    }
+
+    /// The next value.
+    pub(crate) fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// A value below `n` (n > 0).
+    pub(crate) fn below(&mut self, n: usize) -> usize {
+        ((u128::from(self.next()) * n as u128) >> 64) as usize
+    }
+}
+
+/// [`SEQUENCE`] flow indices (below `flows`) following `mix`; a new-flow stream takes each
+/// template once, in order, instead (see [`in_order`]).
+pub(crate) fn sequence(mix: Mix, flows: usize, seed: u64) -> Vec<u32> {
+    let mut rng = Rng::new(seed);
+    let idx = |x: usize| u32::try_from(x).unwrap_or(u32::MAX);
+    match mix {
+        Mix::Uniform => (0..SEQUENCE).map(|_| idx(rng.below(flows))).collect(),
+        Mix::Hot => (0..SEQUENCE).map(|_| idx(rng.below(HOT_FLOWS.min(flows)))).collect(),
+        Mix::Zipf => {
+            // Inverse transform over the cumulative weights 1/k (s = 1), then a random
+            // permutation so that the popular ranks are scattered over the flow table.
+            let mut cdf = Vec::with_capacity(flows);
+            let mut sum = 0.0f64;
+            for k in 1..=flows {
+                sum += 1.0 / k as f64;
+                cdf.push(sum);
+            }
+            let mut perm: Vec<u32> = (0..flows).map(idx).collect();
+            for i in (1..flows).rev() {
+                perm.swap(i, rng.below(i + 1));
+            }
+            (0..SEQUENCE)
+                .map(|_| {
+                    let u = (rng.next() >> 11) as f64 / (1u64 << 53) as f64 * sum;
+                    let r = cdf.partition_point(|&c| c < u).min(flows - 1);
+                    perm[r]
+                })
+                .collect()
+        }
+    }
+}
+
+/// The indices `0..n`: every template once, in order.
+pub(crate) fn in_order(n: usize) -> Vec<u32> {
+    (0..n).map(|i| u32::try_from(i).unwrap_or(u32::MAX)).collect()
+}
+
 /// SYN templates of pre-inserted flows `0..n` ([`flow`]).
 pub(crate) fn syn_templates(n: usize) -> Templates {
     Templates::new(n, |i| tcp_frame(flow(i), tcp_flags::SYN))
@@ -256,17 +464,35 @@ pub(crate) fn new_syn_templates(n: usize) -> Templates {
     Templates::new(n, |i| tcp_frame(new_flow(i), tcp_flags::SYN))
 }
 
+/// Reply templates of the flows `0..n` of a SNAT world: an ACK from the flow's backend to the
+/// SNAT address and port the flow got, read back from the worker's conntrack.
+///
+/// # Panics
+/// If a flow of `0..n` is not tracked with a SNAT port.
+pub(crate) fn snat_reply_templates(w: &World, n: usize) -> Templates {
+    let mut by_client = std::collections::HashMap::with_capacity(n);
+    for f in w.pipeline.dump_flows() {
+        let IpAddr::V4(c) = f.client else { continue };
+        let port = f.snat_port.expect("SNAT world flows have a SNAT port");
+        let b = w.tables.backend(f.backend).expect("backend of a tracked flow");
+        let IpAddr::V4(ba) = b.addr else { continue };
+        by_client.insert((c.octets(), f.cport), (ba.octets(), port));
+    }
+    Templates::new(n, |i| {
+        let (client, cport, _) = flow(i);
+        let (baddr, port) = by_client[&(client, cport)];
+        let seg = dataplane::build::tcp_segment(BACKEND_PORT, port, tcp_flags::ACK, 7000, 1001, &[]);
+        Frame::ip(baddr.into(), SNAT.into(), proto::TCP, &seg, &dataplane::build::IpOpts::default())
+    })
+}
+
 /// Runs every template through `p` once in batches of [`BATCH`] at [`NOW_MS`] and returns
 /// the number of packets that were not [`Verdict::Tx`].
-pub(crate) fn run_all(p: &mut Pipeline, t: &Tables, tpl: &Templates, buf: &mut PacketBuf) -> usize {
+pub(crate) fn run_all(p: &mut Pipeline, t: &Tables, tpl: &Templates, arena: &mut Arena) -> usize {
     let mut not_tx = 0;
-    for i in 0..tpl.count() {
-        if i.is_multiple_of(BATCH) {
-            p.begin_batch(t, NOW_MS);
-        }
-        if !matches!(buf.run(p, t, tpl.slot(i), tpl.frame_len()), Verdict::Tx { .. }) {
-            not_tx += 1;
-        }
+    for chunk in tpl.slots.chunks(BATCH) {
+        p.begin_batch(t, NOW_MS);
+        not_tx += arena.run(Some((&mut *p, t)), chunk, tpl.frame_len());
     }
     not_tx
 }
@@ -279,11 +505,11 @@ pub(crate) fn run_all(p: &mut Pipeline, t: &Tables, tpl: &Templates, buf: &mut P
 /// hold every flow afterwards: the benchmarks must measure the forwarding path, not a drop.
 pub(crate) fn populate(t: &Tables, acks: &Templates, seed: u64) -> Pipeline {
     let mut p = Pipeline::new(config(), seed);
-    let mut buf = PacketBuf::default();
+    let mut arena = Arena::new(0);
     let syns = syn_templates(acks.count());
-    let not_tx = run_all(&mut p, t, &syns, &mut buf);
+    let not_tx = run_all(&mut p, t, &syns, &mut arena);
     assert_eq!(not_tx, 0, "SYNs of new flows must be forwarded");
-    let not_tx = run_all(&mut p, t, acks, &mut buf);
+    let not_tx = run_all(&mut p, t, acks, &mut arena);
     assert_eq!(not_tx, 0, "ACKs of established flows must be forwarded");
     assert_eq!(p.families().v4.ct.len(), acks.count(), "every flow is tracked");
     p
@@ -292,32 +518,38 @@ pub(crate) fn populate(t: &Tables, acks: &Templates, seed: u64) -> Pipeline {
 /// The tables, a populated worker and a packet buffer.
 #[derive(Debug)]
 pub(crate) struct World {
-    /// The [`spec`] tables.
+    /// What the services do.
+    pub(crate) kind: Kind,
+    /// The world's tables.
     pub(crate) tables: Tables,
     /// The worker, holding the established flows.
     pub(crate) pipeline: Pipeline,
-    /// The packet buffer every measured packet goes through.
+    /// The one-packet loop's buffer.
     pub(crate) buf: PacketBuf,
 }
 
 impl World {
-    /// Builds the tables and a worker holding the flows of `acks` ([`populate`]).
-    pub(crate) fn new(acks: &Templates) -> Self {
-        let (_, tables) = tables();
+    /// Builds the tables of `kind` and a worker holding the flows of `acks` ([`populate`]).
+    pub(crate) fn of(kind: Kind, acks: &Templates) -> Self {
+        let (_, tables) = tables_of(kind);
         let pipeline = populate(&tables, acks, 0x5eed);
-        Self { tables, pipeline, buf: PacketBuf::default() }
+        Self { kind, tables, pipeline, buf: PacketBuf::default() }
+    }
+
+    /// [`World::of`] the DNAT world.
+    pub(crate) fn new(acks: &Templates) -> Self {
+        Self::of(Kind::Dnat, acks)
     }
 }
 
 /// Expires the new-flow entries a new-flow measurement added: moves the clock past the SYN
-/// timeout (established flows stay) and sweeps every conntrack shard twice (a reverse entry
-/// is dropped by the sweep of its own shard once its forward entry is gone). Returns the
+/// timeout (established flows stay) and runs a whole pass of the conntrack sweep. Returns the
 /// new clock.
 pub(crate) fn expire_new_flows(p: &mut Pipeline, t: &Tables, now_ms: u64) -> u64 {
     let syn_ms = u64::from(Timeouts::default().tcp_syn_s) * 1000;
     let mut now = now_ms + syn_ms + 2_000;
     let step = p.config().sweep_interval_ms.max(1);
-    for _ in 0..2 * dataplane::conntrack::SHARDS {
+    for _ in 0..dataplane::conntrack::SHARDS {
         now += step;
         p.begin_batch(t, now);
     }

@@ -1,0 +1,1177 @@
+//! Per-worker connection tracking: a flow table built for this job.
+//!
+//! # Layout
+//!
+//! One table per address family per worker, two arrays in anonymous memory
+//! ([`mem::Region`], `MADV_HUGEPAGE`):
+//!
+//! - **records** ([`FlowRecord`]), a slab of `capacity` fixed-size records, one per flow: 64
+//!   bytes for IPv4 (one cache line), 128 for IPv6. A record holds the flow's two tuples, its
+//!   state and expiry, and everything the rewrite needs, precomputed ([`FlowRecord`]).
+//! - **buckets** ([`Bucket`]), one cache line each: eight 16-bit tags, eight references into
+//!   the slab, eight eviction hints and an overflow count. A NAT flow has two entries that
+//!   point at its one record: the **forward** entry (the client's tuple) and the **reply**
+//!   entry (the tuple of the backend's replies), as VPP's NAT44-ED session table does; a DSR
+//!   flow has only the forward entry (its replies bypass the load balancer).
+//!
+//! # Lookup
+//!
+//! The key is packed into machine words and hashed **once per packet** with a keyed hash
+//! (folded 64×64→128-bit multiplies, as foldhash and wyhash do) whose seeds are drawn at
+//! random per table, since keys come from attackers (crates.md §6). The high 32 bits pick the
+//! home bucket (multiply-shift range reduction, so any bucket count works), the low 16 bits
+//! are the tag. A lookup compares the eight tags at once (SSE2 `pcmpeqw` + `pmovmskb` on
+//! x86-64), then checks the full key in the record of each match (about one in 8,000 lookups
+//! sees a false tag match). Entries that did not fit their home bucket go to the next bucket
+//! with room; each bucket counts how many entries passed it (F14's overflow counts), so a
+//! lookup stops at the first bucket whose count is zero: almost always the home bucket. The
+//! same probe serves the insert after a miss (find-or-insert in one probe), and the batch
+//! pipeline prefetches the home bucket, then the record of the first tag match, before it
+//! looks ([`Conntrack::hash`], [`View::prefetch`], [`View::probe`], [`ViewMut::resolve`]).
+//!
+//! # Capacity, eviction, expiry
+//!
+//! Buckets are sized so that with every record in use (two entries per flow) at most
+//! [`TARGET_LOAD`] of the slots are taken. When every record is in use, a new flow takes the
+//! record of the oldest not-yet-established TCP flow whose entry is in the new flow's home
+//! bucket or the next one (each slot carries a hint: evictable or not, and the second it was
+//! inserted), like Linux's `early_drop` of unassured entries and Katran's LRU: a SYN flood
+//! against a full table costs O(1) per SYN. Failing that, a sweep step is tried at most once a
+//! second and the not-established flows of the swept range are evicted; else the new flow is
+//! refused ([`Full`]).
+//!
+//! Expiry is checked on lookup ([`Conntrack::lookup`]) and by [`Conntrack::sweep`], which
+//! visits one [`SHARDS`]th of the slab per call. Timeouts follow IPVS (`ipvsadm --set`; seed
+//! CT-04): established 900 s, FIN 120 s, UDP 300 s, all configurable.
+
+#![deny(clippy::panic, clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+
+mod mem;
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::addr::{Family, V4, V6};
+use crate::tables::BackendRef;
+use crate::wire::tcp_flags;
+use mem::Region;
+
+/// Steps of the incremental sweep per pass over the slab (each [`Conntrack::sweep`] call visits
+/// one step's share of the records in use).
+pub const SHARDS: usize = 64;
+
+/// Entries per bucket (one 64-byte cache line).
+pub const SLOTS: usize = 8;
+
+/// Largest share of bucket slots in use when every record is (two entries per flow). With 8
+/// slots per bucket, 5 of 8 on average leaves about 7 % of buckets spilling into the next one
+/// at full capacity, about 3 % at the 80 % a table usually runs at.
+pub const TARGET_LOAD: f64 = 0.625;
+
+/// Buckets an entry may be displaced over before an insert gives up (far beyond what a random
+/// hash produces at [`TARGET_LOAD`]).
+pub const MAX_PROBE: usize = 16;
+
+/// Buckets (the home bucket and the next) whose evictable entries a full table considers.
+pub const EVICT_BUCKETS: usize = 2;
+
+/// Index of a record in the slab.
+pub type RecId = u32;
+
+/// A flow's 5-tuple. For IPv4 this is 13 bytes of data.
+#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug, Default)]
+pub struct FlowKey<A> {
+    /// Source address.
+    pub src: A,
+    /// Destination address.
+    pub dst: A,
+    /// Source port (ICMP: identifier).
+    pub sport: u16,
+    /// Destination port.
+    pub dport: u16,
+    /// IP protocol number.
+    pub proto: u8,
+}
+
+/// TCP connection state as xlb tracks it (a reduced IPVS state table, `ip_vs_proto_tcp.c`).
+#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug, Default)]
+#[repr(u8)]
+pub enum CtState {
+    /// Not TCP (UDP, SCTP): one state, `udp` timeout.
+    #[default]
+    Datagram = 0,
+    /// SYN seen, handshake not finished.
+    SynSent = 1,
+    /// Data flowing.
+    Established = 2,
+    /// FIN seen in either direction.
+    FinWait = 3,
+    /// RST seen.
+    Closed = 4,
+}
+
+impl CtState {
+    /// Every state, by number.
+    pub const ALL: [Self; 5] = [Self::Datagram, Self::SynSent, Self::Established, Self::FinWait, Self::Closed];
+
+    /// Whether the flow counts as an active connection for `lc`/`wlc`/`sed`/`nq` (IPVS
+    /// counts established TCP as active; here datagram flows count as active too).
+    #[inline]
+    pub fn is_active(self) -> bool {
+        matches!(self, Self::Datagram | Self::SynSent | Self::Established)
+    }
+
+    /// Whether a full table may evict the flow early (not yet established TCP, or closing):
+    /// Linux conntrack's "unassured" entries.
+    #[inline]
+    pub fn is_evictable(self) -> bool {
+        !matches!(self, Self::Established | Self::Datagram)
+    }
+
+    /// The state of number `n` (see the discriminants); `Closed` for unknown numbers.
+    #[inline]
+    pub fn from_u8(n: u8) -> Self {
+        match n {
+            0 => Self::Datagram,
+            1 => Self::SynSent,
+            2 => Self::Established,
+            3 => Self::FinWait,
+            _ => Self::Closed,
+        }
+    }
+
+    /// Name for `xlb conntrack`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Datagram => "UDP",
+            Self::SynSent => "SYN_SENT",
+            Self::Established => "ESTABLISHED",
+            Self::FinWait => "FIN_WAIT",
+            Self::Closed => "CLOSE",
+        }
+    }
+}
+
+/// Flow flags ([`FlowRecord::flags`]).
+pub mod flow_flags {
+    /// The flow's source is rewritten to the SNAT address and port (`reply_dst`,
+    /// `reply_dport`).
+    pub const SNAT: u8 = 0x01;
+    /// Direct server return: no reply entry (replies bypass xlb).
+    pub const DSR: u8 = 0x02;
+    /// DSR by IPIP / IP6IP6 encapsulation (else by MAC rewrite only); `reply_dst` holds the
+    /// outer source address.
+    pub const ENCAP: u8 = 0x04;
+    /// The reply entry was taken over by a newer flow with the same reply tuple (the same
+    /// client address and port reaching the same backend through another frontend): this
+    /// flow's replies are no longer recognised. Its reply entry is not removed with it.
+    pub const NO_REPLY: u8 = 0x08;
+    /// Set by the batch pipeline while a packet of this flow waits for the slow path, so later
+    /// packets of the same flow in that batch wait too (keeps per-flow order).
+    pub const DEFERRED: u8 = 0x10;
+}
+
+/// One flow: its tuples, state and the precomputed rewrite. `Pod`, so the slab lives in plain
+/// mapped memory; `#[repr(C, packed)]` with the fields ordered so that every `u32` and `u16` is
+/// naturally aligned inside a record, each entry's key lies in the order of [`FlowKey`]'s
+/// fields (forward: `client, vip` then `cport, vport`; reply: `backend_addr, reply_dst` then
+/// `bport, reply_dport`), and `P` pads the record to 64 bytes (IPv4) or 128 bytes (IPv6): a
+/// record never straddles more cache lines than it must.
+///
+/// Forward packets (client → frontend) have the tuple `(client, vip, cport, vport)` and leave
+/// with `(reply_dst, backend_addr, reply_dport, bport)`; replies come back with the mirror of
+/// that and leave as `(vip, client, vport, cport)`. For DNAT flows `reply_dst`/`reply_dport` are
+/// the client's own address and port; for SNAT flows the SNAT address and port; for IPIP DSR
+/// flows `reply_dst` is the outer source address. The checksum deltas are RFC 1624 sums of
+/// `~old + new` over the changed words, ready to add: the IPv4 header's over the addresses with
+/// the TTL decrement folded in (the constant [`crate::csum::TTL_DEC`]), one per direction, and
+/// the transport checksum's over addresses and ports for forward packets (a reply's is its
+/// one's-complement negation). IPIP DSR flows keep their 32-bit flow hash (the IPv6 flow label,
+/// RFC 6438) in the two IPv4 header deltas, which encapsulation does not use.
+#[derive(Copy, Clone, Pod, Zeroable, Debug)]
+#[repr(C, packed)]
+pub struct FlowRecord<A, P> {
+    /// The backend ([`BackendRef`]; stale once the backend leaves the tables).
+    pub backend: BackendRef,
+    /// Expiry, in worker seconds.
+    pub expires_s: u32,
+    /// Low 32 bits of the [`crate::tables::Tables::generation`] the rewrite fields were computed
+    /// for; a packet that sees another generation takes the slow path, which checks the backend
+    /// and refreshes them. 0 = never computed.
+    pub generation: u32,
+    /// Service id (the index of the per-service counters).
+    pub svc: u32,
+    /// Client address.
+    pub client: A,
+    /// Frontend (VIP) address.
+    pub vip: A,
+    /// Backend address.
+    pub backend_addr: A,
+    /// Source of the rewritten forward packets and destination of the replies: the client
+    /// (DNAT), the SNAT address (SNAT) or the outer source (IPIP DSR).
+    pub reply_dst: A,
+    /// Client port (host order).
+    pub cport: u16,
+    /// Frontend port.
+    pub vport: u16,
+    /// Backend port.
+    pub bport: u16,
+    /// Source port of the rewritten forward packets (the client's, or the SNAT port).
+    pub reply_dport: u16,
+    /// RFC 1624 delta of the IPv4 header checksum of forward packets (addresses, TTL).
+    pub ip_delta_fwd: u16,
+    /// RFC 1624 delta of the IPv4 header checksum of replies (addresses, TTL).
+    pub ip_delta_rev: u16,
+    /// RFC 1624 delta of the transport checksum of forward packets (addresses and ports).
+    pub l4_delta: u16,
+    /// IP protocol.
+    pub proto: u8,
+    /// [`CtState`] number; [`FlowRecord::FREE`] for an unused record.
+    pub state: u8,
+    /// [`flow_flags`].
+    pub flags: u8,
+    /// Port the client's packets arrived on: replies leave there.
+    pub in_port: u8,
+    /// Port forward packets leave on (the next hop's).
+    pub out_port: u8,
+    /// Reserved, zero.
+    pub reserved: u8,
+    /// Source MAC of the client side's packets: replies go back to it.
+    pub peer_mac: [u8; 6],
+    /// MAC of the forward next hop (the backend or its gateway).
+    pub hop_mac: [u8; 6],
+    /// Padding to the record size.
+    pub pad: P,
+}
+
+/// The record type of family `A`.
+pub type Rec<A> = FlowRecord<A, <A as CtFamily>::Pad>;
+
+impl<A: CtFamily> FlowRecord<A, A::Pad> {
+    /// `state` of an unused record.
+    pub const FREE: u8 = 0xff;
+
+    /// The client's tuple (the forward entry's key).
+    #[inline]
+    pub fn fwd_key(&self) -> FlowKey<A> {
+        FlowKey { src: self.client, dst: self.vip, sport: self.cport, dport: self.vport, proto: self.proto }
+    }
+
+    /// The tuple of the backend's replies (the reply entry's key).
+    #[inline]
+    pub fn reply_key(&self) -> FlowKey<A> {
+        FlowKey {
+            src: self.backend_addr,
+            dst: self.reply_dst,
+            sport: self.bport,
+            dport: self.reply_dport,
+            proto: self.proto,
+        }
+    }
+
+    /// The key of the entry of direction `dir`.
+    #[inline]
+    pub fn key(&self, dir: Dir) -> FlowKey<A> {
+        match dir {
+            Dir::Forward => self.fwd_key(),
+            Dir::Reply => self.reply_key(),
+        }
+    }
+
+    /// Whether the flow has (and still owns) a reply entry.
+    #[inline]
+    pub fn has_reply(&self) -> bool {
+        self.flags & (flow_flags::DSR | flow_flags::NO_REPLY) == 0
+    }
+
+    /// The TCP/flow state.
+    #[inline]
+    pub fn ct_state(&self) -> CtState {
+        CtState::from_u8(self.state)
+    }
+
+    /// Whether the record is in use.
+    #[inline]
+    pub fn in_use(&self) -> bool {
+        self.state != Self::FREE
+    }
+
+    /// An empty record (zeroes; [`FlowRecord::FREE`] is set by the table, not here).
+    pub fn zeroed_record() -> Self {
+        Zeroable::zeroed()
+    }
+}
+
+/// Address families the flow table supports: the record padding and the key hash.
+pub trait CtFamily: Family {
+    /// Padding that brings [`FlowRecord`] to 64 (IPv4) or 128 (IPv6) bytes.
+    type Pad: Pod + core::fmt::Debug;
+    /// The keyed hash of a key (see the module docs); `seeds` are the table's random seeds.
+    fn hash_key(k: &FlowKey<Self>, seeds: &[u64; 5]) -> u64;
+}
+
+/// The 64×64→128-bit multiply folded to 64 bits (high half XOR low half): the mixing step of
+/// foldhash and wyhash.
+#[inline]
+fn fold_mul(a: u64, b: u64) -> u64 {
+    let p = u128::from(a) * u128::from(b);
+    // Truncation keeps the low half on purpose; the high half is the shift.
+    #[expect(clippy::cast_possible_truncation, reason = "the low 64 bits are wanted")]
+    let lo = p as u64;
+    lo ^ (p >> 64) as u64
+}
+
+#[inline]
+fn ports_word(k: &FlowKey<impl Copy>) -> u64 {
+    u64::from(k.sport) | u64::from(k.dport) << 16 | u64::from(k.proto) << 32
+}
+
+impl CtFamily for V4 {
+    type Pad = [u8; 0];
+    #[inline]
+    fn hash_key(k: &FlowKey<Self>, s: &[u64; 5]) -> u64 {
+        let [a, b, c, d] = k.src.0;
+        let [e, f, g, h] = k.dst.0;
+        let addrs = u64::from_le_bytes([a, b, c, d, e, f, g, h]);
+        fold_mul(fold_mul(addrs ^ s[0], ports_word(k) ^ s[1]), s[2])
+    }
+}
+
+impl CtFamily for V6 {
+    type Pad = [u8; 16];
+    #[inline]
+    fn hash_key(k: &FlowKey<Self>, s: &[u64; 5]) -> u64 {
+        let w = |b: &[u8; 16], hi: bool| {
+            let h: &[u8; 8] = if hi { b.last_chunk().unwrap_or(&[0; 8]) } else { b.first_chunk().unwrap_or(&[0; 8]) };
+            u64::from_le_bytes(*h)
+        };
+        let x = fold_mul(w(&k.src.0, false) ^ s[0], w(&k.src.0, true) ^ s[1]);
+        let y = fold_mul(w(&k.dst.0, false) ^ s[2], w(&k.dst.0, true) ^ s[3]);
+        fold_mul(x ^ ports_word(k), y ^ s[4])
+    }
+}
+
+/// Which of a flow's two entries a lookup found.
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub enum Dir {
+    /// The client's tuple: a packet from client to frontend.
+    Forward,
+    /// The reply tuple: a packet from the backend.
+    Reply,
+}
+
+/// A found entry: the record, the direction, and where the entry sits (so the caller can update
+/// its eviction hint without probing again).
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub struct Hit {
+    /// The record.
+    pub id: RecId,
+    /// Which entry matched.
+    pub dir: Dir,
+    /// Bucket index.
+    pub bucket: u32,
+    /// Slot in the bucket (0..[`SLOTS`]).
+    pub slot: u8,
+}
+
+/// Why an insert failed.
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub struct Full;
+
+/// A removed or expired flow, handed to the caller so it can fix per-backend counts.
+#[derive(Copy, Clone, Debug)]
+pub struct Removed {
+    /// Backend of the flow.
+    pub backend: BackendRef,
+    /// State at removal.
+    pub state: CtState,
+    /// Whether it was removed early to make room (else it expired).
+    pub evicted: bool,
+}
+
+/// One cache line of the index: eight entries.
+#[derive(Copy, Clone, Pod, Zeroable, Debug)]
+#[repr(C, align(64))]
+pub struct Bucket {
+    /// Tag of each slot (16 bits of the key's hash, never 0); 0 = free slot.
+    tags: [u16; SLOTS],
+    /// Record index `<< 1 | direction` (0 forward, 1 reply) of each slot.
+    refs: [u32; SLOTS],
+    /// Eviction hint of each slot: [`EVICTABLE`] plus the low 7 bits of the insertion second.
+    meta: [u8; SLOTS],
+    /// Entries whose home bucket lies before this one and that sit after it (saturates at 255,
+    /// which then stays).
+    overflow: u8,
+    pad: [u8; 7],
+}
+
+/// Eviction hint bit: the flow was not established when this entry was written (checked against
+/// the record before evicting).
+const EVICTABLE: u8 = 0x80;
+
+/// Bitmask (bit `2 * slot`) of the slots whose tag equals `tag`.
+#[inline]
+fn match_tags(tags: &[u16; SLOTS], tag: u16) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use safe_arch::{cmp_eq_mask_i16_m128i, m128i, move_mask_i8_m128i, set_splat_i16_m128i};
+        let eq = cmp_eq_mask_i16_m128i(m128i::from(*tags), set_splat_i16_m128i(i16::from_ne_bytes(tag.to_ne_bytes())));
+        move_mask_i8_m128i(eq).cast_unsigned() & 0x5555
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let mut m = 0u32;
+        for (i, t) in tags.iter().enumerate() {
+            m |= u32::from(*t == tag) << (2 * i);
+        }
+        m
+    }
+}
+
+/// The slot of the lowest set bit of a [`match_tags`] mask.
+#[inline]
+fn first_slot(m: u32) -> usize {
+    (m.trailing_zeros() / 2) as usize
+}
+
+#[inline]
+fn tag_of(h: u64) -> u16 {
+    #[expect(clippy::cast_possible_truncation, reason = "the tag is the low 16 bits")]
+    let t = h as u16;
+    t | u16::from(t == 0)
+}
+
+/// The tables' random seeds: from the standard library's randomly keyed SipHash state (keys
+/// drawn from the OS once per thread).
+fn random_seeds() -> [u64; 5] {
+    use core::hash::BuildHasher;
+    let s = std::collections::hash_map::RandomState::new();
+    core::array::from_fn(|i| s.hash_one(i) | 1)
+}
+
+/// End of the free list.
+const NONE: u32 = u32::MAX;
+
+/// Conntrack for one address family on one worker.
+#[derive(Debug)]
+pub struct Conntrack<A: CtFamily> {
+    buckets: Region<Bucket>,
+    recs: Region<Rec<A>>,
+    nb: u64,
+    seeds: [u64; 5],
+    len: usize,
+    capacity: usize,
+    /// Records handed out at least once (`0..hw` are initialised).
+    hw: u32,
+    free_head: u32,
+    sweep_at: usize,
+    last_reclaim_s: u32,
+}
+
+/// Number of buckets for `capacity` flows: two entries per flow at [`TARGET_LOAD`].
+pub fn buckets_for(capacity: usize) -> usize {
+    let slots = (capacity.max(1) as f64 * 2.0 / TARGET_LOAD).ceil();
+    #[expect(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "a positive count of slots")]
+    let slots = slots as usize;
+    slots.div_ceil(SLOTS).max(2)
+}
+
+impl<A: CtFamily> Conntrack<A> {
+    /// A table for at most `capacity` flows (at most 2^31 − 1) with random hash seeds. The
+    /// memory is reserved up front and committed as flows arrive (see the module docs).
+    pub fn new(capacity: usize) -> Self {
+        Self::with_seeds(capacity, random_seeds())
+    }
+
+    /// A table with the given hash seeds (tests and benchmarks that want repeatable layouts).
+    pub fn with_seeds(capacity: usize, seeds: [u64; 5]) -> Self {
+        let capacity = capacity.clamp(1, (u32::MAX >> 1) as usize);
+        let nb = buckets_for(capacity);
+        Self {
+            buckets: Region::new(nb),
+            recs: Region::new(capacity),
+            nb: nb as u64,
+            seeds,
+            len: 0,
+            capacity,
+            hw: 0,
+            free_head: NONE,
+            sweep_at: 0,
+            last_reclaim_s: u32::MAX,
+        }
+    }
+
+    /// Number of flows.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether there are no flows.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Maximum number of flows.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Bytes reserved: buckets plus the whole record slab (virtual memory).
+    pub fn bytes_reserved(&self) -> usize {
+        self.buckets.bytes() + self.recs.bytes()
+    }
+
+    /// Bytes of the index (buckets), all of which a busy table touches.
+    pub fn bucket_bytes(&self) -> usize {
+        self.buckets.bytes()
+    }
+
+    /// Bytes of the records handed out so far (the high-water mark of the slab).
+    pub fn record_bytes_touched(&self) -> usize {
+        self.hw as usize * core::mem::size_of::<Rec<A>>()
+    }
+
+    /// Whether the kernel accepted `MADV_HUGEPAGE` for both arrays.
+    pub fn huge_pages_advised(&self) -> bool {
+        self.buckets.huge_pages_advised() && self.recs.huge_pages_advised()
+    }
+
+    /// The keyed hash of `k`: computed once per packet and handed to the other calls.
+    #[inline]
+    pub fn hash(&self, k: &FlowKey<A>) -> u64 {
+        A::hash_key(k, &self.seeds)
+    }
+
+    #[inline]
+    fn home(&self, h: u64) -> usize {
+        home_of(h, self.nb)
+    }
+
+    #[inline]
+    fn next(&self, b: usize) -> usize {
+        if b + 1 >= self.nb as usize { 0 } else { b + 1 }
+    }
+
+    /// The table's arrays for the batch stages that only read: prefetch the home bucket
+    /// (stage 1), compare its tags (stage 2).
+    #[inline]
+    pub fn view(&self) -> View<'_, A> {
+        View { buckets: self.buckets.as_slice(), recs: self.recs.as_slice(), nb: self.nb, seeds: &self.seeds }
+    }
+
+    /// The entry for `k` (hash `h`), if any, whatever its expiry.
+    #[inline]
+    pub fn find(&self, k: &FlowKey<A>, h: u64) -> Option<Hit> {
+        find_in(self.buckets.as_slice(), self.recs.as_slice(), self.home(h), self.nb as usize, k, h)
+    }
+
+    /// The live entry for `k` (hash `h`); an expired flow is removed, reported through
+    /// `on_remove`, and `None` is returned.
+    #[inline]
+    pub fn lookup(&mut self, k: &FlowKey<A>, h: u64, now_s: u32, on_remove: impl FnOnce(Removed)) -> Option<Hit> {
+        let hit = self.find(k, h)?;
+        let r = self.recs.as_slice().get(hit.id as usize)?;
+        if r.expires_s < now_s {
+            if let Some(r) = self.remove(hit.id) {
+                on_remove(Removed { backend: r.backend, state: r.ct_state(), evicted: false });
+            }
+            return None;
+        }
+        Some(hit)
+    }
+
+    /// Record `id` (any record below the capacity; check [`FlowRecord::in_use`]).
+    #[inline]
+    pub fn rec(&self, id: RecId) -> Option<&Rec<A>> {
+        self.recs.as_slice().get(id as usize)
+    }
+
+    /// Record `id`, mutable. Changing its tuples or flags other than [`flow_flags::DEFERRED`]
+    /// corrupts the index: only the state, expiry and rewrite fields may change in place.
+    #[inline]
+    pub fn rec_mut(&mut self, id: RecId) -> Option<&mut Rec<A>> {
+        self.recs.as_mut_slice().get_mut(id as usize)
+    }
+
+    /// The table's arrays for a batch stage that finds entries and updates records in place.
+    #[inline]
+    pub fn view_mut(&mut self) -> ViewMut<'_, A> {
+        ViewMut { buckets: self.buckets.as_mut_slice(), recs: self.recs.as_mut_slice(), nb: self.nb }
+    }
+
+    /// Whether no entry has key `k` (hash `h`): the SNAT port search asks this of candidate
+    /// reply tuples.
+    #[inline]
+    pub fn is_free(&self, k: &FlowKey<A>, h: u64) -> bool {
+        self.find(k, h).is_none()
+    }
+
+    /// Sets or clears the eviction hint of the entry at `hit` (called when a flow's state moves
+    /// in or out of the evictable states).
+    #[inline]
+    pub fn set_evictable(&mut self, hit: &Hit, evictable: bool) {
+        if let Some(b) = self.buckets.as_mut_slice().get_mut(hit.bucket as usize)
+            && let Some(m) = b.meta.get_mut(usize::from(hit.slot))
+        {
+            *m = if evictable { *m | EVICTABLE } else { *m & !EVICTABLE };
+        }
+    }
+
+    /// Inserts a new flow: record `rec` (which must be [`FlowRecord::in_use`]) with its forward
+    /// entry under hash `fwd_hash` (the hash of `rec.fwd_key()`, from the lookup that missed) and,
+    /// unless it is DSR, its reply entry. The forward key must not be in the table. A reply entry
+    /// of another flow with the same tuple is taken over (that flow gets
+    /// [`flow_flags::NO_REPLY`]). Makes room if full (module docs); flows removed for it are
+    /// reported through `on_remove`.
+    ///
+    /// # Errors
+    /// [`Full`] if no record could be freed, or (never seen at [`TARGET_LOAD`]) no bucket slot
+    /// was free within [`MAX_PROBE`] buckets.
+    pub fn insert(
+        &mut self,
+        mut rec: Rec<A>,
+        fwd_hash: u64,
+        now_s: u32,
+        mut on_remove: impl FnMut(Removed),
+    ) -> Result<RecId, Full> {
+        if self.len >= self.capacity {
+            self.make_room(fwd_hash, now_s, &mut on_remove)?;
+        }
+        let (nb, seeds) = (self.nb, self.seeds);
+        let (bs, rs) = (self.buckets.as_mut_slice(), self.recs.as_mut_slice());
+        let id = alloc(rs, &mut self.hw, &mut self.free_head).ok_or(Full)?;
+        let meta = age(now_s) | if rec.ct_state().is_evictable() { EVICTABLE } else { 0 };
+        rec.flags &= !(flow_flags::NO_REPLY | flow_flags::DEFERRED);
+        if rec.flags & flow_flags::DSR == 0 {
+            let rk = rec.reply_key();
+            let rh = A::hash_key(&rk, &seeds);
+            match find_in(bs, rs, home_of(rh, nb), nb as usize, &rk, rh) {
+                Some(Hit { id: other, dir: Dir::Reply, bucket, slot }) => {
+                    // Same reply tuple as an older flow: the newer flow takes the entry.
+                    if let Some(r) = bs.get_mut(bucket as usize).and_then(|b| b.refs.get_mut(usize::from(slot))) {
+                        *r = id << 1 | 1;
+                    }
+                    if let Some(o) = rs.get_mut(other as usize) {
+                        o.flags |= flow_flags::NO_REPLY;
+                    }
+                }
+                // The tuple is another flow's forward key: that entry wins.
+                Some(_) => rec.flags |= flow_flags::NO_REPLY,
+                None => {
+                    if !place(bs, nb, rh, id << 1 | 1, meta) {
+                        free(rs, &mut self.free_head, id);
+                        return Err(Full);
+                    }
+                }
+            }
+        }
+        if !place(bs, nb, fwd_hash, id << 1, meta) {
+            if rec.has_reply() {
+                unplace(bs, nb, A::hash_key(&rec.reply_key(), &seeds), id << 1 | 1);
+            }
+            free(rs, &mut self.free_head, id);
+            return Err(Full);
+        }
+        if let Some(slot) = rs.get_mut(id as usize) {
+            *slot = rec;
+        }
+        self.len += 1;
+        Ok(id)
+    }
+
+    /// Removes flow `id` (both entries) and returns its record; `None` if it was not in use.
+    pub fn remove(&mut self, id: RecId) -> Option<Rec<A>> {
+        let (nb, seeds) = (self.nb, self.seeds);
+        let (bs, rs) = (self.buckets.as_mut_slice(), self.recs.as_mut_slice());
+        let rec = *rs.get(id as usize)?;
+        if !rec.in_use() {
+            return None;
+        }
+        unplace(bs, nb, A::hash_key(&rec.fwd_key(), &seeds), id << 1);
+        if rec.has_reply() {
+            unplace(bs, nb, A::hash_key(&rec.reply_key(), &seeds), id << 1 | 1);
+        }
+        free(rs, &mut self.free_head, id);
+        self.len -= 1;
+        Some(rec)
+    }
+
+    /// Removes flow `id`'s reply entry and marks it [`flow_flags::NO_REPLY`] (its replies are no
+    /// longer recognised): for a packet to a frontend whose client tuple is that entry's key.
+    pub fn release_reply(&mut self, id: RecId) {
+        let Some(rec) = self.recs.as_slice().get(id as usize).copied() else { return };
+        if !rec.in_use() || !rec.has_reply() {
+            return;
+        }
+        let rh = self.hash(&rec.reply_key());
+        unplace(self.buckets.as_mut_slice(), self.nb, rh, id << 1 | 1);
+        if let Some(r) = self.recs.as_mut_slice().get_mut(id as usize) {
+            r.flags |= flow_flags::NO_REPLY;
+        }
+    }
+
+    /// Expires one step's share of the records ([`SHARDS`] steps per pass over the records ever
+    /// used). Returns the number of flows removed.
+    pub fn sweep(&mut self, now_s: u32, mut on_remove: impl FnMut(Removed)) -> usize {
+        let range = self.sweep_range();
+        let mut removed = 0;
+        for id in range {
+            let expired = self.recs.as_slice().get(id as usize).is_some_and(|r| r.in_use() && r.expires_s < now_s);
+            if expired && let Some(r) = self.remove(id) {
+                removed += 1;
+                on_remove(Removed { backend: r.backend, state: r.ct_state(), evicted: false });
+            }
+        }
+        removed
+    }
+
+    /// The records the next sweep step visits; advances the step.
+    fn sweep_range(&mut self) -> core::ops::Range<u32> {
+        let i = self.sweep_at;
+        self.sweep_at = (self.sweep_at + 1) % SHARDS;
+        let chunk = self.hw.div_ceil(SHARDS as u32);
+        let start = (i as u32).saturating_mul(chunk).min(self.hw);
+        start..start.saturating_add(chunk).min(self.hw)
+    }
+
+    /// Frees a record for a new flow (see the module docs).
+    fn make_room(&mut self, h: u64, now_s: u32, on_remove: &mut impl FnMut(Removed)) -> Result<(), Full> {
+        if self.evict_near(h, now_s, on_remove) {
+            return Ok(());
+        }
+        // Reclaim at most once per second: when the table is full of live established flows,
+        // each refused flow then costs one bucket probe, not a scan.
+        if self.last_reclaim_s != now_s {
+            self.last_reclaim_s = now_s;
+            self.sweep(now_s, &mut *on_remove);
+            if self.len >= self.capacity {
+                self.early_drop(on_remove);
+            }
+        }
+        if self.len >= self.capacity { Err(Full) } else { Ok(()) }
+    }
+
+    /// Evicts the oldest evictable flow with an entry in the home bucket of `h` or the next
+    /// [`EVICT_BUCKETS`] − 1. Returns whether one was evicted.
+    fn evict_near(&mut self, h: u64, now_s: u32, on_remove: &mut impl FnMut(Removed)) -> bool {
+        let now7 = age(now_s);
+        // A hint can be stale (the flow got established since): then it is cleared and the
+        // next oldest is tried; bounded by the slots looked at.
+        for _ in 0..SLOTS * EVICT_BUCKETS {
+            let mut best: Option<(usize, usize, u8)> = None;
+            let mut b = self.home(h);
+            for _ in 0..EVICT_BUCKETS {
+                if let Some(bk) = self.buckets.as_slice().get(b) {
+                    for s in 0..SLOTS {
+                        let (Some(&t), Some(&m)) = (bk.tags.get(s), bk.meta.get(s)) else { continue };
+                        if t == 0 || m & EVICTABLE == 0 {
+                            continue;
+                        }
+                        let old = now7.wrapping_sub(m) & 0x7f;
+                        if best.is_none_or(|(_, _, o)| old > o) {
+                            best = Some((b, s, old));
+                        }
+                    }
+                }
+                b = self.next(b);
+            }
+            let Some((b, s, _)) = best else { return false };
+            let Some(r) = self.buckets.as_slice().get(b).and_then(|bk| bk.refs.get(s)).copied() else { return false };
+            let id = r >> 1;
+            let evictable =
+                self.recs.as_slice().get(id as usize).is_some_and(|x| x.in_use() && x.ct_state().is_evictable());
+            if !evictable {
+                if let Some(m) = self.buckets.as_mut_slice().get_mut(b).and_then(|bk| bk.meta.get_mut(s)) {
+                    *m &= !EVICTABLE;
+                }
+                continue;
+            }
+            if let Some(x) = self.remove(id) {
+                on_remove(Removed { backend: x.backend, state: x.ct_state(), evicted: true });
+                return true;
+            }
+            return false;
+        }
+        false
+    }
+
+    /// Evicts the not-established flows of the range the last sweep step visited.
+    fn early_drop(&mut self, on_remove: &mut impl FnMut(Removed)) {
+        let i = (self.sweep_at + SHARDS - 1) % SHARDS;
+        let chunk = self.hw.div_ceil(SHARDS as u32);
+        let start = (i as u32).saturating_mul(chunk).min(self.hw);
+        for id in start..start.saturating_add(chunk).min(self.hw) {
+            let evictable =
+                self.recs.as_slice().get(id as usize).is_some_and(|r| r.in_use() && r.ct_state().is_evictable());
+            if evictable && let Some(r) = self.remove(id) {
+                on_remove(Removed { backend: r.backend, state: r.ct_state(), evicted: true });
+            }
+        }
+    }
+
+    /// Visits every flow (for `xlb conntrack` dumps; not for the packet path).
+    pub fn for_each(&self, mut f: impl FnMut(RecId, &Rec<A>)) {
+        for (id, r) in self.recs.as_slice().iter().take(self.hw as usize).enumerate() {
+            if r.in_use() {
+                f(id as RecId, r);
+            }
+        }
+    }
+
+    /// Removes every flow (tests, `xlb conntrack --flush`). Touches all of the index.
+    pub fn clear(&mut self) {
+        self.buckets.zero();
+        let hw = self.hw as usize;
+        if let Some(rs) = self.recs.as_mut_slice().get_mut(..hw) {
+            rs.fill(Zeroable::zeroed());
+        }
+        self.hw = 0;
+        self.free_head = NONE;
+        self.len = 0;
+    }
+}
+
+/// Where a key's entry may be, from the tags of its home bucket: what the second stage of a
+/// batch learns ([`View::probe`]) and the third uses ([`ViewMut::resolve`]).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Default)]
+pub struct Probe {
+    /// Reference (`record << 1 | direction`) in the first slot whose tag matches, or
+    /// [`Probe::NONE`].
+    pub first: u32,
+    /// The home bucket.
+    pub bucket: u32,
+    /// The slot of `first`.
+    pub slot: u8,
+    /// The key may also be elsewhere: more tags matched, or entries were displaced past the
+    /// home bucket.
+    pub more: bool,
+}
+
+impl Probe {
+    /// `first` when no tag matched.
+    pub const NONE: u32 = u32::MAX;
+}
+
+/// The arrays of one table, borrowed read-only for the first two stages of a batch.
+#[derive(Debug)]
+pub struct View<'a, A: CtFamily> {
+    buckets: &'a [Bucket],
+    recs: &'a [Rec<A>],
+    nb: u64,
+    seeds: &'a [u64; 5],
+}
+
+impl<A: CtFamily> View<'_, A> {
+    /// As [`Conntrack::hash`].
+    #[inline]
+    pub fn hash(&self, k: &FlowKey<A>) -> u64 {
+        A::hash_key(k, self.seeds)
+    }
+
+    /// Prefetches the home bucket of hash `h`.
+    #[inline]
+    pub fn prefetch(&self, h: u64) {
+        if let Some(b) = self.buckets.get(home_of(h, self.nb)) {
+            prefetch(b);
+        }
+    }
+
+    /// Compares the tags of `h`'s home bucket and prefetches the record of the first match.
+    #[inline]
+    pub fn probe(&self, h: u64) -> Probe {
+        let bucket = home_of(h, self.nb);
+        let Some(b) = self.buckets.get(bucket) else {
+            return Probe { first: Probe::NONE, bucket: 0, slot: 0, more: true };
+        };
+        let m = match_tags(&b.tags, tag_of(h));
+        let slot = first_slot(m);
+        let first = if m == 0 { Probe::NONE } else { b.refs.get(slot).copied().unwrap_or(Probe::NONE) };
+        if let Some(r) = self.recs.get((first >> 1) as usize) {
+            prefetch(r);
+        }
+        #[expect(clippy::cast_possible_truncation, reason = "bucket < 2^32, slot < 8")]
+        Probe { first, bucket: bucket as u32, slot: slot as u8, more: m & m.wrapping_sub(1) != 0 || b.overflow != 0 }
+    }
+}
+
+/// The arrays of one table, borrowed for a batch stage: finds entries and updates records in
+/// place without going back through [`Conntrack`] for every packet.
+#[derive(Debug)]
+pub struct ViewMut<'a, A: CtFamily> {
+    buckets: &'a mut [Bucket],
+    recs: &'a mut [Rec<A>],
+    nb: u64,
+}
+
+impl<A: CtFamily> ViewMut<'_, A> {
+    /// As [`Conntrack::find`].
+    #[inline]
+    pub fn find(&self, k: &FlowKey<A>, h: u64) -> Option<Hit> {
+        find_in(self.buckets, self.recs, home_of(h, self.nb), self.nb as usize, k, h)
+    }
+
+    /// The entry for `k` (hash `h`) and its record, using what [`View::probe`] found: the
+    /// record of the first tag match is checked first (its key almost always matches), the rest
+    /// of the probe only when the probe says the key may be elsewhere.
+    #[inline]
+    pub fn resolve(&mut self, k: &FlowKey<A>, h: u64, probe: &Probe) -> Option<(Hit, &mut Rec<A>)> {
+        let id = probe.first >> 1;
+        let dir = dir_of(probe.first);
+        let first_matches = self.recs.get(id as usize).is_some_and(|r| r.key(dir) == *k);
+        let hit = if first_matches {
+            Hit { id, dir, bucket: probe.bucket, slot: probe.slot }
+        } else if probe.more {
+            self.find(k, h)?
+        } else {
+            return None;
+        };
+        let r = self.recs.get_mut(hit.id as usize)?;
+        Some((hit, r))
+    }
+
+    /// Record `id`, mutable (same rules as [`Conntrack::rec_mut`]).
+    #[inline]
+    pub fn rec_mut(&mut self, id: RecId) -> Option<&mut Rec<A>> {
+        self.recs.get_mut(id as usize)
+    }
+
+    /// As [`Conntrack::set_evictable`].
+    #[inline]
+    pub fn set_evictable(&mut self, hit: &Hit, evictable: bool) {
+        if let Some(b) = self.buckets.get_mut(hit.bucket as usize)
+            && let Some(m) = b.meta.get_mut(usize::from(hit.slot))
+        {
+            *m = if evictable { *m | EVICTABLE } else { *m & !EVICTABLE };
+        }
+    }
+}
+
+#[inline]
+fn dir_of(r: u32) -> Dir {
+    if r & 1 == 0 { Dir::Forward } else { Dir::Reply }
+}
+
+/// The home bucket of hash `h` among `nb`: multiply-shift range reduction (Lemire) of the
+/// high 32 bits; `nb` < 2^32, so the product fits in u64.
+#[inline]
+fn home_of(h: u64, nb: u64) -> usize {
+    ((h >> 32).wrapping_mul(nb) >> 32) as usize
+}
+
+/// Takes a free record: the most recently freed one (likely still cached), else the next
+/// never-used one.
+#[inline]
+fn alloc<A: CtFamily>(rs: &[Rec<A>], hw: &mut u32, free_head: &mut u32) -> Option<RecId> {
+    if *free_head != NONE {
+        let id = *free_head;
+        *free_head = rs.get(id as usize)?.backend.0;
+        return Some(id);
+    }
+    if (*hw as usize) < rs.len() {
+        *hw += 1;
+        return Some(*hw - 1);
+    }
+    None
+}
+
+/// Returns record `id` to the free list.
+#[inline]
+fn free<A: CtFamily>(rs: &mut [Rec<A>], free_head: &mut u32, id: RecId) {
+    if let Some(r) = rs.get_mut(id as usize) {
+        *r = Zeroable::zeroed();
+        r.state = Rec::<A>::FREE;
+        r.backend = BackendRef(*free_head);
+        *free_head = id;
+    }
+}
+
+/// Writes entry `r` for hash `h` into the first free slot from its home bucket on, counting it
+/// in the overflow of the buckets it passed. Returns `false` if none was free within
+/// [`MAX_PROBE`] buckets.
+#[inline]
+fn place(buckets: &mut [Bucket], nb: u64, h: u64, r: u32, meta: u8) -> bool {
+    let home = home_of(h, nb);
+    let nb = nb as usize;
+    let mut b = home;
+    for step in 0..MAX_PROBE {
+        let Some(bk) = buckets.get_mut(b) else { return false };
+        let free = match_tags(&bk.tags, 0);
+        if free != 0 {
+            let s = first_slot(free);
+            if let (Some(t), Some(x), Some(m)) = (bk.tags.get_mut(s), bk.refs.get_mut(s), bk.meta.get_mut(s)) {
+                *t = tag_of(h);
+                *x = r;
+                *m = meta;
+            }
+            let mut p = home;
+            for _ in 0..step {
+                if let Some(pb) = buckets.get_mut(p) {
+                    pb.overflow = pb.overflow.saturating_add(1);
+                }
+                p = if p + 1 >= nb { 0 } else { p + 1 };
+            }
+            return true;
+        }
+        b = if b + 1 >= nb { 0 } else { b + 1 };
+    }
+    false
+}
+
+/// Clears entry `r` (hash `h`) and the overflow counts it added. Returns whether it was found.
+#[inline]
+fn unplace(buckets: &mut [Bucket], nb: u64, h: u64, r: u32) -> bool {
+    let home = home_of(h, nb);
+    let nb = nb as usize;
+    let tag = tag_of(h);
+    let mut b = home;
+    for step in 0..MAX_PROBE {
+        let Some(bk) = buckets.get_mut(b) else { return false };
+        let mut m = match_tags(&bk.tags, tag);
+        while m != 0 {
+            let s = first_slot(m);
+            m &= m - 1;
+            if bk.refs.get(s) == Some(&r) {
+                if let (Some(t), Some(x), Some(mm)) = (bk.tags.get_mut(s), bk.refs.get_mut(s), bk.meta.get_mut(s)) {
+                    *t = 0;
+                    *x = 0;
+                    *mm = 0;
+                }
+                let mut p = home;
+                for _ in 0..step {
+                    if let Some(pb) = buckets.get_mut(p)
+                        && pb.overflow != u8::MAX
+                    {
+                        pb.overflow = pb.overflow.saturating_sub(1);
+                    }
+                    p = if p + 1 >= nb { 0 } else { p + 1 };
+                }
+                return true;
+            }
+        }
+        if bk.overflow == 0 {
+            return false;
+        }
+        b = if b + 1 >= nb { 0 } else { b + 1 };
+    }
+    false
+}
+
+#[inline]
+fn find_in<A: CtFamily>(
+    buckets: &[Bucket],
+    recs: &[Rec<A>],
+    home: usize,
+    nb: usize,
+    k: &FlowKey<A>,
+    h: u64,
+) -> Option<Hit> {
+    let tag = tag_of(h);
+    let mut b = home;
+    for _ in 0..MAX_PROBE {
+        let bk = buckets.get(b)?;
+        let mut m = match_tags(&bk.tags, tag);
+        while m != 0 {
+            let s = first_slot(m);
+            m &= m - 1;
+            let r = *bk.refs.get(s)?;
+            let dir = dir_of(r);
+            if let Some(rec) = recs.get((r >> 1) as usize)
+                && rec.key(dir) == *k
+            {
+                #[expect(clippy::cast_possible_truncation, reason = "bucket < 2^32, slot < 8")]
+                return Some(Hit { id: r >> 1, dir, bucket: b as u32, slot: s as u8 });
+            }
+        }
+        if bk.overflow == 0 {
+            return None;
+        }
+        b = if b + 1 >= nb { 0 } else { b + 1 };
+    }
+    None
+}
+
+/// The 7-bit age stamp of second `now_s`.
+#[inline]
+fn age(now_s: u32) -> u8 {
+    (now_s & 0x7f) as u8
+}
+
+#[inline]
+fn prefetch<T>(x: &T) {
+    #[cfg(target_arch = "x86_64")]
+    safe_arch::prefetch_t0(x);
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = x;
+}
+
+/// Conntrack timeouts in seconds (seed CT-04; IPVS defaults).
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub struct Timeouts {
+    /// Handshake in progress (IPVS `SYN_RECV` 60 s).
+    pub tcp_syn_s: u32,
+    /// Established TCP (`tcpTimeout`, 900 s).
+    pub tcp_established_s: u32,
+    /// After a FIN (`tcpFinTimeout`, 120 s).
+    pub tcp_fin_s: u32,
+    /// After a RST (IPVS `CLOSE` 10 s).
+    pub tcp_close_s: u32,
+    /// UDP and SCTP (`udpTimeout`, 300 s).
+    pub udp_s: u32,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self { tcp_syn_s: 60, tcp_established_s: 900, tcp_fin_s: 120, tcp_close_s: 10, udp_s: 300 }
+    }
+}
+
+impl Timeouts {
+    /// Timeout for a state, in seconds.
+    #[inline]
+    pub fn for_state(&self, s: CtState) -> u32 {
+        match s {
+            CtState::Datagram => self.udp_s,
+            CtState::SynSent => self.tcp_syn_s,
+            CtState::Established => self.tcp_established_s,
+            CtState::FinWait => self.tcp_fin_s,
+            CtState::Closed => self.tcp_close_s,
+        }
+    }
+
+    /// Timeouts indexed by state number (for the per-packet path).
+    pub fn by_state(&self) -> [u32; 5] {
+        CtState::ALL.map(|s| self.for_state(s))
+    }
+}
+
+/// Next TCP state after a packet with `flags` (either direction).
+///
+/// Liberal on purpose (seed CT-06: never reset a flow for an out-of-window packet): only
+/// SYN, FIN and RST move the state; any ACK finishes a handshake.
+#[inline]
+pub fn tcp_next(state: CtState, flags: u8) -> CtState {
+    if flags & tcp_flags::RST != 0 {
+        return CtState::Closed;
+    }
+    if flags & tcp_flags::FIN != 0 {
+        return CtState::FinWait;
+    }
+    match state {
+        CtState::SynSent | CtState::Datagram if flags & tcp_flags::ACK != 0 => CtState::Established,
+        s => s,
+    }
+}
+
+/// Bytes of one record of family `A` (64 for IPv4, 128 for IPv6).
+pub const fn record_bytes<A: CtFamily>() -> usize {
+    core::mem::size_of::<Rec<A>>()
+}
+
+/// Bytes of index one entry takes at [`TARGET_LOAD`] (a 64-byte bucket holds 8).
+pub const fn entry_bytes() -> usize {
+    core::mem::size_of::<Bucket>() / SLOTS
+}
+
+#[cfg(test)]
+mod tests;

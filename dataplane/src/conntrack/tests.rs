@@ -1,0 +1,410 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, reason = "tests")]
+
+use std::collections::HashMap;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::addr::{V4, V6};
+
+const SEEDS: [u64; 5] = [0x1234_5678_9abc_def1, 0x0fed_cba9_8765_4321, 0x1111_2222_3333_4445, 7, 9];
+
+fn key(i: u16) -> FlowKey<V4> {
+    FlowKey { src: V4([10, 0, 0, 1]), dst: V4([10, 96, 0, 1]), sport: i, dport: 80, proto: 6 }
+}
+
+/// A DNAT record of flow `i` to backend 10.1.0.1:8080 (reply tuple: backend → client port i).
+fn rec(i: u16, expires_s: u32, st: CtState) -> Rec<V4> {
+    let mut r = Rec::<V4>::zeroed_record();
+    r.client = V4([10, 0, 0, 1]);
+    r.vip = V4([10, 96, 0, 1]);
+    r.cport = i;
+    r.vport = 80;
+    r.proto = 6;
+    r.reply_dst = r.client;
+    r.reply_dport = i;
+    r.backend_addr = V4([10, 1, 0, 1]);
+    r.bport = 8080;
+    r.backend = BackendRef(u32::from(i));
+    r.expires_s = expires_s;
+    r.state = st as u8;
+    r
+}
+
+fn reply_key(i: u16) -> FlowKey<V4> {
+    FlowKey { src: V4([10, 1, 0, 1]), dst: V4([10, 0, 0, 1]), sport: 8080, dport: i, proto: 6 }
+}
+
+fn insert(ct: &mut Conntrack<V4>, r: Rec<V4>, now: u32, on: impl FnMut(Removed)) -> Result<RecId, Full> {
+    let h = ct.hash(&r.fwd_key());
+    ct.insert(r, h, now, on)
+}
+
+fn get(ct: &mut Conntrack<V4>, k: &FlowKey<V4>, now: u32) -> Option<Hit> {
+    let h = ct.hash(k);
+    ct.lookup(k, h, now, |_| {})
+}
+
+#[test]
+fn records_are_one_cache_line_for_ipv4_and_two_for_ipv6() {
+    assert_eq!(record_bytes::<V4>(), 64);
+    assert_eq!(record_bytes::<V6>(), 128);
+    assert_eq!(core::mem::size_of::<Bucket>(), 64);
+    assert_eq!(core::mem::align_of::<Bucket>(), 64);
+    // All-in bytes of an IPv4 NAT flow at full capacity: the record plus two entries at the
+    // target load (the goal of issue 9 is at most 96).
+    let all_in = record_bytes::<V4>() as f64 + 2.0 * entry_bytes() as f64 / TARGET_LOAD;
+    assert!(all_in <= 96.0, "{all_in}");
+}
+
+#[test]
+fn forward_and_reply_entries_point_at_one_record() {
+    let mut ct = Conntrack::<V4>::with_seeds(16, SEEDS);
+    let id = insert(&mut ct, rec(5, 100, CtState::Established), 0, |_| {}).unwrap();
+    let f = get(&mut ct, &key(5), 0).unwrap();
+    let r = get(&mut ct, &reply_key(5), 0).unwrap();
+    assert_eq!((f.id, f.dir), (id, Dir::Forward));
+    assert_eq!((r.id, r.dir), (id, Dir::Reply));
+    assert_eq!(ct.len(), 1);
+    assert!(ct.remove(id).is_some());
+    assert!(get(&mut ct, &key(5), 0).is_none());
+    assert!(get(&mut ct, &reply_key(5), 0).is_none());
+    assert!(ct.is_empty());
+}
+
+#[test]
+fn dsr_flows_have_no_reply_entry() {
+    let mut ct = Conntrack::<V4>::with_seeds(16, SEEDS);
+    let mut r = rec(5, 100, CtState::Established);
+    r.flags = flow_flags::DSR;
+    insert(&mut ct, r, 0, |_| {}).unwrap();
+    assert!(get(&mut ct, &key(5), 0).is_some());
+    assert!(get(&mut ct, &reply_key(5), 0).is_none());
+}
+
+#[test]
+fn expired_entry_is_a_miss_and_reported() {
+    let mut ct = Conntrack::<V4>::with_seeds(16, SEEDS);
+    insert(&mut ct, rec(1, 10, CtState::Established), 0, |_| {}).unwrap();
+    let h = ct.hash(&key(1));
+    assert!(ct.lookup(&key(1), h, 10, |_| panic!("not expired yet")).is_some());
+    let mut seen = 0;
+    assert!(ct.lookup(&key(1), h, 11, |_| seen += 1).is_none());
+    assert_eq!((seen, ct.len()), (1, 0));
+    assert!(get(&mut ct, &reply_key(1), 11).is_none(), "the reply entry went with it");
+}
+
+#[test]
+fn a_newer_flow_takes_over_a_reply_tuple_and_the_older_keeps_working_forward() {
+    let mut ct = Conntrack::<V4>::with_seeds(16, SEEDS);
+    let a = insert(&mut ct, rec(7, 100, CtState::Established), 0, |_| {}).unwrap();
+    // Same client address and port, same backend, another VIP: same reply tuple.
+    let mut other = rec(7, 100, CtState::Established);
+    other.vip = V4([10, 96, 0, 2]);
+    let b = insert(&mut ct, other, 0, |_| {}).unwrap();
+    assert_eq!(get(&mut ct, &reply_key(7), 0).unwrap().id, b);
+    assert!(ct.rec(a).unwrap().flags & flow_flags::NO_REPLY != 0);
+    assert_eq!(get(&mut ct, &key(7), 0).unwrap().id, a);
+    // Removing the older flow leaves the newer one's reply entry alone.
+    ct.remove(a);
+    assert_eq!(get(&mut ct, &reply_key(7), 0).unwrap().id, b);
+}
+
+#[test]
+fn full_table_of_syn_flows_evicts_an_unestablished_one_per_new_flow_in_o1() {
+    let cap = 4096;
+    let mut ct = Conntrack::<V4>::with_seeds(cap, SEEDS);
+    // A SYN flood fills the table; one flow got established meanwhile.
+    for i in 0..cap as u16 {
+        insert(&mut ct, rec(i, 1000, CtState::SynSent), 0, |_| {}).unwrap();
+    }
+    let h = get(&mut ct, &key(0), 0).unwrap();
+    ct.rec_mut(h.id).unwrap().state = CtState::Established as u8;
+    // Every new SYN still gets in, in the same second, by evicting a not-established flow
+    // near its own bucket; the established flow is never evicted early.
+    let mut evicted = Vec::new();
+    let mut refused = 0;
+    for i in 0..cap as u16 {
+        let mut r = rec(20_000 + i, 1000, CtState::SynSent);
+        r.backend = BackendRef(100_000);
+        match insert(&mut ct, r, 5, |x| evicted.push(x)) {
+            Ok(_) => {}
+            Err(Full) => refused += 1,
+        }
+        assert!(ct.len() <= cap);
+    }
+    assert!(refused * 100 <= cap, "{refused} of {cap} SYNs refused under a full table");
+    assert_eq!(evicted.len(), cap - refused);
+    assert!(evicted.iter().all(|r| r.evicted && r.state == CtState::SynSent));
+    // The oldest candidate near the new flow goes first: mostly the flood's first SYNs.
+    let old = evicted.iter().filter(|r| r.backend != BackendRef(100_000)).count();
+    eprintln!("evicted {} ({old} of the first wave), refused {refused}", evicted.len());
+    assert!(old * 10 >= evicted.len() * 8, "{old} of {} evictions hit the first wave", evicted.len());
+    assert!(get(&mut ct, &key(0), 5).is_some(), "the established flow stayed");
+    // A table full of established flows refuses (after its once-a-second reclaim).
+    let mut full = Conntrack::<V4>::with_seeds(64, SEEDS);
+    for i in 0..64 {
+        insert(&mut full, rec(i, 100, CtState::Established), 0, |_| {}).unwrap();
+    }
+    assert_eq!(insert(&mut full, rec(999, 100, CtState::SynSent), 0, |_| {}), Err(Full));
+}
+
+#[test]
+fn eviction_prefers_the_oldest_evictable_flow_of_the_bucket() {
+    let mut ct = Conntrack::<V4>::with_seeds(2, SEEDS);
+    insert(&mut ct, rec(1, 1000, CtState::SynSent), 10, |_| {}).unwrap();
+    insert(&mut ct, rec(2, 1000, CtState::SynSent), 20, |_| {}).unwrap();
+    // With two records the whole index is two buckets: both flows are near any key.
+    let mut gone = Vec::new();
+    insert(&mut ct, rec(3, 1000, CtState::SynSent), 30, |r| gone.push(r.backend)).unwrap();
+    assert_eq!(gone, [BackendRef(1)]);
+    assert!(get(&mut ct, &key(1), 30).is_none());
+    assert!(get(&mut ct, &key(2), 30).is_some() && get(&mut ct, &key(3), 30).is_some());
+}
+
+#[test]
+fn full_table_evicts_expired_then_refuses() {
+    let mut ct = Conntrack::<V4>::with_seeds(SHARDS, SEEDS);
+    for i in 0..SHARDS as u16 {
+        insert(&mut ct, rec(i, 100, CtState::Established), 0, |_| {}).unwrap();
+    }
+    assert_eq!(insert(&mut ct, rec(999, 100, CtState::Established), 0, |_| {}), Err(Full));
+    // Once everything has expired, a refused insert sweeps one step's share, at most once per
+    // second; within SHARDS seconds some step holding an expired flow is swept.
+    let mut n = 0;
+    let mut at = None;
+    for sec in 200..200 + SHARDS as u32 {
+        if insert(&mut ct, rec(999, 500, CtState::Established), sec, |_| n += 1).is_ok() {
+            at = Some(sec);
+            break;
+        }
+        let before = n;
+        assert_eq!(insert(&mut ct, rec(998, 500, CtState::Established), sec, |_| n += 1), Err(Full));
+        assert_eq!(n, before, "reclaim ran twice in second {sec}");
+    }
+    let at = at.expect("room was made within SHARDS seconds");
+    assert!(get(&mut ct, &key(999), at).is_some());
+    assert!(n >= 1);
+}
+
+#[test]
+fn a_full_sweep_pass_removes_every_expired_flow_and_only_those() {
+    let mut ct = Conntrack::<V4>::with_seeds(1000, SEEDS);
+    for i in 0..1000u16 {
+        insert(&mut ct, rec(i, if i % 3 == 0 { 50 } else { 500 }, CtState::Established), 0, |_| {}).unwrap();
+    }
+    let mut removed = 0;
+    for _ in 0..SHARDS {
+        removed += ct.sweep(100, |r| assert!(!r.evicted));
+    }
+    assert_eq!(removed, 334);
+    assert_eq!(ct.len(), 666);
+    for i in 0..1000u16 {
+        assert_eq!(ct.find(&key(i), ct.hash(&key(i))).is_some(), i % 3 != 0, "flow {i}");
+        assert_eq!(ct.find(&reply_key(i), ct.hash(&reply_key(i))).is_some(), i % 3 != 0, "reply {i}");
+    }
+}
+
+#[test]
+fn displaced_entries_are_found_and_removal_restores_overflow_counts() {
+    // Force collisions: a table whose index is only two buckets.
+    let mut ct = Conntrack::<V4>::with_seeds(1, SEEDS);
+    ct.nb = 2;
+    ct.buckets = Region::new(2);
+    ct.recs = Region::new(8);
+    ct.capacity = 8;
+    let ids: Vec<_> = (0..8u16)
+        .map(|i| {
+            let mut r = rec(i, 100, CtState::Established);
+            r.flags = flow_flags::DSR;
+            insert(&mut ct, r, 0, |_| {}).unwrap()
+        })
+        .collect();
+    for i in 0..8 {
+        assert_eq!(get(&mut ct, &key(i), 0).unwrap().id, ids[usize::from(i)]);
+    }
+    for id in ids {
+        ct.remove(id);
+    }
+    assert!(ct.buckets.as_slice().iter().all(|b| b.overflow == 0 && b.tags == [0; SLOTS]));
+}
+
+#[test]
+fn ipv6_flows_round_trip() {
+    let mut ct = Conntrack::<V6>::with_seeds(8, SEEDS);
+    let mut r = Rec::<V6>::zeroed_record();
+    r.client = V6([0xfd; 16]);
+    r.vip = V6([0xfe; 16]);
+    r.reply_dst = r.client;
+    r.backend_addr = V6([0xfc; 16]);
+    (r.cport, r.vport, r.reply_dport, r.bport, r.proto, r.expires_s) = (1, 2, 1, 3, 17, 9);
+    let h = ct.hash(&r.fwd_key());
+    let id = ct.insert(r, h, 0, |_| {}).unwrap();
+    let rk = r.reply_key();
+    assert_eq!(ct.find(&rk, ct.hash(&rk)).map(|x| (x.id, x.dir)), Some((id, Dir::Reply)));
+}
+
+#[test]
+fn hash_spreads_sequential_keys_evenly_over_buckets() {
+    let ct = Conntrack::<V4>::new(100_000);
+    let nb = ct.nb as usize;
+    let mut counts = vec![0u32; nb];
+    let n = 200_000u32;
+    for i in 0..n {
+        let [a, b, c, d] = i.to_be_bytes();
+        let k = FlowKey { src: V4([10, b, c, d]), dst: V4([10, 96, 0, a]), sport: 40000, dport: 80, proto: 6 };
+        counts[ct.home(ct.hash(&k))] += 1;
+    }
+    // Poisson with mean n / nb: the fullest bucket stays within a few times the mean.
+    let mean = f64::from(n) / nb as f64;
+    let max = f64::from(*counts.iter().max().unwrap());
+    assert!(max < mean * 4.0 + 8.0, "max {max}, mean {mean}");
+    let chi2: f64 = counts.iter().map(|&c| (f64::from(c) - mean).powi(2) / mean).sum();
+    assert!(chi2 < nb as f64 * 1.2, "chi-square {chi2} over {nb} buckets");
+}
+
+#[test]
+fn tcp_state_moves_on_syn_ack_fin_rst_only() {
+    use tcp_flags::*;
+    assert_eq!(tcp_next(CtState::SynSent, ACK), CtState::Established);
+    assert_eq!(tcp_next(CtState::Established, ACK | PSH), CtState::Established);
+    assert_eq!(tcp_next(CtState::Established, FIN | ACK), CtState::FinWait);
+    assert_eq!(tcp_next(CtState::FinWait, ACK), CtState::FinWait);
+    assert_eq!(tcp_next(CtState::Established, RST), CtState::Closed);
+}
+
+/// One step of the model test.
+#[derive(Clone, Debug)]
+enum Op {
+    /// Insert flow `i` (a forward key of 64 possible) in state `syn`/established, DSR or NAT.
+    Insert { i: u16, syn: bool, dsr: bool, ttl: u8 },
+    /// Look flow `i` up by its forward and its reply key.
+    Lookup { i: u16 },
+    /// Remove flow `i`.
+    Remove { i: u16 },
+    /// Advance the clock.
+    Tick { s: u8 },
+    /// One sweep step.
+    Sweep,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u16..64, any::<bool>(), any::<bool>(), 1u8..40).prop_map(|(i, syn, dsr, ttl)| Op::Insert { i, syn, dsr, ttl }),
+        4 => (0u16..64).prop_map(|i| Op::Lookup { i }),
+        1 => (0u16..64).prop_map(|i| Op::Remove { i }),
+        1 => (1u8..20).prop_map(|s| Op::Tick { s }),
+        1 => Just(Op::Sweep),
+    ]
+}
+
+/// What the model knows of a flow.
+#[derive(Clone, Copy, Debug)]
+struct M {
+    expires: u32,
+    dsr: bool,
+    syn: bool,
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+    /// Insert, lookup (forward and reply), remove, expiry on lookup, sweeps and eviction in a full
+    /// table, against a map: every flow the table reports matches the model, expired flows are
+    /// never returned, an eviction only ever removes a not-established flow, and a full sweep
+    /// pass leaves no expired flow.
+    #[test]
+    fn conntrack_agrees_with_a_model(ops in proptest::collection::vec(op(), 1..300), cap in 4usize..48) {
+        let mut ct = Conntrack::<V4>::with_seeds(cap, SEEDS);
+        let mut model: HashMap<u16, M> = HashMap::new();
+        let mut now = 1u32;
+        for o in ops {
+            match o {
+                Op::Insert { i, syn, dsr, ttl } => {
+                    let h = ct.hash(&key(i));
+                    let mut expired = Vec::new();
+                    if ct.lookup(&key(i), h, now, |x| expired.push(x)).is_some() {
+                        // find-or-insert: an existing flow is not inserted again.
+                        prop_assert!(model.get(&i).is_some_and(|m| m.expires >= now));
+                        continue;
+                    }
+                    for x in expired {
+                        prop_assert!(model.remove(&u16::try_from(x.backend.0).unwrap()).is_some_and(|m| m.expires < now));
+                    }
+                    let mut r = rec(i, now + u32::from(ttl), if syn { CtState::SynSent } else { CtState::Established });
+                    if dsr { r.flags = flow_flags::DSR; }
+                    let full = ct.len() >= cap;
+                    let mut removed = Vec::new();
+                    let res = insert(&mut ct, r, now, |x| removed.push(x));
+                    for x in &removed {
+                        let j = u16::try_from(x.backend.0).unwrap();
+                        let m = model.remove(&j);
+                        prop_assert!(m.is_some(), "removed flow {j} not in the model");
+                        if x.evicted {
+                            prop_assert!(x.state.is_evictable(), "evicted an established flow");
+                        } else {
+                            prop_assert!(m.unwrap().expires < now, "expired flow {j} was live");
+                        }
+                    }
+                    match res {
+                        Ok(_) => { model.insert(i, M { expires: now + u32::from(ttl), dsr, syn }); }
+                        Err(Full) => prop_assert!(full, "refused while not full"),
+                    }
+                    prop_assert_eq!(ct.len(), model.len());
+                }
+                Op::Lookup { i } => {
+                    let h = ct.hash(&key(i));
+                    let mut expired = Vec::new();
+                    let hit = ct.lookup(&key(i), h, now, |x| expired.push(x));
+                    match model.get(&i).copied() {
+                        Some(m) if m.expires >= now => {
+                            prop_assert!(hit.is_some_and(|x| x.dir == Dir::Forward), "live flow {i} not found");
+                            let id = hit.unwrap().id;
+                            let rk = reply_key(i);
+                            let rh = ct.hash(&rk);
+                            let r = ct.find(&rk, rh);
+                            if m.dsr {
+                                prop_assert!(r.is_none());
+                            } else {
+                                prop_assert_eq!(r.map(|x| (x.id, x.dir)), Some((id, Dir::Reply)));
+                            }
+                            prop_assert_eq!(ct.rec(id).unwrap().ct_state().is_evictable(), m.syn);
+                        }
+                        Some(_) => {
+                            prop_assert!(hit.is_none(), "expired flow {i} returned");
+                            prop_assert_eq!(expired.len(), 1);
+                            model.remove(&i);
+                        }
+                        None => prop_assert!(hit.is_none()),
+                    }
+                    prop_assert_eq!(ct.len(), model.len());
+                }
+                Op::Remove { i } => {
+                    if let Some(hit) = ct.find(&key(i), ct.hash(&key(i))) {
+                        prop_assert!(ct.remove(hit.id).is_some());
+                        prop_assert!(model.remove(&i).is_some());
+                    } else {
+                        prop_assert!(!model.contains_key(&i));
+                    }
+                }
+                Op::Tick { s } => now += u32::from(s),
+                Op::Sweep => {
+                    let mut out = Vec::new();
+                    ct.sweep(now, |x| out.push(x));
+                    for x in out {
+                        let j = u16::try_from(x.backend.0).unwrap();
+                        let m = model.remove(&j);
+                        prop_assert!(m.is_some_and(|m| m.expires < now), "sweep removed live flow {j}");
+                    }
+                }
+            }
+        }
+        for _ in 0..SHARDS {
+            ct.sweep(now, |x| { model.remove(&u16::try_from(x.backend.0).unwrap()); });
+        }
+        prop_assert!(model.values().all(|m| m.expires >= now), "a full pass left an expired flow");
+        prop_assert_eq!(ct.len(), model.len());
+        for i in model.keys() {
+            prop_assert!(ct.find(&key(*i), ct.hash(&key(*i))).is_some());
+        }
+    }
+}

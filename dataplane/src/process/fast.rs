@@ -1,0 +1,272 @@
+//! Stage 3 of the batch: packets of known flows whose record is current are rewritten from
+//! the record alone, without touching the tables.
+//!
+//! A record is current when it was stamped with the generation of the tables this batch
+//! runs on (so its backend, next hop, service and frontend are what the tables say), has not
+//! expired, and no earlier packet of its flow in this batch waits for the slow path. A packet
+//! that needs anything else (TTL about to expire, a SYN reusing a closing flow's tuple, an
+//! encapsulation that would exceed the MTU) is left untouched and goes to the slow path,
+//! which handles it as before.
+//!
+//! Offsets come from the fast parser: Ethernet plus at most one 802.1Q tag, then an IP header
+//! without options or extension headers, then at least 20 (TCP) or 8 (UDP) bytes of transport
+//! header. The rewrites are instantiated for each of the two IP header offsets (14, 18) and
+//! both transport protocols, so every field is at a constant offset and one bounds check
+//! covers all the writes of a packet.
+
+use crate::addr::Family;
+use crate::conntrack::{CtState, Dir, Rec, flow_flags, tcp_next};
+use crate::csum::{self, L4Sum};
+use crate::nat::{self, Packet};
+use crate::wire::{Frag, Parsed, proto, tcp_flags};
+
+use super::{Common, Fam, FamState, Lane, Verdict, slow};
+
+/// Runs the lanes of one family; returns the bit mask of packets left for the slow path
+/// (misses, deferred hits) and how many packets it transmitted. Marks each lane that missed.
+#[inline]
+pub(super) fn stage<A: Fam>(
+    st: &mut FamState<A>,
+    c: &mut Common,
+    pkts: &mut [Packet<'_>],
+    verdicts: &mut [Verdict],
+) -> (u64, u64) {
+    let (mut slow, mut tx) = (0u64, 0u64);
+    if st.lanes.n == 0 {
+        return (0, 0);
+    }
+    let (now, generation) = (c.now_s, c.generation);
+    let mut view = st.ct.view_mut();
+    let deferred = &mut st.deferred;
+    for l in st.lanes.as_mut_slice() {
+        let bit = 1u64 << (l.pkt & 63);
+        let i = usize::from(l.pkt);
+        let Some((hit, r)) = view.resolve(&l.key, l.hash, &l.probe) else {
+            l.miss = true;
+            slow |= bit;
+            continue;
+        };
+        let (Some(pkt), Some(v)) = (pkts.get_mut(i), verdicts.get_mut(i)) else { continue };
+        let old = r.ct_state();
+        let is_tcp = l.key.proto == proto::TCP;
+        // A SYN on the tuple of a closing connection starts a new one: the slow path replaces
+        // the flow (IPVS conn_reuse_mode).
+        let reuse = hit.dir == Dir::Forward
+            && is_tcp
+            && l.tcp_flags & (tcp_flags::SYN | tcp_flags::ACK) == tcp_flags::SYN
+            && matches!(old, CtState::FinWait | CtState::Closed);
+        let current = r.generation == generation && r.expires_s >= now && r.flags & flow_flags::DEFERRED == 0;
+        let out = if current && !reuse { rewrite::<A>(c, hit.dir, r, pkt, l, is_tcp) } else { None };
+        let Some(out) = out else {
+            if r.flags & flow_flags::DEFERRED == 0 {
+                r.flags |= flow_flags::DEFERRED;
+                deferred.push(hit.id);
+            }
+            slow |= bit;
+            continue;
+        };
+        *v = out;
+        tx += 1;
+        let new = if is_tcp { tcp_next(old, l.tcp_flags) } else { old };
+        r.expires_s = now.saturating_add(c.timeout(new));
+        c.count_packet(r.svc, r.backend);
+        if new != old {
+            r.state = new as u8;
+            c.sched.conns.change(r.backend, old.is_active(), new.is_active());
+            if new.is_evictable() != old.is_evictable() {
+                view.set_evictable(&hit, new.is_evictable());
+            }
+        }
+    }
+    (slow, tx)
+}
+
+/// Rewrites one packet of a known flow from its record: DNAT/SNAT forward, the reply of a NAT
+/// flow, or DSR (MAC only, or encapsulation). `None`, frame untouched, when the slow path must
+/// act (TTL about to expire, no room or MTU for encapsulation).
+#[inline]
+fn rewrite<A: Fam>(c: &Common, dir: Dir, r: &Rec<A>, pkt: &mut Packet<'_>, l: &Lane<A>, tcp: bool) -> Option<Verdict> {
+    let nat_flow = r.flags & flow_flags::DSR == 0;
+    match dir {
+        Dir::Forward if nat_flow => {
+            let out = c.port(r.out_port);
+            let to = Nat {
+                src: r.reply_dst,
+                dst: r.backend_addr,
+                sport: r.reply_dport,
+                dport: r.bport,
+                ip_delta: r.ip_delta_fwd,
+                l4_delta: r.l4_delta,
+                smac: out.mac,
+                dmac: r.hop_mac,
+            };
+            nat::<A>(pkt.frame_mut(), l.l3, tcp, &to).then_some(Verdict::Tx { port: r.out_port })
+        }
+        Dir::Reply => {
+            let port = c.port(r.in_port);
+            let f = pkt.frame_mut();
+            let smac = if port.known { port.mac } else { f.first_chunk::<6>().copied().unwrap_or_default() };
+            let to = Nat {
+                src: r.vip,
+                dst: r.client,
+                sport: r.vport,
+                dport: r.cport,
+                ip_delta: r.ip_delta_rev,
+                l4_delta: csum::negate(r.l4_delta),
+                smac,
+                dmac: r.peer_mac,
+            };
+            nat::<A>(f, l.l3, tcp, &to).then_some(Verdict::Tx { port: r.in_port })
+        }
+        Dir::Forward => dsr::<A>(c, r, pkt, usize::from(l.l3), usize::from(l.end)),
+    }
+}
+
+/// Whether a parsed packet has the fast parser's shape (TCP or UDP, not fragmented, right after
+/// an IP header without options or extension headers at offset 14 or 18), so the precomputed
+/// rewrite of its flow's record applies.
+#[inline]
+pub(super) fn shaped<A: Family>(p: &Parsed) -> bool {
+    matches!(p.proto, proto::TCP | proto::UDP)
+        && p.frag == Frag::None
+        && matches!(p.l3, 14 | 18)
+        && p.l4 == p.l3 + A::HEADER_LEN
+}
+
+/// The forward NAT rewrite of record `r` for a [`shaped`] packet of the slow path; `None`,
+/// frame untouched, if the TTL would expire.
+#[inline]
+pub(super) fn nat_forward<A: Fam>(c: &Common, r: &Rec<A>, pkt: &mut Packet<'_>, p: &Parsed) -> Option<Verdict> {
+    let out = c.port(r.out_port);
+    let to = Nat {
+        src: r.reply_dst,
+        dst: r.backend_addr,
+        sport: r.reply_dport,
+        dport: r.bport,
+        ip_delta: r.ip_delta_fwd,
+        l4_delta: r.l4_delta,
+        smac: out.mac,
+        dmac: r.hop_mac,
+    };
+    #[expect(clippy::cast_possible_truncation, reason = "14 or 18 (shaped)")]
+    let l3 = p.l3 as u8;
+    nat::<A>(pkt.frame_mut(), l3, p.proto == proto::TCP, &to).then_some(Verdict::Tx { port: r.out_port })
+}
+
+/// What a NAT rewrite writes.
+struct Nat<A> {
+    src: A,
+    dst: A,
+    sport: u16,
+    dport: u16,
+    /// IPv4 header checksum delta, TTL decrement included.
+    ip_delta: u16,
+    /// Transport checksum delta.
+    l4_delta: u16,
+    smac: [u8; 6],
+    dmac: [u8; 6],
+}
+
+/// The NAT rewrite at the fast parser's offsets: picks the instance for the IP header offset
+/// and the transport protocol. Returns `false`, frame untouched, if the TTL would expire.
+#[inline]
+fn nat<A: Family>(f: &mut [u8], l3: u8, tcp: bool, n: &Nat<A>) -> bool {
+    match (l3, tcp) {
+        (14, true) => nat_at::<A, 14, true>(f, n),
+        (14, false) => nat_at::<A, 14, false>(f, n),
+        (18, true) => nat_at::<A, 18, true>(f, n),
+        (18, false) => nat_at::<A, 18, false>(f, n),
+        _ => false,
+    }
+}
+
+/// Writes MACs, source and destination address and port, decrements the TTL / hop limit and
+/// applies the precomputed IPv4 header delta (TTL decrement included) and transport delta
+/// (RFC 1624); UDP over IPv4 keeps a zero checksum zero (RFC 768). `L3` is the IP header
+/// offset, `TCP` the transport protocol (else UDP).
+#[inline]
+fn nat_at<A: Family, const L3: usize, const TCP: bool>(f: &mut [u8], n: &Nat<A>) -> bool {
+    let l4 = L3 + A::HEADER_LEN;
+    let Some(h) = f.get_mut(..l4 + if TCP { 18 } else { 8 }) else { return false };
+    let ttl = L3 + A::TTL_OFF;
+    if h.get(ttl).is_none_or(|t| *t <= 1) {
+        return false;
+    }
+    if let Some(m) = h.get_mut(..12) {
+        let (d, s) = m.split_at_mut(6);
+        d.copy_from_slice(&n.dmac);
+        s.copy_from_slice(&n.smac);
+    }
+    if let Some(s) = h.get_mut(L3 + A::SRC_OFF..L3 + A::SRC_OFF + A::LEN) {
+        s.copy_from_slice(n.src.octets());
+    }
+    if let Some(s) = h.get_mut(L3 + A::DST_OFF..L3 + A::DST_OFF + A::LEN) {
+        s.copy_from_slice(n.dst.octets());
+    }
+    if let Some(t) = h.get_mut(ttl) {
+        *t = t.wrapping_sub(1);
+    }
+    if !A::IS_V6 {
+        put16(h, L3 + 10, csum::apply_delta(get16(h, L3 + 10), n.ip_delta));
+    }
+    put16(h, l4, n.sport);
+    put16(h, l4 + 2, n.dport);
+    let at = l4 + if TCP { 16 } else { 6 };
+    let kind = if TCP || A::IS_V6 { L4Sum::Always } else { L4Sum::UdpV4 };
+    put16(h, at, csum::apply_l4_delta(kind, get16(h, at), n.l4_delta));
+    true
+}
+
+/// DSR: MAC rewrite only, or IPIP / IP6IP6 encapsulation; the inner TTL is decremented.
+#[inline]
+fn dsr<A: Fam>(c: &Common, r: &Rec<A>, pkt: &mut Packet<'_>, l3: usize, end: usize) -> Option<Verdict> {
+    let out = c.port(r.out_port);
+    if pkt.frame().get(l3 + A::TTL_OFF).is_none_or(|t| *t <= 1) {
+        return None;
+    }
+    if r.flags & flow_flags::ENCAP != 0 {
+        let inner = end.checked_sub(l3)?;
+        if out.mtu > 0 && inner + A::HEADER_LEN > usize::from(out.mtu) {
+            return None; // the slow path answers with "fragmentation needed" / "too big"
+        }
+        // `nat::encap_at` needs headroom or tailroom for the outer header.
+        if pkt.head < A::HEADER_LEN && pkt.buf.len() < pkt.head + pkt.len + A::HEADER_LEN {
+            return None;
+        }
+        dec_ttl::<A>(pkt.frame_mut(), l3);
+        if !nat::encap_at::<A>(pkt, l3, end, r.reply_dst, r.backend_addr, slow::flow_hash_of(r)) {
+            return None;
+        }
+    } else {
+        dec_ttl::<A>(pkt.frame_mut(), l3);
+    }
+    nat::set_macs(pkt.frame_mut(), out.mac, r.hop_mac);
+    Some(Verdict::Tx { port: r.out_port })
+}
+
+/// TTL / hop limit decrement with the IPv4 header checksum update (the caller checked TTL > 1).
+#[inline]
+fn dec_ttl<A: Family>(f: &mut [u8], l3: usize) {
+    let Some(h) = f.get_mut(l3..l3 + A::HEADER_LEN) else { return };
+    if let Some(t) = h.get_mut(A::TTL_OFF) {
+        *t = t.wrapping_sub(1);
+    }
+    if !A::IS_V6 {
+        put16(h, 10, csum::apply_delta(get16(h, 10), csum::TTL_DEC));
+    }
+}
+
+#[inline]
+fn get16(h: &[u8], at: usize) -> u16 {
+    match h.get(at..at + 2) {
+        Some(&[a, b]) => u16::from_be_bytes([a, b]),
+        _ => 0,
+    }
+}
+
+#[inline]
+fn put16(h: &mut [u8], at: usize, v: u16) {
+    if let Some(s) = h.get_mut(at..at + 2) {
+        s.copy_from_slice(&v.to_be_bytes());
+    }
+}

@@ -1,0 +1,720 @@
+//! The per-packet pipeline.
+//!
+//! [`Pipeline::process_batch`] takes the frames of one RX batch (up to [`BATCH`]) and gives each
+//! a [`Verdict`]; it never fails, allocates, locks, makes a syscall or panics. It works in
+//! stages over the whole batch, in the style of VPP and DPDK, so that the cache misses of
+//! different packets overlap instead of being paid one after the other:
+//!
+//! 1. **parse and hash**: the fast parser ([`wire::parse_fast`]: Ethernet, one optional
+//!    802.1Q tag, IPv4 without options or IPv6 without extension headers, TCP or UDP, at fixed
+//!    offsets) reads each frame, the flow key is hashed once, and the key's home bucket in the
+//!    flow table is prefetched. Frames the fast parser does not take go to the slow path;
+//! 2. **tags**: the bucket's tags are compared and the record of the first match prefetched;
+//! 3. **rewrite**: the key is checked against the record; a packet of a known flow whose
+//!    record was stamped with the current tables generation is rewritten from the record's
+//!    precomputed fields (addresses, ports, RFC 1624 checksum deltas with the TTL decrement
+//!    folded in, next-hop MAC and port) and queued for TX ([`fast`]);
+//! 4. **misses**: packets of unknown flows form a sub-batch: frontend lookup, then for Maglev
+//!    services the lookup-table slot is computed and prefetched, then the chosen backend;
+//! 5. **slow path**, in the order the packets arrived: new flows (affinity, scheduler, SNAT
+//!    port, insert), flows whose record is stale (the tables changed: the backend is checked —
+//!    gone means a TCP RST or a UDP re-selection — and the record refreshed), TCP connection
+//!    reuse, ICMP errors, fragments, rejects, and every frame the fast parser left
+//!    ([`slow`]).
+//!
+//! The result is the same as processing the packets one at a time with [`Pipeline::process`]
+//! (a batch of one), with one exception: under a full conntrack table a new flow may evict
+//! a not-yet-established flow whose later packet in the same batch was already forwarded.
+//! A packet whose flow waits for the slow path marks the record
+//! ([`crate::conntrack::flow_flags::DEFERRED`]), so later packets of that flow in the batch
+//! wait too and per-flow order is kept.
+//!
+//! [`Pipeline::begin_batch`] runs once per RX batch: it adopts a new tables snapshot (resizing
+//! per-service state, off the per-packet path), advances the clock and runs one step of the
+//! conntrack sweep when due.
+
+#![deny(clippy::panic, clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+
+mod fast;
+mod slow;
+
+use std::sync::Arc;
+
+use crate::addr::{Cidr, V4, V6};
+use crate::affinity::AffinityTable;
+use crate::conntrack::{self, Conntrack, CtFamily, CtState, FlowKey, Timeouts, flow_flags};
+use crate::counters::{DropReason, Event, WorkerCounters};
+use crate::frag::FragTable;
+use crate::nat::Packet;
+use crate::sched::SchedState;
+use crate::tables::{BackendRef, Tables};
+use crate::wire::{self, Fast, FastFrame, proto};
+
+/// Most frames [`Pipeline::process_batch`] works on at once (longer slices are cut).
+pub const BATCH: usize = 64;
+
+/// What to do with a frame after [`Pipeline::process`].
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub enum Verdict {
+    /// Transmit the (rewritten) frame `pkt.buf[pkt.head..pkt.head + pkt.len]` on this port.
+    Tx {
+        /// Port index (see [`crate::tables::TablesSpec::ports`]).
+        port: u8,
+    },
+    /// Give the frame, unchanged, to the kernel's stack.
+    Pass,
+    /// Drop it; the reason is counted.
+    Drop(DropReason),
+    /// The frame (unchanged) is a reply of a flow another worker may own: hand it to that
+    /// worker (SNAT replies go straight to the owner of the destination port's range; other
+    /// replies from a backend visit the workers in turn).
+    Handoff {
+        /// Worker to hand it to.
+        worker: u16,
+    },
+}
+
+/// Worker configuration for the pipeline.
+#[derive(Clone, Debug)]
+pub struct PipelineConfig {
+    /// Worker number, for logs and the SNAT port range.
+    pub worker_id: u16,
+    /// Maximum flows per address family.
+    pub conntrack_capacity: usize,
+    /// Conntrack timeouts.
+    pub timeouts: Timeouts,
+    /// New flows admitted per second (burst equal to the rate); 0 = unlimited.
+    pub new_flows_per_s: u32,
+    /// SNAT source ports of the whole node, inclusive. Worker `i` of `workers` owns the
+    /// `i`-th of `workers` equal slices ([`PipelineConfig::snat_range_for`]), so a reply's
+    /// destination port names the worker that made the flow.
+    pub snat_ports: (u16, u16),
+    /// Number of workers on the node (for SNAT port ownership and reply hand-off).
+    pub workers: u16,
+    /// Maximum recorded fragment series per family.
+    pub frag_capacity: usize,
+    /// How long a fragment series is remembered, in seconds.
+    pub frag_timeout_s: u32,
+    /// Maximum ClientIP affinity records (the table is shared by the node's workers).
+    pub affinity_capacity: usize,
+    /// Interval between conntrack sweep steps, in milliseconds.
+    pub sweep_interval_ms: u64,
+    /// Service counter slots (largest service id + 1 that will be counted).
+    pub max_services: usize,
+    /// Backend counter slots (largest backend slot + 1 that will be counted).
+    pub max_backends: usize,
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        Self {
+            worker_id: 0,
+            conntrack_capacity: 1 << 20,
+            timeouts: Timeouts::default(),
+            new_flows_per_s: 0,
+            snat_ports: (1024, 65535),
+            workers: 1,
+            frag_capacity: 8192,
+            frag_timeout_s: 5,
+            affinity_capacity: 1 << 16,
+            sweep_interval_ms: 100,
+            max_services: 1 << 14,
+            max_backends: 1 << 16,
+        }
+    }
+}
+
+impl PipelineConfig {
+    /// Splits `lo..=hi` into `n` disjoint ranges and returns range `i` (for worker `i`).
+    pub fn snat_range_for(lo: u16, hi: u16, n: u16, i: u16) -> (u16, u16) {
+        let n = u32::from(n.max(1));
+        let span = (u32::from(hi) - u32::from(lo) + 1) / n;
+        let start = u32::from(lo) + span * u32::from(i);
+        let end = if u32::from(i) + 1 == n { u32::from(hi) } else { start + span - 1 };
+        (u16::try_from(start).unwrap_or(hi), u16::try_from(end).unwrap_or(hi))
+    }
+
+    /// This worker's SNAT port slice.
+    pub fn own_snat_ports(&self) -> (u16, u16) {
+        Self::snat_range_for(self.snat_ports.0, self.snat_ports.1, self.workers, self.worker_id)
+    }
+
+    /// The worker whose slice holds SNAT port `port`, if any.
+    pub fn snat_owner(&self, port: u16) -> Option<u16> {
+        let (lo, hi) = self.snat_ports;
+        if port < lo || port > hi {
+            return None;
+        }
+        let n = u32::from(self.workers.max(1));
+        let span = ((u32::from(hi) - u32::from(lo) + 1) / n).max(1);
+        let i = ((u32::from(port) - u32::from(lo)) / span).min(n - 1);
+        u16::try_from(i).ok()
+    }
+}
+
+/// A packet of the batch that the fast parser took: where it is, its key and hash, what the
+/// tag stage found for it. Kept small (the slow path parses the frame again rather than
+/// storing a [`Parsed`] per packet).
+#[derive(Copy, Clone, Debug, Default)]
+struct Lane<A> {
+    /// The packet's tuple.
+    key: FlowKey<A>,
+    /// Its hash in the flow table.
+    hash: u64,
+    /// What the tag stage found in the home bucket.
+    probe: conntrack::Probe,
+    /// End of the IP packet (offset from the frame start).
+    end: u16,
+    /// Index of the packet in the batch.
+    pkt: u8,
+    /// Offset of the IP header (14, or 18 behind an 802.1Q tag).
+    l3: u8,
+    /// TCP flags (0 for UDP).
+    tcp_flags: u8,
+    /// The flow table has no entry for it (set by the fast stage).
+    miss: bool,
+}
+
+/// The fast-parsed packets of one family in the current batch, and what the miss stage
+/// computed for those that missed.
+#[derive(Debug)]
+struct Lanes<A> {
+    l: Box<[Lane<A>; BATCH]>,
+    n: usize,
+    /// Backend a Maglev service picks for lane `i`, computed (and prefetched) by the miss stage.
+    pick: [Option<BackendRef>; BATCH],
+    /// The Maglev flow hash behind `pick` (between the miss stage's two loops).
+    hash_m: [u64; BATCH],
+}
+
+impl<A: Copy + Default> Lanes<A> {
+    fn new() -> Self {
+        Self { l: Box::new([Lane::default(); BATCH]), n: 0, pick: [None; BATCH], hash_m: [0; BATCH] }
+    }
+
+    #[inline]
+    fn as_slice(&self) -> &[Lane<A>] {
+        self.l.get(..self.n).unwrap_or(&[])
+    }
+
+    #[inline]
+    fn as_mut_slice(&mut self) -> &mut [Lane<A>] {
+        self.l.get_mut(..self.n).unwrap_or(&mut [])
+    }
+
+    /// Appends a lane for packet `pkt` (its probe and miss flag are set by the later stages);
+    /// returns its index ([`NO_LANE`] if full, which a batch of at most [`BATCH`] packets never
+    /// is).
+    #[inline]
+    fn push(&mut self, key: FlowKey<A>, hash: u64, pkt: usize, p: &Fast<A>) -> u8 {
+        let i = self.n;
+        let Some(x) = self.l.get_mut(i) else { return NO_LANE };
+        x.key = key;
+        x.hash = hash;
+        x.end = u16::try_from(p.end).unwrap_or(u16::MAX);
+        #[expect(clippy::cast_possible_truncation, reason = "pkt < BATCH = 64, l3 is 14 or 18")]
+        {
+            x.pkt = pkt as u8;
+            x.l3 = p.l3 as u8;
+        }
+        x.tcp_flags = p.tcp_flags;
+        self.n = i + 1;
+        #[expect(clippy::cast_possible_truncation, reason = "i < BATCH = 64")]
+        let lane = i as u8;
+        lane
+    }
+}
+
+/// Per-family state of one worker.
+#[derive(Debug)]
+pub struct FamState<A: CtFamily> {
+    /// Connection tracking.
+    pub ct: Conntrack<A>,
+    frag: FragTable<A>,
+    /// Fast-parsed packets of the current batch.
+    lanes: Lanes<A>,
+    /// Records marked [`flow_flags::DEFERRED`] in the current batch, unmarked at its end.
+    deferred: Vec<conntrack::RecId>,
+}
+
+impl<A: CtFamily> FamState<A> {
+    /// Unmarks the records the batch deferred.
+    fn end_batch(&mut self) {
+        for id in self.deferred.drain(..) {
+            if let Some(r) = self.ct.rec_mut(id) {
+                r.flags &= !flow_flags::DEFERRED;
+            }
+        }
+    }
+
+    fn new(c: &PipelineConfig) -> Self {
+        Self {
+            ct: Conntrack::new(c.conntrack_capacity),
+            frag: FragTable::new(c.frag_capacity),
+            lanes: Lanes::new(),
+            deferred: Vec::with_capacity(BATCH),
+        }
+    }
+}
+
+/// Selects the per-family state and family-specific table fields.
+trait Fam: CtFamily {
+    fn state(w: &mut Families) -> &mut FamState<Self>;
+    fn snat(t: &Tables) -> Option<Self>;
+    fn dsr_prefix(t: &Tables) -> Option<Cidr>;
+    const ICMP: u8;
+    fn is_icmp_error(ty: u8) -> bool;
+}
+
+/// Both families' state.
+#[derive(Debug)]
+pub struct Families {
+    /// IPv4.
+    pub v4: FamState<V4>,
+    /// IPv6.
+    pub v6: FamState<V6>,
+}
+
+impl Fam for V4 {
+    fn state(w: &mut Families) -> &mut FamState<Self> {
+        &mut w.v4
+    }
+    fn snat(t: &Tables) -> Option<Self> {
+        t.snat_v4.map(V4)
+    }
+    fn dsr_prefix(t: &Tables) -> Option<Cidr> {
+        t.dsr_source_v4
+    }
+    const ICMP: u8 = proto::ICMP;
+    fn is_icmp_error(ty: u8) -> bool {
+        wire::is_icmpv4_error(ty)
+    }
+}
+
+impl Fam for V6 {
+    fn state(w: &mut Families) -> &mut FamState<Self> {
+        &mut w.v6
+    }
+    fn snat(t: &Tables) -> Option<Self> {
+        t.snat_v6.map(V6)
+    }
+    fn dsr_prefix(t: &Tables) -> Option<Cidr> {
+        t.dsr_source_v6
+    }
+    const ICMP: u8 = proto::ICMPV6;
+    fn is_icmp_error(ty: u8) -> bool {
+        wire::is_icmpv6_error(ty)
+    }
+}
+
+/// An xlb port as the per-packet path needs it (copied from the tables when they change).
+#[derive(Copy, Clone, Debug, Default)]
+struct PortInfo {
+    mac: [u8; 6],
+    mtu: u16,
+    /// The tables have this port.
+    known: bool,
+}
+
+/// State shared by both families on one worker.
+#[derive(Debug)]
+struct Common {
+    cfg: PipelineConfig,
+    sched: SchedState,
+    counters: Arc<WorkerCounters>,
+    now_s: u32,
+    now_ms: u64,
+    last_sweep_ms: u64,
+    tokens: u32,
+    tokens_s: u32,
+    snat_cursor: u16,
+    own_snat: (u16, u16),
+    affinity: Arc<AffinityTable>,
+    /// Timeout per [`CtState`] number.
+    timeout: [u32; 5],
+    /// Low 32 bits of the adopted tables' generation (0 before the first).
+    generation: u32,
+    /// Ports of the adopted tables, by index (256 entries: any `u8` port index is valid).
+    ports: Box<[PortInfo; 256]>,
+}
+
+impl Common {
+    #[inline]
+    fn admit_new_flow(&mut self) -> bool {
+        let rate = self.cfg.new_flows_per_s;
+        if rate == 0 {
+            return true;
+        }
+        if self.tokens_s != self.now_s {
+            self.tokens_s = self.now_s;
+            self.tokens = rate;
+        }
+        if self.tokens == 0 {
+            return false;
+        }
+        self.tokens -= 1;
+        true
+    }
+
+    #[inline]
+    fn next_snat_port(&mut self) -> u16 {
+        let (lo, hi) = self.own_snat;
+        let p = self.snat_cursor;
+        self.snat_cursor = if p >= hi || p < lo { lo } else { p + 1 };
+        if p < lo || p > hi { lo } else { p }
+    }
+
+    #[inline]
+    fn count_packet(&self, svc_id: u32, b: BackendRef) {
+        let o = &self.counters.objects;
+        if let Some(c) = o.service_packets.get(svc_id as usize) {
+            c.inc();
+        }
+        if let Some(c) = o.backend_packets.get(b.index()) {
+            c.inc();
+        }
+    }
+
+    #[inline]
+    fn count_new_flow(&self, svc_id: u32, b: BackendRef) {
+        self.counters.event(Event::NewFlow);
+        let o = &self.counters.objects;
+        if let Some(c) = o.service_flows.get(svc_id as usize) {
+            c.inc();
+        }
+        if let Some(c) = o.backend_flows.get(b.index()) {
+            c.inc();
+        }
+    }
+
+    #[inline]
+    fn timeout(&self, s: CtState) -> u32 {
+        self.timeout.get(s as usize).copied().unwrap_or(self.cfg.timeouts.tcp_close_s)
+    }
+
+    #[inline]
+    fn port(&self, i: u8) -> PortInfo {
+        self.ports.get(usize::from(i)).copied().unwrap_or_default()
+    }
+
+    /// Records that a flow of backend `b` was removed (expired or evicted).
+    fn on_removed(&mut self, r: conntrack::Removed) {
+        self.sched.conns.sub(r.backend, r.state.is_active());
+        self.counters.event(if r.evicted { Event::ConntrackEvicted } else { Event::ConntrackExpired });
+    }
+}
+
+/// Verdict tallies of one batch, added to the shared counters once per batch.
+#[derive(Debug, Default)]
+struct Tally {
+    tx: u64,
+    pass: u64,
+    handoff: u64,
+    drops: [u32; DropReason::ALL.len() + 1],
+}
+
+impl Tally {
+    #[inline]
+    fn add(&mut self, v: Verdict) {
+        match v {
+            Verdict::Tx { .. } => self.tx += 1,
+            Verdict::Pass => self.pass += 1,
+            Verdict::Drop(r) => {
+                if let Some(d) = self.drops.get_mut(r as usize) {
+                    *d += 1;
+                }
+            }
+            Verdict::Handoff { .. } => self.handoff += 1,
+        }
+    }
+
+    fn flush(&self, k: &WorkerCounters, rx: u64) {
+        k.rx.add(rx);
+        if self.tx > 0 {
+            k.tx.add(self.tx);
+        }
+        if self.pass > 0 {
+            k.pass.add(self.pass);
+        }
+        if self.handoff > 0
+            && let Some(c) = k.events.get(Event::HandedOff as usize)
+        {
+            c.add(self.handoff);
+        }
+        for (i, n) in self.drops.iter().enumerate() {
+            if *n > 0
+                && let Some(c) = k.drops.get(i)
+            {
+                c.add(u64::from(*n));
+            }
+        }
+    }
+}
+
+/// One worker's pipeline: conntrack, fragment and affinity tables, scheduler state, counters.
+#[derive(Debug)]
+pub struct Pipeline {
+    fam: Families,
+    c: Common,
+    /// Packets of the current batch waiting for the slow path (bit `i` = packet `i`).
+    slow: u64,
+    /// Lane of each packet of the current batch (with [`V6_LANE`] set for an IPv6 packet), or
+    /// [`NO_LANE`] if the fast parser did not take it, for the slow path.
+    lane_of: [u8; BATCH],
+}
+
+/// A flow for `xlb conntrack`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FlowDump {
+    /// Client address.
+    pub client: std::net::IpAddr,
+    /// Client port.
+    pub cport: u16,
+    /// Frontend address.
+    pub vip: std::net::IpAddr,
+    /// Frontend port.
+    pub vport: u16,
+    /// IP protocol.
+    pub proto: u8,
+    /// Backend ref.
+    pub backend: BackendRef,
+    /// State.
+    pub state: CtState,
+    /// Seconds until expiry.
+    pub expires_in_s: u32,
+    /// SNAT port, if SNAT.
+    pub snat_port: Option<u16>,
+}
+
+impl Pipeline {
+    /// A pipeline with empty state and its own affinity table; `counters` is shared with
+    /// metrics readers.
+    pub fn new(cfg: PipelineConfig, seed: u64) -> Self {
+        let affinity = Arc::new(AffinityTable::new(cfg.affinity_capacity));
+        Self::with_affinity(cfg, seed, affinity)
+    }
+
+    /// A pipeline that shares `affinity` with the node's other workers.
+    pub fn with_affinity(cfg: PipelineConfig, seed: u64, affinity: Arc<AffinityTable>) -> Self {
+        let counters = Arc::new(WorkerCounters::new(cfg.max_services, cfg.max_backends));
+        Self {
+            fam: Families { v4: FamState::new(&cfg), v6: FamState::new(&cfg) },
+            c: Common {
+                snat_cursor: cfg.own_snat_ports().0,
+                own_snat: cfg.own_snat_ports(),
+                timeout: cfg.timeouts.by_state(),
+                cfg,
+                sched: SchedState::new(seed),
+                counters,
+                now_s: 1,
+                now_ms: 0,
+                last_sweep_ms: 0,
+                tokens: 0,
+                tokens_s: 0,
+                affinity,
+                generation: 0,
+                ports: Box::new([PortInfo::default(); 256]),
+            },
+            slow: 0,
+            lane_of: [NO_LANE; BATCH],
+        }
+    }
+
+    /// The counters this worker writes.
+    pub fn counters(&self) -> &Arc<WorkerCounters> {
+        &self.c.counters
+    }
+
+    /// Configuration.
+    pub fn config(&self) -> &PipelineConfig {
+        &self.c.cfg
+    }
+
+    /// Per-family state (for inspection and tests).
+    pub fn families(&self) -> &Families {
+        &self.fam
+    }
+
+    /// Call once per RX batch: adopt `t` (allocation happens here, if the generation changed),
+    /// set the clock (`now_ms`, milliseconds of any monotonic clock) and run one conntrack sweep
+    /// step per family when [`PipelineConfig::sweep_interval_ms`] has passed.
+    pub fn begin_batch(&mut self, t: &Tables, now_ms: u64) {
+        self.c.now_ms = now_ms;
+        self.c.now_s = u32::try_from(now_ms / 1000).unwrap_or(u32::MAX).saturating_add(1);
+        self.c.sched.sync(t);
+        let generation = gen32(t);
+        if self.c.generation != generation {
+            self.c.generation = generation;
+            for (i, slot) in self.c.ports.iter_mut().enumerate() {
+                *slot = t.ports.get(i).map(|p| PortInfo { mac: p.mac, mtu: p.mtu, known: true }).unwrap_or_default();
+            }
+        }
+        if now_ms.saturating_sub(self.c.last_sweep_ms) >= self.c.cfg.sweep_interval_ms {
+            self.c.last_sweep_ms = now_ms;
+            let now = self.c.now_s;
+            let c = &mut self.c;
+            self.fam.v4.ct.sweep(now, |r| c.on_removed(r));
+            self.fam.v6.ct.sweep(now, |r| c.on_removed(r));
+        }
+        self.c.counters.ct_entries.set((self.fam.v4.ct.len() + self.fam.v6.ct.len()) as u64);
+    }
+
+    /// Processes one frame that arrived on `in_port`: a batch of one. The frame may be
+    /// rewritten in place, grown (encapsulation: into the headroom if there is some, else by
+    /// moving the packet into the tailroom) or replaced by a reply in place (ICMP error, TCP
+    /// RST); the result is `pkt.buf[pkt.head..pkt.head + pkt.len]`.
+    pub fn process(&mut self, t: &Tables, pkt: &mut Packet<'_>, in_port: u8) -> Verdict {
+        let mut v = [Verdict::Pass];
+        self.process_batch(t, core::slice::from_mut(pkt), in_port, &mut v);
+        let [v] = v;
+        v
+    }
+
+    /// Processes a batch of frames that arrived on `in_port` (see the module docs):
+    /// `verdicts[i]` is the verdict of `pkts[i]`, as [`Pipeline::process`] one after the other
+    /// would give it. `verdicts` must be at least as long as `pkts` (extra frames get no verdict
+    /// and are left alone); slices longer than [`BATCH`] are worked on [`BATCH`] at a time.
+    pub fn process_batch(&mut self, t: &Tables, pkts: &mut [Packet<'_>], in_port: u8, verdicts: &mut [Verdict]) {
+        let n = pkts.len().min(verdicts.len());
+        let mut at = 0;
+        while at < n {
+            let end = (at + BATCH).min(n);
+            if let (Some(p), Some(v)) = (pkts.get_mut(at..end), verdicts.get_mut(at..end)) {
+                self.batch(t, p, in_port, v);
+            }
+            at = end;
+        }
+    }
+
+    /// Stage 1: parse, hash, prefetch the home bucket; every other packet goes to the slow
+    /// path.
+    #[inline]
+    fn stage1(&mut self, pkts: &[Packet<'_>], n: usize) {
+        let Families { v4, v6 } = &mut self.fam;
+        let (view4, lanes4) = (v4.ct.view(), &mut v4.lanes);
+        let (view6, lanes6) = (v6.ct.view(), &mut v6.lanes);
+        lanes4.n = 0;
+        lanes6.n = 0;
+        let mut slow = 0u64;
+        for ((i, pkt), lane_of) in pkts.iter().enumerate().take(n).zip(self.lane_of.iter_mut()) {
+            let f = pkt.frame();
+            *lane_of = match wire::parse_fast_frame(f) {
+                Some(FastFrame::V4(x)) => lane_for::<V4>(&view4, lanes4, i, &x),
+                Some(FastFrame::V6(x)) => lane_for::<V6>(&view6, lanes6, i, &x) | V6_LANE,
+                None => {
+                    slow |= 1 << i;
+                    NO_LANE
+                }
+            };
+        }
+        self.slow = slow;
+    }
+
+    /// One batch of at most [`BATCH`] packets.
+    fn batch(&mut self, t: &Tables, pkts: &mut [Packet<'_>], in_port: u8, verdicts: &mut [Verdict]) {
+        let n = pkts.len().min(BATCH);
+        self.stage1(pkts, n);
+        // Stage 2: tags, prefetch the record of the first match.
+        stage_tags(&mut self.fam.v4);
+        stage_tags(&mut self.fam.v6);
+        // Stage 3: known flows with a current record: rewrite from the record.
+        let (slow4, tx4) = fast::stage::<V4>(&mut self.fam.v4, &mut self.c, pkts, verdicts);
+        let (slow6, tx6) = fast::stage::<V6>(&mut self.fam.v6, &mut self.c, pkts, verdicts);
+        self.slow |= slow4 | slow6;
+        // Stage 4: the misses' frontends and Maglev picks, prefetched.
+        if self.slow != 0 {
+            slow::stage_misses::<V4>(&mut self.fam.v4, t, self.slow);
+            slow::stage_misses::<V6>(&mut self.fam.v6, t, self.slow);
+        }
+        // Stage 5: everything else, in arrival order.
+        let mut rest = self.slow;
+        while rest != 0 {
+            let i = rest.trailing_zeros() as usize;
+            rest &= rest - 1;
+            let (Some(pkt), Some(v)) = (pkts.get_mut(i), verdicts.get_mut(i)) else { continue };
+            let lane = self.lane_of.get(i).copied().unwrap_or(NO_LANE);
+            let l = usize::from(lane & !V6_LANE);
+            *v = match lane {
+                NO_LANE => slow::run_frame(&mut self.fam, &mut self.c, t, pkt, in_port),
+                _ if lane & V6_LANE != 0 => slow::run_lane::<V6>(&mut self.fam, &mut self.c, t, pkt, l, in_port),
+                _ => slow::run_lane::<V4>(&mut self.fam, &mut self.c, t, pkt, l, in_port),
+            };
+        }
+        self.fam.v4.end_batch();
+        self.fam.v6.end_batch();
+        let mut tally = Tally { tx: tx4 + tx6, ..Tally::default() };
+        let mut rest = self.slow;
+        while rest != 0 {
+            let i = rest.trailing_zeros() as usize;
+            rest &= rest - 1;
+            if let Some(v) = verdicts.get(i) {
+                tally.add(*v);
+            }
+        }
+        tally.flush(&self.c.counters, n as u64);
+    }
+
+    /// Lists tracked flows of both families (for `xlb conntrack`; allocates).
+    pub fn dump_flows(&self) -> Vec<FlowDump> {
+        let mut out = Vec::new();
+        let now = self.c.now_s;
+        fn push<A: CtFamily>(ct: &Conntrack<A>, now: u32, out: &mut Vec<FlowDump>) {
+            ct.for_each(|_, r| {
+                let (client, vip, backend, expires_s, flags) = (r.client, r.vip, r.backend, r.expires_s, r.flags);
+                out.push(FlowDump {
+                    client: client.to_ip(),
+                    cport: r.cport,
+                    vip: vip.to_ip(),
+                    vport: r.vport,
+                    proto: r.proto,
+                    backend,
+                    state: r.ct_state(),
+                    expires_in_s: expires_s.saturating_sub(now),
+                    snat_port: (flags & flow_flags::SNAT != 0).then_some(r.reply_dport),
+                });
+            });
+        }
+        push(&self.fam.v4.ct, now, &mut out);
+        push(&self.fam.v6.ct, now, &mut out);
+        out
+    }
+
+    /// Active and inactive connection counts this worker holds for a backend.
+    pub fn connections(&self, r: BackendRef) -> (u32, u32) {
+        self.c.sched.conns.get(r)
+    }
+}
+
+/// The low 32 bits of the tables' generation, never 0 for real tables (0 marks a record whose
+/// rewrite was never computed).
+#[inline]
+fn gen32(t: &Tables) -> u32 {
+    #[expect(clippy::cast_possible_truncation, reason = "the low 32 bits, compared for equality")]
+    let g = t.generation as u32;
+    g | u32::from(g == 0 && t.generation != 0)
+}
+
+/// `lane_of` value of a packet the fast parser did not take.
+const NO_LANE: u8 = u8::MAX;
+/// `lane_of` bit of an IPv6 lane (lane indices are below [`BATCH`] = 64).
+const V6_LANE: u8 = 0x40;
+
+/// Stage 1 for one fast-parsed packet: its key, hash, a prefetch of its home bucket, and its
+/// lane; returns the lane index.
+#[inline]
+fn lane_for<A: CtFamily>(view: &conntrack::View<'_, A>, lanes: &mut Lanes<A>, i: usize, x: &Fast<A>) -> u8 {
+    let key = FlowKey { src: x.src, dst: x.dst, sport: x.sport, dport: x.dport, proto: x.proto };
+    let hash = view.hash(&key);
+    view.prefetch(hash);
+    lanes.push(key, hash, i, x)
+}
+
+/// Stage 2: compare the tags of each lane's home bucket, prefetch the record of the first match.
+#[inline]
+fn stage_tags<A: CtFamily>(st: &mut FamState<A>) {
+    let view = st.ct.view();
+    for l in st.lanes.as_mut_slice() {
+        l.probe = view.probe(l.hash);
+        l.miss = false;
+    }
+}

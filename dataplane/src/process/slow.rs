@@ -1,0 +1,804 @@
+//! Stages 4 and 5 of the batch: the miss sub-batch's prefetches, and the slow path that
+//! handles, one packet at a time in arrival order, everything the fast stage did not: new
+//! flows, records made under older tables, connection reuse, replies whose flow expired,
+//! ICMP errors, fragments, rejects, hand-offs, and frames the fast parser left.
+
+use crate::conntrack::{self, CtState, Dir, FlowKey, Hit, Rec, flow_flags};
+use crate::counters::{DropReason, Event};
+use crate::csum;
+use crate::frag::{FragAction, FragEntry, FragKey};
+use crate::icmp;
+use crate::maglev;
+use crate::nat::{self, Packet};
+use crate::sched::FlowInfo;
+use crate::tables::{
+    Backend, BackendRef, EmptyAction, ForwardingMode, FrontendEntry, FrontendKind, Hop, Scheduler, Tables, VipAddrKind,
+    VipKey,
+};
+use crate::wire::{self, Frag, L3, Parsed, proto, tcp_flags};
+
+use super::{Common, Fam, FamState, Families, Lane, Verdict};
+
+/// Stage 4: for each missed lane in `slow` addressed to a Maglev service without affinity,
+/// computes the Maglev pick, prefetching the lookup-table slot and then the backend, so the
+/// slow path finds both in cache.
+pub(super) fn stage_misses<A: Fam>(st: &mut FamState<A>, t: &Tables, slow: u64) {
+    let lanes = &mut st.lanes;
+    let mut any = false;
+    for (i, l) in lanes.l.iter().take(lanes.n).enumerate() {
+        let Some(pick) = lanes.pick.get_mut(i) else { continue };
+        *pick = None;
+        if !l.miss || slow & (1 << (l.pkt & 63)) == 0 {
+            continue;
+        }
+        let Some(fe) = t.frontend(l.key.dst.to_mapped(), l.key.proto, l.key.dport) else { continue };
+        let Some(svc) = t.services.get(fe.service as usize) else { continue };
+        let (Scheduler::Maglev { port }, None, Some(m)) = (svc.scheduler, svc.affinity_timeout_s, svc.maglev.as_ref())
+        else {
+            continue;
+        };
+        let h = maglev::source_hash(l.key.src.octets(), port.then_some(l.key.sport));
+        m.prefetch(h);
+        // Marks the lane until the slot is read below.
+        *pick = Some(BackendRef(u32::MAX));
+        if let Some(x) = lanes.hash_m.get_mut(i) {
+            *x = h;
+        }
+        any = true;
+    }
+    if !any {
+        return;
+    }
+    for (i, l) in lanes.l.iter().take(lanes.n).enumerate() {
+        let (Some(pick), Some(&h)) = (lanes.pick.get_mut(i), lanes.hash_m.get(i)) else { continue };
+        if *pick != Some(BackendRef(u32::MAX)) {
+            continue;
+        }
+        *pick = None;
+        let Some(fe) = t.frontend(l.key.dst.to_mapped(), l.key.proto, l.key.dport) else { continue };
+        let Some(svc) = t.services.get(fe.service as usize) else { continue };
+        let Some(m) = svc.maglev.as_ref() else { continue };
+        let r = svc.eligible.get(m.lookup(h) as usize).copied();
+        if let Some(r) = r
+            && let Some(Some(b)) = t.backends.get(r.index())
+        {
+            prefetch(b);
+        }
+        *pick = r;
+    }
+}
+
+#[inline]
+fn prefetch<T>(x: &T) {
+    #[cfg(target_arch = "x86_64")]
+    safe_arch::prefetch_t0(x);
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = x;
+}
+
+/// A frame the fast parser did not take: parse it in full, then as [`run`].
+pub(super) fn run_frame(fam: &mut Families, c: &mut Common, t: &Tables, pkt: &mut Packet<'_>, in_port: u8) -> Verdict {
+    match wire::ethernet(pkt.frame()) {
+        Err(r) => Verdict::Drop(r),
+        Ok((L3::V4, at)) => run_full::<crate::addr::V4>(fam, c, t, pkt, at, in_port),
+        Ok((L3::V6, at)) => run_full::<crate::addr::V6>(fam, c, t, pkt, at, in_port),
+        Ok((L3::Other, _)) => Verdict::Pass,
+    }
+}
+
+fn run_full<A: Fam>(
+    fam: &mut Families,
+    c: &mut Common,
+    t: &Tables,
+    pkt: &mut Packet<'_>,
+    at: usize,
+    in_port: u8,
+) -> Verdict {
+    let parsed = if A::IS_V6 { wire::parse_v6(pkt.frame(), at) } else { wire::parse_v4(pkt.frame(), at) };
+    match parsed {
+        Ok(p) => run::<A>(fam, c, t, pkt, &p, None, in_port),
+        Err(r) => {
+            if is_ours::<A>(t, pkt.frame(), at + 2) {
+                Verdict::Drop(r)
+            } else {
+                Verdict::Pass
+            }
+        }
+    }
+}
+
+/// A fast-parsed packet (lane `lane` of its family) that the fast stage left.
+pub(super) fn run_lane<A: Fam>(
+    fam: &mut Families,
+    c: &mut Common,
+    t: &Tables,
+    pkt: &mut Packet<'_>,
+    lane: usize,
+    in_port: u8,
+) -> Verdict {
+    let st = A::state(fam);
+    let (Some(l), Some(pick)) = (st.lanes.as_slice().get(lane).copied(), st.lanes.pick.get(lane).copied()) else {
+        return run_frame(fam, c, t, pkt, in_port);
+    };
+    // What the fast parser found, as the full parser's view (the same value, see
+    // `wire::parse_fast`).
+    let l3 = usize::from(l.l3);
+    let p = Parsed {
+        ethertype_at: l3 - 2,
+        l3,
+        l4: l3 + A::HEADER_LEN,
+        end: usize::from(l.end),
+        proto: l.key.proto,
+        sport: l.key.sport,
+        dport: l.key.dport,
+        tcp_flags: l.tcp_flags,
+        icmp_type: 0,
+        frag: Frag::None,
+        frag_hdr: 0,
+    };
+    run::<A>(fam, c, t, pkt, &p, Some((l, pick)), in_port)
+}
+
+/// Is the packet addressed to something only xlb serves (a cluster IP, a LoadBalancer or
+/// external IP, or the SNAT address)? Such packets are dropped when malformed or untracked;
+/// anything else (node addresses included) is the kernel's.
+fn is_ours<A: Fam>(t: &Tables, f: &[u8], l3: usize) -> bool {
+    let Some(d) = f.get(l3 + A::DST_OFF..).and_then(A::from_slice) else { return false };
+    t.vip_addrs.get(&d.to_mapped()).is_some_and(|k| *k >= VipAddrKind::Service) || A::snat(t) == Some(d)
+}
+
+/// What a conntrack lookup of the slow path found.
+enum Found {
+    /// A live entry.
+    Live(Hit),
+    /// An entry whose flow had expired: removed and counted.
+    Expired,
+    /// Nothing.
+    Miss,
+}
+
+fn lookup<A: Fam>(st: &mut FamState<A>, c: &mut Common, k: &FlowKey<A>, h: u64) -> Found {
+    let Some(hit) = st.ct.find(k, h) else { return Found::Miss };
+    let now = c.now_s;
+    let Some(r) = st.ct.rec(hit.id) else { return Found::Miss };
+    if r.expires_s >= now {
+        return Found::Live(hit);
+    }
+    if let Some(r) = st.ct.remove(hit.id) {
+        c.on_removed(conntrack::Removed { backend: r.backend, state: r.ct_state(), evicted: false });
+    }
+    Found::Expired
+}
+
+fn run<A: Fam>(
+    fam: &mut Families,
+    c: &mut Common,
+    t: &Tables,
+    pkt: &mut Packet<'_>,
+    p: &Parsed,
+    lane: Option<(Lane<A>, Option<BackendRef>)>,
+    in_port: u8,
+) -> Verdict {
+    let st = A::state(fam);
+    let f = pkt.frame();
+    let src: A = nat::src(f, p);
+    let dst: A = nat::dst(f, p);
+    if p.proto == A::ICMP && p.frag == Frag::None && A::is_icmp_error(p.icmp_type) {
+        return icmp_error_in::<A>(st, c, t, pkt, p);
+    }
+    if let Frag::Later { id } = p.frag {
+        return later_fragment::<A>(st, c, t, pkt, p, FragKey { src, dst, id, proto: p.proto });
+    }
+    let l4_ok = matches!(p.proto, proto::TCP | proto::UDP | proto::SCTP);
+    let dm = dst.to_mapped();
+    if l4_ok {
+        let (key, h, pick) = match lane {
+            Some((l, pick)) => (l.key, l.hash, pick),
+            None => {
+                let k = FlowKey { src, dst, sport: p.sport, dport: p.dport, proto: p.proto };
+                (k, st.ct.hash(&k), None)
+            }
+        };
+        if let Some(fe) = t.frontend(dm, p.proto, p.dport) {
+            return forward::<A>(st, c, t, pkt, p, fe, key, h, pick, in_port);
+        }
+        match lookup(st, c, &key, h) {
+            Found::Live(hit) if hit.dir == Dir::Reply => return reply::<A>(st, c, t, pkt, p, hit),
+            Found::Expired => {
+                return if A::snat(t) == Some(dst) { Verdict::Drop(DropReason::SnatUntracked) } else { Verdict::Pass };
+            }
+            // A forward entry of a flow whose frontend left the tables: not forwarded.
+            Found::Live(_) | Found::Miss => {}
+        }
+        if A::snat(t) == Some(dst) {
+            return match c.cfg.snat_owner(p.dport) {
+                Some(w) if w != c.cfg.worker_id => Verdict::Handoff { worker: w },
+                _ => Verdict::Drop(DropReason::SnatUntracked),
+            };
+        }
+        if c.cfg.workers > 1 && t.endpoints.contains(&VipKey { addr: src.to_mapped(), port: p.sport, proto: p.proto }) {
+            // A reply from a backend that this worker has no flow for: RSS may have put it
+            // on another queue than its forward packets. The next worker looks.
+            return Verdict::Handoff { worker: (c.cfg.worker_id + 1) % c.cfg.workers };
+        }
+        if t.vip_addrs.get(&dm) == Some(&VipAddrKind::ClusterIp) {
+            return reject::<A>(c, pkt, p, in_port);
+        }
+    } else if p.proto != A::ICMP && t.vip_addrs.get(&dm).is_some_and(|k| *k >= VipAddrKind::Service) {
+        return Verdict::Drop(DropReason::UnsupportedProtocol);
+    }
+    Verdict::Pass
+}
+
+fn reject<A: Fam>(c: &mut Common, pkt: &mut Packet<'_>, p: &Parsed, in_port: u8) -> Verdict {
+    if icmp::port_unreachable::<A>(pkt, p) {
+        c.counters.event(Event::RejectSent);
+        Verdict::Tx { port: in_port }
+    } else {
+        Verdict::Drop(DropReason::NoRoom)
+    }
+}
+
+#[inline]
+fn initial_state(p: &Parsed) -> CtState {
+    if p.proto != proto::TCP {
+        return CtState::Datagram;
+    }
+    let base = if p.tcp_flags & (tcp_flags::SYN | tcp_flags::ACK) == tcp_flags::SYN {
+        CtState::SynSent
+    } else {
+        // Mid-stream pickup (xlb restarted, or RSS moved the flow): Maglev keeps such flows
+        // on their backend as long as the tables did not change.
+        CtState::Established
+    };
+    conntrack::tcp_next(base, p.tcp_flags & !tcp_flags::ACK)
+}
+
+#[inline]
+fn peer_mac(f: &[u8]) -> [u8; 6] {
+    f.get(6..12).and_then(|s| <[u8; 6]>::try_from(s).ok()).unwrap_or_default()
+}
+
+#[inline]
+fn dst_mac(f: &[u8]) -> [u8; 6] {
+    f.first_chunk::<6>().copied().unwrap_or_default()
+}
+
+/// A packet to a frontend.
+#[expect(clippy::too_many_arguments, reason = "the pipeline's stage inputs, all borrowed")]
+fn forward<A: Fam>(
+    st: &mut FamState<A>,
+    c: &mut Common,
+    t: &Tables,
+    pkt: &mut Packet<'_>,
+    p: &Parsed,
+    fe: &FrontendEntry,
+    key: FlowKey<A>,
+    h: u64,
+    pick: Option<BackendRef>,
+    in_port: u8,
+) -> Verdict {
+    if t.services.get(fe.service as usize).is_none() {
+        return Verdict::Pass;
+    }
+    if !fe.source_ranges.is_empty() && !fe.source_ranges.iter().any(|r| r.contains_octets(key.src.octets())) {
+        return Verdict::Drop(DropReason::SourceRangeDenied);
+    }
+    let is_tcp = p.proto == proto::TCP;
+    match lookup(st, c, &key, h) {
+        Found::Live(hit) if hit.dir == Dir::Forward => {
+            let Some(r) = st.ct.rec(hit.id).copied() else { return Verdict::Drop(DropReason::ConntrackFull) };
+            let old = r.ct_state();
+            let syn_only = is_tcp && p.tcp_flags & (tcp_flags::SYN | tcp_flags::ACK) == tcp_flags::SYN;
+            let reuse = syn_only && matches!(old, CtState::FinWait | CtState::Closed);
+            match t.backend(r.backend) {
+                Some(b) if !reuse => return established::<A>(st, c, t, pkt, p, &hit, r, b),
+                Some(_) => {
+                    // A new connection on the tuple of a closing one (IPVS conn_reuse_mode).
+                    remove_flow(st, c, hit.id);
+                    c.counters.event(Event::FlowReused);
+                }
+                None => {
+                    remove_flow(st, c, hit.id);
+                    if is_tcp {
+                        // The backend left the tables: tell the client now, so it reconnects at
+                        // once instead of retransmitting into a void (CT-03).
+                        if icmp::tcp_reset_in_place::<A>(pkt, p) {
+                            c.counters.event(Event::RstBackendGone);
+                            return Verdict::Tx { port: in_port };
+                        }
+                        return Verdict::Drop(DropReason::NoRoom);
+                    }
+                    // UDP and SCTP flows are re-balanced at once: no stale-UDP black hole.
+                    c.counters.event(Event::ReselectBackendGone);
+                }
+            }
+        }
+        Found::Live(hit) => {
+            // This client tuple is the reply tuple of another flow (only with overlapping
+            // addresses): the frontend wins, as it always did; that flow loses its reply entry.
+            st.ct.release_reply(hit.id);
+        }
+        Found::Expired | Found::Miss => {}
+    }
+    new_flow::<A>(st, c, t, pkt, p, fe, key, h, pick, in_port)
+}
+
+fn remove_flow<A: Fam>(st: &mut FamState<A>, c: &mut Common, id: conntrack::RecId) {
+    if let Some(r) = st.ct.remove(id) {
+        c.sched.conns.sub(r.backend, r.ct_state().is_active());
+    }
+}
+
+/// A packet of a tracked flow whose record the fast stage could not use: state, expiry and
+/// counters as usual, the record refreshed from the tables (next hop, service) and stamped
+/// with their generation, then the rewrite.
+#[expect(clippy::too_many_arguments, reason = "the pipeline's stage inputs, all borrowed")]
+fn established<A: Fam>(
+    st: &mut FamState<A>,
+    c: &mut Common,
+    t: &Tables,
+    pkt: &mut Packet<'_>,
+    p: &Parsed,
+    hit: &Hit,
+    mut r: Rec<A>,
+    b: &Backend,
+) -> Verdict {
+    let old = r.ct_state();
+    let new = if p.proto == proto::TCP { conntrack::tcp_next(old, p.tcp_flags) } else { old };
+    let now = c.now_s;
+    let svc_id = t.services.get(b.service as usize).map_or(r.svc, |s| s.id);
+    r.state = new as u8;
+    r.expires_s = now.saturating_add(c.timeout(new));
+    c.sched.conns.change(b.this, old.is_active(), new.is_active());
+    c.count_packet(svc_id, b.this);
+    refresh::<A>(&mut r, c, t, b, svc_id);
+    if let Some(x) = st.ct.rec_mut(hit.id) {
+        (x.state, x.expires_s, x.svc, x.generation, x.out_port, x.hop_mac, x.reply_dst) =
+            (r.state, r.expires_s, r.svc, r.generation, r.out_port, r.hop_mac, r.reply_dst);
+    }
+    if new.is_evictable() != old.is_evictable() {
+        st.ct.set_evictable(hit, new.is_evictable());
+    }
+    transmit_forward::<A>(st, c, t, pkt, p, &r, b)
+}
+
+/// Recomputes the parts of a record that depend on the tables (next hop, service id, the outer
+/// source of an encapsulated flow) and stamps it with their generation; a backend without a
+/// next hop leaves the record unstamped (its packets are dropped until the neighbour resolves).
+fn refresh<A: Fam>(r: &mut Rec<A>, c: &Common, t: &Tables, b: &Backend, svc_id: u32) {
+    r.svc = svc_id;
+    if r.flags & flow_flags::ENCAP != 0
+        && let Some(outer) = outer_source::<A>(t, flow_hash_of(r))
+    {
+        r.reply_dst = outer;
+    }
+    match b.hop {
+        Some(hop) => {
+            r.out_port = hop.port;
+            r.hop_mac = hop.dst_mac;
+            r.generation = c.generation;
+        }
+        None => r.generation = 0,
+    }
+}
+
+/// The flow hash an encapsulated flow keeps in its IPv4 header delta fields (see
+/// [`set_rewrite`]).
+pub(super) fn flow_hash_of<A: Fam>(r: &Rec<A>) -> u32 {
+    u32::from(r.ip_delta_fwd) << 16 | u32::from(r.ip_delta_rev)
+}
+
+/// The outer source address of IPIP / IP6IP6 DSR for a flow hash: from the DSR source prefix,
+/// else the SNAT address.
+fn outer_source<A: Fam>(t: &Tables, h: u32) -> Option<A> {
+    match (A::dsr_prefix(t), A::snat(t)) {
+        (Some(pre), _) => Some(nat::outer_source::<A>(&pre, h)),
+        (None, Some(s)) => Some(s),
+        (None, None) => None,
+    }
+}
+
+/// Fills the precomputed rewrite of a new record: the RFC 1624 deltas of the NAT rewrite
+/// (forward: client → `reply_dst`, VIP → backend, ports likewise; replies the reverse), with
+/// the TTL decrement folded into the IPv4 header's, or, for an encapsulated DSR flow, its flow
+/// hash (the IPv6 flow label, RFC 6438) in the two IPv4 header delta fields, which
+/// encapsulation does not use.
+fn set_rewrite<A: Fam>(r: &mut Rec<A>, flow_hash: u32) {
+    if r.flags & flow_flags::ENCAP != 0 {
+        r.ip_delta_fwd = (flow_hash >> 16) as u16;
+        r.ip_delta_rev = (flow_hash & 0xffff) as u16;
+        r.l4_delta = 0;
+        return;
+    }
+    if r.flags & flow_flags::DSR != 0 {
+        (r.ip_delta_fwd, r.ip_delta_rev, r.l4_delta) = (0, 0, 0);
+        return;
+    }
+    let (client, reply_dst, vip, backend) = (r.client, r.reply_dst, r.vip, r.backend_addr);
+    let mut acc = csum::delta_add(0, client.octets(), reply_dst.octets());
+    acc = csum::delta_add(acc, vip.octets(), backend.octets());
+    let addr = csum::delta(acc);
+    r.ip_delta_fwd = csum::add_deltas(addr, csum::TTL_DEC);
+    r.ip_delta_rev = csum::add_deltas(csum::negate(addr), csum::TTL_DEC);
+    acc = csum::delta_add(acc, &r.cport.to_be_bytes(), &r.reply_dport.to_be_bytes());
+    acc = csum::delta_add(acc, &r.vport.to_be_bytes(), &r.bport.to_be_bytes());
+    r.l4_delta = csum::delta(acc);
+}
+
+#[expect(clippy::too_many_arguments, reason = "the pipeline's stage inputs, all borrowed")]
+fn new_flow<A: Fam>(
+    st: &mut FamState<A>,
+    c: &mut Common,
+    t: &Tables,
+    pkt: &mut Packet<'_>,
+    p: &Parsed,
+    fe: &FrontendEntry,
+    key: FlowKey<A>,
+    h: u64,
+    pick: Option<BackendRef>,
+    in_port: u8,
+) -> Verdict {
+    let Some(svc) = t.services.get(fe.service as usize) else { return Verdict::Pass };
+    if !c.admit_new_flow() {
+        return Verdict::Drop(DropReason::NewFlowRateLimited);
+    }
+    let now = c.now_s;
+    let mut chosen = None;
+    if svc.affinity_timeout_s.is_some()
+        && let Some(r) = c.affinity.get(&(svc.id, key.src.to_mapped()), now)
+        // A sticky backend that left, or is draining, is not revived (AFF-08, TP-06).
+        && t.backend(r).is_some_and(|b| b.eligible)
+    {
+        chosen = Some(r);
+    }
+    let chosen = match (chosen, pick) {
+        (Some(r), _) => Some(r),
+        (None, Some(r)) if matches!(svc.scheduler, Scheduler::Maglev { .. }) => Some(r),
+        _ => {
+            let info = FlowInfo { src: key.src.octets(), sport: key.sport, dst: key.dst.octets() };
+            c.sched.pick(fe.service as usize, svc, info)
+        }
+    };
+    let Some(b) = chosen.and_then(|r| t.backend(r)) else {
+        return match svc.when_empty {
+            EmptyAction::Reject => reject::<A>(c, pkt, p, in_port),
+            EmptyAction::Drop => Verdict::Drop(DropReason::NoEndpointsDrop),
+        };
+    };
+    if let Some(to) = svc.affinity_timeout_s {
+        c.affinity.put((svc.id, key.src.to_mapped()), b.this, now.saturating_add(to), now);
+    }
+    let Some(baddr) = A::from_ip(b.addr) else { return Verdict::Drop(DropReason::NoSourceAddress) };
+    let state = initial_state(p);
+    let mut r = Rec::<A>::zeroed_record();
+    r.backend = b.this;
+    r.expires_s = now.saturating_add(c.timeout(state));
+    r.svc = svc.id;
+    (r.client, r.vip, r.cport, r.vport, r.proto) = (key.src, key.dst, key.sport, key.dport, key.proto);
+    (r.reply_dst, r.reply_dport) = (key.src, key.sport);
+    (r.backend_addr, r.bport) = (baddr, b.port);
+    r.state = state as u8;
+    r.in_port = in_port;
+    r.peer_mac = peer_mac(pkt.frame());
+    let nat = svc.mode == ForwardingMode::Nat;
+    let mut flow_hash = 0;
+    // Hairpin (NAT-03): a backend reaching its own service must be masqueraded, or its reply
+    // would go straight to itself and skip the un-DNAT. NAT-06: with cluster CIDRs known, a
+    // ClusterIP flow from outside them is masqueraded too (kube-proxy's local-traffic rule).
+    let off_cluster = fe.kind == FrontendKind::ClusterIp
+        && !t.cluster_cidrs.is_empty()
+        && !t.cluster_cidrs.iter().any(|x| x.contains_octets(key.src.octets()));
+    let snat = nat && (fe.masquerade || baddr == key.src || off_cluster);
+    match svc.mode {
+        ForwardingMode::Nat => {}
+        ForwardingMode::DsrIpip => {
+            r.flags |= flow_flags::DSR | flow_flags::ENCAP;
+            flow_hash =
+                u32::try_from(maglev::source_hash(key.src.octets(), Some(key.sport)) & 0xffff_ffff).unwrap_or(0);
+            let Some(outer) = outer_source::<A>(t, flow_hash) else {
+                return Verdict::Drop(DropReason::NoSourceAddress);
+            };
+            r.reply_dst = outer;
+        }
+        ForwardingMode::DsrL2 => r.flags |= flow_flags::DSR,
+    }
+    if snat {
+        let Some(sa) = A::snat(t) else { return Verdict::Drop(DropReason::NoSourceAddress) };
+        let mut port = None;
+        for _ in 0..64 {
+            let cand = c.next_snat_port();
+            let rk = FlowKey { src: baddr, dst: sa, sport: b.port, dport: cand, proto: key.proto };
+            if st.ct.is_free(&rk, st.ct.hash(&rk)) {
+                port = Some(cand);
+                break;
+            }
+        }
+        let Some(port) = port else { return Verdict::Drop(DropReason::SnatPortsExhausted) };
+        r.flags |= flow_flags::SNAT;
+        (r.reply_dst, r.reply_dport) = (sa, port);
+    }
+    set_rewrite::<A>(&mut r, flow_hash);
+    refresh::<A>(&mut r, c, t, b, svc.id);
+    let inserted = st.ct.insert(r, h, now, |x| c.on_removed(x));
+    if inserted.is_err() {
+        return Verdict::Drop(DropReason::ConntrackFull);
+    }
+    c.sched.conns.add(b.this, state.is_active());
+    c.count_new_flow(svc.id, b.this);
+    c.count_packet(svc.id, b.this);
+    transmit_forward::<A>(st, c, t, pkt, p, &r, b)
+}
+
+/// Applies the forwarding mode of record `r` to a client → service packet of the slow path:
+/// next hop, MTU check for encapsulation (RFC 1191 / RFC 8201 answer), TTL, the fragment
+/// record of a first fragment, then the rewrite.
+fn transmit_forward<A: Fam>(
+    st: &mut FamState<A>,
+    c: &mut Common,
+    t: &Tables,
+    pkt: &mut Packet<'_>,
+    p: &Parsed,
+    r: &Rec<A>,
+    b: &Backend,
+) -> Verdict {
+    let Some(hop) = b.hop else { return Verdict::Drop(DropReason::NoNeighbour) };
+    if r.flags & flow_flags::DSR == 0 && super::fast::shaped::<A>(p) {
+        // The packet has the fast parser's shape: the record's precomputed rewrite applies.
+        return super::fast::nat_forward::<A>(c, r, pkt, p).unwrap_or(Verdict::Drop(DropReason::TtlExceeded));
+    }
+    let action = if r.flags & flow_flags::DSR == 0 {
+        FragAction::Nat { src: r.reply_dst, dst: r.backend_addr }
+    } else if r.flags & flow_flags::ENCAP != 0 {
+        let Some(outer_src) = outer_source::<A>(t, flow_hash_of(r)) else {
+            return Verdict::Drop(DropReason::NoSourceAddress);
+        };
+        FragAction::Encap { outer_src, outer_dst: r.backend_addr, flow_hash: flow_hash_of(r) }
+    } else {
+        FragAction::L2
+    };
+    if let FragAction::Encap { .. } = action {
+        let inner = p.end - p.l3;
+        if inner + A::HEADER_LEN > usize::from(hop.mtu) && hop.mtu > 0 {
+            let df = A::IS_V6 || pkt.frame().get(p.l3 + 6).is_some_and(|x| x & 0x40 != 0);
+            let mtu = hop.mtu.saturating_sub(u16::try_from(A::HEADER_LEN).unwrap_or(0));
+            if df && icmp::too_big::<A>(pkt, p, mtu) {
+                c.counters.event(Event::TooBigSent);
+                return Verdict::Tx { port: r.in_port };
+            }
+            return Verdict::Drop(DropReason::TooBig);
+        }
+    }
+    if !nat::dec_ttl::<A>(pkt.frame_mut(), p) {
+        return Verdict::Drop(DropReason::TtlExceeded);
+    }
+    if let Frag::First { id } = p.frag {
+        let e = FragEntry { action, hop, backend: b.this, expires_s: c.now_s.saturating_add(c.cfg.frag_timeout_s) };
+        let (src, dst) = (r.client, r.vip);
+        if !st.frag.insert(FragKey { src, dst, id, proto: p.proto }, e, c.now_s) {
+            // Its later fragments could not follow it, so sending it only wastes the path.
+            return Verdict::Drop(DropReason::FragmentTableFull);
+        }
+    }
+    apply(pkt, p, action, r.bport, r.reply_dport, r.flags & flow_flags::SNAT != 0, hop)
+}
+
+/// Applies an L3 action (and, for first packets with L4 headers, the port rewrites), then
+/// the next hop's MACs.
+#[inline]
+fn apply<A: Fam>(
+    pkt: &mut Packet<'_>,
+    p: &Parsed,
+    action: FragAction<A>,
+    dport: u16,
+    sport: u16,
+    snat: bool,
+    hop: Hop,
+) -> Verdict {
+    match action {
+        FragAction::Nat { src, dst } => {
+            let f = pkt.frame_mut();
+            nat::set_dst::<A>(f, p, dst);
+            nat::set_dport::<A>(f, p, dport);
+            nat::set_src::<A>(f, p, src);
+            if snat {
+                nat::set_sport::<A>(f, p, sport);
+            }
+        }
+        FragAction::Encap { outer_src, outer_dst, flow_hash } => {
+            if !nat::encap::<A>(pkt, p, outer_src, outer_dst, flow_hash) {
+                return Verdict::Drop(DropReason::NoRoom);
+            }
+        }
+        FragAction::L2 => {}
+    }
+    nat::set_macs(pkt.frame_mut(), hop.src_mac, hop.dst_mac);
+    Verdict::Tx { port: hop.port }
+}
+
+/// A reply of a NAT flow (backend → client or → SNAT address) that the fast stage left:
+/// restore the VIP as source and, for SNAT flows, the client as destination; send it back where
+/// the client's packets came from.
+fn reply<A: Fam>(
+    st: &mut FamState<A>,
+    c: &mut Common,
+    t: &Tables,
+    pkt: &mut Packet<'_>,
+    p: &Parsed,
+    hit: Hit,
+) -> Verdict {
+    let Some(mut r) = st.ct.rec(hit.id).copied() else { return Verdict::Pass };
+    let now = c.now_s;
+    let old = r.ct_state();
+    let new = if p.proto == proto::TCP { conntrack::tcp_next(old, p.tcp_flags) } else { old };
+    r.state = new as u8;
+    r.expires_s = now.saturating_add(c.timeout(new));
+    c.sched.conns.change(r.backend, old.is_active(), new.is_active());
+    if let Some(b) = t.backend(r.backend)
+        && let Some(svc) = t.services.get(b.service as usize)
+    {
+        c.count_packet(svc.id, b.this);
+        refresh::<A>(&mut r, c, t, b, svc.id);
+    }
+    if let Some(x) = st.ct.rec_mut(hit.id) {
+        (x.state, x.expires_s, x.svc, x.generation, x.out_port, x.hop_mac, x.reply_dst) =
+            (r.state, r.expires_s, r.svc, r.generation, r.out_port, r.hop_mac, x.reply_dst);
+    }
+    if new.is_evictable() != old.is_evictable() {
+        st.ct.set_evictable(&hit, new.is_evictable());
+    }
+    if !nat::dec_ttl::<A>(pkt.frame_mut(), p) {
+        return Verdict::Drop(DropReason::TtlExceeded);
+    }
+    let snat = r.flags & flow_flags::SNAT != 0;
+    let src_mac = {
+        let port = c.port(r.in_port);
+        if port.known { port.mac } else { dst_mac(pkt.frame()) }
+    };
+    let hop = Hop { port: r.in_port, dst_mac: r.peer_mac, src_mac, mtu: 0 };
+    if let Frag::First { id } = p.frag {
+        let e = FragEntry {
+            action: FragAction::Nat { src: r.vip, dst: r.client },
+            hop,
+            backend: r.backend,
+            expires_s: now.saturating_add(c.cfg.frag_timeout_s),
+        };
+        let (src, dst) = (r.backend_addr, r.reply_dst);
+        if !st.frag.insert(FragKey { src, dst, id, proto: p.proto }, e, now) {
+            return Verdict::Drop(DropReason::FragmentTableFull);
+        }
+    }
+    let f = pkt.frame_mut();
+    nat::set_src::<A>(f, p, r.vip);
+    nat::set_sport::<A>(f, p, r.vport);
+    if snat {
+        nat::set_dst::<A>(f, p, r.client);
+        nat::set_dport::<A>(f, p, r.cport);
+    }
+    nat::set_macs(f, hop.src_mac, hop.dst_mac);
+    Verdict::Tx { port: hop.port }
+}
+
+fn later_fragment<A: Fam>(
+    st: &mut FamState<A>,
+    c: &mut Common,
+    t: &Tables,
+    pkt: &mut Packet<'_>,
+    p: &Parsed,
+    k: FragKey<A>,
+) -> Verdict {
+    let Some(e) = st.frag.get(&k, c.now_s) else {
+        return if is_ours::<A>(t, pkt.frame(), p.l3) {
+            Verdict::Drop(DropReason::FragmentUntracked)
+        } else {
+            Verdict::Pass
+        };
+    };
+    if !nat::dec_ttl::<A>(pkt.frame_mut(), p) {
+        return Verdict::Drop(DropReason::TtlExceeded);
+    }
+    c.counters.event(Event::FragmentForwarded);
+    if let Some(b) = t.backend(e.backend)
+        && let Some(svc) = t.services.get(b.service as usize)
+    {
+        c.count_packet(svc.id, b.this);
+    }
+    apply(pkt, p, e.action, 0, 0, false, e.hop)
+}
+
+/// An ICMP error addressed to a VIP or the SNAT address. Its quoted datagram, read backwards,
+/// is one of a flow's two tuples:
+/// - the client's tuple: it quotes a packet xlb sent to a client (source VIP), so a router on
+///   the client side reports on the flow (e.g. PMTU). It goes to the backend that owns the
+///   flow, with outer destination and quoted source rewritten to the backend (and the quoted
+///   destination to the SNAT tuple for SNAT flows), or encapsulated for DSR;
+/// - the reply tuple: it quotes a packet xlb sent to a backend. It goes to the client, with
+///   the quoted packet and the outer destination restored to the client's view.
+fn icmp_error_in<A: Fam>(
+    st: &mut FamState<A>,
+    c: &mut Common,
+    t: &Tables,
+    pkt: &mut Packet<'_>,
+    p: &Parsed,
+) -> Verdict {
+    let f = pkt.frame();
+    let Ok(q) = icmp::quoted_view::<A>(f, p) else {
+        return if is_ours::<A>(t, f, p.l3) { Verdict::Drop(DropReason::IcmpUntracked) } else { Verdict::Pass };
+    };
+    let qsrc: A = nat::src(f, &q);
+    let qdst: A = nat::dst(f, &q);
+    let k = FlowKey { src: qdst, dst: qsrc, sport: q.dport, dport: q.sport, proto: q.proto };
+    let h = st.ct.hash(&k);
+    let hit = match lookup(st, c, &k, h) {
+        Found::Live(hit) => hit,
+        Found::Expired | Found::Miss => return Verdict::Drop(DropReason::IcmpUntracked),
+    };
+    let Some(fl) = st.ct.rec(hit.id).copied() else { return Verdict::Drop(DropReason::IcmpUntracked) };
+    if hit.dir == Dir::Forward {
+        let Some(b) = t.backend(fl.backend) else { return Verdict::Drop(DropReason::IcmpUntracked) };
+        let Some(svc) = t.services.get(b.service as usize) else { return Verdict::Pass };
+        let Some(hop) = b.hop else { return Verdict::Drop(DropReason::NoNeighbour) };
+        let Some(baddr) = A::from_ip(b.addr) else { return Verdict::Drop(DropReason::NoSourceAddress) };
+        if !nat::dec_ttl::<A>(pkt.frame_mut(), p) {
+            return Verdict::Drop(DropReason::TtlExceeded);
+        }
+        c.counters.event(Event::IcmpTranslated);
+        let action = match svc.mode {
+            ForwardingMode::Nat => {
+                // Rewrites stay inside the IP packet, never in Ethernet padding.
+                let fr = pkt.frame_mut();
+                let fr = fr.get_mut(..p.end).unwrap_or(&mut []);
+                nat::set_src::<A>(fr, &q, baddr);
+                nat::set_sport::<A>(fr, &q, b.port);
+                if fl.flags & flow_flags::SNAT != 0
+                    && let Some(sa) = A::snat(t)
+                {
+                    nat::set_dst::<A>(fr, &q, sa);
+                    nat::set_dport::<A>(fr, &q, fl.reply_dport);
+                }
+                nat::set_dst::<A>(fr, p, baddr);
+                icmp::refresh_icmp_checksum::<A>(fr, p.l3, p.l4, p.end);
+                FragAction::L2
+            }
+            ForwardingMode::DsrIpip => {
+                let Some(outer_src) = outer_source::<A>(t, 0) else {
+                    return Verdict::Drop(DropReason::NoSourceAddress);
+                };
+                FragAction::Encap { outer_src, outer_dst: baddr, flow_hash: 0 }
+            }
+            ForwardingMode::DsrL2 => FragAction::L2,
+        };
+        return apply(pkt, p, action, 0, 0, false, hop);
+    }
+    // The reply tuple: quoted = xlb → backend (SNAT or DNAT flow).
+    if !nat::dec_ttl::<A>(pkt.frame_mut(), p) {
+        return Verdict::Drop(DropReason::TtlExceeded);
+    }
+    let outer_src: A = nat::src(pkt.frame(), p);
+    let fr = pkt.frame_mut();
+    let fr = fr.get_mut(..p.end).unwrap_or(&mut []);
+    nat::set_src::<A>(fr, &q, fl.client);
+    nat::set_sport::<A>(fr, &q, fl.cport);
+    nat::set_dst::<A>(fr, &q, fl.vip);
+    nat::set_dport::<A>(fr, &q, fl.vport);
+    if outer_src == qdst {
+        // The backend itself reports (e.g. its port unreachable): it speaks for the VIP.
+        nat::set_src::<A>(fr, p, fl.vip);
+    }
+    nat::set_dst::<A>(fr, p, fl.client);
+    icmp::refresh_icmp_checksum::<A>(fr, p.l3, p.l4, p.end);
+    let port = c.port(fl.in_port);
+    let src_mac = if port.known { port.mac } else { dst_mac(fr) };
+    nat::set_macs(fr, src_mac, fl.peer_mac);
+    c.counters.event(Event::IcmpTranslated);
+    Verdict::Tx { port: fl.in_port }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn generation_zero_marks_unstamped_records() {
+        let t = crate::tables::Tables::empty();
+        assert_eq!(super::super::gen32(&t), 0);
+    }
+}
