@@ -8,7 +8,9 @@
 //! IPv6. Each input gets a fresh worker ([`primed`]) that has already seen a few flows
 //! ([`priming_frames`]) so replies, ICMP errors and later fragments in the input can find
 //! state; the input is then processed as one Ethernet frame, twice (the second time it may
-//! hit the conntrack entry the first one made), in a buffer with headroom and tailroom.
+//! hit the conntrack entry the first one made), in a buffer with headroom and tailroom, then
+//! both again in one batch at headroom 0 (the AF_XDP workers' layout) through a worker in the
+//! same state, which must give the same verdicts and bytes.
 //!
 //! [`run`] checks, after every packet:
 //! - the verdict is `Tx` (on an existing port), `Pass` or `Drop` — never `Handoff` with one
@@ -309,30 +311,24 @@ pub(crate) fn priming_frames() -> Vec<Frame> {
     ]
 }
 
-/// A packet buffer holding `frame` at [`HEADROOM`], with [`TAILROOM`] after it.
-fn buffer(frame: &[u8]) -> Vec<u8> {
-    let mut buf = vec![0u8; HEADROOM + frame.len() + TAILROOM];
-    buf[HEADROOM..HEADROOM + frame.len()].copy_from_slice(frame);
+/// A packet buffer holding `frame` at `headroom`, with [`TAILROOM`] after it.
+fn buffer(frame: &[u8], headroom: usize) -> Vec<u8> {
+    let mut buf = vec![0u8; headroom + frame.len() + TAILROOM];
+    buf[headroom..headroom + frame.len()].copy_from_slice(frame);
     buf
 }
 
-/// Processes one frame on port 0 and checks the invariants of the module docs; returns the
-/// verdict and the frame as it left the pipeline.
+/// Checks the invariants of the module docs for one packet that left the pipeline with verdict
+/// `v` as `out` (from input `frame`), and the worker's counters.
 ///
 /// # Panics
 /// If an invariant does not hold.
-pub(crate) fn process_checked(p: &mut Pipeline, t: &Tables, frame: &[u8]) -> (Verdict, Vec<u8>) {
+fn check(p: &Pipeline, t: &Tables, frame: &[u8], v: Verdict, out: &[u8]) {
     let input_ok = build::verify(frame).is_ok();
-    let mut buf = buffer(frame);
-    let buf_len = buf.len();
-    let mut pkt = Packet::new(&mut buf, HEADROOM, frame.len());
-    let v = p.process(t, &mut pkt, 0);
-    assert!(pkt.head + pkt.len <= buf_len, "frame outside its buffer: head {} len {}", pkt.head, pkt.len);
-    let out = pkt.frame().to_vec();
     match v {
         Verdict::Tx { port } => {
             assert!(usize::from(port) < t.ports.len(), "Tx on port {port}, which does not exist");
-            if input_ok && let Err(e) = build::verify(&out) {
+            if input_ok && let Err(e) = build::verify(out) {
                 panic!("valid input, transmitted with a bad checksum: {e}\n in: {frame:02x?}\nout: {out:02x?}");
             }
         }
@@ -344,7 +340,43 @@ pub(crate) fn process_checked(p: &mut Pipeline, t: &Tables, frame: &[u8]) -> (Ve
     let drops: u64 = k.drops.iter().map(|c| c.get()).sum();
     let (rx, tx, pass) = (k.rx.get(), k.tx.get(), k.pass.get());
     assert_eq!(rx, tx + pass + drops, "counters: rx {rx} != tx {tx} + pass {pass} + drops {drops}");
+}
+
+/// Processes one frame on port 0 (at [`HEADROOM`]) and checks the invariants of the module
+/// docs; returns the verdict and the frame as it left the pipeline.
+///
+/// # Panics
+/// If an invariant does not hold.
+pub(crate) fn process_checked(p: &mut Pipeline, t: &Tables, frame: &[u8]) -> (Verdict, Vec<u8>) {
+    let mut buf = buffer(frame, HEADROOM);
+    let buf_len = buf.len();
+    let mut pkt = Packet::new(&mut buf, HEADROOM, frame.len());
+    let v = p.process(t, &mut pkt, 0);
+    assert!(pkt.head + pkt.len <= buf_len, "frame outside its buffer: head {} len {}", pkt.head, pkt.len);
+    let out = pkt.frame().to_vec();
+    check(p, t, frame, v, &out);
     (v, out)
+}
+
+/// Processes `frames` on port 0 as one batch at headroom 0 (the AF_XDP workers' layout, where
+/// encapsulation moves the packet into the tailroom) and checks the invariants for each.
+///
+/// # Panics
+/// If an invariant does not hold.
+pub(crate) fn process_batch_checked(p: &mut Pipeline, t: &Tables, frames: &[&[u8]]) -> Vec<(Verdict, Vec<u8>)> {
+    let mut bufs: Vec<Vec<u8>> = frames.iter().map(|f| buffer(f, 0)).collect();
+    let lens: Vec<usize> = bufs.iter().map(Vec::len).collect();
+    let mut pkts: Vec<Packet<'_>> = bufs.iter_mut().zip(frames).map(|(b, f)| Packet::new(b, 0, f.len())).collect();
+    let mut verdicts = vec![Verdict::Pass; pkts.len()];
+    p.process_batch(t, &mut pkts, 0, &mut verdicts);
+    let mut out = Vec::new();
+    for ((pkt, v), (f, len)) in pkts.iter().zip(verdicts).zip(frames.iter().zip(lens)) {
+        assert!(pkt.head + pkt.len <= len, "frame outside its buffer: head {} len {}", pkt.head, pkt.len);
+        let o = pkt.frame().to_vec();
+        check(p, t, f, v, &o);
+        out.push((v, o));
+    }
+    out
 }
 
 /// A fresh worker that has processed [`priming_frames`] at [`NOW_MS`].
@@ -369,9 +401,14 @@ pub(crate) fn primed(t: &Tables) -> Pipeline {
 pub(crate) fn run(t: &Tables, data: &[u8]) -> [Verdict; 2] {
     let frame = data.get(..MAX_FRAME).unwrap_or(data);
     let mut p = primed(t);
-    let (first, _) = process_checked(&mut p, t, frame);
-    let (second, _) = process_checked(&mut p, t, frame);
-    [first, second]
+    let first = process_checked(&mut p, t, frame);
+    let second = process_checked(&mut p, t, frame);
+    // The same two packets at headroom 0, in one batch, through a worker in the same state: the
+    // batch pipeline gives the same verdicts and the same bytes as one packet at a time.
+    let mut q = primed(t);
+    let batch = process_batch_checked(&mut q, t, &[frame, frame]);
+    assert_eq!(batch, [first.clone(), second.clone()], "batch at headroom 0 differs from one at a time");
+    [first.0, second.0]
 }
 
 /// What the primed worker sent for priming frame `i` (to derive replies and ICMP errors).

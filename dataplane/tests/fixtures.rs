@@ -956,23 +956,70 @@ struct Outcome {
     frame: Vec<u8>,
 }
 
+/// How a row's packets are handed to the pipeline.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+struct Layout {
+    /// Bytes before each frame in its buffer: 0 as in the AF_XDP workers (encapsulation then
+    /// moves the packet into the tailroom), or some (encapsulation grows into it).
+    headroom: usize,
+    /// One `Pipeline::process_batch` call for each run of steps between table changes and
+    /// clock moves, instead of `Pipeline::process` per step.
+    batched: bool,
+}
+
+/// Every layout a row runs in; each must give the row's expected frames, so all give the same.
+const LAYOUTS: [Layout; 4] = [
+    Layout { headroom: HEADROOM, batched: false },
+    Layout { headroom: 0, batched: false },
+    Layout { headroom: HEADROOM, batched: true },
+    Layout { headroom: 0, batched: true },
+];
+
 fn run_row(r: &Row) -> (Vec<Outcome>, std::sync::Arc<dataplane::counters::WorkerCounters>) {
+    run_row_with(r, LAYOUTS[0])
+}
+
+fn run_row_with(r: &Row, layout: Layout) -> (Vec<Outcome>, std::sync::Arc<dataplane::counters::WorkerCounters>) {
     let mut builder = TableBuilder::new();
     let mut tables = builder.build(&r.setup).expect("setup tables build");
     let mut p = Pipeline::new(r.config.clone(), 7);
     let mut now_ms = 1_000;
     let mut out = Vec::new();
-    for s in &r.steps {
-        if let Some(spec) = &s.retable {
+    let h = layout.headroom;
+    let mut at = 0;
+    while at < r.steps.len() {
+        let first = &r.steps[at];
+        if let Some(spec) = &first.retable {
             tables = builder.build(spec).expect("retable build");
         }
-        now_ms += s.advance_s * 1000;
+        now_ms += first.advance_s * 1000;
         p.begin_batch(&tables, now_ms);
-        let mut buf = vec![0u8; BUF];
-        buf[HEADROOM..HEADROOM + s.input.len()].copy_from_slice(&s.input);
-        let mut pkt = Packet::new(&mut buf, HEADROOM, s.input.len());
-        let verdict = p.process(&tables, &mut pkt, 0);
-        out.push(Outcome { verdict, frame: pkt.frame().to_vec() });
+        // The steps that go together: one, or, batched, up to the next table change or clock move.
+        let mut end = at + 1;
+        while layout.batched && end < r.steps.len() && r.steps[end].retable.is_none() && r.steps[end].advance_s == 0 {
+            end += 1;
+        }
+        let steps = &r.steps[at..end];
+        let mut bufs: Vec<Vec<u8>> = steps
+            .iter()
+            .map(|s| {
+                let mut b = vec![0u8; BUF];
+                b[h..h + s.input.len()].copy_from_slice(&s.input);
+                b
+            })
+            .collect();
+        let mut pkts: Vec<Packet<'_>> =
+            bufs.iter_mut().zip(steps).map(|(b, s)| Packet::new(b, h, s.input.len())).collect();
+        let mut verdicts = vec![Verdict::Pass; pkts.len()];
+        if layout.batched {
+            p.process_batch(&tables, &mut pkts, 0, &mut verdicts);
+        } else {
+            for (pkt, v) in pkts.iter_mut().zip(verdicts.iter_mut()) {
+                *v = p.process(&tables, pkt, 0);
+            }
+        }
+        out.extend(pkts.iter().zip(verdicts).map(|(pkt, verdict)| Outcome { verdict, frame: pkt.frame().to_vec() }));
+        at = end;
     }
     (out, p.counters().clone())
 }
@@ -993,38 +1040,51 @@ fn hex(b: &[u8]) -> String {
 }
 
 #[test]
-fn every_fixture_row_gives_its_expected_verdict_and_frame() {
+fn every_fixture_row_gives_its_expected_verdict_and_frame_in_every_layout() {
     let mut failures = Vec::new();
     let mut count = 0;
-    for r in all_rows() {
-        for (s, o) in r.steps.iter().zip(run_row(&r).0) {
-            count += 1;
-            let ok = match &s.expect {
-                Expect::Tx(want) => o.verdict == (Verdict::Tx { port: 0 }) && o.frame == *want,
-                Expect::Pass => o.verdict == Verdict::Pass && o.frame == s.input,
-                Expect::Drop(reason) => o.verdict == Verdict::Drop(*reason),
-            };
-            if !ok {
-                let detail = match &s.expect {
-                    Expect::Tx(want) => format!("\n want frame:\n{}\n got frame:\n{}", hex(want), hex(&o.frame)),
-                    _ => String::new(),
+    for layout in LAYOUTS {
+        for r in all_rows() {
+            for (s, o) in r.steps.iter().zip(run_row_with(&r, layout).0) {
+                count += 1;
+                let ok = match &s.expect {
+                    Expect::Tx(want) => o.verdict == (Verdict::Tx { port: 0 }) && o.frame == *want,
+                    Expect::Pass => o.verdict == Verdict::Pass && o.frame == s.input,
+                    Expect::Drop(reason) => o.verdict == Verdict::Drop(*reason),
                 };
-                failures.push(format!(
-                    "{} / {}: want {:?}, got {:?}{}",
-                    r.name,
-                    s.what,
-                    short(&s.expect),
-                    o.verdict,
-                    detail
-                ));
-            }
-            if let (Expect::Tx(_), Err(e)) = (&s.expect, build::verify(&o.frame)) {
-                failures.push(format!("{} / {}: output checksum: {e}", r.name, s.what));
+                if !ok {
+                    let detail = match &s.expect {
+                        Expect::Tx(want) => format!("\n want frame:\n{}\n got frame:\n{}", hex(want), hex(&o.frame)),
+                        _ => String::new(),
+                    };
+                    failures.push(format!(
+                        "{} / {} ({layout:?}): want {:?}, got {:?}{}",
+                        r.name,
+                        s.what,
+                        short(&s.expect),
+                        o.verdict,
+                        detail
+                    ));
+                }
+                if let (Expect::Tx(_), Err(e)) = (&s.expect, build::verify(&o.frame)) {
+                    failures.push(format!("{} / {} ({layout:?}): output checksum: {e}", r.name, s.what));
+                }
             }
         }
     }
-    assert!(count > 60, "only {count} fixture steps");
+    assert!(count > 4 * 60, "only {count} fixture steps");
     assert!(failures.is_empty(), "{} of {count} fixture steps failed:\n{}", failures.len(), failures.join("\n\n"));
+}
+
+/// The batched layouts really batch: rows whose steps share one batch are there to show that
+/// per-flow order holds inside a batch (a SYN and its ACK, a flow and its reply).
+#[test]
+fn batched_layouts_put_several_steps_of_a_row_in_one_batch() {
+    let multi = all_rows()
+        .iter()
+        .filter(|r| r.steps.len() > 1 && r.steps.iter().skip(1).any(|s| s.retable.is_none() && s.advance_s == 0))
+        .count();
+    assert!(multi > 20, "only {multi} rows have steps that share a batch");
 }
 
 fn short(e: &Expect) -> String {
