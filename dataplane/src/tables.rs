@@ -605,18 +605,30 @@ impl FrontendIndex {
     /// The frontend for (address, protocol, port).
     #[inline]
     pub fn get(&self, addr: [u8; 16], proto: u8, port: u16) -> Option<&FrontendEntry> {
+        self.entry(self.find(addr, proto, port)?)
+    }
+
+    /// The index of the frontend for (address, protocol, port), for [`FrontendIndex::entry`].
+    #[inline]
+    pub fn find(&self, addr: [u8; 16], proto: u8, port: u16) -> Option<u32> {
         let (a, pp) = Self::words(addr, proto, port);
         let mut i = Self::hash(self.seeds, a, pp) as usize & self.mask;
         loop {
             let s = self.slots.get(i)?;
             if s.pp == pp && s.addr == a {
-                return self.entries.get(s.entry as usize);
+                return Some(s.entry);
             }
             if s.pp == 0 {
                 return None;
             }
             i = (i + 1) & self.mask;
         }
+    }
+
+    /// Frontend number `i` (from [`FrontendIndex::find`] on the same tables).
+    #[inline]
+    pub fn entry(&self, i: u32) -> Option<&FrontendEntry> {
+        self.entries.get(i as usize)
     }
 
     /// Number of frontends.

@@ -448,9 +448,6 @@ fn random_seeds() -> [u64; 5] {
     core::array::from_fn(|i| s.hash_one(i) | 1)
 }
 
-/// End of the free list.
-const NONE: u32 = u32::MAX;
-
 /// Conntrack for one address family on one worker.
 #[derive(Debug)]
 pub struct Conntrack<A: CtFamily> {
@@ -462,9 +459,15 @@ pub struct Conntrack<A: CtFamily> {
     capacity: usize,
     /// Records handed out at least once (`0..hw` are initialised).
     hw: u32,
-    free_head: u32,
+    /// Freed records, a stack (the most recently freed, likely still cached, is reused first;
+    /// the next ones can be prefetched without chasing links). Mapped like the slab, so only
+    /// the depth it reaches costs memory.
+    free: Region<u32>,
+    nfree: usize,
     sweep_at: usize,
     last_reclaim_s: u32,
+    /// Bit `hash >> 58` of every entry placed since [`Conntrack::mark`].
+    placed: u64,
 }
 
 /// Number of buckets for `capacity` flows: two entries per flow at [`TARGET_LOAD`].
@@ -494,10 +497,50 @@ impl<A: CtFamily> Conntrack<A> {
             len: 0,
             capacity,
             hw: 0,
-            free_head: NONE,
+            free: Region::new(capacity),
+            nfree: 0,
             sweep_at: 0,
             last_reclaim_s: u32::MAX,
+            placed: 0,
         }
+    }
+
+    /// Prefetches the record the `k`-th next insert will take (the miss stage of a batch
+    /// prefetches one per new flow, so inserts find their record in cache).
+    #[inline]
+    pub fn prefetch_alloc(&self, k: usize) {
+        let id = if k < self.nfree {
+            self.free.as_slice().get(self.nfree - 1 - k).copied()
+        } else {
+            u32::try_from(self.hw as usize + (k - self.nfree)).ok()
+        };
+        if let Some(r) = id.and_then(|id| self.recs.as_slice().get(id as usize)) {
+            prefetch(r);
+        }
+    }
+
+    /// Prefetches the home bucket of hash `h` (the miss stage prefetches where a new flow's
+    /// reply entry will go).
+    #[inline]
+    pub fn prefetch_bucket(&self, h: u64) {
+        if let Some(b) = self.buckets.as_slice().get(self.home(h)) {
+            prefetch(b);
+        }
+    }
+
+    /// Starts a new interval for [`Conntrack::may_have_placed`] (the batch pipeline calls it at
+    /// the start of every batch).
+    #[inline]
+    pub fn mark(&mut self) {
+        self.placed = 0;
+    }
+
+    /// Whether an entry with hash `h` may have been placed since [`Conntrack::mark`]: `false`
+    /// means that a key that was absent at the mark is still absent (entries are only removed
+    /// otherwise), so find-or-insert need not probe again.
+    #[inline]
+    pub fn may_have_placed(&self, h: u64) -> bool {
+        self.placed & (1 << (h >> 58)) != 0
     }
 
     /// Number of flows.
@@ -640,7 +683,8 @@ impl<A: CtFamily> Conntrack<A> {
         }
         let (nb, seeds) = (self.nb, self.seeds);
         let (bs, rs) = (self.buckets.as_mut_slice(), self.recs.as_mut_slice());
-        let id = alloc(rs, &mut self.hw, &mut self.free_head).ok_or(Full)?;
+        let mut fl = FreeList { stack: self.free.as_mut_slice(), n: &mut self.nfree, hw: &mut self.hw, cap: rs.len() };
+        let id = fl.alloc().ok_or(Full)?;
         let meta = age(now_s) | if rec.ct_state().is_evictable() { EVICTABLE } else { 0 };
         rec.flags &= !(flow_flags::NO_REPLY | flow_flags::DEFERRED);
         if rec.flags & flow_flags::DSR == 0 {
@@ -660,17 +704,19 @@ impl<A: CtFamily> Conntrack<A> {
                 Some(_) => rec.flags |= flow_flags::NO_REPLY,
                 None => {
                     if !place(bs, nb, rh, id << 1 | 1, meta) {
-                        free(rs, &mut self.free_head, id);
+                        fl.free(rs, id);
                         return Err(Full);
                     }
+                    self.placed |= 1 << (rh >> 58);
                 }
             }
         }
+        self.placed |= 1 << (fwd_hash >> 58);
         if !place(bs, nb, fwd_hash, id << 1, meta) {
             if rec.has_reply() {
                 unplace(bs, nb, A::hash_key(&rec.reply_key(), &seeds), id << 1 | 1);
             }
-            free(rs, &mut self.free_head, id);
+            fl.free(rs, id);
             return Err(Full);
         }
         if let Some(slot) = rs.get_mut(id as usize) {
@@ -692,7 +738,7 @@ impl<A: CtFamily> Conntrack<A> {
         if rec.has_reply() {
             unplace(bs, nb, A::hash_key(&rec.reply_key(), &seeds), id << 1 | 1);
         }
-        free(rs, &mut self.free_head, id);
+        FreeList { stack: self.free.as_mut_slice(), n: &mut self.nfree, hw: &mut self.hw, cap: rs.len() }.free(rs, id);
         self.len -= 1;
         Some(rec)
     }
@@ -827,7 +873,7 @@ impl<A: CtFamily> Conntrack<A> {
             rs.fill(Zeroable::zeroed());
         }
         self.hw = 0;
-        self.free_head = NONE;
+        self.nfree = 0;
         self.len = 0;
     }
 }
@@ -959,30 +1005,41 @@ fn home_of(h: u64, nb: u64) -> usize {
     ((h >> 32).wrapping_mul(nb) >> 32) as usize
 }
 
-/// Takes a free record: the most recently freed one (likely still cached), else the next
-/// never-used one.
-#[inline]
-fn alloc<A: CtFamily>(rs: &[Rec<A>], hw: &mut u32, free_head: &mut u32) -> Option<RecId> {
-    if *free_head != NONE {
-        let id = *free_head;
-        *free_head = rs.get(id as usize)?.backend.0;
-        return Some(id);
-    }
-    if (*hw as usize) < rs.len() {
-        *hw += 1;
-        return Some(*hw - 1);
-    }
-    None
+/// The free records: a stack of freed ones over the never-used ones above the high-water
+/// mark.
+struct FreeList<'a> {
+    stack: &'a mut [u32],
+    n: &'a mut usize,
+    hw: &'a mut u32,
+    cap: usize,
 }
 
-/// Returns record `id` to the free list.
-#[inline]
-fn free<A: CtFamily>(rs: &mut [Rec<A>], free_head: &mut u32, id: RecId) {
-    if let Some(r) = rs.get_mut(id as usize) {
-        *r = Zeroable::zeroed();
-        r.state = Rec::<A>::FREE;
-        r.backend = BackendRef(*free_head);
-        *free_head = id;
+impl FreeList<'_> {
+    /// Takes a free record: the most recently freed one, else the next never-used one.
+    #[inline]
+    fn alloc(&mut self) -> Option<RecId> {
+        if *self.n > 0 {
+            *self.n -= 1;
+            return self.stack.get(*self.n).copied();
+        }
+        if (*self.hw as usize) < self.cap {
+            *self.hw += 1;
+            return Some(*self.hw - 1);
+        }
+        None
+    }
+
+    /// Marks record `id` free and puts it on the stack.
+    #[inline]
+    fn free<A: CtFamily>(&mut self, rs: &mut [Rec<A>], id: RecId) {
+        if let Some(r) = rs.get_mut(id as usize) {
+            *r = Zeroable::zeroed();
+            r.state = Rec::<A>::FREE;
+        }
+        if let Some(slot) = self.stack.get_mut(*self.n) {
+            *slot = id;
+            *self.n += 1;
+        }
     }
 }
 

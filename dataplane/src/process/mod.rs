@@ -183,13 +183,22 @@ struct Lanes<A> {
     n: usize,
     /// Backend a Maglev service picks for lane `i`, computed (and prefetched) by the miss stage.
     pick: [Option<BackendRef>; BATCH],
+    /// Frontend of lane `i` found by the miss stage ([`FE_NONE`]: none; [`FE_UNKNOWN`]: not
+    /// looked up).
+    fe: [u32; BATCH],
     /// The Maglev flow hash behind `pick` (between the miss stage's two loops).
     hash_m: [u64; BATCH],
 }
 
 impl<A: Copy + Default> Lanes<A> {
     fn new() -> Self {
-        Self { l: Box::new([Lane::default(); BATCH]), n: 0, pick: [None; BATCH], hash_m: [0; BATCH] }
+        Self {
+            l: Box::new([Lane::default(); BATCH]),
+            n: 0,
+            pick: [None; BATCH],
+            fe: [FE_UNKNOWN; BATCH],
+            hash_m: [0; BATCH],
+        }
     }
 
     #[inline]
@@ -591,6 +600,8 @@ impl Pipeline {
     #[inline]
     fn stage1(&mut self, pkts: &[Packet<'_>], n: usize) {
         let Families { v4, v6 } = &mut self.fam;
+        v4.ct.mark();
+        v6.ct.mark();
         let (view4, lanes4) = (v4.ct.view(), &mut v4.lanes);
         let (view6, lanes6) = (v6.ct.view(), &mut v6.lanes);
         lanes4.n = 0;
@@ -623,8 +634,8 @@ impl Pipeline {
         self.slow |= slow4 | slow6;
         // Stage 4: the misses' frontends and Maglev picks, prefetched.
         if self.slow != 0 {
-            slow::stage_misses::<V4>(&mut self.fam.v4, t, self.slow);
-            slow::stage_misses::<V6>(&mut self.fam.v6, t, self.slow);
+            slow::stage_misses::<V4>(&mut self.fam.v4, &self.c, t, self.slow);
+            slow::stage_misses::<V6>(&mut self.fam.v6, &self.c, t, self.slow);
         }
         // Stage 5: everything else, in arrival order.
         let mut rest = self.slow;
@@ -693,6 +704,11 @@ fn gen32(t: &Tables) -> u32 {
     let g = t.generation as u32;
     g | u32::from(g == 0 && t.generation != 0)
 }
+
+/// [`Lanes::fe`]: the miss stage found no frontend.
+const FE_NONE: u32 = u32::MAX - 1;
+/// [`Lanes::fe`]: the miss stage did not look.
+const FE_UNKNOWN: u32 = u32::MAX;
 
 /// `lane_of` value of a packet the fast parser did not take.
 const NO_LANE: u8 = u8::MAX;

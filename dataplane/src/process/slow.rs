@@ -17,21 +17,41 @@ use crate::tables::{
 };
 use crate::wire::{self, Frag, L3, Parsed, proto, tcp_flags};
 
-use super::{Common, Fam, FamState, Families, Lane, Verdict};
+use super::{Common, FE_NONE, FE_UNKNOWN, Fam, FamState, Families, Verdict};
 
-/// Stage 4: for each missed lane in `slow` addressed to a Maglev service without affinity,
-/// computes the Maglev pick, prefetching the lookup-table slot and then the backend, so the
-/// slow path finds both in cache.
-pub(super) fn stage_misses<A: Fam>(st: &mut FamState<A>, t: &Tables, slow: u64) {
-    let lanes = &mut st.lanes;
-    let mut any = false;
+/// What the earlier stages learnt of a fast-parsed packet that the slow path uses.
+#[derive(Copy, Clone, Debug)]
+struct Hint<A> {
+    key: FlowKey<A>,
+    hash: u64,
+    /// The Maglev pick of the miss stage.
+    pick: Option<BackendRef>,
+    /// The frontend the miss stage found ([`FE_NONE`], [`FE_UNKNOWN`]).
+    fe: u32,
+    /// The flow table had no entry for the key in stage 3.
+    missed: bool,
+}
+
+/// Stage 4, for the lanes that missed: finds each one's frontend; for a Maglev service without
+/// affinity computes the pick, prefetching the lookup-table slot, then the backend, then the
+/// bucket where the new flow's reply entry will go; and prefetches the records the inserts will
+/// take. The slow path then finds all of it in cache.
+pub(super) fn stage_misses<A: Fam>(st: &mut FamState<A>, c: &Common, t: &Tables, slow: u64) {
+    let (lanes, ct) = (&mut st.lanes, &st.ct);
+    let mut misses = 0;
+    let mut maglev = false;
     for (i, l) in lanes.l.iter().take(lanes.n).enumerate() {
-        let Some(pick) = lanes.pick.get_mut(i) else { continue };
+        let (Some(pick), Some(fe_of)) = (lanes.pick.get_mut(i), lanes.fe.get_mut(i)) else { continue };
         *pick = None;
+        *fe_of = FE_UNKNOWN;
         if !l.miss || slow & (1 << (l.pkt & 63)) == 0 {
             continue;
         }
-        let Some(fe) = t.frontend(l.key.dst.to_mapped(), l.key.proto, l.key.dport) else { continue };
+        ct.prefetch_alloc(misses);
+        misses += 1;
+        let idx = t.frontend_index.find(l.key.dst.to_mapped(), l.key.proto, l.key.dport);
+        *fe_of = idx.unwrap_or(FE_NONE);
+        let Some(fe) = idx.and_then(|i| t.frontend_index.entry(i)) else { continue };
         let Some(svc) = t.services.get(fe.service as usize) else { continue };
         let (Scheduler::Maglev { port }, None, Some(m)) = (svc.scheduler, svc.affinity_timeout_s, svc.maglev.as_ref())
         else {
@@ -44,18 +64,18 @@ pub(super) fn stage_misses<A: Fam>(st: &mut FamState<A>, t: &Tables, slow: u64) 
         if let Some(x) = lanes.hash_m.get_mut(i) {
             *x = h;
         }
-        any = true;
+        maglev = true;
     }
-    if !any {
+    if !maglev {
         return;
     }
-    for (i, l) in lanes.l.iter().take(lanes.n).enumerate() {
+    for i in 0..lanes.n {
         let (Some(pick), Some(&h)) = (lanes.pick.get_mut(i), lanes.hash_m.get(i)) else { continue };
         if *pick != Some(BackendRef(u32::MAX)) {
             continue;
         }
         *pick = None;
-        let Some(fe) = t.frontend(l.key.dst.to_mapped(), l.key.proto, l.key.dport) else { continue };
+        let Some(fe) = lanes.fe.get(i).and_then(|&f| t.frontend_index.entry(f)) else { continue };
         let Some(svc) = t.services.get(fe.service as usize) else { continue };
         let Some(m) = svc.maglev.as_ref() else { continue };
         let r = svc.eligible.get(m.lookup(h) as usize).copied();
@@ -65,6 +85,25 @@ pub(super) fn stage_misses<A: Fam>(st: &mut FamState<A>, t: &Tables, slow: u64) 
             prefetch(b);
         }
         *pick = r;
+    }
+    // The reply entries: for SNAT flows, guess the ports in the order the slow path will take
+    // them (a wrong guess only costs the prefetch).
+    let mut snat_port = c.snat_cursor;
+    for (l, (pick, fe)) in lanes.l.iter().take(lanes.n).zip(lanes.pick.iter().zip(lanes.fe.iter())) {
+        let (Some(r), Some(fe)) = (pick, t.frontend_index.entry(*fe)) else { continue };
+        let (Some(b), Some(svc)) = (t.backend(*r), t.services.get(fe.service as usize)) else { continue };
+        let Some(baddr) = A::from_ip(b.addr) else { continue };
+        if svc.mode != ForwardingMode::Nat {
+            continue;
+        }
+        let (dst, dport) = match A::snat(t) {
+            Some(sa) if fe.masquerade || baddr == l.key.src => {
+                snat_port = snat_port.wrapping_add(1);
+                (sa, snat_port.wrapping_sub(1))
+            }
+            _ => (l.key.src, l.key.sport),
+        };
+        ct.prefetch_bucket(ct.hash(&FlowKey { src: baddr, dst, sport: b.port, dport, proto: l.key.proto }));
     }
 }
 
@@ -117,9 +156,12 @@ pub(super) fn run_lane<A: Fam>(
     in_port: u8,
 ) -> Verdict {
     let st = A::state(fam);
-    let (Some(l), Some(pick)) = (st.lanes.as_slice().get(lane).copied(), st.lanes.pick.get(lane).copied()) else {
+    let (Some(l), Some(&pick), Some(&fe)) =
+        (st.lanes.as_slice().get(lane), st.lanes.pick.get(lane), st.lanes.fe.get(lane))
+    else {
         return run_frame(fam, c, t, pkt, in_port);
     };
+    let hint = Hint { key: l.key, hash: l.hash, pick, fe, missed: l.miss };
     // What the fast parser found, as the full parser's view (the same value, see
     // `wire::parse_fast`).
     let l3 = usize::from(l.l3);
@@ -136,7 +178,7 @@ pub(super) fn run_lane<A: Fam>(
         frag: Frag::None,
         frag_hdr: 0,
     };
-    run::<A>(fam, c, t, pkt, &p, Some((l, pick)), in_port)
+    run::<A>(fam, c, t, pkt, &p, Some(hint), in_port)
 }
 
 /// Is the packet addressed to something only xlb serves (a cluster IP, a LoadBalancer or
@@ -176,13 +218,14 @@ fn run<A: Fam>(
     t: &Tables,
     pkt: &mut Packet<'_>,
     p: &Parsed,
-    lane: Option<(Lane<A>, Option<BackendRef>)>,
+    hint: Option<Hint<A>>,
     in_port: u8,
 ) -> Verdict {
     let st = A::state(fam);
-    let f = pkt.frame();
-    let src: A = nat::src(f, p);
-    let dst: A = nat::dst(f, p);
+    let (src, dst): (A, A) = match hint {
+        Some(h) => (h.key.src, h.key.dst),
+        None => (nat::src(pkt.frame(), p), nat::dst(pkt.frame(), p)),
+    };
     if p.proto == A::ICMP && p.frag == Frag::None && A::is_icmp_error(p.icmp_type) {
         return icmp_error_in::<A>(st, c, t, pkt, p);
     }
@@ -192,16 +235,22 @@ fn run<A: Fam>(
     let l4_ok = matches!(p.proto, proto::TCP | proto::UDP | proto::SCTP);
     let dm = dst.to_mapped();
     if l4_ok {
-        let (key, h, pick) = match lane {
-            Some((l, pick)) => (l.key, l.hash, pick),
+        let hint = match hint {
+            Some(h) => h,
             None => {
-                let k = FlowKey { src, dst, sport: p.sport, dport: p.dport, proto: p.proto };
-                (k, st.ct.hash(&k), None)
+                let key = FlowKey { src, dst, sport: p.sport, dport: p.dport, proto: p.proto };
+                Hint { key, hash: st.ct.hash(&key), pick: None, fe: FE_UNKNOWN, missed: false }
             }
         };
-        if let Some(fe) = t.frontend(dm, p.proto, p.dport) {
-            return forward::<A>(st, c, t, pkt, p, fe, key, h, pick, in_port);
+        let fe = match hint.fe {
+            FE_UNKNOWN => t.frontend(dm, p.proto, p.dport),
+            FE_NONE => None,
+            i => t.frontend_index.entry(i),
+        };
+        if let Some(fe) = fe {
+            return forward::<A>(st, c, t, pkt, p, fe, &hint, in_port);
         }
+        let (key, h) = (hint.key, hint.hash);
         match lookup(st, c, &key, h) {
             Found::Live(hit) if hit.dir == Dir::Reply => return reply::<A>(st, c, t, pkt, p, hit),
             Found::Expired => {
@@ -273,11 +322,10 @@ fn forward<A: Fam>(
     pkt: &mut Packet<'_>,
     p: &Parsed,
     fe: &FrontendEntry,
-    key: FlowKey<A>,
-    h: u64,
-    pick: Option<BackendRef>,
+    hint: &Hint<A>,
     in_port: u8,
 ) -> Verdict {
+    let (key, h, pick) = (hint.key, hint.hash, hint.pick);
     if t.services.get(fe.service as usize).is_none() {
         return Verdict::Pass;
     }
@@ -285,7 +333,10 @@ fn forward<A: Fam>(
         return Verdict::Drop(DropReason::SourceRangeDenied);
     }
     let is_tcp = p.proto == proto::TCP;
-    match lookup(st, c, &key, h) {
+    // A packet that missed in stage 3 still misses unless an entry with the same hash bit was
+    // placed since (find-or-insert without a second probe).
+    let found = if hint.missed && !st.ct.may_have_placed(h) { Found::Miss } else { lookup(st, c, &key, h) };
+    match found {
         Found::Live(hit) if hit.dir == Dir::Forward => {
             let Some(r) = st.ct.rec(hit.id).copied() else { return Verdict::Drop(DropReason::ConntrackFull) };
             let old = r.ct_state();
