@@ -3,6 +3,8 @@
 //! The pipeline is generic over [`Family`] so IPv4 and IPv6 share one body of
 //! code (monomorphised) while IPv4 conntrack keys stay 4-byte-address small.
 
+#![deny(clippy::panic, clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+
 use core::fmt::Debug;
 use core::hash::Hash;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -222,6 +224,7 @@ impl core::fmt::Display for Cidr {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, reason = "tests")]
     use super::*;
 
     #[test]

@@ -10,6 +10,8 @@
 //! Times are seconds on the process-wide clock of [`crate::worker`] (all workers share one
 //! epoch), so an expiry written by one worker means the same to another.
 
+#![deny(clippy::panic, clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+
 use crate::tables::BackendRef;
 
 /// (service id, client address as 16 bytes, IPv4 mapped).
@@ -74,6 +76,7 @@ impl AffinityTable {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, reason = "tests")]
     use super::*;
 
     #[test]

@@ -6,6 +6,8 @@
 //! from a +0 input. The TCP and UDP pseudo-header (RFC 9293 §3.1, RFC 768, RFC 8200
 //! §8.1) covers the IP addresses, so an address change updates the L4 checksum too.
 
+#![deny(clippy::panic, clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+
 /// Folds a 32-bit one's-complement accumulator to 16 bits (RFC 1071 §4.1).
 #[inline]
 pub fn fold(mut sum: u32) -> u16 {
@@ -20,11 +22,11 @@ pub fn fold(mut sum: u32) -> u16 {
 #[inline]
 pub fn add_bytes(sum: u32, data: &[u8]) -> u32 {
     let mut acc = u64::from(sum);
-    let mut chunks = data.chunks_exact(2);
-    for c in &mut chunks {
-        acc += u64::from(u16::from_be_bytes([c[0], c[1]]));
+    let (words, rest) = data.as_chunks::<2>();
+    for w in words {
+        acc += u64::from(u16::from_be_bytes(*w));
     }
-    if let [b] = chunks.remainder() {
+    if let [b] = rest {
         acc += u64::from(u16::from_be_bytes([*b, 0]));
     }
     while acc > u64::from(u32::MAX) {
@@ -51,12 +53,7 @@ pub fn update16(hc: u16, old: u16, new: u16) -> u16 {
 /// ports). Used for 4- and 16-byte addresses.
 #[inline]
 pub fn update_bytes(hc: u16, old: &[u8], new: &[u8]) -> u16 {
-    let mut sum = u32::from(!hc);
-    for (o, n) in old.chunks_exact(2).zip(new.chunks_exact(2)) {
-        sum += u32::from(!u16::from_be_bytes([o[0], o[1]]));
-        sum += u32::from(u16::from_be_bytes([n[0], n[1]]));
-    }
-    !fold(sum)
+    !fold(delta_add(u32::from(!hc), old, new))
 }
 
 /// The RFC 1624 delta of decrementing the TTL (RFC 791 §3.2) in the IPv4 header word
@@ -70,9 +67,9 @@ pub const TTL_DEC: u16 = 0xfeff;
 #[inline]
 pub fn delta_add(acc: u32, old: &[u8], new: &[u8]) -> u32 {
     let mut sum = acc;
-    for (o, n) in old.chunks_exact(2).zip(new.chunks_exact(2)) {
-        sum += u32::from(!u16::from_be_bytes([o[0], o[1]]));
-        sum += u32::from(u16::from_be_bytes([n[0], n[1]]));
+    for (o, n) in old.as_chunks::<2>().0.iter().zip(new.as_chunks::<2>().0) {
+        sum += u32::from(!u16::from_be_bytes(*o));
+        sum += u32::from(u16::from_be_bytes(*n));
     }
     sum
 }
@@ -186,16 +183,17 @@ pub fn crc32c(data: &[u8]) -> u32 {
 /// summed again (hardware CRC: about 8 bytes per cycle; only when a port changes). The checksum field
 /// is at bytes 8..12 and is stored little-endian per RFC 9260 Appendix B.
 pub fn sctp_crc_update_ports(sctp: &mut [u8]) {
-    if sctp.len() < 12 {
-        return;
-    }
-    sctp[8..12].fill(0);
+    let Some(field) = sctp.get_mut(8..12) else { return };
+    field.fill(0);
     let c = crc32c(sctp);
-    sctp[8..12].copy_from_slice(&c.to_le_bytes());
+    if let Some(field) = sctp.get_mut(8..12) {
+        field.copy_from_slice(&c.to_le_bytes());
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, reason = "tests")]
     use super::*;
     use proptest::prelude::*;
 

@@ -7,6 +7,8 @@
 //! (it arrived first, or the record expired) is a counted drop (`FragmentUntracked`). Like
 //! Katran and IPVS, out-of-order fragments are not buffered.
 
+#![deny(clippy::panic, clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+
 use hashbrown::HashMap;
 
 use crate::addr::Family;
@@ -124,6 +126,7 @@ impl<A: Family> FragTable<A> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, reason = "tests")]
     use super::*;
     use crate::addr::V4;
 

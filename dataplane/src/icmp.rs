@@ -9,9 +9,12 @@
 //! bytes); the checksum of a translated ICMP error is recomputed over the message because the
 //! quoted datagram changes in several places (addresses, ports, the quoted checksums).
 
+#![deny(clippy::panic, clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+
 use crate::addr::Family;
 use crate::csum;
 use crate::nat::Packet;
+use crate::wire::emit::{self, IpHeader, TcpHeader};
 use crate::wire::{self, Parsed, proto, tcp_flags};
 
 /// ICMPv4 destination unreachable (RFC 792).
@@ -27,35 +30,21 @@ pub const V6_PORT_UNREACH: u8 = 4;
 /// ICMPv6 packet too big (RFC 4443 §3.2).
 pub const V6_TOO_BIG: u8 = 2;
 
-fn swap_macs(f: &mut [u8]) {
-    if f.len() >= 12 {
-        let mut m = [0u8; 6];
-        m.copy_from_slice(&f[0..6]);
-        f.copy_within(6..12, 0);
-        f[6..12].copy_from_slice(&m);
-    }
-}
-
-/// Writes a fresh IP header of family `A` at `l3` (no options, no extension headers).
+/// Writes a fresh IP header of family `A` at `l3` (no options, no extension headers): TTL 64,
+/// TOS 0, DF clear, as a host's stack answers.
 fn write_ip<A: Family>(f: &mut [u8], l3: usize, src: A, dst: A, l4_proto: u8, l4_len: usize) {
-    let Some(h) = f.get_mut(l3..l3 + A::HEADER_LEN) else { return };
-    h.fill(0);
-    if A::IS_V6 {
-        h[0] = 0x60;
-        h[4..6].copy_from_slice(&u16::try_from(l4_len).unwrap_or(u16::MAX).to_be_bytes());
-        h[6] = l4_proto;
-        h[7] = 64;
-        h[8..24].copy_from_slice(src.octets());
-        h[24..40].copy_from_slice(dst.octets());
-    } else {
-        h[0] = 0x45;
-        h[2..4].copy_from_slice(&u16::try_from(l4_len + 20).unwrap_or(u16::MAX).to_be_bytes());
-        h[8] = 64;
-        h[9] = l4_proto;
-        h[12..16].copy_from_slice(src.octets());
-        h[16..20].copy_from_slice(dst.octets());
-        let c = csum::checksum(h);
-        h[10..12].copy_from_slice(&c.to_be_bytes());
+    if let Some(h) = f.get_mut(l3..) {
+        let ip = IpHeader {
+            src,
+            dst,
+            proto: l4_proto,
+            payload_len: l4_len,
+            hop_limit: 64,
+            tos: 0,
+            dont_frag: false,
+            flow_label: 0,
+        };
+        emit::emit_ip(h, &ip);
     }
 }
 
@@ -71,15 +60,14 @@ pub fn refresh_icmp_checksum<A: Family>(f: &mut [u8], l3: usize, l4: usize, end:
     if msg.len() < 4 {
         return;
     }
-    msg[2..4].fill(0);
+    emit::put(msg, emit::icmp::CHECKSUM, &[0, 0]);
     let sum = if A::IS_V6 {
         let len = u32::try_from(msg.len()).unwrap_or(u32::MAX);
         csum::add_bytes(csum::pseudo_header(src.octets(), dst.octets(), proto::ICMPV6, len), msg)
     } else {
         csum::add_bytes(0, msg)
     };
-    let c = !csum::fold(sum);
-    msg[2..4].copy_from_slice(&c.to_be_bytes());
+    emit::put(msg, emit::icmp::CHECKSUM, &(!csum::fold(sum)).to_be_bytes());
 }
 
 /// Turns the packet into an ICMP error of `ty`/`code` (with `rest`, the 4 bytes after the
@@ -107,15 +95,12 @@ pub fn error_in_place<A: Family>(pkt: &mut Packet<'_>, p: &Parsed, ty: u8, code:
     let f = pkt.frame_mut();
     let icmp_proto = if A::IS_V6 { proto::ICMPV6 } else { proto::ICMP };
     write_ip(f, l3, src, dst, icmp_proto, 8 + q);
-    if let Some(m) = f.get_mut(l3 + hdr..l3 + hdr + 8) {
-        m[0] = ty;
-        m[1] = code;
-        m[2..4].fill(0);
-        m[4..8].copy_from_slice(&rest);
+    if let Some(m) = f.get_mut(l3 + hdr..) {
+        emit::emit_icmp(m, ty, code, rest);
     }
     let end = l3 + shift + q;
     refresh_icmp_checksum::<A>(f, l3, l3 + hdr, end);
-    swap_macs(f);
+    emit::swap_macs(f);
     true
 }
 
@@ -149,12 +134,13 @@ pub fn tcp_reset_in_place<A: Family>(pkt: &mut Packet<'_>, p: &Parsed) -> bool {
         return false;
     }
     let Some(seg) = f.get(p.l4..p.end) else { return false };
-    if seg.len() < 20 {
+    let &[_, _, _, _, s0, s1, s2, s3, a0, a1, a2, a3, off, ..] = seg else { return false };
+    if seg.len() < emit::tcp::HEADER_LEN {
         return false;
     }
-    let seq = u32::from_be_bytes([seg[4], seg[5], seg[6], seg[7]]);
-    let ack = u32::from_be_bytes([seg[8], seg[9], seg[10], seg[11]]);
-    let data_off = usize::from(seg[12] >> 4) * 4;
+    let seq = u32::from_be_bytes([s0, s1, s2, s3]);
+    let ack = u32::from_be_bytes([a0, a1, a2, a3]);
+    let data_off = usize::from(off >> 4) * 4;
     let mut seg_len = u32::try_from(seg.len().saturating_sub(data_off)).unwrap_or(0);
     if p.tcp_flags & tcp_flags::SYN != 0 {
         seg_len += 1;
@@ -173,20 +159,14 @@ pub fn tcp_reset_in_place<A: Family>(pkt: &mut Packet<'_>, p: &Parsed) -> bool {
     let l3 = p.l3;
     let l4 = l3 + A::HEADER_LEN;
     let f = pkt.frame_mut();
-    write_ip(f, l3, src, dst, proto::TCP, 20);
-    let Some(t) = f.get_mut(l4..l4 + 20) else { return false };
-    t.fill(0);
-    t[0..2].copy_from_slice(&sport.to_be_bytes());
-    t[2..4].copy_from_slice(&dport.to_be_bytes());
-    t[4..8].copy_from_slice(&rseq.to_be_bytes());
-    t[8..12].copy_from_slice(&rack.to_be_bytes());
-    t[12] = 5 << 4;
-    t[13] = rflags;
-    let sum = csum::add_bytes(csum::pseudo_header(src.octets(), dst.octets(), proto::TCP, 20), t);
-    let c = !csum::fold(sum);
-    t[16..18].copy_from_slice(&c.to_be_bytes());
-    swap_macs(f);
-    pkt.len = l4 + 20;
+    if f.len() < l4 + emit::tcp::HEADER_LEN {
+        return false;
+    }
+    write_ip(f, l3, src, dst, proto::TCP, emit::tcp::HEADER_LEN);
+    let Some(t) = f.get_mut(l4..) else { return false };
+    emit::emit_tcp(t, src, dst, &TcpHeader { sport, dport, seq: rseq, ack: rack, flags: rflags });
+    emit::swap_macs(f);
+    pkt.len = l4 + emit::tcp::HEADER_LEN;
     true
 }
 
@@ -220,6 +200,7 @@ pub fn quoted_view<A: Family>(f: &[u8], outer: &Parsed) -> Result<Parsed, crate:
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, reason = "tests")]
     use super::*;
     use crate::addr::{V4, V6};
     use crate::build::{self, Frame};

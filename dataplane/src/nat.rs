@@ -7,8 +7,11 @@
 //! §6.8; it does not cover addresses). A UDP/IPv4 zero checksum stays zero (RFC 768).
 //! Later fragments carry no L4 header, so only the IP header changes.
 
+#![deny(clippy::panic, clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+
 use crate::addr::Family;
 use crate::csum::{self, L4Sum};
+use crate::wire::emit::{self, IpHeader};
 use crate::wire::{self, Frag, Parsed, proto};
 
 /// A frame inside a larger buffer: `buf[head..head + len]` is the frame; bytes before `head`
@@ -185,13 +188,10 @@ pub fn dec_ttl<A: Family>(f: &mut [u8], p: &Parsed) -> bool {
     true
 }
 
-/// Writes the Ethernet addresses.
+/// Writes the Ethernet addresses ([`emit::set_macs`]).
 #[inline]
 pub fn set_macs(f: &mut [u8], src: [u8; 6], dst: [u8; 6]) {
-    if let Some(h) = f.get_mut(0..12) {
-        h[0..6].copy_from_slice(&dst);
-        h[6..12].copy_from_slice(&src);
-    }
+    emit::set_macs(f, src, dst);
 }
 
 /// Bytes an encapsulation header adds: 20 (IPIP, RFC 2003) or 40 (IP6IP6, RFC 2473).
@@ -240,52 +240,45 @@ pub fn encap_at<A: Family>(
         return false;
     }
     pkt.len = l2 + add + inner_len;
-    let new_head = pkt.head;
-    let inner_first = pkt.buf.get(new_head + l2 + add).copied().unwrap_or(0);
-    let inner_second = pkt.buf.get(new_head + l2 + add + 1).copied().unwrap_or(0);
     let f = pkt.frame_mut();
-    let Some(h) = f.get_mut(l2..l2 + add) else { return false };
-    h.fill(0);
-    if A::IS_V6 {
-        let tc = (inner_first << 4) | (inner_second >> 4);
-        let fl = flow_hash & 0x000f_ffff;
-        let w0 = (6u32 << 28) | (u32::from(tc) << 20) | fl;
-        h[0..4].copy_from_slice(&w0.to_be_bytes());
-        h[4..6].copy_from_slice(&u16::try_from(inner_len).unwrap_or(u16::MAX).to_be_bytes());
-        h[6] = proto::IPV6;
-        h[7] = 64;
-        h[8..24].copy_from_slice(outer_src.octets());
-        h[24..40].copy_from_slice(outer_dst.octets());
+    let Some((outer, inner)) = f.get_mut(l2..).map(|x| x.split_at_mut(add.min(x.len()))) else { return false };
+    // The outer header copies the inner TOS / traffic class and, for IPv4, the DF bit.
+    let tos = if A::IS_V6 {
+        (emit::get_u8(inner, 0) << 4) | (emit::get_u8(inner, 1) >> 4)
     } else {
-        let df = f.get(l2 + add + 6).copied().unwrap_or(0) & 0x40;
-        let Some(h) = f.get_mut(l2..l2 + add) else { return false };
-        h[0] = 0x45;
-        h[1] = inner_second; // TOS of the inner header
-        h[2..4].copy_from_slice(&u16::try_from(inner_len + 20).unwrap_or(u16::MAX).to_be_bytes());
-        h[6] = df;
-        h[8] = 64;
-        h[9] = proto::IPIP;
-        h[12..16].copy_from_slice(outer_src.octets());
-        h[16..20].copy_from_slice(outer_dst.octets());
-        let c = csum::checksum(h);
-        h[10..12].copy_from_slice(&c.to_be_bytes());
+        emit::get_u8(inner, emit::ipv4::TOS)
+    };
+    let ip = IpHeader {
+        src: outer_src,
+        dst: outer_dst,
+        proto: if A::IS_V6 { proto::IPV6 } else { proto::IPIP },
+        payload_len: inner_len,
+        hop_limit: 64,
+        tos,
+        dont_frag: !A::IS_V6 && emit::ipv4_dont_frag(inner),
+        flow_label: flow_hash,
+    };
+    if !emit::emit_ip(outer, &ip) {
+        return false;
     }
-    if let Some(et) = f.get_mut(l3 - 2..l3) {
-        et.copy_from_slice(&A::ETHERTYPE.to_be_bytes());
-    }
+    emit::set_ethertype(f, l3 - 2, A::ETHERTYPE);
     true
 }
 
 /// Picks an outer source address from `prefix` (host bits from `hash`), so each flow gets
 /// its own outer source and the backend's RSS spreads flows (Katran `create_encap_ipv4_src`).
 pub fn outer_source<A: Family>(prefix: &crate::addr::Cidr, hash: u32) -> A {
-    let mut b = [0u8; 16];
     let n = A::LEN;
     let net = crate::addr::mapped(prefix.addr);
-    let net = &net[16 - n..];
+    let net = net.get(16 - n..).unwrap_or(&[]);
     let bits = u32::from(prefix.len).min(u32::try_from(n * 8).unwrap_or(128));
-    let h = hash.to_be_bytes();
-    for i in 0..n {
+    // The hash fills the last 4 bytes; earlier host bytes stay zero.
+    let mut host = [0u8; 16];
+    if let Some(t) = host.get_mut(n - 4..n) {
+        t.copy_from_slice(&hash.to_be_bytes());
+    }
+    let mut b = [0u8; 16];
+    for (i, ((out, net), hb)) in b.iter_mut().zip(net).zip(host).enumerate() {
         let bit0 = u32::try_from(i * 8).unwrap_or(u32::MAX);
         let mask: u8 = if bit0 + 8 <= bits {
             0xff
@@ -294,15 +287,14 @@ pub fn outer_source<A: Family>(prefix: &crate::addr::Cidr, hash: u32) -> A {
         } else {
             0xffu8 << (8 - (bits - bit0))
         };
-        // The last 4 bytes take the hash; earlier host bytes stay zero.
-        let hb = if i + 4 >= n { h[i + 4 - n] } else { 0 };
-        b[i] = (net[i] & mask) | (hb & !mask);
+        *out = (net & mask) | (hb & !mask);
     }
-    A::from_slice(&b[..n]).unwrap_or(A::UNSPECIFIED)
+    b.get(..n).and_then(A::from_slice).unwrap_or(A::UNSPECIFIED)
 }
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, reason = "tests")]
     use super::*;
     use crate::addr::{V4, V6};
     use crate::build::{self, Frame};

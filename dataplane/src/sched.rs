@@ -9,6 +9,8 @@
 //! Sources: ipvsadm(8); Linux `net/netfilter/ipvs/ip_vs_{rr,wrr,lc,wlc,sh,dh,sed,nq,mh}.c`;
 //! kube-proxy's random choice (seed SCHED-01); Maglev NSDI'16 §3.4 via [`crate::maglev`].
 
+#![deny(clippy::panic, clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+
 use crate::maglev;
 use crate::tables::{BackendRef, Scheduler, Service, Tables};
 
@@ -263,6 +265,7 @@ fn bucket(svc: &Service, addr: &[u8]) -> usize {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, reason = "tests")]
     use super::*;
     use crate::tables::*;
 

@@ -11,6 +11,8 @@
 //! stores the ref, so an established flow keeps its backend across table changes, and notices
 //! (ref mismatch) when its backend was removed.
 
+#![deny(clippy::panic, clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -1131,6 +1133,7 @@ impl TablesHandle {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, reason = "tests")]
     use super::*;
 
     fn svc(name: &str, vip: &str, backends: &[(&str, u16)]) -> ServiceSpec {

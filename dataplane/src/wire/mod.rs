@@ -6,10 +6,14 @@
 //! copies and no allocation. Every offset in a returned [`Parsed`] is inside the frame, so
 //! later stages can index without re-checking lengths beyond what is documented per field.
 
+#![deny(clippy::panic, clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+
 use smoltcp::wire::{EthernetFrame, Icmpv4Packet, Icmpv6Packet, Ipv4Packet, Ipv6Packet, TcpPacket, UdpPacket};
 
 use crate::addr::{V4, V6};
 use crate::counters::DropReason;
+
+pub mod emit;
 
 /// IP protocol numbers used by the pipeline (IANA "Assigned Internet Protocol Numbers").
 pub mod proto {
@@ -140,8 +144,8 @@ pub fn ethernet(frame: &[u8]) -> Result<(L3, usize), DropReason> {
 /// Reads a big-endian u16 at `at`; `None` past the end.
 #[inline]
 pub fn read_u16(b: &[u8], at: usize) -> Option<u16> {
-    let s = b.get(at..at + 2)?;
-    Some(u16::from_be_bytes([s[0], s[1]]))
+    let s: [u8; 2] = b.get(at..at + 2)?.try_into().ok()?;
+    Some(u16::from_be_bytes(s))
 }
 
 /// Writes a big-endian u16 at `at`; does nothing past the end (callers only write inside
@@ -221,9 +225,11 @@ pub fn parse_v6(frame: &[u8], ethertype_at: usize) -> Result<Parsed, DropReason>
                 (usize::from(*l) + 2) * 4
             }
             proto::FRAGMENT => {
-                let h = frame.get(at..at + 8).ok_or(DropReason::MalformedL3)?;
-                let off_m = u16::from_be_bytes([h[2], h[3]]);
-                let id = u32::from_be_bytes([h[4], h[5], h[6], h[7]]);
+                let Some(&[_, _, o0, o1, i0, i1, i2, i3]) = frame.get(at..at + 8) else {
+                    return Err(DropReason::MalformedL3);
+                };
+                let off_m = u16::from_be_bytes([o0, o1]);
+                let id = u32::from_be_bytes([i0, i1, i2, i3]);
                 frag = if off_m >> 3 != 0 {
                     Frag::Later { id }
                 } else if off_m & 1 != 0 {
@@ -293,11 +299,9 @@ fn l4(frame: &[u8], p: &mut Parsed) -> Result<(), DropReason> {
         }
         proto::SCTP => {
             // RFC 9260 §3.1 common header: ports, verification tag, checksum: 12 bytes.
-            if seg.len() < 12 {
-                return Err(DropReason::MalformedL4);
-            }
-            p.sport = u16::from_be_bytes([seg[0], seg[1]]);
-            p.dport = u16::from_be_bytes([seg[2], seg[3]]);
+            let &[s0, s1, d0, d1, _, _, _, _, _, _, _, _, ..] = seg else { return Err(DropReason::MalformedL4) };
+            p.sport = u16::from_be_bytes([s0, s1]);
+            p.dport = u16::from_be_bytes([d0, d1]);
         }
         proto::ICMP => {
             let i = Icmpv4Packet::new_checked(seg).map_err(|_| DropReason::MalformedL4)?;
@@ -494,24 +498,25 @@ pub fn is_icmpv6_error(t: u8) -> bool {
 /// `MalformedL4` if the quote is too short for the IP header plus 8 bytes.
 pub fn quoted(frame: &[u8], at: usize, end: usize, v6: bool) -> Result<(usize, usize, u8), DropReason> {
     let q = frame.get(at..end).ok_or(DropReason::MalformedL4)?;
+    let &[first, _, _, _, _, _, next, _, _, pr, ..] = q else { return Err(DropReason::MalformedL4) };
     if v6 {
-        if q.len() < 48 || q[0] >> 4 != 6 {
+        if q.len() < 48 || first >> 4 != 6 {
             return Err(DropReason::MalformedL4);
         }
         // Quoted extension headers are rare; only the plain header is supported here.
-        Ok((at, at + 40, q[6]))
+        Ok((at, at + 40, next))
     } else {
-        let first = *q.first().ok_or(DropReason::MalformedL4)?;
         let hl = usize::from(first & 0x0f) * 4;
         if first >> 4 != 4 || hl < 20 || q.len() < hl + 8 {
             return Err(DropReason::MalformedL4);
         }
-        Ok((at, at + hl, q[9]))
+        Ok((at, at + hl, pr))
     }
 }
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, reason = "tests")]
     use super::*;
     use crate::build;
 
