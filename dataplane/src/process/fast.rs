@@ -18,7 +18,7 @@ use crate::addr::Family;
 use crate::conntrack::{CtState, Dir, Rec, flow_flags, tcp_next};
 use crate::csum::{self, L4Sum};
 use crate::nat::{self, Packet};
-use crate::wire::{Frag, Parsed, proto, tcp_flags};
+use crate::wire::{Frag, Parsed, emit, proto, tcp_flags};
 
 use super::{Common, Fam, FamState, Lane, Verdict, slow};
 
@@ -192,11 +192,7 @@ fn nat_at<A: Family, const L3: usize, const TCP: bool>(f: &mut [u8], n: &Nat<A>)
     if h.get(ttl).is_none_or(|t| *t <= 1) {
         return false;
     }
-    if let Some(m) = h.get_mut(..12) {
-        let (d, s) = m.split_at_mut(6);
-        d.copy_from_slice(&n.dmac);
-        s.copy_from_slice(&n.smac);
-    }
+    emit::set_macs(h, n.smac, n.dmac);
     if let Some(s) = h.get_mut(L3 + A::SRC_OFF..L3 + A::SRC_OFF + A::LEN) {
         s.copy_from_slice(n.src.octets());
     }
@@ -207,13 +203,14 @@ fn nat_at<A: Family, const L3: usize, const TCP: bool>(f: &mut [u8], n: &Nat<A>)
         *t = t.wrapping_sub(1);
     }
     if !A::IS_V6 {
-        put16(h, L3 + 10, csum::apply_delta(get16(h, L3 + 10), n.ip_delta));
+        let sum = L3 + emit::ipv4::CHECKSUM.start;
+        emit::put_u16(h, sum, csum::apply_delta(emit::get_u16(h, sum), n.ip_delta));
     }
-    put16(h, l4, n.sport);
-    put16(h, l4 + 2, n.dport);
-    let at = l4 + if TCP { 16 } else { 6 };
+    emit::put_u16(h, l4 + emit::tcp::SPORT.start, n.sport);
+    emit::put_u16(h, l4 + emit::tcp::DPORT.start, n.dport);
+    let at = l4 + if TCP { emit::tcp::CHECKSUM.start } else { emit::udp::CHECKSUM.start };
     let kind = if TCP || A::IS_V6 { L4Sum::Always } else { L4Sum::UdpV4 };
-    put16(h, at, csum::apply_l4_delta(kind, get16(h, at), n.l4_delta));
+    emit::put_u16(h, at, csum::apply_l4_delta(kind, emit::get_u16(h, at), n.l4_delta));
     true
 }
 
@@ -252,21 +249,7 @@ fn dec_ttl<A: Family>(f: &mut [u8], l3: usize) {
         *t = t.wrapping_sub(1);
     }
     if !A::IS_V6 {
-        put16(h, 10, csum::apply_delta(get16(h, 10), csum::TTL_DEC));
-    }
-}
-
-#[inline]
-fn get16(h: &[u8], at: usize) -> u16 {
-    match h.get(at..at + 2) {
-        Some(&[a, b]) => u16::from_be_bytes([a, b]),
-        _ => 0,
-    }
-}
-
-#[inline]
-fn put16(h: &mut [u8], at: usize, v: u16) {
-    if let Some(s) = h.get_mut(at..at + 2) {
-        s.copy_from_slice(&v.to_be_bytes());
+        let sum = emit::ipv4::CHECKSUM.start;
+        emit::put_u16(h, sum, csum::apply_delta(emit::get_u16(h, sum), csum::TTL_DEC));
     }
 }

@@ -303,16 +303,6 @@ fn initial_state(p: &Parsed) -> CtState {
     conntrack::tcp_next(base, p.tcp_flags & !tcp_flags::ACK)
 }
 
-#[inline]
-fn peer_mac(f: &[u8]) -> [u8; 6] {
-    f.get(6..12).and_then(|s| <[u8; 6]>::try_from(s).ok()).unwrap_or_default()
-}
-
-#[inline]
-fn dst_mac(f: &[u8]) -> [u8; 6] {
-    f.first_chunk::<6>().copied().unwrap_or_default()
-}
-
 /// A packet to a frontend.
 #[expect(clippy::too_many_arguments, reason = "the pipeline's stage inputs, all borrowed")]
 fn forward<A: Fam>(
@@ -531,7 +521,7 @@ fn new_flow<A: Fam>(
     (r.backend_addr, r.bport) = (baddr, b.port);
     r.state = state as u8;
     r.in_port = in_port;
-    r.peer_mac = peer_mac(pkt.frame());
+    r.peer_mac = wire::emit::src_mac(pkt.frame());
     let nat = svc.mode == ForwardingMode::Nat;
     let mut flow_hash = 0;
     // Hairpin (NAT-03): a backend reaching its own service must be masqueraded, or its reply
@@ -611,7 +601,7 @@ fn transmit_forward<A: Fam>(
     if let FragAction::Encap { .. } = action {
         let inner = p.end - p.l3;
         if inner + A::HEADER_LEN > usize::from(hop.mtu) && hop.mtu > 0 {
-            let df = A::IS_V6 || pkt.frame().get(p.l3 + 6).is_some_and(|x| x & 0x40 != 0);
+            let df = A::IS_V6 || pkt.frame().get(p.l3..).is_some_and(wire::emit::ipv4_dont_frag);
             let mtu = hop.mtu.saturating_sub(u16::try_from(A::HEADER_LEN).unwrap_or(0));
             if df && icmp::too_big::<A>(pkt, p, mtu) {
                 c.counters.event(Event::TooBigSent);
@@ -704,7 +694,7 @@ fn reply<A: Fam>(
     let snat = r.flags & flow_flags::SNAT != 0;
     let src_mac = {
         let port = c.port(r.in_port);
-        if port.known { port.mac } else { dst_mac(pkt.frame()) }
+        if port.known { port.mac } else { wire::emit::dst_mac(pkt.frame()) }
     };
     let hop = Hop { port: r.in_port, dst_mac: r.peer_mac, src_mac, mtu: 0 };
     if let Frag::First { id } = p.frag {
@@ -839,7 +829,7 @@ fn icmp_error_in<A: Fam>(
     nat::set_dst::<A>(fr, p, fl.client);
     icmp::refresh_icmp_checksum::<A>(fr, p.l3, p.l4, p.end);
     let port = c.port(fl.in_port);
-    let src_mac = if port.known { port.mac } else { dst_mac(fr) };
+    let src_mac = if port.known { port.mac } else { wire::emit::dst_mac(fr) };
     nat::set_macs(fr, src_mac, fl.peer_mac);
     c.counters.event(Event::IcmpTranslated);
     Verdict::Tx { port: fl.in_port }

@@ -79,6 +79,16 @@ pub mod tcp {
     pub const HEADER_LEN: usize = 20;
 }
 
+/// Byte ranges of the UDP header (RFC 768), relative to its start.
+pub mod udp {
+    /// Source port.
+    pub const SPORT: core::ops::Range<usize> = 0..2;
+    /// Destination port.
+    pub const DPORT: core::ops::Range<usize> = 2..4;
+    /// Checksum (0: none, IPv4 only).
+    pub const CHECKSUM: core::ops::Range<usize> = 6..8;
+}
+
 /// Byte ranges of an ICMP / ICMPv6 message header (RFC 792, RFC 4443 §2.1).
 pub mod icmp {
     /// Type.
@@ -115,6 +125,23 @@ pub fn put_u8(b: &mut [u8], at: usize, v: u8) {
 #[inline]
 pub fn get_u8(b: &[u8], at: usize) -> u8 {
     b.get(at).copied().unwrap_or(0)
+}
+
+/// Reads a big-endian 16-bit field at `at` (0 if out of bounds).
+#[inline]
+pub fn get_u16(b: &[u8], at: usize) -> u16 {
+    match b.get(at..at + 2) {
+        Some(&[x, y]) => u16::from_be_bytes([x, y]),
+        _ => 0,
+    }
+}
+
+/// Writes a big-endian 16-bit field at `at` (nothing if out of bounds).
+#[inline]
+pub fn put_u16(b: &mut [u8], at: usize, v: u16) {
+    if let Some(s) = b.get_mut(at..at + 2) {
+        s.copy_from_slice(&v.to_be_bytes());
+    }
 }
 
 /// Writes the Ethernet source and destination addresses.
