@@ -15,9 +15,10 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use dataplane::counters::XskCounters;
 use dataplane::counters::{DropReason, Event, WorkerCounters};
 use dataplane::tables::{BackendRef, TablesHandle};
-use dataplane::worker::{Request, WorkerHandle, XskCounters};
+use dataplane::worker::{Request, WorkerHandle};
 
 /// Default admin socket path.
 pub(crate) const DEFAULT_SOCKET: &str = "/run/xlb/xlb.sock";
@@ -159,31 +160,23 @@ fn stats(tables: &TablesHandle, workers: &[WorkerView]) -> String {
             c.pass.get(),
             c.ct_entries.get()
         );
-        for r in DropReason::ALL {
+        for &r in DropReason::ALL {
             let n = c.drops_of(r);
             if n > 0 {
                 let _ = writeln!(out, "worker {} drop {} {}", w.id, r.name(), n);
             }
         }
-        for e in Event::ALL {
+        for &e in Event::ALL {
             let n = c.events_of(e);
             if n > 0 {
                 let _ = writeln!(out, "worker {} event {} {}", w.id, e.name(), n);
             }
         }
-        let x = &w.xsk;
-        let _ = writeln!(
-            out,
-            "worker {} xsk zero_copy {} frames_total {} frames_accounted {} tx_ring_full {} pass_in_userspace {} handed_off {} handoff_dropped {}",
-            w.id,
-            x.zero_copy.get(),
-            x.frames_total.get(),
-            x.frames_accounted.get(),
-            x.tx_ring_full.get(),
-            x.pass_in_userspace.get(),
-            x.handed_off.get(),
-            x.handoff_dropped.get()
-        );
+        let _ = write!(out, "worker {} xsk", w.id);
+        for (c, v) in w.xsk.values() {
+            let _ = write!(out, " {} {v}", c.name());
+        }
+        out.push('\n');
     }
     for b in t.backends.iter().flatten() {
         let pkts: u64 =

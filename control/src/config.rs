@@ -119,11 +119,28 @@ pub struct AfXdpConfig {
     pub zero_copy: String,
     /// UMEM frames per worker (default 8192; frames are 2048 bytes).
     pub frames: u32,
+    /// Preferred busy polling (kernel doc networking/napi.rst "Busy polling", af_xdp.rst):
+    /// sets `SO_PREFER_BUSY_POLL`, `SO_BUSY_POLL` = [`Self::busy_poll_usecs`] and
+    /// `SO_BUSY_POLL_BUDGET` = [`Self::busy_poll_budget`] on every socket, and the worker
+    /// drives its queue's NAPI itself. Use it when a queue's interrupt (its NAPI) runs on the
+    /// worker's own core; see docs/operations.md "Worker and queue on one core". Default false.
+    pub prefer_busy_poll: bool,
+    /// `SO_BUSY_POLL` in microseconds (default 20; 1..=1000000).
+    pub busy_poll_usecs: u32,
+    /// `SO_BUSY_POLL_BUDGET`: packets per busy-poll NAPI run (default 64; 1..=1024).
+    pub busy_poll_budget: u16,
 }
 
 impl Default for AfXdpConfig {
     fn default() -> Self {
-        Self { busy_poll: false, zero_copy: "auto".into(), frames: 8192 }
+        Self {
+            busy_poll: false,
+            zero_copy: "auto".into(),
+            frames: 8192,
+            prefer_busy_poll: false,
+            busy_poll_usecs: 20,
+            busy_poll_budget: 64,
+        }
     }
 }
 
@@ -323,6 +340,12 @@ impl Config {
                 "afXdp.zeroCopy",
                 format!("{:?}: want auto, copy or zerocopy", self.af_xdp.zero_copy),
             ));
+        }
+        if !(1..=1_000_000).contains(&self.af_xdp.busy_poll_usecs) {
+            return Err(field_err("afXdp.busyPollUsecs", format!("{}: want 1..=1000000", self.af_xdp.busy_poll_usecs)));
+        }
+        if !(1..=1024).contains(&self.af_xdp.busy_poll_budget) {
+            return Err(field_err("afXdp.busyPollBudget", format!("{}: want 1..=1024", self.af_xdp.busy_poll_budget)));
         }
         if !self.af_xdp.frames.is_power_of_two() || self.af_xdp.frames < 1024 {
             return Err(field_err("afXdp.frames", format!("{}: want a power of two >= 1024", self.af_xdp.frames)));

@@ -29,7 +29,7 @@ use dataplane::conntrack::Timeouts;
 use dataplane::process::PipelineConfig;
 use dataplane::tables::{NeighbourSpec, TableBuilder, Tables, TablesHandle, TablesSpec, VipAddrKind};
 use dataplane::worker::{self, Fabric, WorkerHandle, WorkerSpec};
-use dataplane::xsk::{CopyMode, XskConfig};
+use dataplane::xsk::{BusyPoll, CopyMode, XskConfig};
 use nic_config::{ServiceKey, Steering, XdpMode, neighbours};
 use xlb::translate::ClusterState;
 
@@ -288,6 +288,10 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource) -> 
                         _ => CopyMode::Auto,
                     },
                     need_wakeup: !config.af_xdp.busy_poll,
+                    busy_poll: config.af_xdp.prefer_busy_poll.then_some(BusyPoll {
+                        usecs: config.af_xdp.busy_poll_usecs,
+                        budget: config.af_xdp.busy_poll_budget,
+                    }),
                     ..XskConfig::default()
                 },
                 pipeline: pipeline_config(&config, id, nworkers_u16),

@@ -1,4 +1,4 @@
-//! Drop reasons and per-worker counters.
+//! Drop reasons, events and per-worker counters, each declared once ([`declare_counters!`]).
 //!
 //! Every drop has a stable number (never renumbered; new reasons are appended), a name for
 //! metrics (`xlb_drops_total{reason="..."}`) and a per-worker counter. Counters are single
@@ -7,163 +7,161 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-/// Why a packet was dropped. The discriminant is the stable reason number.
-#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug)]
-#[repr(u8)]
-pub enum DropReason {
-    /// Ethernet header truncated.
-    MalformedL2 = 1,
-    /// IP header truncated, wrong version, bad header or total length, or an extension
-    /// header chain that runs past the packet.
-    MalformedL3 = 2,
-    /// L4 header truncated or with an impossible length (TCP data offset, UDP length).
-    MalformedL4 = 3,
-    /// TTL / hop limit would reach 0 (RFC 791, RFC 8200 §3).
-    TtlExceeded = 4,
-    /// Client outside the frontend's `loadBalancerSourceRanges` (LB-01).
-    SourceRangeDenied = 5,
-    /// Next hop MAC not resolved yet (the control side asks the kernel to resolve it).
-    NoNeighbour = 6,
-    /// Conntrack is full and nothing could be evicted.
-    ConntrackFull = 7,
-    /// The worker's new-flow rate guard is exhausted.
-    NewFlowRateLimited = 8,
-    /// No free SNAT port in the worker's range.
-    SnatPortsExhausted = 9,
-    /// A non-first fragment with no record of its first fragment.
-    FragmentUntracked = 10,
-    /// Not enough headroom in the frame buffer to encapsulate, or tailroom to build a reply.
-    NoRoom = 11,
-    /// ICMP error addressed to a VIP or SNAT address quoting no tracked flow.
-    IcmpUntracked = 12,
-    /// Fragment table full.
-    FragmentTableFull = 13,
-    /// Service has no eligible backend and its policy is to drop (REJ-01, REJ-02).
-    NoEndpointsDrop = 14,
-    /// An SNAT-address packet that matches no tracked flow.
-    SnatUntracked = 15,
-    /// Encapsulated packet exceeds the MTU and may not be fragmented; an ICMP error could
-    /// not be sent either.
-    TooBig = 16,
-    /// A backend's forwarding mode needs an address that is not configured (SNAT address,
-    /// DSR source prefix).
-    NoSourceAddress = 17,
-    /// Protocol on a VIP that the pipeline does not balance (not TCP/UDP/SCTP/ICMP).
-    UnsupportedProtocol = 18,
-    /// A reply handed from worker to worker that no worker has a flow for.
-    ReplyUntracked = 19,
+/// Declares a numbered set of counters once: the enum (discriminant = stable number), its
+/// `ALL` list in number order, `COUNT`, and for each its snake-case `name()` (metric or label
+/// value), `help()` (also the variant's doc) and `kind()`. The worker counts by variant,
+/// `/metrics` and the admin socket iterate `ALL`: adding a counter is one line here.
+macro_rules! declare_counters {
+    (
+        $(#[$meta:meta])*
+        $vis:vis enum $enum:ident {
+            $( $id:ident = $num:literal, $name:literal, $kind:ident, $help:literal; )*
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Copy, Clone, PartialEq, Eq, Hash, Debug)]
+        #[repr(u8)]
+        $vis enum $enum {
+            $( #[doc = $help] $id = $num, )*
+        }
+
+        impl $enum {
+            /// Every value, in number order.
+            pub const ALL: &'static [Self] = &[$(Self::$id),*];
+            /// How many there are.
+            pub const COUNT: usize = Self::ALL.len();
+
+            /// Snake-case name (metric name part or label value); stable.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(Self::$id => $name,)*
+                }
+            }
+
+            /// One-sentence description (metrics help text, admin docs).
+            pub const fn help(self) -> &'static str {
+                match self {
+                    $(Self::$id => $help,)*
+                }
+            }
+
+            /// Whether it only grows or is a level.
+            pub const fn kind(self) -> Kind {
+                match self {
+                    $(Self::$id => Kind::$kind,)*
+                }
+            }
+        }
+    };
 }
 
-impl DropReason {
-    /// Every reason, in number order.
-    pub const ALL: [Self; 19] = [
-        Self::MalformedL2,
-        Self::MalformedL3,
-        Self::MalformedL4,
-        Self::TtlExceeded,
-        Self::SourceRangeDenied,
-        Self::NoNeighbour,
-        Self::ConntrackFull,
-        Self::NewFlowRateLimited,
-        Self::SnatPortsExhausted,
-        Self::FragmentUntracked,
-        Self::NoRoom,
-        Self::IcmpUntracked,
-        Self::FragmentTableFull,
-        Self::NoEndpointsDrop,
-        Self::SnatUntracked,
-        Self::TooBig,
-        Self::NoSourceAddress,
-        Self::UnsupportedProtocol,
-        Self::ReplyUntracked,
-    ];
+/// What a counter measures: a count that only grows or a level that is set.
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub enum Kind {
+    /// Only grows (Prometheus counter, `_total`).
+    Counter,
+    /// Set to the current level (Prometheus gauge).
+    Gauge,
+}
 
-    /// Snake-case name for metrics labels.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::MalformedL2 => "malformed_l2",
-            Self::MalformedL3 => "malformed_l3",
-            Self::MalformedL4 => "malformed_l4",
-            Self::TtlExceeded => "ttl_exceeded",
-            Self::SourceRangeDenied => "source_range_denied",
-            Self::NoNeighbour => "no_neighbour",
-            Self::ConntrackFull => "conntrack_full",
-            Self::NewFlowRateLimited => "new_flow_rate_limited",
-            Self::SnatPortsExhausted => "snat_ports_exhausted",
-            Self::FragmentUntracked => "fragment_untracked",
-            Self::NoRoom => "no_room",
-            Self::IcmpUntracked => "icmp_untracked",
-            Self::FragmentTableFull => "fragment_table_full",
-            Self::NoEndpointsDrop => "no_endpoints_drop",
-            Self::SnatUntracked => "snat_untracked",
-            Self::TooBig => "too_big",
-            Self::NoSourceAddress => "no_source_address",
-            Self::UnsupportedProtocol => "unsupported_protocol",
-            Self::ReplyUntracked => "reply_untracked",
-        }
+declare_counters! {
+    /// Why a packet was dropped. The discriminant is the stable reason number (never
+    /// renumbered; new reasons are appended); `xlb_drops_total{reason=name}`.
+    pub enum DropReason {
+        MalformedL2 = 1, "malformed_l2", Counter, "Ethernet header truncated.";
+        MalformedL3 = 2, "malformed_l3", Counter, "IP header truncated, wrong version, bad header or total length, or an extension header chain that runs past the packet.";
+        MalformedL4 = 3, "malformed_l4", Counter, "L4 header truncated or with an impossible length (TCP data offset, UDP length).";
+        TtlExceeded = 4, "ttl_exceeded", Counter, "TTL / hop limit would reach 0 (RFC 791, RFC 8200 §3).";
+        SourceRangeDenied = 5, "source_range_denied", Counter, "Client outside the frontend's `loadBalancerSourceRanges` (LB-01).";
+        NoNeighbour = 6, "no_neighbour", Counter, "Next hop MAC not resolved yet (the control side asks the kernel to resolve it).";
+        ConntrackFull = 7, "conntrack_full", Counter, "Conntrack is full and nothing could be evicted.";
+        NewFlowRateLimited = 8, "new_flow_rate_limited", Counter, "The worker's new-flow rate guard is exhausted.";
+        SnatPortsExhausted = 9, "snat_ports_exhausted", Counter, "No free SNAT port in the worker's range.";
+        FragmentUntracked = 10, "fragment_untracked", Counter, "A non-first fragment with no record of its first fragment.";
+        NoRoom = 11, "no_room", Counter, "Not enough headroom in the frame buffer to encapsulate, or tailroom to build a reply.";
+        IcmpUntracked = 12, "icmp_untracked", Counter, "ICMP error addressed to a VIP or SNAT address quoting no tracked flow.";
+        FragmentTableFull = 13, "fragment_table_full", Counter, "Fragment table full.";
+        NoEndpointsDrop = 14, "no_endpoints_drop", Counter, "Service has no eligible backend and its policy is to drop (REJ-01, REJ-02).";
+        SnatUntracked = 15, "snat_untracked", Counter, "An SNAT-address packet that matches no tracked flow.";
+        TooBig = 16, "too_big", Counter, "Encapsulated packet exceeds the MTU and may not be fragmented; an ICMP error could not be sent either.";
+        NoSourceAddress = 17, "no_source_address", Counter, "A backend's forwarding mode needs an address that is not configured (SNAT address, DSR source prefix).";
+        UnsupportedProtocol = 18, "unsupported_protocol", Counter, "Protocol on a VIP that the pipeline does not balance (not TCP/UDP/SCTP/ICMP).";
+        ReplyUntracked = 19, "reply_untracked", Counter, "A reply handed from worker to worker that no worker has a flow for.";
     }
 }
 
-/// Events that are not drops but that operators want counted.
-#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug)]
-#[repr(u8)]
-pub enum Event {
-    /// A VIP:port with no eligible endpoint answered with ICMP port unreachable.
-    RejectSent = 0,
-    /// A TCP RST sent because the flow's backend left the tables.
-    RstBackendGone = 1,
-    /// A UDP/SCTP flow re-assigned because its backend left the tables.
-    ReselectBackendGone = 2,
-    /// ICMP error translated and forwarded.
-    IcmpTranslated = 3,
-    /// ICMP "fragmentation needed" / "packet too big" sent for an oversized encapsulation.
-    TooBigSent = 4,
-    /// Conntrack entries evicted before expiry to make room.
-    ConntrackEvicted = 5,
-    /// Conntrack entries removed by expiry.
-    ConntrackExpired = 6,
-    /// New flows created.
-    NewFlow = 7,
-    /// A flow that reused the tuple of a closing flow (SYN on FIN/closed state).
-    FlowReused = 8,
-    /// Fragments forwarded by the fragment table.
-    FragmentForwarded = 9,
-    /// Replies handed to another worker (see `Verdict::Handoff`).
-    HandedOff = 10,
-}
-
-impl Event {
-    /// Every event, in number order.
-    pub const ALL: [Self; 11] = [
-        Self::RejectSent,
-        Self::RstBackendGone,
-        Self::ReselectBackendGone,
-        Self::IcmpTranslated,
-        Self::TooBigSent,
-        Self::ConntrackEvicted,
-        Self::ConntrackExpired,
-        Self::NewFlow,
-        Self::FlowReused,
-        Self::FragmentForwarded,
-        Self::HandedOff,
-    ];
-    /// Snake-case name for metrics.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::RejectSent => "reject_sent",
-            Self::RstBackendGone => "rst_backend_gone",
-            Self::ReselectBackendGone => "reselect_backend_gone",
-            Self::IcmpTranslated => "icmp_translated",
-            Self::TooBigSent => "too_big_sent",
-            Self::ConntrackEvicted => "conntrack_evicted",
-            Self::ConntrackExpired => "conntrack_expired",
-            Self::NewFlow => "new_flow",
-            Self::FlowReused => "flow_reused",
-            Self::FragmentForwarded => "fragment_forwarded",
-            Self::HandedOff => "handed_off",
-        }
+declare_counters! {
+    /// Events that are not drops but that operators want counted;
+    /// `xlb_events_total{event=name}`.
+    pub enum Event {
+        RejectSent = 0, "reject_sent", Counter, "A VIP:port with no eligible endpoint answered with ICMP port unreachable.";
+        RstBackendGone = 1, "rst_backend_gone", Counter, "A TCP RST sent because the flow's backend left the tables.";
+        ReselectBackendGone = 2, "reselect_backend_gone", Counter, "A UDP/SCTP flow re-assigned because its backend left the tables.";
+        IcmpTranslated = 3, "icmp_translated", Counter, "ICMP error translated and forwarded.";
+        TooBigSent = 4, "too_big_sent", Counter, "ICMP \"fragmentation needed\" / \"packet too big\" sent for an oversized encapsulation.";
+        ConntrackEvicted = 5, "conntrack_evicted", Counter, "Conntrack entries evicted before expiry to make room.";
+        ConntrackExpired = 6, "conntrack_expired", Counter, "Conntrack entries removed by expiry.";
+        NewFlow = 7, "new_flow", Counter, "New flows created.";
+        FlowReused = 8, "flow_reused", Counter, "A flow that reused the tuple of a closing flow (SYN on FIN/closed state).";
+        FragmentForwarded = 9, "fragment_forwarded", Counter, "Fragments forwarded by the fragment table.";
+        HandedOff = 10, "handed_off", Counter, "Replies handed to another worker (see `Verdict::Handoff`).";
     }
 }
+
+declare_counters! {
+    /// A worker's AF_XDP-level counters (frame accounting and the kernel's socket counters
+    /// included); `xlb_xsk_<name>` (`_total` for counters) with label `worker`.
+    pub enum XskCounter {
+        TxRingFull = 0, "tx_ring_full", Counter, "Frames dropped because the AF_XDP TX ring stayed full after kicks and retries.";
+        PassInUserspace = 1, "pass_in_userspace", Counter, "Frames steered to xlb that the tables did not own (dropped: AF_XDP cannot return them to the kernel).";
+        HandedOff = 2, "handed_off", Counter, "Frames handed to the worker that owns the flow.";
+        HandoffDropped = 3, "handoff_dropped", Counter, "Hand-offs dropped: target inbox or buffer pool full.";
+        UmemFrames = 4, "umem_frames", Gauge, "UMEM frames of the worker.";
+        UmemFramesAccounted = 5, "umem_frames_accounted", Gauge, "UMEM frames found in the free list, fill and TX rings at the last batch (equal to umem_frames unless a frame leaked).";
+        ZeroCopy = 6, "zero_copy", Gauge, "1 when the worker's sockets are zero-copy, 0 in copy mode.";
+        UmemHugePages = 7, "umem_huge_pages", Gauge, "1 when the worker's UMEM is on huge pages (MAP_HUGETLB), 0 otherwise.";
+        SocketRxDropped = 8, "socket_rx_dropped", Counter, "Kernel XDP_STATISTICS rx_dropped, summed over the worker's sockets.";
+        SocketRxRingFull = 9, "socket_rx_ring_full", Counter, "Kernel XDP_STATISTICS rx_ring_full: frames lost because the worker did not keep up.";
+        SocketRxFillRingEmpty = 10, "socket_rx_fill_ring_empty", Counter, "Kernel XDP_STATISTICS rx_fill_ring_empty_descs: frames lost for want of a free UMEM frame.";
+        SocketRxInvalidDescs = 11, "socket_rx_invalid_descs", Counter, "Kernel XDP_STATISTICS rx_invalid_descs.";
+        SocketTxInvalidDescs = 12, "socket_tx_invalid_descs", Counter, "Kernel XDP_STATISTICS tx_invalid_descs.";
+        SocketTxRingEmpty = 13, "socket_tx_ring_empty", Counter, "Kernel XDP_STATISTICS tx_ring_empty_descs.";
+    }
+}
+
+/// A worker's [`XskCounter`] values: written by the worker (once per batch), read by
+/// `/metrics` and the admin socket.
+#[derive(Debug)]
+pub struct XskCounters([Counter; XskCounter::COUNT]);
+
+impl Default for XskCounters {
+    fn default() -> Self {
+        Self(core::array::from_fn(|_| Counter::default()))
+    }
+}
+
+impl XskCounters {
+    /// The counter `c`.
+    #[inline]
+    pub fn counter(&self, c: XskCounter) -> &Counter {
+        // `c as usize < COUNT` by construction (dense numbers, pinned by a test).
+        self.0.get(c as usize).unwrap_or(&ZERO)
+    }
+
+    /// Current value of `c`.
+    pub fn get(&self, c: XskCounter) -> u64 {
+        self.counter(c).get()
+    }
+
+    /// Every counter with its value, in number order.
+    pub fn values(&self) -> impl Iterator<Item = (XskCounter, u64)> + '_ {
+        XskCounter::ALL.iter().map(|c| (*c, self.get(*c)))
+    }
+}
+
+/// A counter that stays 0 (what [`XskCounters::counter`] would return for a number out of
+/// range, which the dense numbering rules out).
+static ZERO: Counter = Counter(AtomicU64::new(0));
 
 /// A counter with one writer: increments are a relaxed load plus store.
 #[derive(Debug, Default)]
@@ -215,9 +213,9 @@ pub struct WorkerCounters {
     /// Frames passed to the kernel.
     pub pass: Counter,
     /// Drops by reason number (index = reason as usize; index 0 unused).
-    pub drops: [Counter; 20],
+    pub drops: [Counter; DropReason::COUNT + 1],
     /// Events by number.
-    pub events: [Counter; 11],
+    pub events: [Counter; Event::COUNT],
     /// Conntrack forward entries (gauge), IPv4 + IPv6.
     pub ct_entries: Counter,
     /// Per-service and per-backend counters.
@@ -232,8 +230,8 @@ impl WorkerCounters {
             rx: Counter::default(),
             tx: Counter::default(),
             pass: Counter::default(),
-            drops: Default::default(),
-            events: Default::default(),
+            drops: core::array::from_fn(|_| Counter::default()),
+            events: core::array::from_fn(|_| Counter::default()),
             ct_entries: Counter::default(),
             objects: ObjectCounters {
                 service_packets: mk(services),
@@ -286,5 +284,23 @@ mod tests {
         for (i, e) in Event::ALL.iter().enumerate() {
             assert_eq!(*e as usize, i);
         }
+        for (i, x) in XskCounter::ALL.iter().enumerate() {
+            assert_eq!(*x as usize, i, "{}", x.name());
+        }
+    }
+
+    #[test]
+    fn names_are_unique_snake_case_and_every_counter_has_help() {
+        fn check(all: impl Iterator<Item = (&'static str, &'static str)>) {
+            let mut seen = std::collections::HashSet::new();
+            for (name, help) in all {
+                assert!(seen.insert(name), "{name} declared twice");
+                assert!(name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'), "{name}");
+                assert!(help.ends_with('.') && help.len() > 10, "{name}: help {help:?}");
+            }
+        }
+        check(DropReason::ALL.iter().map(|r| (r.name(), r.help())));
+        check(Event::ALL.iter().map(|e| (e.name(), e.help())));
+        check(XskCounter::ALL.iter().map(|x| (x.name(), x.help())));
     }
 }

@@ -1125,9 +1125,33 @@ impl TablesHandle {
     pub fn publish(&self, t: Tables) {
         self.inner.store(Arc::new(t));
     }
-    /// The current snapshot; workers call this once per RX batch.
+    /// The current snapshot (a reference-count increment: a shared atomic read-modify-write).
+    /// Control-side readers use this; workers use [`TablesHandle::reader`].
     pub fn load(&self) -> Arc<Tables> {
         self.inner.load_full()
+    }
+
+    /// A per-worker reader ([`arc_swap::Cache`]): [`TablesReader::load`] checks the
+    /// publication pointer with one relaxed load and writes nothing shared unless the tables
+    /// changed since the last call (then it takes a reference to the new snapshot).
+    pub fn reader(&self) -> TablesReader {
+        TablesReader { cache: arc_swap::Cache::new(Arc::clone(&self.inner)) }
+    }
+}
+
+/// A worker's view of the published tables: [`arc_swap::Cache`] over the [`TablesHandle`], so
+/// the per-batch load does no shared atomic write (arc-swap docs, "Cache"). Owned by one
+/// thread; it keeps the snapshot it last saw alive until the next [`TablesReader::load`].
+#[derive(Debug)]
+pub struct TablesReader {
+    cache: arc_swap::Cache<Arc<ArcSwap<Tables>>, Arc<Tables>>,
+}
+
+impl TablesReader {
+    /// The current snapshot: a relaxed pointer comparison when nothing was published since
+    /// the last call; the newly published tables otherwise. Call once per RX batch.
+    pub fn load(&mut self) -> &Arc<Tables> {
+        self.cache.load()
     }
 }
 
@@ -1146,6 +1170,18 @@ mod tests {
             when_empty: EmptyAction::Reject,
             backends: backends.iter().map(|(a, p)| BackendSpec::ready(a.parse().unwrap(), *p)).collect(),
         }
+    }
+
+    #[test]
+    fn reader_sees_each_publication_and_keeps_its_snapshot_until_the_next_load() {
+        let h = TablesHandle::new(Tables::empty());
+        let mut r = h.reader();
+        let first = Arc::clone(r.load());
+        assert!(Arc::ptr_eq(&first, r.load()), "no publication: the same snapshot");
+        h.publish(Tables::empty());
+        let second = Arc::clone(r.load());
+        assert!(!Arc::ptr_eq(&first, &second), "a publication is seen at the next load");
+        assert!(Arc::ptr_eq(&second, &h.load()));
     }
 
     #[test]

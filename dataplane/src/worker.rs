@@ -11,12 +11,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crossbeam::queue::ArrayQueue;
 
 use crate::affinity::AffinityTable;
-use crate::counters::{Counter, DropReason, WorkerCounters};
+pub use crate::counters::XskCounters;
+use crate::counters::{DropReason, WorkerCounters, XskCounter};
 use crate::nat::Packet;
 use crate::process::{FlowDump, Pipeline, PipelineConfig, Verdict};
 use crate::tables::{BackendRef, Tables, TablesHandle};
@@ -53,79 +54,23 @@ fn epoch() -> Instant {
     *EPOCH.get_or_init(Instant::now)
 }
 
-/// AF_XDP-level counters of one worker (frame accounting included).
-#[derive(Debug, Default)]
-pub struct XskCounters {
-    /// Frames the TX ring refused (returned to the free list).
-    pub tx_ring_full: Counter,
-    /// Pass verdicts in userspace: the steering program sent a frame the tables do not own
-    /// (e.g. during a table change); AF_XDP cannot give it back to the kernel, so it is
-    /// dropped and counted here.
-    pub pass_in_userspace: Counter,
-    /// Frames handed to another worker.
-    pub handed_off: Counter,
-    /// Hand-offs that found the target inbox or buffer pool full.
-    pub handoff_dropped: Counter,
-    /// Frames in the UMEM.
-    pub frames_total: Counter,
-    /// Frames accounted for at the last batch boundary (free + fill + TX); equal to
-    /// `frames_total` unless a frame was lost.
-    pub frames_accounted: Counter,
-    /// Whether the sockets are zero-copy (1) or copy mode (0).
-    pub zero_copy: Counter,
-    /// The kernel's socket counters ([`SocketStats`]) summed over the worker's sockets, read
-    /// once a second (`XDP_STATISTICS`).
-    pub socket: SocketCounters,
-}
-
-/// [`SocketStats`] as counters the control thread can read while the worker writes them.
-#[derive(Debug, Default)]
-pub struct SocketCounters {
-    /// See [`SocketStats::rx_dropped`].
-    pub rx_dropped: Counter,
-    /// See [`SocketStats::rx_ring_full`].
-    pub rx_ring_full: Counter,
-    /// See [`SocketStats::rx_fill_ring_empty`].
-    pub rx_fill_ring_empty: Counter,
-    /// See [`SocketStats::rx_invalid_descs`].
-    pub rx_invalid_descs: Counter,
-    /// See [`SocketStats::tx_invalid_descs`].
-    pub tx_invalid_descs: Counter,
-    /// See [`SocketStats::tx_ring_empty`].
-    pub tx_ring_empty: Counter,
-}
-
-impl SocketCounters {
-    fn store(&self, s: SocketStats) {
-        self.rx_dropped.set(s.rx_dropped);
-        self.rx_ring_full.set(s.rx_ring_full);
-        self.rx_fill_ring_empty.set(s.rx_fill_ring_empty);
-        self.rx_invalid_descs.set(s.rx_invalid_descs);
-        self.tx_invalid_descs.set(s.tx_invalid_descs);
-        self.tx_ring_empty.set(s.tx_ring_empty);
-    }
-
-    /// The current values.
-    pub fn load(&self) -> SocketStats {
-        SocketStats {
-            rx_dropped: self.rx_dropped.get(),
-            rx_ring_full: self.rx_ring_full.get(),
-            rx_fill_ring_empty: self.rx_fill_ring_empty.get(),
-            rx_invalid_descs: self.rx_invalid_descs.get(),
-            tx_invalid_descs: self.tx_invalid_descs.get(),
-            tx_ring_empty: self.tx_ring_empty.get(),
-        }
-    }
-}
-
 /// How often a worker reads its sockets' `XDP_STATISTICS` (ms).
 const SOCKET_STATS_EVERY_MS: u64 = 1000;
 
 /// Reads and sums the kernel counters of every socket of `xsk` into `c`.
-fn refresh_socket_stats(xsk: &Xsk, c: &SocketCounters) {
-    let sum =
+fn refresh_socket_stats(xsk: &Xsk, c: &XskCounters) {
+    let s =
         (0..xsk.port_count()).filter_map(|i| xsk.socket_stats(i)?.ok()).fold(SocketStats::default(), SocketStats::sum);
-    c.store(sum);
+    for (x, v) in [
+        (XskCounter::SocketRxDropped, s.rx_dropped),
+        (XskCounter::SocketRxRingFull, s.rx_ring_full),
+        (XskCounter::SocketRxFillRingEmpty, s.rx_fill_ring_empty),
+        (XskCounter::SocketRxInvalidDescs, s.rx_invalid_descs),
+        (XskCounter::SocketTxInvalidDescs, s.tx_invalid_descs),
+        (XskCounter::SocketTxRingEmpty, s.tx_ring_empty),
+    ] {
+        c.counter(x).set(v);
+    }
 }
 
 /// A request from the control thread, answered between batches.
@@ -242,8 +187,9 @@ pub fn spawn(
             let seed = u64::from(id) ^ std::process::id() as u64 ^ 0x9E37_79B9_7F4A_7C15;
             let pipeline = Pipeline::with_affinity(spec.pipeline.clone(), seed, spec.affinity.clone());
             let xc = Arc::new(XskCounters::default());
-            xc.frames_total.set(spec.xsk.frame_count.into());
-            xc.zero_copy.set(u64::from(xsk.zero_copy(0)));
+            xc.counter(XskCounter::UmemFrames).set(spec.xsk.frame_count.into());
+            xc.counter(XskCounter::ZeroCopy).set(u64::from(xsk.zero_copy(0)));
+            xc.counter(XskCounter::UmemHugePages).set(u64::from(xsk.huge_pages()));
             let _ = ready_tx.send(Ok((xsk.fds(), pipeline.counters().clone(), xc.clone())));
             run(spec, xsk, pipeline, tables, fabric, stop, req_rx, &xc);
         })
@@ -274,32 +220,46 @@ fn run(
     let id = spec.id;
     let nports = xsk.port_count();
     let epoch = epoch();
+    let mut reader = tables.reader();
     let mut rx: Vec<OwnedFrame> = Vec::with_capacity(BATCH);
+    let mut verdicts = [Verdict::Pass; BATCH];
     let mut tx: Vec<Vec<OwnedFrame>> = (0..nports).map(|_| Vec::with_capacity(BATCH * 2)).collect();
     let mut scratch = Vec::with_capacity(2048);
     let mut idle_rounds = 0u32;
     let counters = pipeline.counters().clone();
     let mut next_socket_stats_ms = 0u64;
     while !stop.load(Ordering::Relaxed) {
-        let t = tables.load();
+        // One relaxed pointer check per loop; a new snapshot only after a publication.
+        let t: &Tables = reader.load();
         let now_ms = u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
         if now_ms >= next_socket_stats_ms {
             next_socket_stats_ms = now_ms.saturating_add(SOCKET_STATS_EVERY_MS);
-            refresh_socket_stats(&xsk, &xc.socket);
+            refresh_socket_stats(&xsk, xc);
         }
-        pipeline.begin_batch(&t, now_ms);
+        pipeline.begin_batch(t, now_ms);
         xsk.complete();
         let mut got = 0;
+        let mut tally = Tally::default();
         for port in 0..nports {
             xsk.refill(port);
-            let wait = if spec.busy_poll || idle_rounds < 64 || nports > 1 { 0 } else { 1 };
             rx.clear();
-            got += xsk.receive(port, &mut rx, BATCH, wait);
-            for mut f in rx.drain(..) {
-                let in_port = u8::try_from(port).unwrap_or(0);
-                let verdict = process_frame(&xsk, &mut pipeline, &t, &mut f, in_port);
+            let n = xsk.receive(port, &mut rx, BATCH, 0);
+            if n == 0 {
+                continue;
+            }
+            got += n;
+            let in_port = u8::try_from(port).unwrap_or(0);
+            let done = xsk.with_batch(&mut rx, |pkts| {
+                pipeline.process_batch(t, pkts, in_port, &mut verdicts);
+            });
+            if done.is_err() {
+                // Cannot happen (the frames came from this `Xsk`); if it did, the frames are
+                // dropped, never touched.
+                verdicts.fill(Verdict::Drop(DropReason::NoRoom));
+            }
+            for (f, v) in rx.drain(..).zip(verdicts) {
                 dispatch(
-                    verdict,
+                    v,
                     f,
                     in_port,
                     0,
@@ -309,8 +269,7 @@ fn run(
                     id,
                     spec.pipeline.workers,
                     &mut scratch,
-                    xc,
-                    &counters,
+                    &mut tally,
                 );
             }
         }
@@ -323,10 +282,10 @@ fn run(
                 let f = xsk.frame_from(&h.0.bytes);
                 let _ = fabric.pool.push(h);
                 let Some(mut f) = f else {
-                    xc.handoff_dropped.inc();
+                    tally.handoff_dropped += 1;
                     continue;
                 };
-                let verdict = process_frame(&xsk, &mut pipeline, &t, &mut f, in_port);
+                let verdict = process_frame(&xsk, &mut pipeline, t, &mut f, in_port);
                 dispatch(
                     verdict,
                     f,
@@ -338,8 +297,7 @@ fn run(
                     id,
                     spec.pipeline.workers,
                     &mut scratch,
-                    xc,
-                    &counters,
+                    &mut tally,
                 );
             }
         }
@@ -349,20 +307,21 @@ fn run(
             }
             let want = q.len();
             let sent = xsk.transmit(port, q);
-            if sent < want {
-                xc.tx_ring_full.add((want - sent) as u64);
-            }
+            tally.tx_ring_full += want - sent;
             xsk.kick(port);
         }
+        tally.flush(xc, &counters);
         let acc = xsk.account();
-        xc.frames_accounted.set((acc.free + acc.in_fill + acc.in_tx) as u64);
+        xc.counter(XskCounter::UmemFramesAccounted).set((acc.free + acc.in_fill + acc.in_tx) as u64);
         while let Ok(r) = requests.try_recv() {
             answer(r, &pipeline);
         }
         if got == 0 {
             idle_rounds = idle_rounds.saturating_add(1);
-            if !spec.busy_poll && nports > 1 && idle_rounds > 64 {
-                std::thread::sleep(Duration::from_micros(200));
+            if !spec.busy_poll && idle_rounds > IDLE_SPINS {
+                // Nothing for a while: sleep in one poll(2) over every socket (woken by the
+                // first frame on any port; 1 ms bounds the wait for hand-offs and requests).
+                xsk.wait(1);
             } else {
                 std::hint::spin_loop();
             }
@@ -377,8 +336,41 @@ fn run(
     xsk.complete();
 }
 
-/// Runs the pipeline on a frame in place. The frame starts at the data segment (head 0):
-/// AF_XDP TX descriptors cannot start earlier, so encapsulation uses tailroom.
+/// Empty loops before an idle worker sleeps in `poll(2)`.
+const IDLE_SPINS: u32 = 64;
+
+/// The AF_XDP counters of one batch, added to the shared counters once per batch.
+#[derive(Default)]
+struct Tally {
+    pass_in_userspace: usize,
+    handed_off: usize,
+    handoff_dropped: usize,
+    tx_ring_full: usize,
+    reply_untracked: usize,
+}
+
+impl Tally {
+    fn flush(&mut self, xc: &XskCounters, counters: &WorkerCounters) {
+        for (c, n) in [
+            (XskCounter::PassInUserspace, self.pass_in_userspace),
+            (XskCounter::HandedOff, self.handed_off),
+            (XskCounter::HandoffDropped, self.handoff_dropped),
+            (XskCounter::TxRingFull, self.tx_ring_full),
+        ] {
+            if n > 0 {
+                xc.counter(c).add(n as u64);
+            }
+        }
+        for _ in 0..self.reply_untracked {
+            counters.count_drop(DropReason::ReplyUntracked);
+        }
+        *self = Self::default();
+    }
+}
+
+/// Runs the pipeline on one frame in place (frames handed over by another worker). The frame
+/// starts at the data segment (head 0): AF_XDP TX descriptors cannot start earlier, so
+/// encapsulation uses tailroom.
 #[inline]
 fn process_frame(xsk: &Xsk, pipeline: &mut Pipeline, t: &Tables, f: &mut OwnedFrame, in_port: u8) -> Verdict {
     xsk.with_buffer(f, |buf, len| {
@@ -386,6 +378,7 @@ fn process_frame(xsk: &Xsk, pipeline: &mut Pipeline, t: &Tables, f: &mut OwnedFr
         let v = pipeline.process(t, &mut pkt, in_port);
         (pkt.head + pkt.len, v)
     })
+    .unwrap_or(Verdict::Drop(DropReason::NoRoom))
 }
 
 #[expect(clippy::too_many_arguments, reason = "the worker's borrowed state")]
@@ -400,40 +393,39 @@ fn dispatch(
     me: u16,
     workers: u16,
     scratch: &mut Vec<u8>,
-    xc: &XskCounters,
-    counters: &WorkerCounters,
+    tally: &mut Tally,
 ) {
+    // `release` refuses only frames of another UMEM, and every frame here came from `xsk`.
     match v {
         Verdict::Tx { port } => match tx.get_mut(usize::from(port)) {
             Some(q) => q.push(f),
-            None => xsk.release(f),
+            None => drop(xsk.release(f)),
         },
         Verdict::Pass => {
-            xc.pass_in_userspace.inc();
-            xsk.release(f);
+            tally.pass_in_userspace += 1;
+            drop(xsk.release(f));
         }
-        Verdict::Drop(_) => xsk.release(f),
+        Verdict::Drop(_) => drop(xsk.release(f)),
         Verdict::Handoff { worker } => {
             let mut f = f;
             if hops + 1 >= workers || worker == me {
                 // Every worker looked: nobody has a flow for this reply.
-                counters.count_drop(DropReason::ReplyUntracked);
-                xsk.release(f);
+                tally.reply_untracked += 1;
+                drop(xsk.release(f));
                 return;
             }
             let target = fabric.inboxes.get(usize::from(worker));
             match (target, fabric.pool.pop()) {
-                (Some(inbox), Some(mut b)) => {
-                    xsk.copy_out(&mut f, scratch);
+                (Some(inbox), Some(mut b)) if xsk.copy_out(&mut f, scratch) => {
                     b.0.bytes.clear();
                     b.0.bytes.extend_from_slice(scratch);
                     b.0.hops = hops;
                     b.0.in_port = in_port;
                     match inbox.push(b) {
-                        Ok(()) => xc.handed_off.inc(),
+                        Ok(()) => tally.handed_off += 1,
                         Err(b) => {
                             let _ = fabric.pool.push(b);
-                            xc.handoff_dropped.inc();
+                            tally.handoff_dropped += 1;
                         }
                     }
                 }
@@ -441,10 +433,10 @@ fn dispatch(
                     if let Some(b) = b {
                         let _ = fabric.pool.push(b);
                     }
-                    xc.handoff_dropped.inc();
+                    tally.handoff_dropped += 1;
                 }
             }
-            xsk.release(f);
+            drop(xsk.release(f));
         }
     }
 }

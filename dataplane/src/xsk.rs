@@ -5,7 +5,10 @@
 //! exactly one place at any time — the free list, a fill ring, an RX batch being processed
 //! (as an [`OwnedFrame`]), or a TX ring — which is what makes the safe API sound: only an
 //! [`OwnedFrame`], which is neither `Clone` nor `Copy`, gives access to frame memory, and
-//! handing it to [`Xsk::transmit`] or [`Xsk::release`] consumes it.
+//! handing it to [`Xsk::transmit`] or [`Xsk::release`] consumes it. Every frame carries the
+//! number of the UMEM it came from, and every method that takes one checks it: a frame handed
+//! to another worker's [`Xsk`] (whose UMEM does not contain it, and whose fill ring may hold
+//! the same offset) is refused, never touched ([`ForeignFrame`]).
 //!
 //! Kernel documentation: <https://docs.kernel.org/networking/af_xdp.html>. Traps found on
 //! veth (shared/docs/feasibility.md): copy-mode TX moves at most 32 frames per `sendto()`, so
@@ -17,6 +20,9 @@
 use std::ffi::CString;
 use std::num::NonZeroU32;
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::nat::Packet;
 
 use xsk_rs::config::{BindFlags, FrameSize, Interface, LibxdpFlags, QueueSize, SocketConfig, UmemConfig, XdpFlags};
 use xsk_rs::{CompQueue, FillQueue, FrameDesc, RxQueue, Socket, TxQueue, Umem};
@@ -52,6 +58,34 @@ pub struct XskConfig {
     pub load_default_program: bool,
     /// With `load_default_program`, attach in SKB (generic) mode instead of native mode.
     pub skb_mode: bool,
+    /// Preferred busy polling (kernel doc af_xdp.rst, "XDP_USE_NEED_WAKEUP" and
+    /// Documentation/networking/napi.rst "Busy polling"): sets `SO_PREFER_BUSY_POLL`,
+    /// `SO_BUSY_POLL` and `SO_BUSY_POLL_BUDGET` on every socket, and [`Xsk::receive`] /
+    /// [`Xsk::kick`] drive the queue's NAPI from the worker with `recvfrom`/`sendto`, so the
+    /// worker and its queue's softirq work share a core without starving each other. `None`:
+    /// plain sockets.
+    pub busy_poll: Option<BusyPoll>,
+    /// Try to back the UMEM with huge pages (`MAP_HUGETLB`; needs reserved pages,
+    /// `vm.nr_hugepages`); falls back to normal pages quietly (logged once).
+    pub huge_pages: bool,
+}
+
+/// Busy-poll settings of a socket (`socket(7)`: `SO_BUSY_POLL`, `SO_PREFER_BUSY_POLL`,
+/// `SO_BUSY_POLL_BUDGET`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct BusyPoll {
+    /// How long one busy-poll call may spin waiting for packets, in microseconds
+    /// (`SO_BUSY_POLL`).
+    pub usecs: u32,
+    /// Packets one NAPI poll may process (`SO_BUSY_POLL_BUDGET`; the kernel's default is 8).
+    pub budget: u16,
+}
+
+impl Default for BusyPoll {
+    /// 20 µs and a budget of 64, the values the kernel's AF_XDP documentation and xdpsock use.
+    fn default() -> Self {
+        Self { usecs: 20, budget: 64 }
+    }
 }
 
 impl Default for XskConfig {
@@ -64,6 +98,8 @@ impl Default for XskConfig {
             need_wakeup: true,
             load_default_program: false,
             skb_mode: false,
+            busy_poll: None,
+            huge_pages: true,
         }
     }
 }
@@ -97,6 +133,19 @@ pub enum XskError {
         /// Cause.
         #[source]
         source: xsk_rs::socket::SocketCreateError,
+    },
+    /// A socket option could not be set.
+    #[error("setting {option} on the AF_XDP socket of {ifname} queue {queue}: {source}")]
+    SocketOption {
+        /// Interface.
+        ifname: String,
+        /// Queue.
+        queue: u32,
+        /// The option (`SO_BUSY_POLL`, ...).
+        option: &'static str,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
     },
     /// The kernel handed out no fill/completion rings for a new (interface, queue).
     #[error("no fill/completion ring for {ifname} queue {queue}")]
@@ -133,11 +182,42 @@ impl core::fmt::Debug for Port {
     }
 }
 
-/// A received frame, owned by the worker until transmitted or released.
+/// A received frame, owned by the worker until transmitted or released. It belongs to the
+/// UMEM of the [`Xsk`] that produced it; other `Xsk`s refuse it.
 #[derive(Debug)]
 pub struct OwnedFrame {
     desc: FrameDesc,
+    umem: u32,
 }
+
+/// A frame given to an [`Xsk`] that did not produce it (it lives in another UMEM). The frame
+/// is handed back untouched; the caller must return it to its own `Xsk`.
+#[derive(Debug, thiserror::Error)]
+#[error("frame of UMEM {frame_umem} given to the sockets of UMEM {xsk_umem}")]
+pub struct ForeignFrame {
+    /// The refused frame.
+    pub frame: OwnedFrame,
+    /// The UMEM the frame belongs to.
+    pub frame_umem: u32,
+    /// The UMEM of the `Xsk` that refused it.
+    pub xsk_umem: u32,
+}
+
+/// How often [`Xsk::transmit`] kicks and retries a full TX ring before dropping.
+const TX_RETRIES: usize = 4;
+
+/// Which UMEMs a refused batch mixed up ([`Xsk::with_batch`]); the frames stay with the caller.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("frame of UMEM {frame_umem} given to the sockets of UMEM {xsk_umem}")]
+pub struct ForeignWitness {
+    /// The UMEM of the first foreign frame.
+    pub frame_umem: u32,
+    /// The UMEM of the `Xsk` that refused it.
+    pub xsk_umem: u32,
+}
+
+/// Numbers the UMEMs of the process, so that frames can say which one they belong to.
+static NEXT_UMEM: AtomicU32 = AtomicU32::new(1);
 
 impl OwnedFrame {
     /// Frame length in bytes.
@@ -196,6 +276,9 @@ pub struct Xsk {
     scratch: Vec<FrameDesc>,
     ring_size: u32,
     need_wakeup: bool,
+    busy_poll: bool,
+    id: u32,
+    huge_pages: bool,
 }
 
 /// Frame accounting: where the worker's frames are. Between batches
@@ -210,6 +293,43 @@ pub struct FrameAccount {
     pub in_fill: usize,
     /// In TX rings, not yet completed.
     pub in_tx: usize,
+}
+
+/// Sets `SO_PREFER_BUSY_POLL`, `SO_BUSY_POLL` and `SO_BUSY_POLL_BUDGET` (socket(7)) on `fd`.
+fn set_busy_poll(fd: RawFd, bp: BusyPoll) -> Result<(), (&'static str, std::io::Error)> {
+    let opts: [(&'static str, libc::c_int, libc::c_int); 3] = [
+        ("SO_PREFER_BUSY_POLL", libc::SO_PREFER_BUSY_POLL, 1),
+        ("SO_BUSY_POLL", libc::SO_BUSY_POLL, libc::c_int::try_from(bp.usecs).unwrap_or(libc::c_int::MAX)),
+        ("SO_BUSY_POLL_BUDGET", libc::SO_BUSY_POLL_BUDGET, libc::c_int::from(bp.budget)),
+    ];
+    for (name, opt, val) in opts {
+        // SAFETY: `fd` is an open socket owned by the caller; the option value is a c_int on
+        // the stack whose size is passed with it; setsockopt only reads it.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                opt,
+                (&raw const val).cast::<libc::c_void>(),
+                core::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err((name, std::io::Error::last_os_error()));
+        }
+    }
+    Ok(())
+}
+
+/// `recvfrom(fd, NULL, 0, MSG_DONTWAIT)`: on an AF_XDP socket this busy-polls the queue's
+/// NAPI (with `SO_BUSY_POLL`) and, in zero-copy mode, wakes the driver for RX (kernel doc
+/// af_xdp.rst, "XDP_USE_NEED_WAKEUP"). Errors (`EAGAIN`, ...) mean nothing was due.
+fn recv_wakeup(fd: RawFd) {
+    // SAFETY: a zero-length receive with a null buffer and no address: the kernel writes
+    // nothing to our memory (xsk_recvmsg ignores the buffer).
+    let _ = unsafe {
+        libc::recvfrom(fd, core::ptr::null_mut(), 0, libc::MSG_DONTWAIT, core::ptr::null_mut(), core::ptr::null_mut())
+    };
 }
 
 fn qsize(n: u32) -> Result<QueueSize, XskError> {
@@ -230,11 +350,22 @@ impl Xsk {
             .comp_queue_size(qsize(cfg.ring_size)?)
             .build()
             .map_err(|e| XskError::Config(e.to_string()))?;
-        let (umem, descs) = Umem::new(ucfg, frames, false).map_err(|source| XskError::Umem {
-            frames: cfg.frame_count,
-            size: cfg.frame_size,
-            source,
-        })?;
+        let made = if cfg.huge_pages { Umem::new(ucfg, frames, true).ok() } else { None };
+        let huge = made.is_some();
+        if cfg.huge_pages && !huge {
+            static ONCE: std::sync::Once = std::sync::Once::new();
+            ONCE.call_once(|| {
+                tracing::info!("no huge pages for the UMEM (vm.nr_hugepages too low?): using normal pages");
+            });
+        }
+        let (umem, descs) = match made {
+            Some(m) => m,
+            None => Umem::new(ucfg, frames, false).map_err(|source| XskError::Umem {
+                frames: cfg.frame_count,
+                size: cfg.frame_size,
+                source,
+            })?,
+        };
         let mut out = Self {
             umem,
             ports: Vec::with_capacity(ports.len()),
@@ -243,6 +374,9 @@ impl Xsk {
             scratch: Vec::with_capacity(cfg.ring_size as usize),
             ring_size: cfg.ring_size,
             need_wakeup: cfg.need_wakeup,
+            busy_poll: cfg.busy_poll.is_some(),
+            id: NEXT_UMEM.fetch_add(1, Ordering::Relaxed),
+            huge_pages: huge,
         };
         for (ifname, queue) in ports {
             let mut port = out.bind(cfg, ifname, *queue)?;
@@ -293,6 +427,14 @@ impl Xsk {
             // program inhibited no program is detached behind xsk-rs's back (xsk-rs#21).
             match unsafe { Socket::new(scfg, &self.umem, &iface, queue) } {
                 Ok((tx, rx, Some((fill, comp)))) => {
+                    if let Some(bp) = cfg.busy_poll {
+                        set_busy_poll(rx.fd().as_raw_fd(), bp).map_err(|(option, source)| XskError::SocketOption {
+                            ifname: ifname.to_owned(),
+                            queue,
+                            option,
+                            source,
+                        })?;
+                    }
                     if self.ports.is_empty() {
                         tracing::info!(ifname, queue, mode, "AF_XDP socket bound");
                     } else {
@@ -365,6 +507,16 @@ impl Xsk {
         }
     }
 
+    /// This UMEM's number (what its frames carry).
+    pub fn umem_id(&self) -> u32 {
+        self.id
+    }
+
+    /// Whether the UMEM got huge pages ([`XskConfig::huge_pages`]).
+    pub fn huge_pages(&self) -> bool {
+        self.huge_pages
+    }
+
     /// Takes completed TX frames back onto the free list, for every port.
     pub fn complete(&mut self) {
         for p in &mut self.ports {
@@ -400,80 +552,209 @@ impl Xsk {
             self.free.truncate(start);
         }
         p.in_fill += done;
-        if self.need_wakeup && p.fill.needs_wakeup() {
-            let fd = p.rx.fd_mut();
-            let _ = p.fill.wakeup(fd, 0);
-        }
     }
 
-    /// Receives up to `max` frames from port `i` into `out`. With need-wakeup on and the
-    /// ring empty, waits up to `timeout_ms` (0 = do not wait) in `poll(2)`.
+    /// Receives up to `max` frames from port `i` into `out`; returns how many. With the ring
+    /// empty: busy-polls the queue's NAPI once ([`XskConfig::busy_poll`]) or, when the kernel
+    /// asks for it (`need_wakeup` on the fill ring), wakes it with `recvfrom`; with
+    /// `timeout_ms > 0` and need-wakeup on, waits up to that long in `poll(2)` instead.
     pub fn receive(&mut self, i: usize, out: &mut Vec<OwnedFrame>, max: usize, timeout_ms: i32) -> usize {
         let Some(p) = self.ports.get_mut(i) else { return 0 };
         self.scratch.clear();
         self.scratch.resize(max, FrameDesc::default());
         // SAFETY: the RX ring belongs to this UMEM; received descriptors are ours alone
         // and are wrapped in `OwnedFrame` at once.
-        let n = unsafe {
-            if timeout_ms > 0 {
-                p.rx.poll_and_consume(&mut self.scratch, timeout_ms).unwrap_or(0)
-            } else {
-                p.rx.consume(&mut self.scratch)
+        let mut n = unsafe { p.rx.consume(&mut self.scratch) };
+        if n == 0 {
+            if self.busy_poll || (self.need_wakeup && p.fill.needs_wakeup()) {
+                recv_wakeup(p.rx.fd().as_raw_fd());
+                // SAFETY: as above.
+                n = unsafe { p.rx.consume(&mut self.scratch) };
             }
-        };
+            if n == 0 && timeout_ms > 0 {
+                // SAFETY: as above.
+                n = unsafe { p.rx.poll_and_consume(&mut self.scratch, timeout_ms).unwrap_or(0) };
+            }
+        }
         p.in_fill -= n.min(p.in_fill);
-        out.extend(self.scratch.drain(..n).map(|desc| OwnedFrame { desc }));
+        let umem = self.id;
+        out.extend(self.scratch.drain(..n).map(|desc| OwnedFrame { desc, umem }));
         n
+    }
+
+    /// Waits up to `timeout_ms` in one `poll(2)` over every socket's RX ring (for a worker
+    /// with nothing to do: it sleeps instead of spinning, and wakes at the first frame on any
+    /// port). Returns whether a socket is readable.
+    pub fn wait(&mut self, timeout_ms: i32) -> bool {
+        let mut fds = [libc::pollfd { fd: -1, events: 0, revents: 0 }; 8];
+        let mut n = 0;
+        for (slot, p) in fds.iter_mut().zip(&self.ports) {
+            *slot = libc::pollfd { fd: p.rx.fd().as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            n += 1;
+        }
+        if self.ports.len() > fds.len() {
+            // More sockets than the array holds: poll the first ones, with a short timeout so
+            // the others are not starved.
+            return self.poll_fds(&mut fds, n, timeout_ms.min(1));
+        }
+        self.poll_fds(&mut fds, n, timeout_ms)
+    }
+
+    fn poll_fds(&self, fds: &mut [libc::pollfd; 8], n: usize, timeout_ms: i32) -> bool {
+        // SAFETY: `fds` holds `n` initialised pollfd entries (n <= 8) of sockets we own; poll
+        // writes only their `revents`.
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), n as libc::nfds_t, timeout_ms) };
+        rc > 0
+    }
+
+    /// Runs `op` over the frames of `frames` as [`Packet`]s at head 0, each spanning its whole
+    /// data segment (the pipeline may grow a frame into its tailroom); afterwards each frame's
+    /// length is the packet's `head + len`, clamped to the segment. At most 64 frames are
+    /// passed (the worker's batch); the rest are left alone.
+    ///
+    /// # Errors
+    /// [`ForeignFrame`] if a frame belongs to another UMEM; nothing was run or changed then.
+    pub fn with_batch<R>(
+        &self,
+        frames: &mut [OwnedFrame],
+        op: impl FnOnce(&mut [Packet<'_>]) -> R,
+    ) -> Result<R, ForeignWitness> {
+        let frames = match frames.get_mut(..64) {
+            Some(f) => f,
+            None => frames,
+        };
+        if let Some(f) = frames.iter().find(|f| f.umem != self.id) {
+            return Err(ForeignWitness { frame_umem: f.umem, xsk_umem: self.id });
+        }
+        let n = frames.len();
+        let mut lens = [0usize; 64];
+        let mut it = frames.iter_mut();
+        // SAFETY: every frame is an `OwnedFrame` of this UMEM (checked above): its descriptor
+        // is in no ring and on no list, so these are exclusive, disjoint views of frame memory.
+        let mut datas: [Option<xsk_rs::umem::frame::DataMut<'_>>; 64] =
+            core::array::from_fn(|_| it.next().map(|f| unsafe { self.umem.data_mut(&mut f.desc) }));
+        for (d, l) in datas.iter_mut().zip(&mut lens) {
+            if let Some(d) = d {
+                *l = d.contents().len();
+                let mut c = d.cursor();
+                let cap = c.buf_len();
+                c.set_pos(cap);
+            }
+        }
+        let mut dit = datas.iter_mut().zip(lens);
+        let mut pkts: [Packet<'_>; 64] = core::array::from_fn(|_| match dit.next() {
+            Some((Some(d), len)) => Packet::new(d.contents_mut(), 0, len),
+            _ => Packet::new(&mut [], 0, 0),
+        });
+        let r = op(pkts.get_mut(..n).unwrap_or_default());
+        for (l, p) in lens.iter_mut().zip(&pkts) {
+            *l = p.head + p.len;
+        }
+        // `pkts` (and its borrows of `datas`) ends here.
+        for (d, l) in datas.iter_mut().zip(lens) {
+            if let Some(d) = d {
+                let mut c = d.cursor();
+                let cap = c.buf_len();
+                c.set_pos(l.min(cap));
+            }
+        }
+        Ok(r)
     }
 
     /// Runs `op` on the frame's whole data segment (its capacity, not just the current
     /// length) and the current length; `op` returns the new length (clamped to the capacity)
-    /// and a result. The pipeline rewrites frames in place through this.
-    pub fn with_buffer<R>(&self, f: &mut OwnedFrame, op: impl FnOnce(&mut [u8], usize) -> (usize, R)) -> R {
+    /// and a result. `None` (and `op` not run) for a frame of another UMEM.
+    pub fn with_buffer<R>(&self, f: &mut OwnedFrame, op: impl FnOnce(&mut [u8], usize) -> (usize, R)) -> Option<R> {
+        if f.umem != self.id {
+            return None;
+        }
         let len = f.desc.lengths().data();
         // SAFETY: `OwnedFrame` proves exclusive ownership: the descriptor is in no ring and
-        // on no list, and came from this UMEM.
+        // on no list, and came from this UMEM (checked above).
         let mut data = unsafe { self.umem.data_mut(&mut f.desc) };
         let cap = data.cursor().buf_len();
         data.cursor().set_pos(cap);
         let (new_len, r) = op(data.contents_mut(), len);
         data.cursor().set_pos(new_len.min(cap));
-        r
+        Some(r)
     }
 
-    /// Queues frames for transmit on port `i`; frames the ring refuses go back to the free
-    /// list (counted by the caller as TX drops). Returns how many were queued.
+    /// Queues frames for transmit on port `i`. When the TX ring is full, kicks the kernel,
+    /// takes completions and tries again (a bounded number of times) before giving up; frames
+    /// that still do not fit go back to the free list (the caller counts them as TX drops).
+    /// Frames of another UMEM are left in `frames`; the rest are taken. Returns how many were
+    /// queued.
     pub fn transmit(&mut self, i: usize, frames: &mut Vec<OwnedFrame>) -> usize {
-        let Some(p) = self.ports.get_mut(i) else {
-            self.free.extend(frames.drain(..).map(|f| f.desc));
-            return 0;
-        };
+        let id = self.id;
         self.scratch.clear();
-        self.scratch.extend(frames.drain(..).map(|f| f.desc));
-        let room = p.tx.nb_free(self.ring_size) as usize;
-        let n = room.min(self.scratch.len());
-        // SAFETY: the descriptors were owned (`OwnedFrame`) and pass to the kernel here.
-        let done = if n > 0 { unsafe { p.tx.produce(&self.scratch[..n]) } } else { 0 };
-        p.in_tx += done;
+        let mut k = 0;
+        while k < frames.len() {
+            if frames.get(k).is_some_and(|f| f.umem == id) {
+                self.scratch.push(frames.swap_remove(k).desc);
+            } else {
+                k += 1;
+            }
+        }
+        if i >= self.ports.len() {
+            self.free.append(&mut self.scratch);
+            return 0;
+        }
+        let mut done = 0;
+        for attempt in 0..TX_RETRIES {
+            let Some(p) = self.ports.get_mut(i) else { break };
+            let room = p.tx.nb_free(self.ring_size) as usize;
+            let n = room.min(self.scratch.len() - done);
+            // SAFETY: the descriptors were owned (`OwnedFrame`, this UMEM) and pass to the
+            // kernel here.
+            let q = if n > 0 { unsafe { p.tx.produce(&self.scratch[done..done + n]) } } else { 0 };
+            p.in_tx += q;
+            done += q;
+            if done == self.scratch.len() || attempt + 1 == TX_RETRIES {
+                break;
+            }
+            self.kick_port(i, true);
+            self.complete();
+        }
         self.free.extend(self.scratch.drain(done..));
         done
     }
 
     /// Returns a frame to the free list (dropped packets).
-    pub fn release(&mut self, f: OwnedFrame) {
+    ///
+    /// # Errors
+    /// [`ForeignFrame`] (with the frame) if it belongs to another UMEM.
+    pub fn release(&mut self, f: OwnedFrame) -> Result<(), ForeignFrame> {
+        if f.umem != self.id {
+            let frame_umem = f.umem;
+            return Err(ForeignFrame { frame: f, frame_umem, xsk_umem: self.id });
+        }
         self.free.push(f.desc);
+        Ok(())
     }
 
-    /// Makes the kernel send what is in port `i`'s TX ring. Copy mode moves at most 32
-    /// frames per `sendto()`, so this repeats (bounded) until the ring is empty, taking
-    /// completions as it goes.
+    /// Makes the kernel send what is in port `i`'s TX ring, when it needs telling: always in
+    /// copy mode (the copy happens in `sendto()`, at most 32 frames per call, so this repeats,
+    /// bounded, until the ring is empty, taking completions as it goes); in zero-copy mode one
+    /// `sendto()` only if the kernel set `need_wakeup` on the TX ring (or the sockets busy-poll,
+    /// which `sendto()` drives), else nothing: the driver is already sending.
     pub fn kick(&mut self, i: usize) {
-        for _ in 0..64 {
+        self.kick_port(i, false);
+    }
+
+    fn kick_port(&mut self, i: usize, once: bool) {
+        let Some(p) = self.ports.get(i) else { return };
+        if p.zero_copy {
+            if p.in_tx > 0 && (!self.need_wakeup || self.busy_poll || p.tx.needs_wakeup()) {
+                let _ = p.tx.wakeup();
+            }
+            return;
+        }
+        for _ in 0..if once { 1 } else { 64 } {
             let Some(p) = self.ports.get_mut(i) else { return };
             if p.tx.nb_free(self.ring_size) >= self.ring_size || p.in_tx == 0 {
                 return;
             }
-            if p.tx.needs_wakeup() || !self.need_wakeup {
+            if p.tx.needs_wakeup() || !self.need_wakeup || self.busy_poll {
                 let _ = p.tx.wakeup();
             }
             self.complete();
@@ -487,7 +768,7 @@ impl Xsk {
     /// `None` if no frame is free.
     pub fn frame_from(&mut self, bytes: &[u8]) -> Option<OwnedFrame> {
         let desc = self.free.pop()?;
-        let mut f = OwnedFrame { desc };
+        let mut f = OwnedFrame { desc, umem: self.id };
         self.with_buffer(&mut f, |buf, _| {
             let n = bytes.len().min(buf.len());
             buf[..n].copy_from_slice(&bytes[..n]);
@@ -497,11 +778,116 @@ impl Xsk {
     }
 
     /// Copies the frame's current contents into `out` (for handing it to another worker).
-    pub fn copy_out(&self, f: &mut OwnedFrame, out: &mut Vec<u8>) {
+    /// `false` (and `out` untouched) for a frame of another UMEM.
+    pub fn copy_out(&self, f: &mut OwnedFrame, out: &mut Vec<u8>) -> bool {
         self.with_buffer(f, |buf, len| {
             out.clear();
             out.extend_from_slice(&buf[..len.min(buf.len())]);
             (len, ())
+        })
+        .is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, reason = "tests")]
+    use super::*;
+
+    /// Runs `f` on a thread inside a new, private network namespace (`unshare(CLONE_NEWNET)`),
+    /// which disappears with the thread: nothing to clean up, nothing of the host touched.
+    /// `None` when not root (the test is skipped; CI runs as root).
+    fn in_private_netns<T: Send + 'static>(test: &str, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+        // SAFETY: geteuid has no preconditions and touches no memory.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("{test}: skipped: needs root");
+            return None;
+        }
+        let t = std::thread::spawn(move || {
+            // SAFETY: unshare only changes this thread's namespace membership.
+            let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+            assert_eq!(rc, 0, "unshare(CLONE_NEWNET): {}", std::io::Error::last_os_error());
+            f()
+        });
+        Some(t.join().expect("test thread"))
+    }
+
+    /// An `Xsk` on queue 0 of `ifname` in the private namespace (`lo`, or a veth that
+    /// [`veth_pair`] made there).
+    fn open_on(ifname: &str) -> Xsk {
+        let cfg = XskConfig { frame_count: 1024, ring_size: 256, copy_mode: CopyMode::Copy, ..XskConfig::default() };
+        Xsk::open(&cfg, &[(ifname.to_owned(), 0)]).expect("AF_XDP socket in a private namespace")
+    }
+
+    fn open_on_lo() -> Xsk {
+        open_on("lo")
+    }
+
+    /// Makes the veth pair `xa`/`xb` in the calling thread's (private) namespace.
+    fn veth_pair() {
+        let out = std::process::Command::new("ip")
+            .args(["link", "add", "xa", "type", "veth", "peer", "name", "xb"])
+            .output()
+            .expect("ip (iproute2; scripts/install-deps.sh)");
+        assert!(out.status.success(), "ip link add: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    #[test]
+    fn a_frame_of_one_umem_is_refused_by_another() {
+        in_private_netns("a_frame_of_one_umem_is_refused_by_another", || {
+            veth_pair();
+            let mut a = open_on("xa");
+            let mut b = open_on("xb");
+            assert_ne!(a.umem_id(), b.umem_id());
+            let before_b = b.account();
+            let mut f = a.frame_from(b"frame of a").expect("a free frame");
+
+            // Reading or writing it through b: refused, op not run.
+            assert!(b.with_buffer(&mut f, |_, len| (len, ())).is_none());
+            let mut out = Vec::new();
+            assert!(!b.copy_out(&mut f, &mut out));
+            let mut batch = vec![f];
+            let err = b.with_batch(&mut batch, |_| ()).unwrap_err();
+            assert_eq!(err, ForeignWitness { frame_umem: a.umem_id(), xsk_umem: b.umem_id() });
+
+            // Transmitting through b: left with the caller, nothing queued.
+            assert_eq!(b.transmit(0, &mut batch), 0);
+            assert_eq!(batch.len(), 1, "the foreign frame stays with the caller");
+
+            // Releasing to b: handed back, b's free list unchanged.
+            let f = batch.pop().unwrap();
+            let err = b.release(f).unwrap_err();
+            assert_eq!((err.frame_umem, err.xsk_umem), (a.umem_id(), b.umem_id()));
+            assert_eq!(b.account(), before_b);
+
+            // The owner takes it back: a's frames are all accounted for again.
+            a.release(err.frame).expect("a takes its own frame");
+            let acc = a.account();
+            assert_eq!(acc.free + acc.in_fill + acc.in_tx, acc.total);
+        });
+    }
+
+    #[test]
+    fn with_batch_hands_out_whole_segments_and_keeps_the_lengths_the_op_sets() {
+        in_private_netns("with_batch_hands_out_whole_segments_and_keeps_the_lengths_the_op_sets", || {
+            let x = open_on_lo();
+            let mut x = x;
+            let mut frames: Vec<OwnedFrame> = (0..3).map(|i| x.frame_from(&[i; 60]).unwrap()).collect();
+            let seen = x
+                .with_batch(&mut frames, |pkts| {
+                    let seen: Vec<(usize, usize, u8)> = pkts.iter().map(|p| (p.buf.len(), p.len, p.buf[0])).collect();
+                    pkts[1].len = 100; // grown into the tailroom
+                    pkts[2].len = 14; // shrunk
+                    seen
+                })
+                .unwrap();
+            assert_eq!(seen.len(), 3);
+            for (i, (cap, len, first)) in seen.into_iter().enumerate() {
+                assert!(cap >= 2048 - 256, "the whole data segment, got {cap}");
+                assert_eq!((len, usize::from(first)), (60, i));
+            }
+            let lens: Vec<usize> = frames.iter().map(OwnedFrame::len).collect();
+            assert_eq!(lens, vec![60, 100, 14]);
         });
     }
 }

@@ -117,7 +117,7 @@ pub fn run(cfg: &FwdConfig, stop: &AtomicBool) -> anyhow::Result<FwdReport> {
             if m > 0 {
                 r.rx_out += m as u64;
                 for f in batch.drain(..) {
-                    xsk.release(f);
+                    let _ = xsk.release(f);
                 }
             }
             xsk.refill(1);

@@ -6,10 +6,8 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use dataplane::counters::{DropReason, Event, WorkerCounters};
+use dataplane::counters::{DropReason, Event, Kind, WorkerCounters, XskCounter, XskCounters};
 use dataplane::tables::TablesHandle;
-use dataplane::worker::XskCounters;
-use dataplane::xsk::SocketStats;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::MetricType;
@@ -50,43 +48,20 @@ pub struct WorkerStats {
     pub xsk: Option<XskStats>,
 }
 
-/// One worker's AF_XDP counters at scrape time (from [`XskCounters`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct XskStats {
-    /// Frames dropped because the TX ring was full (`xlb_xsk_tx_ring_full_total`).
-    pub tx_ring_full: u64,
-    /// Frames the steering program sent that the tables did not own, dropped
-    /// (`xlb_xsk_pass_in_userspace_total`).
-    pub pass_in_userspace: u64,
-    /// Frames handed to another worker (`xlb_xsk_handed_off_total`).
-    pub handed_off: u64,
-    /// Hand-offs dropped because the target inbox or the buffer pool was full
-    /// (`xlb_xsk_handoff_dropped_total`).
-    pub handoff_dropped: u64,
-    /// UMEM frames (`xlb_xsk_umem_frames`, gauge).
-    pub frames_total: u64,
-    /// UMEM frames accounted for at the last batch (`xlb_xsk_umem_frames_accounted`, gauge;
-    /// equal to `frames_total` unless a frame was lost).
-    pub frames_accounted: u64,
-    /// 1 when the sockets are zero-copy, 0 in copy mode (`xlb_xsk_zero_copy`, gauge).
-    pub zero_copy: u64,
-    /// The kernel's socket counters (`xlb_xsk_socket_*_total`), read once a second.
-    pub socket: SocketStats,
-}
+/// One worker's AF_XDP counters at scrape time: every [`XskCounter`] with its value, in number
+/// order (names, help and kinds come from the one declaration in `dataplane::counters`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct XskStats(pub Vec<(XskCounter, u64)>);
 
 impl XskStats {
     /// Reads a worker's [`XskCounters`] (relaxed loads).
     pub fn from_counters(c: &XskCounters) -> Self {
-        Self {
-            tx_ring_full: c.tx_ring_full.get(),
-            pass_in_userspace: c.pass_in_userspace.get(),
-            handed_off: c.handed_off.get(),
-            handoff_dropped: c.handoff_dropped.get(),
-            frames_total: c.frames_total.get(),
-            frames_accounted: c.frames_accounted.get(),
-            zero_copy: c.zero_copy.get(),
-            socket: c.socket.load(),
-        }
+        Self(c.values().collect())
+    }
+
+    /// The value of `c` (0 if absent).
+    pub fn get(&self, c: XskCounter) -> u64 {
+        self.0.iter().find(|(x, _)| *x == c).map_or(0, |(_, v)| *v)
     }
 }
 
@@ -259,9 +234,6 @@ impl DataplaneView for CountersView {
 
 type SharedView = Arc<RwLock<Option<Arc<dyn DataplaneView>>>>;
 
-/// One `xlb_xsk_*` family: name, help, type, and the value it reads.
-type XskFamily = (&'static str, &'static str, MetricType, fn(&XskStats) -> u64);
-
 /// Encodes the `xlb_*` families from the view at scrape time.
 struct DataplaneCollector {
     view: SharedView,
@@ -351,53 +323,15 @@ impl Collector for DataplaneCollector {
             C,
             workers.iter().map(|s| (w(s), s.conntrack_evictions)),
         )?;
-        let xsk: Vec<(_, XskStats)> = workers.iter().filter_map(|s| Some((w(s), s.xsk?))).collect();
-        let xsk_families: [XskFamily; 13] = [
-            ("xlb_xsk_tx_ring_full", "Frames dropped because the AF_XDP TX ring was full.", C, |x| x.tx_ring_full),
-            (
-                "xlb_xsk_pass_in_userspace",
-                "Frames steered to xlb that the tables did not own (dropped: AF_XDP cannot return them to the kernel).",
-                C,
-                |x| x.pass_in_userspace,
-            ),
-            ("xlb_xsk_handed_off", "Frames handed to the worker that owns the flow.", C, |x| x.handed_off),
-            ("xlb_xsk_handoff_dropped", "Hand-offs dropped: target inbox or buffer pool full.", C, |x| {
-                x.handoff_dropped
-            }),
-            ("xlb_xsk_umem_frames", "UMEM frames of the worker.", G, |x| x.frames_total),
-            (
-                "xlb_xsk_umem_frames_accounted",
-                "UMEM frames found in the free list, fill and TX rings at the last batch (equal to xlb_xsk_umem_frames unless a frame leaked).",
-                G,
-                |x| x.frames_accounted,
-            ),
-            ("xlb_xsk_zero_copy", "1 when the worker's sockets are zero-copy, 0 in copy mode.", G, |x| x.zero_copy),
-            ("xlb_xsk_socket_rx_dropped", "Kernel XDP_STATISTICS rx_dropped.", C, |x| x.socket.rx_dropped),
-            (
-                "xlb_xsk_socket_rx_ring_full",
-                "Kernel XDP_STATISTICS rx_ring_full: frames lost because the worker did not keep up.",
-                C,
-                |x| x.socket.rx_ring_full,
-            ),
-            (
-                "xlb_xsk_socket_rx_fill_ring_empty",
-                "Kernel XDP_STATISTICS rx_fill_ring_empty_descs: frames lost for want of a free UMEM frame.",
-                C,
-                |x| x.socket.rx_fill_ring_empty,
-            ),
-            ("xlb_xsk_socket_rx_invalid_descs", "Kernel XDP_STATISTICS rx_invalid_descs.", C, |x| {
-                x.socket.rx_invalid_descs
-            }),
-            ("xlb_xsk_socket_tx_invalid_descs", "Kernel XDP_STATISTICS tx_invalid_descs.", C, |x| {
-                x.socket.tx_invalid_descs
-            }),
-            ("xlb_xsk_socket_tx_ring_empty", "Kernel XDP_STATISTICS tx_ring_empty_descs.", C, |x| {
-                x.socket.tx_ring_empty
-            }),
-        ];
+        let xsk: Vec<(_, &XskStats)> = workers.iter().filter_map(|s| Some((w(s), s.xsk.as_ref()?))).collect();
         if !xsk.is_empty() {
-            for (name, help, ty, get) in xsk_families {
-                family(e, name, help, ty, xsk.iter().map(|(l, x)| (l.clone(), get(x))))?;
+            for c in XskCounter::ALL {
+                let ty = match c.kind() {
+                    Kind::Counter => C,
+                    Kind::Gauge => G,
+                };
+                let name = format!("xlb_xsk_{}", c.name());
+                family(e, &name, c.help(), ty, xsk.iter().map(|(l, x)| (l.clone(), x.get(*c))))?;
             }
         }
         let ifs = view.interfaces();
@@ -687,9 +621,9 @@ mod tests {
         assert!(s.drops.contains(&("no_neighbour", 1)));
         assert_eq!(s.drops.len(), DropReason::ALL.len());
         let x = XskCounters::default();
-        x.tx_ring_full.add(2);
-        x.frames_total.set(4096);
-        x.socket.rx_ring_full.set(17);
+        x.counter(XskCounter::TxRingFull).add(2);
+        x.counter(XskCounter::UmemFrames).set(4096);
+        x.counter(XskCounter::SocketRxRingFull).set(17);
         let ifs = InterfaceStatsCell::default();
         let view = CountersView::new(TablesHandle::default(), vec![(3, Arc::new(c))])
             .with_xsk(vec![(3, Arc::new(x))])
@@ -716,6 +650,13 @@ mod tests {
         let classic = m.encode_prometheus().unwrap();
         assert!(classic.contains("# TYPE xlb_worker_rx_packets_total counter\n"), "{classic}");
         assert!(classic.contains("# HELP xlb_worker_rx_packets_total Frames received"), "{classic}");
+        // Every declared AF_XDP counter is exported, with its declared help and type.
+        for c in XskCounter::ALL {
+            let ty = if c.kind() == Kind::Counter { "counter" } else { "gauge" };
+            let name = format!("xlb_xsk_{}{}", c.name(), if ty == "counter" { "_total" } else { "" });
+            assert!(classic.contains(&format!("# TYPE {name} {ty}\n")), "{name}: {classic}");
+            assert!(classic.contains(&format!("# HELP {name} {}", c.help())), "{name}: {classic}");
+        }
         assert!(classic.contains("# TYPE kubeproxy_sync_proxy_rules_no_local_endpoints_total gauge\n"), "{classic}");
         assert!(classic.contains("# TYPE kubeproxy_sync_proxy_rules_duration_seconds histogram\n"), "{classic}");
         assert!(!classic.contains("# EOF"), "{classic}");

@@ -334,7 +334,7 @@ impl Generator {
             all.push(f);
         }
         for f in all {
-            self.tx.release(f);
+            let _ = self.tx.release(f);
         }
         self.primed = true;
     }
@@ -497,8 +497,8 @@ pub fn receive_into(
     if n > 0 {
         let now = mono_ns();
         for mut f in buf.drain(..) {
-            let st = xsk.with_buffer(&mut f, |b, len| (len, parse_stamp(&b[..len.min(b.len())])));
-            xsk.release(f);
+            let st = xsk.with_buffer(&mut f, |b, len| (len, parse_stamp(&b[..len.min(b.len())]))).flatten();
+            let _ = xsk.release(f);
             tally.count(st, ids.0, ids.1, now);
         }
     }
