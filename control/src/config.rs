@@ -125,6 +125,12 @@ pub struct AfXdpConfig {
     /// drives its queue's NAPI itself. Use it when a queue's interrupt (its NAPI) runs on the
     /// worker's own core; see docs/operations.md "Worker and queue on one core". Default false.
     pub prefer_busy_poll: bool,
+    /// Run the workers as `SCHED_FIFO` (priority 1) threads: for a worker whose core also runs
+    /// its queue's interrupt or NAPI thread. The worker then runs until its rings are empty and
+    /// sleeps in `poll(2)`; receive work runs while it sleeps, so the core does not spend
+    /// itself receiving frames the worker has no time to forward. Default false. See
+    /// docs/operations.md "Worker and queue on one core".
+    pub realtime_workers: bool,
     /// `SO_BUSY_POLL` in microseconds (default 20; 1..=1000000).
     pub busy_poll_usecs: u32,
     /// `SO_BUSY_POLL_BUDGET`: packets per busy-poll NAPI run (default 64; 1..=1024).
@@ -138,6 +144,7 @@ impl Default for AfXdpConfig {
             zero_copy: "auto".into(),
             frames: 8192,
             prefer_busy_poll: false,
+            realtime_workers: false,
             busy_poll_usecs: 20,
             busy_poll_budget: 64,
         }

@@ -296,6 +296,7 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource) -> 
                 },
                 pipeline: pipeline_config(&config, id, nworkers_u16),
                 busy_poll: config.af_xdp.busy_poll,
+                realtime: config.af_xdp.realtime_workers,
                 affinity: affinity.clone(),
             };
             let h = worker::spawn(spec, handle.clone(), fabric.clone(), wstop.clone())?;

@@ -43,6 +43,9 @@ pub struct WorkerSpec {
     pub pipeline: PipelineConfig,
     /// Busy-poll (never sleep in `poll(2)`); otherwise, when idle, wait up to 1 ms in `poll(2)`.
     pub busy_poll: bool,
+    /// Run the worker thread in the `SCHED_FIFO` class (priority 1): for a worker whose core
+    /// also runs its queue's NAPI ([`crate::xsk::set_realtime`]). Failure is logged, not fatal.
+    pub realtime: bool,
     /// ClientIP affinity records shared by the node's workers.
     pub affinity: Arc<AffinityTable>,
 }
@@ -176,6 +179,11 @@ pub fn spawn(
                 && !core_affinity::set_for_current(core_affinity::CoreId { id: core })
             {
                 tracing::warn!(worker = id, core, "could not pin worker");
+            }
+            if spec.realtime
+                && let Err(e) = crate::xsk::set_realtime(1)
+            {
+                tracing::warn!(worker = id, error = %e, "could not make the worker SCHED_FIFO; it runs as a normal thread");
             }
             let xsk = match Xsk::open(&spec.xsk, &spec.ports) {
                 Ok(x) => x,

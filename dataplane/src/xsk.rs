@@ -332,6 +332,23 @@ fn recv_wakeup(fd: RawFd) {
     };
 }
 
+/// Puts the calling thread in the `SCHED_FIFO` real-time class at `priority` (1..=99;
+/// sched(7)). A worker sharing its core with its queue's NAPI (softirq or threaded NAPI) uses
+/// it so that it runs until its rings are empty and then sleeps in `poll(2)`, and the NAPI
+/// runs while it sleeps: receive work is done only as fast as the worker can take it (see
+/// docs/operations.md "Worker and queue on one core"). Lives here because it is the crate's
+/// one module with `unsafe`.
+///
+/// # Errors
+/// The `sched_setscheduler` error (`EPERM` without `CAP_SYS_NICE`).
+pub fn set_realtime(priority: i32) -> std::io::Result<()> {
+    let param = libc::sched_param { sched_priority: priority };
+    // SAFETY: pid 0 is the calling thread; `param` is a valid sched_param on the stack that
+    // the kernel only reads.
+    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &raw const param) };
+    if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+}
+
 fn qsize(n: u32) -> Result<QueueSize, XskError> {
     QueueSize::new(n).map_err(|e| XskError::Config(e.to_string()))
 }
