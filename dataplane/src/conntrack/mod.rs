@@ -600,7 +600,13 @@ impl<A: CtFamily> Conntrack<A> {
     /// (stage 1), compare its tags (stage 2).
     #[inline]
     pub fn view(&self) -> View<'_, A> {
-        View { buckets: self.buckets.as_slice(), recs: self.recs.as_slice(), nb: self.nb, seeds: &self.seeds }
+        View {
+            buckets: self.buckets.as_slice(),
+            recs: self.recs.as_slice(),
+            nb: self.nb,
+            seeds: &self.seeds,
+            full: self.len >= self.capacity,
+        }
     }
 
     /// The entry for `k` (hash `h`), if any, whatever its expiry.
@@ -798,6 +804,52 @@ impl<A: CtFamily> Conntrack<A> {
         if self.len >= self.capacity { Err(Full) } else { Ok(()) }
     }
 
+    /// The entry [`Conntrack::evict_near`] would try first for hash `h`: the oldest marked
+    /// evictable in the home bucket of `h` or the next [`EVICT_BUCKETS`] − 1, as (bucket, slot).
+    #[inline]
+    fn victim_near(&self, h: u64, now7: u8) -> Option<(usize, usize)> {
+        let mut best: Option<(usize, usize, u8)> = None;
+        let mut b = self.home(h);
+        for _ in 0..EVICT_BUCKETS {
+            if let Some(bk) = self.buckets.as_slice().get(b) {
+                for s in 0..SLOTS {
+                    let (Some(&t), Some(&m)) = (bk.tags.get(s), bk.meta.get(s)) else { continue };
+                    if t == 0 || m & EVICTABLE == 0 {
+                        continue;
+                    }
+                    let old = now7.wrapping_sub(m) & 0x7f;
+                    if best.is_none_or(|(_, _, o)| old > o) {
+                        best = Some((b, s, old));
+                    }
+                }
+            }
+            b = self.next(b);
+        }
+        best.map(|(b, s, _)| (b, s))
+    }
+
+    /// For a new flow of hash `h` that will need room (the table is full): `step` 0 prefetches
+    /// the record of the flow [`Conntrack::insert`] would evict, `step` 1 (later, when that
+    /// record has arrived) the bucket of its other entry, which the eviction must clear. The
+    /// batch pipeline's miss stage runs both over its new flows so that a full table's
+    /// evictions find what they touch in cache. Only hints: nothing changes.
+    #[inline]
+    pub fn prefetch_victim(&self, h: u64, now_s: u32, step: u8) {
+        let Some((b, s)) = self.victim_near(h, age(now_s)) else { return };
+        let Some(&r) = self.buckets.as_slice().get(b).and_then(|bk| bk.refs.get(s)) else { return };
+        let Some(rec) = self.recs.as_slice().get((r >> 1) as usize) else { return };
+        if step == 0 {
+            prefetch(rec);
+            return;
+        }
+        let other = match dir_of(r) {
+            Dir::Forward if rec.has_reply() => rec.reply_key(),
+            Dir::Forward => return,
+            Dir::Reply => rec.fwd_key(),
+        };
+        self.prefetch_bucket(self.hash(&other));
+    }
+
     /// Evicts the oldest evictable flow with an entry in the home bucket of `h` or the next
     /// [`EVICT_BUCKETS`] − 1. Returns whether one was evicted.
     fn evict_near(&mut self, h: u64, now_s: u32, on_remove: &mut impl FnMut(Removed)) -> bool {
@@ -805,24 +857,7 @@ impl<A: CtFamily> Conntrack<A> {
         // A hint can be stale (the flow got established since): then it is cleared and the
         // next oldest is tried; bounded by the slots looked at.
         for _ in 0..SLOTS * EVICT_BUCKETS {
-            let mut best: Option<(usize, usize, u8)> = None;
-            let mut b = self.home(h);
-            for _ in 0..EVICT_BUCKETS {
-                if let Some(bk) = self.buckets.as_slice().get(b) {
-                    for s in 0..SLOTS {
-                        let (Some(&t), Some(&m)) = (bk.tags.get(s), bk.meta.get(s)) else { continue };
-                        if t == 0 || m & EVICTABLE == 0 {
-                            continue;
-                        }
-                        let old = now7.wrapping_sub(m) & 0x7f;
-                        if best.is_none_or(|(_, _, o)| old > o) {
-                            best = Some((b, s, old));
-                        }
-                    }
-                }
-                b = self.next(b);
-            }
-            let Some((b, s, _)) = best else { return false };
+            let Some((b, s)) = self.victim_near(h, now7) else { return false };
             let Some(r) = self.buckets.as_slice().get(b).and_then(|bk| bk.refs.get(s)).copied() else { return false };
             let id = r >> 1;
             let evictable =
@@ -906,6 +941,8 @@ pub struct View<'a, A: CtFamily> {
     recs: &'a [Rec<A>],
     nb: u64,
     seeds: &'a [u64; 5],
+    /// The table was full when the view was taken: new flows will evict.
+    full: bool,
 }
 
 impl<A: CtFamily> View<'_, A> {
@@ -915,11 +952,20 @@ impl<A: CtFamily> View<'_, A> {
         A::hash_key(k, self.seeds)
     }
 
-    /// Prefetches the home bucket of hash `h`.
+    /// Prefetches the home bucket of hash `h`, and when the table is full the next
+    /// [`EVICT_BUCKETS`] − 1, where a new flow's insert looks for a flow to evict.
     #[inline]
     pub fn prefetch(&self, h: u64) {
-        if let Some(b) = self.buckets.get(home_of(h, self.nb)) {
+        let home = home_of(h, self.nb);
+        if let Some(b) = self.buckets.get(home) {
             prefetch(b);
+        }
+        if self.full {
+            for i in 1..EVICT_BUCKETS {
+                if let Some(b) = self.buckets.get((home + i) % self.buckets.len().max(1)) {
+                    prefetch(b);
+                }
+            }
         }
     }
 

@@ -626,8 +626,8 @@ impl Pipeline {
         let n = pkts.len().min(BATCH);
         self.stage1(pkts, n);
         // Stage 2: tags, prefetch the record of the first match.
-        stage_tags(&mut self.fam.v4);
-        stage_tags(&mut self.fam.v6);
+        stage_tags(&mut self.fam.v4, self.c.now_s);
+        stage_tags(&mut self.fam.v6, self.c.now_s);
         // Stage 3: known flows with a current record: rewrite from the record.
         let (slow4, tx4) = fast::stage::<V4>(&mut self.fam.v4, &mut self.c, pkts, verdicts);
         let (slow6, tx6) = fast::stage::<V6>(&mut self.fam.v6, &mut self.c, pkts, verdicts);
@@ -726,11 +726,21 @@ fn lane_for<A: CtFamily>(view: &conntrack::View<'_, A>, lanes: &mut Lanes<A>, i:
 }
 
 /// Stage 2: compare the tags of each lane's home bucket, prefetch the record of the first match.
+/// When the table is full, a lane with no matching tag is a new flow whose insert will evict:
+/// prefetch the record of its victim (the miss stage then prefetches the victim's other
+/// bucket, [`conntrack::Conntrack::prefetch_victim`]).
 #[inline]
-fn stage_tags<A: CtFamily>(st: &mut FamState<A>) {
+fn stage_tags<A: CtFamily>(st: &mut FamState<A>, now_s: u32) {
     let view = st.ct.view();
     for l in st.lanes.as_mut_slice() {
         l.probe = view.probe(l.hash);
         l.miss = false;
+    }
+    if st.ct.len() >= st.ct.capacity() {
+        for l in st.lanes.as_slice() {
+            if l.probe.first == conntrack::Probe::NONE {
+                st.ct.prefetch_victim(l.hash, now_s, 0);
+            }
+        }
     }
 }

@@ -49,6 +49,7 @@ pub(super) fn stage_misses<A: Fam>(st: &mut FamState<A>, c: &Common, t: &Tables,
         }
         ct.prefetch_alloc(misses);
         misses += 1;
+
         let idx = t.frontend_index.find(l.key.dst.to_mapped(), l.key.proto, l.key.dport);
         *fe_of = idx.unwrap_or(FE_NONE);
         let Some(fe) = idx.and_then(|i| t.frontend_index.entry(i)) else { continue };
@@ -65,6 +66,19 @@ pub(super) fn stage_misses<A: Fam>(st: &mut FamState<A>, c: &Common, t: &Tables,
             *x = h;
         }
         maglev = true;
+    }
+    // Inserts that will evict: the victim's record was prefetched by the tag stage; now the
+    // bucket of its other entry.
+    if ct.len() + misses > ct.capacity() {
+        let mut k = 0;
+        for l in lanes.l.iter().take(lanes.n) {
+            if l.miss && slow & (1 << (l.pkt & 63)) != 0 {
+                k += 1;
+                if ct.len() + k > ct.capacity() {
+                    ct.prefetch_victim(l.hash, c.now_s, 1);
+                }
+            }
+        }
     }
     if !maglev {
         return;
