@@ -17,11 +17,23 @@
 #   BENCH_REPEATS (5)  BENCH_SECONDS (5)  BENCH_WARMUP (1)  BENCH_QUICK=1 (1 repeat, 2 s,
 #   profiles udp64_1k syn64, 3 s conn/s)  BENCH_PROFILES, BENCH_PATHS ("a b c d"),
 #   BENCH_TRAFGEN=0|1 (1), BENCH_TRAFGEN_PATHS ("a b c"), BENCH_CPS=0|1 (1),
-#   BENCH_CPS_PATHS ("b c d"), BENCH_CPS_SECONDS (10), BENCH_SEARCH=1 (no-drop search once per
-#   path on udp64_1k; off by default), BENCH_BUILD=0 (use built binaries as they are),
+#   BENCH_CPS_PATHS ("b c d"), BENCH_CPS_SECONDS (10), BENCH_SEARCH=0|1 (1: no-drop search once
+#   per path, placement and search profile, then one trial at the no-drop rate for its p50/p99
+#   latency), BENCH_SEARCH_PROFILES ("udp64_1k syn64"; quick: "udp64_1k"), BENCH_SEARCH_TRIALS
+#   (8; quick: 5), BENCH_PLACEMENTS ("split shared shared-rt"; see "placements" below),
+#   BENCH_BUILD=0 (use built binaries as they are),
 #   BENCH_BIN_DIR (default $CARGO_TARGET_DIR/release or target/release), BENCH_PREFIX
 #   (namespace prefix, default xlbbench), BENCH_OUT (perf/results), BENCH_COMMAND (the command
 #   line recorded in the report).
+# Placements (where the lb's l0 receive work, its veth NAPI, runs):
+#   split      the default: the generator's xmit schedules l0's NAPI on CPU 0, the forwarder
+#              has CPU 1 to itself (kernel paths: RPS moves their work to CPU 1).
+#   shared     l0's NAPI is threaded and its napi/l0-* thread pinned to CPU 1, the forwarder's
+#              core: a NIC queue whose interrupt is on the worker's core. Kernel paths get GRO
+#              on l0 so that veth receives through NAPI at all.
+#   shared-rt  shared, with the forwarders as SCHED_FIFO threads (xlb `afXdp.realtimeWorkers`,
+#              xlb-macfwd under `chrt -f 1`); the kernel paths are not run (nothing differs).
+#   Profiles of a non-split placement are reported as PROFILE@PLACEMENT.
 # Output: $BENCH_OUT/raw-DATE.jsonl (one JSON line per trial), then xlb-bench-report writes
 # $BENCH_OUT/latest.{json,md,png} and DATE-COMMIT.{json,md,png}. Logs: /tmp/xlb-bench-DATE/.
 set -uo pipefail
@@ -34,19 +46,24 @@ if [ "$QUICK" = 1 ]; then
   SECS=${BENCH_SECONDS:-2}
   PROFILES=${BENCH_PROFILES:-"udp64_1k syn64"}
   CPS_SECS=${BENCH_CPS_SECONDS:-3}
+  SEARCH_PROFILES=${BENCH_SEARCH_PROFILES:-"udp64_1k"}
+  SEARCH_TRIALS=${BENCH_SEARCH_TRIALS:-5}
 else
   REPEATS=${BENCH_REPEATS:-5}
   SECS=${BENCH_SECONDS:-5}
   PROFILES=${BENCH_PROFILES:-"udp64_1flow udp64_1k udp64_100k tcp64_1k syn64 udp512_1k"}
   CPS_SECS=${BENCH_CPS_SECONDS:-10}
+  SEARCH_PROFILES=${BENCH_SEARCH_PROFILES:-"udp64_1k syn64"}
+  SEARCH_TRIALS=${BENCH_SEARCH_TRIALS:-8}
 fi
+PLACEMENTS=${BENCH_PLACEMENTS:-"split shared shared-rt"}
 WARMUP=${BENCH_WARMUP:-1}
 PATHS=${BENCH_PATHS:-"a b c d"}
 TRAFGEN=${BENCH_TRAFGEN:-1}
 TRAFGEN_PATHS=${BENCH_TRAFGEN_PATHS:-"a b c"}
 CPS=${BENCH_CPS:-1}
 CPS_PATHS=${BENCH_CPS_PATHS:-"b c d"}
-SEARCH=${BENCH_SEARCH:-0}
+SEARCH=${BENCH_SEARCH:-1}
 BUILD=${BENCH_BUILD:-1}
 P=${BENCH_PREFIX:-xlbbench}
 OUT=${BENCH_OUT:-$ROOT/perf/results}
@@ -74,6 +91,11 @@ die() { printf 'bench: error: %s\n' "$*" >&2; exit 1; }
 [ "$(id -u)" -eq 0 ] || die "needs root (network namespaces, XDP)"
 for t in ip jq ethtool nft taskset timeout; do command -v "$t" >/dev/null || die "missing tool: $t"; done
 mkdir -p "$OUT" "$LOGS" || die "cannot create $OUT or $LOGS"
+# bench.yaml with SCHED_FIFO workers, for the shared-rt placement
+CFG_RT=$LOGS/bench-realtime.yaml
+sed 's/^forwardingMode: nat$/forwardingMode: nat\nafXdp: {realtimeWorkers: true}/' "$CFG" >"$CFG_RT"
+grep -q 'realtimeWorkers: true' "$CFG_RT" || die "could not derive $CFG_RT from $CFG"
+PLACEMENT=split NAPI_CPUS=
 
 # ---------------------------------------------------------------------------------------
 # binaries
@@ -158,6 +180,9 @@ xdp_attached() { ip -n "$1" -d link show dev "$2" 2>/dev/null | grep -q "prog/xd
 
 # clean_lb: the lb namespace as the testbed left it (no forwarder, rules, conntrack, RPS, XDP)
 clean_lb() {
+  # Threaded NAPI off first, while l0 still has its NAPI (XDP or GRO): once veth's NAPI is gone
+  # the sysfs write fails (EIO) and the flag would stay on for the next path's NAPI.
+  nsx "$LB" sh -c 'echo 0 > /sys/class/net/l0/threaded' 2>/dev/null || true
   stop_forwarder
   # anything else still running in lb (only this script starts processes there)
   local left
@@ -180,6 +205,11 @@ clean_lb() {
   fi
   if command -v conntrack >/dev/null; then nsx "$LB" conntrack -F >/dev/null 2>&1 || true; fi
   nsx "$LB" sh -c 'echo 0 > /sys/class/net/l0/queues/rx-0/rps_cpus' 2>/dev/null || true
+  # placement: back to no GRO (the testbed's state); threaded NAPI must be off by now
+  nsx "$LB" ethtool -K l0 gro off >/dev/null 2>&1 || true
+  if [ "$(nsx "$LB" cat /sys/class/net/l0/threaded 2>/dev/null)" != 0 ]; then
+    say "  warning: l0's NAPI is still marked threaded; the next split-placement figures are not split"
+  fi
   for i in l0 l1; do
     if xdp_attached "$LB" "$i"; then ip -n "$LB" link set dev "$i" xdp off 2>/dev/null || true; fi
   done
@@ -190,13 +220,37 @@ clean_lb() {
   done
 }
 
-# path_up PATH LOGPREFIX: start the forwarder / load the rules. Non-zero (reason in $WHY) if it
-# could not. Not in a subshell: it sets FWD_PID.
+# place_napi: for the shared placements, make l0's NAPI threaded and pin its thread(s) to the
+# forwarder's core (call once the path is up: veth has a NAPI only with XDP or GRO on). Sets
+# NAPI_CPUS ("napi/l0-N@CPU ..."); non-zero (reason in $WHY) if there is no NAPI thread.
+place_napi() {
+  NAPI_CPUS=
+  [ "$PLACEMENT" = split ] && return 0
+  nsx "$LB" sh -c 'echo 1 > /sys/class/net/l0/threaded' 2>"$LOGS/threaded.err" || {
+    WHY="cannot make l0's NAPI threaded: $(cat "$LOGS/threaded.err")"; return 1; }
+  local pid i
+  for i in $(seq 20); do pgrep '^napi/l0-' >/dev/null && break; sleep 0.05; done
+  for pid in $(pgrep '^napi/l0-'); do
+    taskset -pc "$FWD_CPU" "$pid" >/dev/null || { WHY="cannot pin napi thread $pid"; return 1; }
+    NAPI_CPUS="$NAPI_CPUS$(cat "/proc/$pid/comm")@$(taskset -pc "$pid" | awk '{print $NF}') "
+  done
+  [ -n "$NAPI_CPUS" ] || { WHY="placement $PLACEMENT: no napi/l0-* thread after making l0's NAPI threaded"; return 1; }
+}
+
+# path_up PATH LOGPREFIX: start the forwarder / load the rules, then place l0's NAPI. Non-zero
+# (reason in $WHY) if it could not. Not in a subshell: it sets FWD_PID.
 path_up() {
-  local path=$1 lp=$2 i
+  path_start "$@" || return 1
+  place_napi
+}
+
+path_start() {
+  local path=$1 lp=$2 i rt=
+  [ "$PLACEMENT" = shared-rt ] && rt="chrt -f 1"
   case $path in
     a)
-      ip netns exec "$LB" "$MACFWD" --in-iface l0 --out-iface l1 --dst-mac "$MAC_S0" --cpu "$FWD_CPU" \
+      # shellcheck disable=SC2086
+      ip netns exec "$LB" $rt "$MACFWD" --in-iface l0 --out-iface l1 --dst-mac "$MAC_S0" --cpu "$FWD_CPU" \
         --duration 0 --json </dev/null >"$lp.macfwd.json" 2>"$lp.macfwd.err" &
       FWD_PID=$!
       for i in $(seq 400); do
@@ -208,7 +262,9 @@ path_up() {
     b)
       local sock=$LOGS/xlb.sock
       rm -f "$sock"
-      ip netns exec "$LB" "$XLB" run --config "$CFG" --admin-socket "$sock" </dev/null >"$lp.xlb.log" 2>&1 &
+      local cfg=$CFG
+      [ "$PLACEMENT" = shared-rt ] && cfg=$CFG_RT
+      ip netns exec "$LB" "$XLB" run --config "$cfg" --admin-socket "$sock" </dev/null >"$lp.xlb.log" 2>&1 &
       FWD_PID=$!
       for i in $(seq 600); do
         if [ -S "$sock" ] && "$XLB" services --admin-socket "$sock" 2>/dev/null | grep -q "$VIP"; then
@@ -220,9 +276,11 @@ path_up() {
       WHY="xlb did not serve $VIP within 30 s (log $lp.xlb.log)"; return 1 ;;
     c)
       nsx "$LB" nft -f "${RULES[nftables]}" >"$lp.nft.err" 2>&1 || { WHY="nft -f failed: $(head -n 3 "$lp.nft.err" | tr '\n' ' ')"; return 1; }
+      [ "$PLACEMENT" = split ] || nsx "$LB" ethtool -K l0 gro on >/dev/null || { WHY="cannot enable GRO on l0"; return 1; }
       nsx "$LB" sh -c "echo $RPS_MASK > /sys/class/net/l0/queues/rx-0/rps_cpus" || { WHY="cannot set RPS on l0"; return 1; } ;;
     d)
       nsx "$LB" iptables-restore <"${RULES[iptables]}" >"$lp.ipt.err" 2>&1 || { WHY="iptables-restore failed: $(head -n 3 "$lp.ipt.err" | tr '\n' ' ')"; return 1; }
+      [ "$PLACEMENT" = split ] || nsx "$LB" ethtool -K l0 gro on >/dev/null || { WHY="cannot enable GRO on l0"; return 1; }
       nsx "$LB" sh -c "echo $RPS_MASK > /sys/class/net/l0/queues/rx-0/rps_cpus" || { WHY="cannot set RPS on l0"; return 1; } ;;
   esac
 }
@@ -245,7 +303,8 @@ path_down() {
 pinning() {
   local rps=null
   case $1 in c | d) rps="\"$RPS_MASK\"" ;; esac
-  printf '{"generator_cpu":%s,"forwarder_cpu":%s,"rps_cpus_l0":%s}' "$GEN_CPU" "$FWD_CPU" "$rps"
+  printf '{"generator_cpu":%s,"forwarder_cpu":%s,"rps_cpus_l0":%s,"placement":"%s","napi_threads":"%s"}' \
+    "$GEN_CPU" "$FWD_CPU" "$rps" "$PLACEMENT" "${NAPI_CPUS% }"
 }
 
 emit() { printf '%s\n' "$1" >>"$RAW"; }
@@ -277,9 +336,13 @@ pktgen_common() {
 }
 
 # trial PATH PROFILE REPEAT: one xlb-pktgen run at maximum rate
+# label PROFILE: the profile name the report shows (PROFILE@PLACEMENT off the split placement)
+label() { if [ "$PLACEMENT" = split ]; then echo "$1"; else echo "$1@$PLACEMENT"; fi; }
+
 trial() {
-  local path=$1 prof=$2 rep=$3 lp=$LOGS/$2-$1-$3 why args line
+  local path=$1 prof=$2 rep=$3 lp=$LOGS/$2-$PLACEMENT-$1-$3 why args line
   args=$(profile_args "$prof") || { failed "$path" "$prof" "$rep" "unknown profile"; return; }
+  prof=$(label "$prof")
   if ! path_up "$path" "$lp"; then
     path_down "$path" "$lp"
     failed "$path" "$prof" "$rep" "$WHY"; return
@@ -344,24 +407,37 @@ trafgen_trial() {
   say "  trafgen $prof $path($(path_name "$path")) #$rep: rx $(jq -r '.rx_pps/1e6*1000|round/1000' "$lp.recv.json") Mpps (tx ~$((txpps / 1000)) kpps)"
 }
 
-# search_trial PATH: highest rate with loss < 0.1 % on udp64_1k
+# search_trial PATH PROFILE: highest rate with loss < 0.1 %, then one trial at that rate for the
+# forwarder's latency without overload (the trials at maximum load measure queueing)
 search_trial() {
-  local path=$1 prof=udp64_1k lp=$LOGS/search-$1 why args
-  args=$(profile_args "$prof")
+  local path=$1 base=$2 prof lp=$LOGS/search-$2-$PLACEMENT-$1 args nd lat
+  prof=$(label "$base")
+  args=$(profile_args "$base") || { failed "$path" "$prof" 0 "search: unknown profile"; return; }
   if ! path_up "$path" "$lp"; then
     path_down "$path" "$lp"; failed "$path" "$prof" 0 "search: $WHY"; return
   fi
   # shellcheck disable=SC2046,SC2086
-  timeout 900 "$PKTGEN" search $(pktgen_common) $args --duration "$SECS" --warmup "$WARMUP" \
-    --loss-threshold 0.001 --json >"$lp.json" 2>"$lp.err"
+  timeout 1800 "$PKTGEN" search $(pktgen_common) $args --duration "$SECS" --warmup "$WARMUP" \
+    --loss-threshold 0.001 --trials "$SEARCH_TRIALS" --json >"$lp.json" 2>"$lp.err"
   local rc=$?
-  path_down "$path" "$lp"
   if [ $rc -ne 0 ] || ! jq -e '.no_drop_pps' "$lp.json" >/dev/null 2>&1; then
+    path_down "$path" "$lp"
     failed "$path" "$prof" 0 "search: xlb-pktgen exited $rc: $(tail -n 3 "$lp.err" | tr '\n' ' ')"; return
   fi
-  emit "$(jq -c --arg path "$path" --arg profile "$prof" \
-    '{kind:"search",path:$path,profile:$profile,no_drop_pps:.no_drop_pps,loss_threshold:0.001,search:.}' "$lp.json")"
-  say "  search $prof $path: no-drop $(jq -r '.no_drop_pps' "$lp.json") pps"
+  nd=$(jq -r '.no_drop_pps | floor' "$lp.json")
+  lat=null
+  if [ "$nd" -gt 0 ]; then
+    # shellcheck disable=SC2046,SC2086
+    timeout $((WARMUP + SECS + 60)) "$PKTGEN" run $(pktgen_common) $args --rate "$nd" \
+      --duration "$SECS" --warmup "$WARMUP" --json >"$lp.confirm.json" 2>"$lp.confirm.err" &&
+      lat=$(jq -c '{latency_ns:.latency_ns,confirm_rx_pps:.rx_pps,confirm_loss:.loss}' "$lp.confirm.json" 2>/dev/null || echo null)
+  fi
+  path_down "$path" "$lp"
+  emit "$(jq -c --arg path "$path" --arg profile "$prof" --argjson pin "$(pinning "$path")" --argjson confirm "$lat" \
+    '{kind:"search",path:$path,profile:$profile,no_drop_pps:.no_drop_pps,loss_threshold:0.001,pinning:$pin,
+      latency_ns:($confirm.latency_ns // null),confirm_rx_pps:($confirm.confirm_rx_pps // null),
+      confirm_loss:($confirm.confirm_loss // null),search:.}' "$lp.json")"
+  say "  search $prof $path($(path_name "$path")): no-drop $(jq -r '.no_drop_pps/1e6*1000|round/1000' "$lp.json") Mpps, at that rate p50/p99 $(jq -r '(.latency_ns // {}) | "\(.p50 // "?") / \(.p99 // "?") ns"' <<<"$lat")"
 }
 
 # ---------------------------------------------------------------------------------------
@@ -458,17 +534,22 @@ else
     why=$(path_missing "$path")
     [ -z "$why" ] || say "path $path ($(path_name "$path")) will fail: $why"
   done
-  n_trials=$(( REPEATS * $(wc -w <<<"$PROFILES") * $(wc -w <<<"$PATHS") ))
-  say "packet rate: $n_trials trials of ${WARMUP}+${SECS} s (profiles: $PROFILES; paths: $PATHS)"
+  n_trials=$(( REPEATS * $(wc -w <<<"$PLACEMENTS") * $(wc -w <<<"$PROFILES") * $(wc -w <<<"$PATHS") ))
+  say "packet rate: up to $n_trials trials of ${WARMUP}+${SECS} s (placements: $PLACEMENTS; profiles: $PROFILES; paths: $PATHS)"
   for rep in $(seq "$REPEATS"); do
-    for prof in $PROFILES; do
-      for path in $PATHS; do
-        why=$(path_missing "$path")
-        if [ -n "$why" ]; then failed "$path" "$prof" "$rep" "$why"; continue; fi
-        trial "$path" "$prof" "$rep"
+    for PLACEMENT in $PLACEMENTS; do
+      for prof in $PROFILES; do
+        for path in $PATHS; do
+          # shared-rt changes only the userspace forwarders
+          [ "$PLACEMENT" = shared-rt ] && { [ "$path" = c ] || [ "$path" = d ]; } && continue
+          why=$(path_missing "$path")
+          if [ -n "$why" ]; then failed "$path" "$(label "$prof")" "$rep" "$why"; continue; fi
+          trial "$path" "$prof" "$rep"
+        done
       done
     done
   done
+  PLACEMENT=split
   if [ "$TRAFGEN" = 1 ]; then
     if command -v trafgen >/dev/null; then
       say "cross-check: trafgen udp64_1k on paths $TRAFGEN_PATHS"
@@ -484,12 +565,18 @@ else
     fi
   fi
   if [ "$SEARCH" = 1 ]; then
-    say "no-drop search, udp64_1k, paths $PATHS"
-    for path in $PATHS; do
-      why=$(path_missing "$path")
-      if [ -n "$why" ]; then failed "$path" udp64_1k 0 "search: $why"; continue; fi
-      search_trial "$path"
+    say "no-drop search ($SEARCH_TRIALS bisection trials) and latency at that rate: profiles $SEARCH_PROFILES, placements $PLACEMENTS, paths $PATHS"
+    for PLACEMENT in $PLACEMENTS; do
+      for prof in $SEARCH_PROFILES; do
+        for path in $PATHS; do
+          [ "$PLACEMENT" = shared-rt ] && { [ "$path" = c ] || [ "$path" = d ]; } && continue
+          why=$(path_missing "$path")
+          if [ -n "$why" ]; then failed "$path" "$(label "$prof")" 0 "search: $why"; continue; fi
+          search_trial "$path" "$prof"
+        done
+      done
     done
+    PLACEMENT=split
   fi
 fi
 

@@ -136,7 +136,10 @@ pub fn render(r: &Report) -> String {
     let nd: Vec<_> =
         r.profiles.0.iter().filter(|(_, p)| p.paths.0.iter().any(|(_, f)| f.no_drop_mpps.is_some())).collect();
     if !nd.is_empty() {
-        let _ = writeln!(o, "\n## No-drop rate (Mpps, loss < threshold, `xlb-pktgen search`)\n");
+        let _ = writeln!(
+            o,
+            "\n## No-drop rate (Mpps, loss < threshold, `xlb-pktgen search`), and p50 / p99 latency (µs) of a trial at that rate\n"
+        );
         let _ = write!(o, "| profile |");
         for id in &ids {
             let _ = write!(o, " {id} {} |", path_name(id));
@@ -145,8 +148,14 @@ pub fn render(r: &Report) -> String {
         for (name, p) in nd {
             let _ = write!(o, "| `{name}` |");
             for id in &ids {
-                let cell = p.paths.get(id).and_then(|f| f.no_drop_mpps).map_or_else(|| "–".into(), mpps);
-                let _ = write!(o, " {cell} |");
+                let cell = p.paths.get(id).and_then(|f| {
+                    let r = mpps(f.no_drop_mpps?);
+                    Some(match (f.no_drop_latency_p50_ns, f.no_drop_latency_p99_ns) {
+                        (Some(a), Some(b)) => format!("{r} ({:.1} / {:.1})", a / 1e3, b / 1e3),
+                        _ => r,
+                    })
+                });
+                let _ = write!(o, " {} |", cell.unwrap_or_else(|| "–".into()));
             }
             let _ = writeln!(o);
         }

@@ -64,6 +64,9 @@ pub struct SearchResult {
     pub profile: String,
     /// No-drop rate, packets per second.
     pub no_drop_pps: f64,
+    /// Latency percentiles (ns; `p50`, `p99`, ...) of one trial run at the no-drop rate, when
+    /// one was run after the search.
+    pub latency_ns: Option<Value>,
 }
 
 /// A trial that failed.
@@ -162,6 +165,7 @@ pub fn classify(v: &Value) -> Result<RawRecord, String> {
             path: need(v, "path")?,
             profile: need(v, "profile")?,
             no_drop_pps: f(v, "no_drop_pps").ok_or("missing or non-numeric field \"no_drop_pps\"")?,
+            latency_ns: v.get("latency_ns").filter(|l| l.is_object()).cloned(),
         })),
         "failed" => Ok(RawRecord::Failed(Failure {
             path: s(v, "path"),
