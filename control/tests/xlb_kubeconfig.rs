@@ -8,45 +8,16 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use support::fake_apiserver::{FakeApiServer, Res};
 use support::{NODE, kubeconfig as kubeconfig_for, node, service, slice};
+use xlb_testkit::{ChildGuard, Netns, in_ns, sh, skip_without_root};
 
-struct Netns(String);
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
-
-struct Xlb(Child);
-
-impl Drop for Xlb {
-    fn drop(&mut self) {
-        let _ = Command::new("kill").args(["-TERM", &self.0.id().to_string()]).status();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if matches!(self.0.try_wait(), Ok(Some(_))) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn sh(args: &[&str]) -> String {
-    let out = Command::new(args[0]).args(&args[1..]).output().expect("spawn");
-    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn in_ns(ns: &str, args: &[&str]) -> std::process::Output {
-    Command::new("ip").args(["netns", "exec", ns]).args(args).output().expect("spawn")
+/// Polls `f` until it returns `Some` (20 s at most).
+fn wait_until(what: &str, f: impl FnMut() -> Option<String>) -> String {
+    xlb_testkit::wait_until(Duration::from_secs(20), what, f)
 }
 
 fn services(ns: &str, sock: &Path) -> String {
@@ -54,27 +25,13 @@ fn services(ns: &str, sock: &Path) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn wait_until(what: &str, mut f: impl FnMut() -> Option<String>) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        match f() {
-            Some(s) => return s,
-            None => std::thread::sleep(Duration::from_millis(200)),
-        }
-    }
-    panic!("timed out waiting for {what}");
-}
-
 #[test]
 fn xlb_with_a_kubeconfig_programs_what_the_api_server_holds_and_follows_changes() {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("xlb_with_a_kubeconfig_programs_what_the_api_server_holds_and_follows_changes: skipped: needs root");
+    if skip_without_root("xlb_with_a_kubeconfig_programs_what_the_api_server_holds_and_follows_changes") {
         return;
     }
-    let ns = format!("xk{}", std::process::id());
-    sh(&["ip", "netns", "add", &ns]);
-    let _ns = Netns(ns.clone());
-    sh(&["ip", "-n", &ns, "link", "set", "lo", "up"]);
+    let guard = Netns::new("xk");
+    let ns = guard.name().to_owned();
     sh(&["ip", "link", "add", "xk0", "netns", &ns, "type", "veth", "peer", "name", "xk1", "netns", &ns]);
     sh(&["ip", "-n", &ns, "addr", "add", "10.251.0.1/24", "dev", "xk0"]);
     sh(&["ip", "-n", &ns, "link", "set", "xk0", "up"]);
@@ -140,7 +97,7 @@ fn xlb_with_a_kubeconfig_programs_what_the_api_server_holds_and_follows_changes(
         .stderr(log)
         .spawn()
         .expect("start xlb");
-    let xlb = Xlb(child);
+    let xlb = ChildGuard::graceful(child, Duration::from_secs(5));
     let read_log = || std::fs::read_to_string(dir.join("xlb.log")).unwrap_or_default();
 
     // The initial state, exactly as the API server holds it.

@@ -815,9 +815,7 @@ mod tests {
     /// which disappears with the thread: nothing to clean up, nothing of the host touched.
     /// `None` when not root (the test is skipped; CI runs as root).
     fn in_private_netns<T: Send + 'static>(test: &str, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
-        // SAFETY: geteuid has no preconditions and touches no memory.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("{test}: skipped: needs root");
+        if xlb_testkit::skip_without_root(test) {
             return None;
         }
         let t = std::thread::spawn(move || {

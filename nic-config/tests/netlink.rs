@@ -22,13 +22,13 @@ mod tests {
         if !common::can_run("neighbour_dump_sees_a_static_neighbour") {
             return;
         }
-        let ns = Netns::new();
+        let ns = Netns::new("xlbnic");
         ns.ip(&["link", "add", "lb0", "type", "veth", "peer", "name", "lb1"]);
         ns.ip(&["link", "set", "lb0", "up"]);
         ns.ip(&["neigh", "replace", "10.251.1.77", "lladdr", "02:00:00:00:00:77", "dev", "lb0", "nud", "permanent"]);
         ns.ip(&["neigh", "replace", "fd00:251:1::77", "lladdr", "02:00:00:00:06:77", "dev", "lb0", "nud", "permanent"]);
 
-        let (idx, all, only_lb0, only_lo) = ns.run(|| {
+        let (idx, all, only_lb0, only_lo) = ns.run_in(|| {
             let idx = ifindex("lb0").unwrap();
             (
                 idx,
@@ -59,10 +59,10 @@ mod tests {
         if !common::can_run("neighbour_watcher_reports_added_and_removed_entries") {
             return;
         }
-        let ns = Netns::new();
+        let ns = Netns::new("xlbnic");
         ns.ip(&["link", "add", "lb0", "type", "veth", "peer", "name", "lb1"]);
         ns.ip(&["link", "set", "lb0", "up"]);
-        let mut watcher = ns.run(|| NeighbourWatcher::new().unwrap());
+        let mut watcher = ns.run_in(|| NeighbourWatcher::new().unwrap());
         assert_eq!(watcher.recv_timeout(Duration::ZERO).unwrap(), None, "quiet before changes");
 
         let ip: IpAddr = "10.251.1.88".parse().unwrap();
@@ -88,16 +88,16 @@ mod tests {
             return;
         }
         let pair = Pair::new(1);
-        let idx = pair.lb.run(|| ifindex(LB_IF).unwrap());
+        let idx = pair.lb.run_in(|| ifindex(LB_IF).unwrap());
         for peer in [IpAddr::from(CLIENT_V4), IpAddr::from(CLIENT_V6)] {
-            let before = pair.lb.run(|| neighbours::dump(Some(idx)).unwrap());
+            let before = pair.lb.run_in(|| neighbours::dump(Some(idx)).unwrap());
             assert!(before.iter().all(|n| n.ip != peer), "no entry for {peer} yet: {before:?}");
 
-            let mut watcher = pair.lb.run(|| NeighbourWatcher::new().unwrap());
-            pair.lb.run(|| neighbours::resolve(idx, peer)).expect("resolve");
+            let mut watcher = pair.lb.run_in(|| NeighbourWatcher::new().unwrap());
+            pair.lb.run_in(|| neighbours::resolve(idx, peer)).expect("resolve");
             let n = wait_for(LONG, "the kernel to resolve the client", || {
                 pair.lb
-                    .run(|| neighbours::dump(Some(idx)).unwrap())
+                    .run_in(|| neighbours::dump(Some(idx)).unwrap())
                     .into_iter()
                     .find(|n| n.ip == peer && n.usable_mac().is_some())
             });
@@ -109,7 +109,7 @@ mod tests {
             });
         }
         // An unknown interface index is the kernel's ENODEV, passed on.
-        let err = pair.lb.run(|| neighbours::resolve(9999, CLIENT_V4.into())).unwrap_err();
+        let err = pair.lb.run_in(|| neighbours::resolve(9999, CLIENT_V4.into())).unwrap_err();
         assert!(matches!(err, NicError::Netlink { .. }), "{err}");
     }
 
@@ -119,7 +119,7 @@ mod tests {
             return;
         }
         let pair = Pair::new(2);
-        let info = pair.lb.run(|| interface_info(LB_IF).unwrap());
+        let info = pair.lb.run_in(|| interface_info(LB_IF).unwrap());
         assert_eq!(info.name, LB_IF);
         assert_eq!(info.mac, Some(pair.lb_mac));
         assert_eq!(info.mtu, 1500);
@@ -132,7 +132,7 @@ mod tests {
             !addrs.iter().any(|(a, _)| *a == IpAddr::from(common::VIP_V4)),
             "addresses of other interfaces (lo) are not listed: {addrs:?}"
         );
-        let err = pair.lb.run(|| interface_info("nosuch0")).unwrap_err();
+        let err = pair.lb.run_in(|| interface_info("nosuch0")).unwrap_err();
         assert!(matches!(err, NicError::UnknownInterface { .. }) && err.to_string().contains("nosuch0"), "{err}");
     }
 
@@ -142,7 +142,7 @@ mod tests {
             return;
         }
         let pair = Pair::new(2);
-        pair.lb.run(|| {
+        pair.lb.run_in(|| {
             let c = channels(LB_IF).unwrap();
             assert_eq!((c.max_rx, c.max_tx, c.rx_queues()), (Some(2), Some(2), 2), "{c:?}");
             set_channels(LB_IF, 1).unwrap();
@@ -153,7 +153,7 @@ mod tests {
             let err = set_channels(LB_IF, 3).unwrap_err();
             assert!(err.to_string().contains("channel count"), "{err}");
         });
-        pair.client.run(|| {
+        pair.client.run_in(|| {
             assert!(tx_checksum_offload(CLIENT_IF).unwrap(), "veth starts with tx checksumming on");
             set_tx_checksum_offload(CLIENT_IF, false).unwrap();
             assert!(!tx_checksum_offload(CLIENT_IF).unwrap());

@@ -33,7 +33,7 @@ fn bpf_object_exists(kind: &str, id: u32) -> bool {
 
 /// Sends one UDP datagram from the client namespace.
 fn client_send_udp(client: &Netns, to: SocketAddr, payload: &[u8]) {
-    client.run(|| {
+    client.run_in(|| {
         let bind: SocketAddr = if to.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().unwrap();
         let s = UdpSocket::bind(bind).expect("client UDP socket");
         s.send_to(payload, to).expect("client send");
@@ -42,7 +42,7 @@ fn client_send_udp(client: &Netns, to: SocketAddr, payload: &[u8]) {
 
 /// A UDP socket in the lb namespace bound to `addr`.
 fn lb_udp(lb: &Netns, addr: SocketAddr) -> UdpSocket {
-    lb.run(|| {
+    lb.run_in(|| {
         let s = UdpSocket::bind(addr).unwrap_or_else(|e| panic!("bind {addr}: {e}"));
         s.set_read_timeout(Some(SHORT)).unwrap();
         s
@@ -56,7 +56,7 @@ fn kernel_got(sock: &UdpSocket) -> Option<Vec<u8>> {
 
 /// Attaches the program to lb0 and binds an AF_XDP socket on queue 0 into `xsks`.
 fn attach_with_xsk(pair: &Pair) -> (Steering, Xsk) {
-    pair.lb.run(|| {
+    pair.lb.run_in(|| {
         let mut steering = Steering::attach(LB_IF, XdpMode::Native).expect("attach");
         assert_eq!(steering.mode(), XdpMode::Native, "veth supports native XDP");
         let xsk = Xsk::bind(LB_IF, 0);
@@ -76,12 +76,12 @@ mod tests {
         }
         let pair = Pair::new(1);
         for explicit_detach in [true, false] {
-            let steering = pair.lb.run(|| Steering::attach(LB_IF, XdpMode::Native).expect("attach"));
+            let steering = pair.lb.run_in(|| Steering::attach(LB_IF, XdpMode::Native).expect("attach"));
             let prog_id = steering.prog_id();
             let map_ids = steering.map_ids().to_vec();
             assert_eq!(map_ids.len(), 6);
 
-            let info = pair.lb.run(|| interface_info(LB_IF).unwrap());
+            let info = pair.lb.run_in(|| interface_info(LB_IF).unwrap());
             assert_eq!(info.xdp_prog_id, Some(prog_id), "rtnetlink shows our program on lb0");
             let link = pair.lb.ip(&["-d", "link", "show", "dev", LB_IF]);
             assert!(link.contains(&format!("prog/xdp id {prog_id}")), "ip -d link: {link}");
@@ -102,7 +102,7 @@ mod tests {
 
             let link = pair.lb.ip(&["-d", "link", "show", "dev", LB_IF]);
             assert!(!link.contains("xdp"), "no XDP left on lb0: {link}");
-            assert_eq!(pair.lb.run(|| interface_info(LB_IF).unwrap()).xdp_prog_id, None);
+            assert_eq!(pair.lb.run_in(|| interface_info(LB_IF).unwrap()).xdp_prog_id, None);
             // The kernel frees programs and maps after an RCU grace period: poll briefly.
             wait_for(LONG, "the program to be freed", || (!bpf_object_exists("prog", prog_id)).then_some(()));
             for id in map_ids {
@@ -117,8 +117,8 @@ mod tests {
             return;
         }
         // The loopback driver has no native XDP (no ndo_bpf), only generic.
-        let ns = Netns::new();
-        let steering = ns.run(|| Steering::attach("lo", XdpMode::Native).expect("attach"));
+        let ns = Netns::new("xlbnic");
+        let steering = ns.run_in(|| Steering::attach("lo", XdpMode::Native).expect("attach"));
         assert_eq!(steering.mode(), XdpMode::Skb);
         let link = ns.ip(&["-d", "link", "show", "dev", "lo"]);
         assert!(link.contains("xdpgeneric"), "generic XDP on lo: {link}");
@@ -132,8 +132,8 @@ mod tests {
         if !common::can_run("attaching_to_an_unknown_interface_names_it") {
             return;
         }
-        let ns = Netns::new();
-        let err = ns.run(|| Steering::attach("nosuch0", XdpMode::Native)).unwrap_err();
+        let ns = Netns::new("xlbnic");
+        let err = ns.run_in(|| Steering::attach("nosuch0", XdpMode::Native)).unwrap_err();
         assert!(err.to_string().contains("nosuch0"), "{err}");
     }
 
@@ -237,7 +237,7 @@ mod tests {
         // SNAT range or from a listed service port (NodePort style); the kernel keeps the rest.
         // The client's kernel answers each probe with "port unreachable".
         steering.sync_services(&[ServiceKey { addr: LB_V4.into(), proto: IPPROTO_UDP, port: 30_080 }]).unwrap();
-        let (ours, theirs) = pair.lb.run(|| {
+        let (ours, theirs) = pair.lb.run_in(|| {
             let ours: Vec<_> = [40_005, 30_080]
                 .into_iter()
                 .map(|p| UdpSocket::bind(SocketAddr::new(LB_V4.into(), p)).unwrap())
@@ -280,7 +280,7 @@ mod tests {
 
         // From the VIP to a closed port of the client: the client's kernel answers with an ICMP
         // port unreachable addressed to the VIP.
-        pair.lb.run(|| {
+        pair.lb.run_in(|| {
             let s = UdpSocket::bind(SocketAddr::new(VIP_V4.into(), 5555)).unwrap();
             s.send_to(b"probe", SocketAddr::new(CLIENT_V4.into(), 9)).unwrap();
         });
@@ -329,9 +329,9 @@ mod tests {
         if !common::can_run("endpoints_map_holds_100k_backends_and_later_syncs_apply_only_the_difference") {
             return;
         }
-        let ns = Netns::new();
+        let ns = Netns::new("xlbnic");
         ns.ip(&["link", "add", "lb0", "type", "veth", "peer", "name", "lb1"]);
-        let mut steering = ns.run(|| Steering::attach("lb0", XdpMode::Native).unwrap());
+        let mut steering = ns.run_in(|| Steering::attach("lb0", XdpMode::Native).unwrap());
         let ep = |i: u32| ServiceKey {
             addr: std::net::Ipv4Addr::from(0x0af4_0000 + i / 10).into(),
             proto: IPPROTO_TCP,
@@ -371,9 +371,9 @@ mod tests {
         if !common::can_run("map_sync_inserts_new_and_removes_stale_keys") {
             return;
         }
-        let ns = Netns::new();
+        let ns = Netns::new("xlbnic");
         ns.ip(&["link", "add", "lb0", "type", "veth", "peer", "name", "lb1"]);
-        let mut steering = ns.run(|| Steering::attach("lb0", XdpMode::Native).unwrap());
+        let mut steering = ns.run_in(|| Steering::attach("lb0", XdpMode::Native).unwrap());
         let k = |port| ServiceKey { addr: VIP_V4.into(), proto: IPPROTO_TCP, port };
         let k6 = ServiceKey { addr: VIP_V6.into(), proto: IPPROTO_UDP, port: 53 };
         let sorted = |mut v: Vec<ServiceKey>| {
@@ -394,10 +394,10 @@ mod tests {
         assert!(steering.services_in_map().unwrap().is_empty(), "a rejected sync changes nothing");
 
         // A second program on the same interface is refused, naming it; the first stays.
-        let err = ns.run(|| Steering::attach("lb0", XdpMode::Native)).unwrap_err();
+        let err = ns.run_in(|| Steering::attach("lb0", XdpMode::Native)).unwrap_err();
         eprintln!("second attach refused: {err}");
         assert!(err.to_string().contains("lb0") && err.to_string().contains("native"), "{err}");
-        let info = ns.run(|| interface_info("lb0").unwrap());
+        let info = ns.run_in(|| interface_info("lb0").unwrap());
         assert_eq!(info.xdp_prog_id, Some(steering.prog_id()));
 
         steering.sync_vip_addrs(&[VIP_V4.into(), VIP_V6.into()]).unwrap();
@@ -419,7 +419,7 @@ mod tests {
             return;
         }
         let pair = Pair::new(2);
-        let (mut steering, mut xsk0, mut xsk1) = pair.lb.run(|| {
+        let (mut steering, mut xsk0, mut xsk1) = pair.lb.run_in(|| {
             let mut steering = Steering::attach(LB_IF, XdpMode::Native).expect("attach");
             let xsk0 = Xsk::bind(LB_IF, 0);
             let xsk1 = Xsk::bind(LB_IF, 1);
@@ -430,7 +430,7 @@ mod tests {
         steering.sync_services(&[ServiceKey { addr: VIP_V4.into(), proto: IPPROTO_UDP, port: 7777 }]).unwrap();
         // 32 flows (one socket each, so different source ports): the client's veth spreads
         // them over its TX queues, and veth delivers TX queue i to the peer's RX queue i.
-        pair.client.run(|| {
+        pair.client.run_in(|| {
             for _ in 0..32 {
                 let s = UdpSocket::bind("0.0.0.0:0").unwrap();
                 s.send_to(b"flow", SocketAddr::new(VIP_V4.into(), 7777)).unwrap();

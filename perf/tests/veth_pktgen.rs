@@ -11,51 +11,36 @@
 //! frames: nothing is sent during the last 200 ms, so a difference would have to come from a
 //! stray frame arriving between the last receive and the close.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use xlb_testkit::{ChildGuard, Netns, sh, skip_without_root, wait_until};
 
 const PKTGEN: &str = env!("CARGO_BIN_EXE_xlb-pktgen");
 const MACFWD: &str = env!("CARGO_BIN_EXE_xlb-macfwd");
 
 /// The two tests pin to the same CPUs; run them one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
-static COUNTER: AtomicU32 = AtomicU32::new(0);
 
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).map(|l| l.split_whitespace().nth(2) == Some("0")))
-        .unwrap_or(false)
-}
-
-fn sh(args: &[&str]) -> String {
-    let out = Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("{args:?}: {e}"));
-    assert!(out.status.success(), "{args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Namespaces named `xp<pid>n<counter><suffix>`; deleted on drop, with any child killed first.
+/// Namespaces `xp-<pid>-<n>` and the processes started in them: the children are killed, then
+/// the namespaces deleted, on drop (also when the test fails).
 struct Testbed {
-    prefix: String,
-    namespaces: Vec<String>,
-    children: Vec<Child>,
+    // Field order is drop order: children before their namespaces.
+    children: Vec<ChildGuard>,
+    namespaces: Vec<Netns>,
 }
 
 impl Testbed {
     fn new() -> Self {
-        let prefix = format!("xp{}n{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed));
-        Self { prefix, namespaces: Vec::new(), children: Vec::new() }
+        Self { children: Vec::new(), namespaces: Vec::new() }
     }
 
-    fn ns(&mut self, suffix: &str) -> String {
-        let name = format!("{}{suffix}", self.prefix);
-        sh(&["ip", "netns", "add", &name]);
-        self.namespaces.push(name.clone());
-        sh(&["ip", "-n", &name, "link", "set", "lo", "up"]);
+    fn ns(&mut self) -> String {
+        let ns = Netns::new("xp");
+        let name = ns.name().to_owned();
+        self.namespaces.push(ns);
         name
     }
 
@@ -65,18 +50,6 @@ impl Testbed {
         for (n, i) in [(na, a), (nb, b)] {
             sh(&["ip", "netns", "exec", n, "sysctl", "-qw", &format!("net.ipv6.conf.{i}.disable_ipv6=1")]);
             sh(&["ip", "-n", n, "link", "set", i, "up"]);
-        }
-    }
-}
-
-impl Drop for Testbed {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        for n in &self.namespaces {
-            let _ = Command::new("ip").args(["netns", "del", n]).status();
         }
     }
 }
@@ -102,11 +75,7 @@ fn has_xdp(ns: &str, ifname: &str) -> bool {
 }
 
 fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !cond() {
-        assert!(t.elapsed() < Duration::from_secs(10), "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until(Duration::from_secs(10), what, || cond().then_some(()));
 }
 
 fn json(out: &std::process::Output, what: &str) -> Value {
@@ -139,13 +108,12 @@ fn cpus() -> (String, Option<String>) {
 /// for 2 s; the generator counts at the sink, the sink veth counts too.
 #[test]
 fn macfwd_path_counts_match_the_sink_veth() {
-    if !is_root() {
-        eprintln!("SKIPPED: needs root (network namespaces, AF_XDP)");
+    if skip_without_root("veth_pktgen") {
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let mut tb = Testbed::new();
-    let (g, l, s) = (tb.ns("g"), tb.ns("l"), tb.ns("s"));
+    let (g, l, s) = (tb.ns(), tb.ns(), tb.ns());
     tb.veth(&g, "g0", &l, "l0");
     tb.veth(&l, "l1", &s, "s0");
     let (gen_cpu, fwd_cpu) = cpus();
@@ -157,7 +125,7 @@ fn macfwd_path_counts_match_the_sink_veth() {
         fwd.args(["--cpu", c]);
     }
     let child = fwd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn xlb-macfwd");
-    tb.children.push(child);
+    tb.children.push(ChildGuard::new(child));
     wait_for("xlb-macfwd to attach to l0 and l1", || has_xdp(&l, "l0") && has_xdp(&l, "l1"));
 
     let before = ethtool_stat(&s, "s0", "rx_queue_0_xdp_redirect");
@@ -174,7 +142,7 @@ fn macfwd_path_counts_match_the_sink_veth() {
     let delta = after - before;
 
     // Stop the forwarder with SIGTERM: it must exit cleanly, report, and detach.
-    let mut child = tb.children.pop().expect("macfwd child");
+    let mut child = tb.children.pop().expect("macfwd child").into_inner();
     sh(&["kill", "-TERM", &child.id().to_string()]);
     let t = Instant::now();
     let status = loop {
@@ -220,13 +188,12 @@ fn macfwd_path_counts_match_the_sink_veth() {
 /// `recv` counts frames sent by `run --no-rx` over one veth pair, and matches the veth.
 #[test]
 fn recv_counts_match_the_veth() {
-    if !is_root() {
-        eprintln!("SKIPPED: needs root (network namespaces, AF_XDP)");
+    if skip_without_root("veth_pktgen") {
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let mut tb = Testbed::new();
-    let (a, b) = (tb.ns("a"), tb.ns("b"));
+    let (a, b) = (tb.ns(), tb.ns());
     tb.veth(&a, "a0", &b, "b0");
     let (gen_cpu, recv_cpu) = cpus();
     let before = ethtool_stat(&b, "b0", "rx_queue_0_xdp_redirect");
@@ -236,7 +203,7 @@ fn recv_counts_match_the_veth() {
         rc.args(["--cpu", c]);
     }
     let recv = rc.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn recv");
-    tb.children.push(recv);
+    tb.children.push(ChildGuard::new(recv));
     wait_for("recv to attach to b0", || has_xdp(&b, "b0"));
     #[rustfmt::skip]
     let out = Command::new(PKTGEN)
@@ -249,7 +216,7 @@ fn recv_counts_match_the_veth() {
     assert!(r["loss"].is_null());
     assert_eq!(u(&r, "size"), 70, "syn frames default to the smallest that holds the stamp");
     assert_eq!(u(&r, "flows"), 1 << 24);
-    let child = tb.children.pop().expect("recv child");
+    let child = tb.children.pop().expect("recv child").into_inner();
     let v = json(&child.wait_with_output().expect("recv output"), "xlb-pktgen recv");
     let delta = ethtool_stat(&b, "b0", "rx_queue_0_xdp_redirect") - before;
     assert!(!has_xdp(&b, "b0"), "recv left an XDP program on b0");

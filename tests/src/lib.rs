@@ -213,49 +213,12 @@ fn io_err(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> TestbedE
     move |source| TestbedError::Io { context, source }
 }
 
-/// True when the process runs with effective uid 0.
-#[must_use]
-pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions, cannot fail and touches no memory of ours.
-    unsafe { libc::geteuid() == 0 }
-}
+pub use xlb_testkit::{is_root, list_netns, skip_without_root};
 
-/// Returns true (after printing `<test>: skipped: needs root`) when the process is not
-/// root, so a test can `return` early; returns false when the test can run.
-#[must_use]
-pub fn skip_without_root(test: &str) -> bool {
-    if is_root() {
-        false
-    } else {
-        // straight to the process's stderr: libtest would swallow println! of a passing test
-        let _ = writeln!(std::io::stderr(), "{test}: skipped: needs root");
-        true
-    }
-}
-
-/// The names listed by `ip netns list`.
-///
-/// # Errors
-/// When `ip` cannot run or fails.
-pub fn list_netns() -> Result<Vec<String>> {
-    let out = run_ok(Command::new("ip").args(["netns", "list"]))?;
-    Ok(out.lines().filter_map(|l| l.split_whitespace().next()).map(str::to_owned).collect())
-}
-
-/// Calls `f` every 20 ms until it returns `Some`, for at most `timeout`; returns the last
-/// result. Use it for things that become true shortly after a reply, such as an nginx
-/// access-log line.
-pub fn wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return Some(v);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// Calls `f` every 20 ms until it returns `Some`, for at most `timeout` ([`xlb_testkit::wait_for`]).
+/// Use it for things that become true shortly after a reply, such as an nginx access-log line.
+pub fn wait_for<T>(timeout: Duration, f: impl FnMut() -> Option<T>) -> Option<T> {
+    xlb_testkit::wait_for(timeout, "a condition", f)
 }
 
 /// A reply of the backends' UDP or TCP service: `be<i> <peer address>`.
@@ -642,9 +605,7 @@ fn process_alive(pid: u32) -> bool {
 
 /// Tears down testbeds named by this harness (`xe<pid>t<n>`) whose process is gone.
 fn reap_stale_testbeds() {
-    let Ok(names) = list_netns() else {
-        return;
-    };
+    let names = list_netns();
     let mut stale: Vec<&str> = names
         .iter()
         .filter_map(|n| n.split_once('-').map(|(prefix, _)| prefix))

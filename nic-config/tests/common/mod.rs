@@ -1,133 +1,30 @@
 //! Test fixtures: private network namespaces joined by a veth pair.
 //!
-//! Each fixture makes its own namespaces named `xlbnic-<pid>-<n>` and deletes them when dropped
-//! (also when the test panics). Code runs inside a namespace on a dedicated thread that joins it
+//! Each fixture makes its own namespaces named `xlbnic-<pid>-<n>` (`xlb_testkit::Netns`) and
+//! deletes them when dropped (also when the test panics). Code runs inside a namespace on a dedicated thread that joins it
 //! with setns(2); the root namespace's interfaces are never touched. Addresses used exist only
 //! inside these namespaces.
 
 #![allow(dead_code, reason = "each test binary uses a different part of the fixtures")]
 #![allow(unreachable_pub, reason = "test helper module")]
 
-use std::{
-    fs::File,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
-    process::{Command, Output},
-    sync::atomic::{AtomicU32, Ordering},
-    thread,
-    time::{Duration, Instant},
-};
-
-use nix::sched::{CloneFlags, setns};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 pub mod xsk;
 
+#[allow(unused_imports, reason = "each test binary uses a different part of the fixtures")]
+pub use xlb_testkit::{Netns, run, sh, wait_until as wait_for};
+
 /// True when the tests can create namespaces and load XDP programs. Prints why not otherwise.
 pub fn can_run(test: &str) -> bool {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("SKIP {test}: needs root (network namespaces, XDP, AF_XDP); CI runs as root");
+    if xlb_testkit::skip_without_root(test) {
         return false;
     }
-    if Command::new("ip").arg("-V").output().is_err() {
+    if !xlb_testkit::have_tool("ip", "-V") {
         eprintln!("SKIP {test}: `ip` (iproute2) is missing: run scripts/install-deps.sh");
         return false;
     }
     true
-}
-
-/// Runs a command and panics with its output if it fails.
-pub fn sh(args: &[&str]) -> String {
-    let out = run(args);
-    assert!(
-        out.status.success(),
-        "`{}` failed ({}): {}{}",
-        args.join(" "),
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Runs a command and returns its output, whatever its exit status.
-pub fn run(args: &[&str]) -> Output {
-    Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("cannot run `{}`: {e}", args.join(" ")))
-}
-
-static COUNTER: AtomicU32 = AtomicU32::new(0);
-
-/// A network namespace that is deleted on drop.
-#[derive(Debug)]
-pub struct Netns {
-    pub name: String,
-}
-
-/// Deletes `xlbnic-<pid>-*` namespaces left by test processes that were killed before their
-/// guards ran (the pid no longer exists). Runs once per test binary.
-fn sweep_dead_runs() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let Ok(dir) = std::fs::read_dir("/run/netns") else { return };
-        for entry in dir.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let Some(pid) = name.strip_prefix("xlbnic-").and_then(|r| r.split('-').next()) else {
-                continue;
-            };
-            if pid.parse::<u32>().is_ok() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-                eprintln!("removing namespace {name} left by a dead test run");
-                let _ = run(&["ip", "netns", "del", &name]);
-            }
-        }
-    });
-}
-
-impl Netns {
-    pub fn new() -> Self {
-        sweep_dead_runs();
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let name = format!("xlbnic-{}-{n}", std::process::id());
-        sh(&["ip", "netns", "add", &name]);
-        let ns = Self { name };
-        ns.ip(&["link", "set", "lo", "up"]);
-        ns
-    }
-
-    /// `ip -n NAME args...`
-    pub fn ip(&self, args: &[&str]) -> String {
-        let mut v = vec!["ip", "-n", &self.name];
-        v.extend_from_slice(args);
-        sh(&v)
-    }
-
-    /// `ip netns exec NAME args...`, output whatever the exit status.
-    pub fn exec(&self, args: &[&str]) -> Output {
-        let mut v = vec!["ip", "netns", "exec", &self.name];
-        v.extend_from_slice(args);
-        run(&v)
-    }
-
-    /// Runs `f` on a new thread that has joined this namespace, and returns its result
-    /// (a panic in `f` is re-raised here).
-    pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
-        let path = format!("/run/netns/{}", self.name);
-        thread::scope(|s| {
-            s.spawn(|| {
-                let fd = File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
-                setns(&fd, CloneFlags::CLONE_NEWNET).unwrap_or_else(|e| panic!("setns {path}: {e}"));
-                f()
-            })
-            .join()
-            .unwrap_or_else(|p| std::panic::resume_unwind(p))
-        })
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let out = run(&["ip", "netns", "del", &self.name]);
-        if !out.status.success() {
-            eprintln!("cleanup: ip netns del {}: {}", self.name, String::from_utf8_lossy(&out.stderr));
-        }
-    }
 }
 
 /// The node under test ("lb", interface `lb0`) and a client (`cl0`), joined by a veth pair.
@@ -156,8 +53,8 @@ pub const VIP_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x251, 9, 0, 0, 0, 0, 9);
 impl Pair {
     /// Creates the pair with `queues` RX and TX queues per end.
     pub fn new(queues: u32) -> Self {
-        let lb = Netns::new();
-        let client = Netns::new();
+        let lb = Netns::new("xlbnic");
+        let client = Netns::new("xlbnic");
         let q = queues.to_string();
         sh(&[
             "ip",
@@ -165,7 +62,7 @@ impl Pair {
             "add",
             LB_IF,
             "netns",
-            &lb.name,
+            lb.name(),
             "numtxqueues",
             &q,
             "numrxqueues",
@@ -176,7 +73,7 @@ impl Pair {
             "name",
             CLIENT_IF,
             "netns",
-            &client.name,
+            client.name(),
             "numtxqueues",
             &q,
             "numrxqueues",
@@ -207,18 +104,6 @@ pub fn mac_of(ns: &Netns, ifname: &str) -> [u8; 6] {
         b[i] = u8::from_str_radix(part, 16).expect("hex MAC");
     }
     b
-}
-
-/// Polls `f` every 50 ms until it returns `Some`, or panics after `timeout` with `what`.
-pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(start.elapsed() < timeout, "timed out after {timeout:?} waiting for {what}");
-        thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// A decoded frame seen on the AF_XDP socket.

@@ -4,7 +4,6 @@
 use std::io::Write as _;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// A failed command or a missing tool.
@@ -42,23 +41,12 @@ fn check(cmd: String, out: std::io::Result<Output>) -> Result<Output, NetnsError
     }
 }
 
-/// Whether the process runs as root (effective uid 0, read from `/proc/self/status`).
-pub fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).map(|l| l.split_whitespace().nth(2) == Some("0")))
-        .unwrap_or(false)
-}
-
-/// Whether `tool` runs (`tool ARG` exits 0, e.g. `nft --version`, `ip -V`).
-pub fn have_tool(tool: &str, arg: &str) -> bool {
-    Command::new(tool).arg(arg).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
-}
+pub use xlb_testkit::{have_tool, is_root};
 
 /// A uniquely named network namespace, deleted when dropped.
 #[derive(Debug)]
 pub struct ScratchNs {
-    name: String,
+    ns: xlb_testkit::Netns,
 }
 
 impl ScratchNs {
@@ -67,15 +55,17 @@ impl ScratchNs {
     /// # Errors
     /// [`NetnsError`] when `ip netns add` fails (not root, no `ip`).
     pub fn new(prefix: &str) -> Result<Self, NetnsError> {
-        static SERIAL: AtomicU32 = AtomicU32::new(0);
-        let name = format!("{prefix}-{}-{}", std::process::id(), SERIAL.fetch_add(1, Ordering::Relaxed));
-        check(format!("ip netns add {name}"), Command::new("ip").args(["netns", "add", &name]).output())?;
-        Ok(Self { name })
+        let ns = xlb_testkit::Netns::try_new(prefix).map_err(|stderr| NetnsError::Failed {
+            cmd: format!("ip netns add {prefix}-…"),
+            status: "failed".into(),
+            stderr,
+        })?;
+        Ok(Self { ns })
     }
 
     /// The namespace name.
     pub fn name(&self) -> &str {
-        &self.name
+        self.ns.name()
     }
 
     /// Runs `cmd args…` inside the namespace and returns its output.
@@ -83,8 +73,8 @@ impl ScratchNs {
     /// # Errors
     /// [`NetnsError`] when it cannot start or exits non-zero.
     pub fn exec(&self, cmd: &str, args: &[&str]) -> Result<Output, NetnsError> {
-        let line = format!("ip netns exec {} {cmd} {}", self.name, args.join(" "));
-        check(line, Command::new("ip").args(["netns", "exec", &self.name, cmd]).args(args).output())
+        let line = format!("ip netns exec {} {cmd} {}", self.name(), args.join(" "));
+        check(line, Command::new("ip").args(["netns", "exec", self.name(), cmd]).args(args).output())
     }
 
     /// Runs `cmd args…` inside the namespace with `stdin` as standard input.
@@ -92,9 +82,9 @@ impl ScratchNs {
     /// # Errors
     /// [`NetnsError`] when it cannot start or exits non-zero.
     pub fn exec_stdin(&self, cmd: &str, args: &[&str], stdin: &[u8]) -> Result<Output, NetnsError> {
-        let line = format!("ip netns exec {} {cmd} {} < input", self.name, args.join(" "));
+        let line = format!("ip netns exec {} {cmd} {} < input", self.name(), args.join(" "));
         let child = Command::new("ip")
-            .args(["netns", "exec", &self.name, cmd])
+            .args(["netns", "exec", self.name(), cmd])
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -117,12 +107,5 @@ impl ScratchNs {
         let t = Instant::now();
         self.exec("nft", &["-f", &file.display().to_string()])?;
         Ok(t.elapsed())
-    }
-}
-
-impl Drop for ScratchNs {
-    fn drop(&mut self) {
-        let _ =
-            Command::new("ip").args(["netns", "del", &self.name]).stdout(Stdio::null()).stderr(Stdio::null()).status();
     }
 }
