@@ -1129,6 +1129,23 @@ routes: [{{dst: 10.0.0.0/8, via: 192.168.1.1}}]\n"
     }
 
     #[test]
+    fn af_xdp_core_sharing_settings_parse_and_bad_values_name_the_field() {
+        let c = load(&format!(
+            "{HEAD}afXdp: {{realtimeWorkers: true, preferBusyPoll: true, busyPollUsecs: 50, busyPollBudget: 16}}\n"
+        ))
+        .unwrap()
+        .config;
+        assert!(c.af_xdp.realtime_workers && c.af_xdp.prefer_busy_poll);
+        assert_eq!((c.af_xdp.busy_poll_usecs, c.af_xdp.busy_poll_budget), (50, 16));
+        let d = load(HEAD).unwrap().config.af_xdp;
+        assert!(!d.realtime_workers && !d.prefer_busy_poll, "both off by default");
+        let e = errors(&format!("{HEAD}afXdp: {{busyPollUsecs: 0}}\n"));
+        assert_eq!(e[0].field.as_deref(), Some("afXdp.busyPollUsecs"), "{}", e[0]);
+        let e = errors(&format!("{HEAD}afXdp: {{busyPollBudget: 5000}}\n"));
+        assert_eq!(e[0].field.as_deref(), Some("afXdp.busyPollBudget"), "{}", e[0]);
+    }
+
+    #[test]
     fn node_name_env_names_the_node_only_when_the_file_does_not() {
         let nodes = "---\napiVersion: v1\nkind: Node\nmetadata: {name: n1}\n---\napiVersion: v1\nkind: Node\nmetadata: {name: n2}\n";
         // Unnamed file: the fallback names the node, and picks that Node object.
