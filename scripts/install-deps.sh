@@ -22,6 +22,9 @@ esac
 # make bench: trafgen (netsniff-ng), jq for the raw results, conntrack -F between paths, the
 # report's font (plotters draws its text with DejaVu Sans), perf for profiles
 [ "$what" = bench ] && pkgs+=(netsniff-ng linux-perf jq conntrack fonts-dejavu-core)
+# make bench path e: a second AF_XDP ceiling not written by us, DPDK's testpmd on the AF_XDP
+# PMD (Debian 12: dpdk-testpmd is in dpdk-dev, the PMD in librte-net-af-xdp23)
+[ "$what" = bench ] && pkgs+=(dpdk-dev librte-net-af-xdp23)
 # nic-config tests: bpftool shows that no XDP program or map of ours remains after detach
 [ "$what" != build ] && pkgs+=(bpftool)
 # deploy/testbed.sh: sysctl (procps), tc/ss (iproute2), uapi headers for its BPF DSR decap

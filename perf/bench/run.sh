@@ -8,6 +8,9 @@
 #   b  xlb run --config perf/bench/bench.yaml (worker pinned to CPU 1)
 #   c  kernel + kube-proxy nftables-mode rules (kube-proxy-rules --mode nftables)
 #   d  kernel + kube-proxy iptables-mode rules (kube-proxy-rules --mode iptables)
+#   e  dpdk-testpmd on DPDK's AF_XDP PMD (net_af_xdp, copy mode on veth), --forward-mode=mac,
+#      forwarding lcore on CPU 1: a second AF_XDP ceiling written elsewhere (Debian dpdk-dev,
+#      librte-net-af-xdp23; scripts/install-deps.sh bench)
 # Profiles (xlb-pktgen, offered load = maximum, generator pinned to CPU 0): udp64_1flow,
 # udp64_1k, udp64_100k, tcp64_1k, syn64, udp512_1k. Trials are interleaved: for each repeat,
 # for each profile, paths a b c d. Cross-check: trafgen on udp64_1k (paths a b c).
@@ -58,7 +61,7 @@ else
 fi
 PLACEMENTS=${BENCH_PLACEMENTS:-"split shared shared-rt"}
 WARMUP=${BENCH_WARMUP:-1}
-PATHS=${BENCH_PATHS:-"a b c d"}
+PATHS=${BENCH_PATHS:-"a b c d e"}
 TRAFGEN=${BENCH_TRAFGEN:-1}
 TRAFGEN_PATHS=${BENCH_TRAFGEN_PATHS:-"a b c"}
 CPS=${BENCH_CPS:-1}
@@ -166,6 +169,8 @@ fi
 path_missing() {
   case $1 in
     a) have "$MACFWD" || echo "xlb-macfwd not built" ;;
+    e) command -v dpdk-testpmd >/dev/null || echo "dpdk-testpmd missing (Debian dpdk-dev: scripts/install-deps.sh bench)"
+       ls /usr/lib/*/dpdk/pmds-*/librte_net_af_xdp.so >/dev/null 2>&1 || echo "DPDK's AF_XDP PMD missing (librte-net-af-xdp23)" ;;
     b) have "$XLB" || echo "xlb not built" ;;
     c) [ -n "${RULES[nftables]:-}" ] || echo "no nftables rules (kube-proxy-rules missing or failed)" ;;
     d) [ -n "${RULES[iptables]:-}" ] || echo "no iptables rules (kube-proxy-rules missing or failed)"
@@ -174,7 +179,7 @@ path_missing() {
   esac
 }
 
-path_name() { case $1 in a) echo macfwd ;; b) echo xlb ;; c) echo nftables ;; d) echo iptables ;; *) echo "$1" ;; esac; }
+path_name() { case $1 in a) echo macfwd ;; b) echo xlb ;; c) echo nftables ;; d) echo iptables ;; e) echo testpmd ;; *) echo "$1" ;; esac; }
 
 xdp_attached() { ip -n "$1" -d link show dev "$2" 2>/dev/null | grep -q "prog/xdp"; }
 
@@ -259,6 +264,22 @@ path_start() {
         sleep 0.05
       done
       WHY="xlb-macfwd attached no XDP program to l0 within 20 s"; return 1 ;;
+    e)
+      # main lcore on the generator's CPU (it only prints statistics once a minute), the
+      # forwarding lcore on the forwarder's CPU; no huge pages needed with --no-huge
+      # shellcheck disable=SC2086
+      ip netns exec "$LB" $rt dpdk-testpmd -l "$GEN_CPU,$FWD_CPU" --main-lcore "$GEN_CPU" --no-huge -m 1024 \
+        --no-pci --file-prefix "$P-testpmd" \
+        --vdev net_af_xdp0,iface=l0,start_queue=0,queue_count=1 --vdev net_af_xdp1,iface=l1,start_queue=0,queue_count=1 \
+        -- --total-num-mbufs=16384 --forward-mode=mac --eth-peer="1,$MAC_S0" --auto-start --stats-period 60 \
+        </dev/null >"$lp.testpmd.log" 2>&1 &
+      FWD_PID=$!
+      for i in $(seq 400); do
+        xdp_attached "$LB" l0 && xdp_attached "$LB" l1 && grep -q "Press enter\|Port statistics\|forwarding packets" "$lp.testpmd.log" 2>/dev/null && { sleep 0.5; return 0; }
+        kill -0 "$FWD_PID" 2>/dev/null || { FWD_PID=; WHY="dpdk-testpmd exited: $(grep -v '^EAL: [DMPS]' "$lp.testpmd.log" | tail -n 3 | tr '\n' ' ')"; return 1; }
+        sleep 0.05
+      done
+      WHY="dpdk-testpmd attached no XDP program to l0/l1 within 20 s (log $lp.testpmd.log)"; return 1 ;;
     b)
       local sock=$LOGS/xlb.sock
       rm -f "$sock"

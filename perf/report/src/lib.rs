@@ -23,11 +23,16 @@ pub use raw::{RawRecord, parse_raw};
 pub use summary::{Machine, Report, ReportInput, Stats, build_report};
 
 /// The paths compared, in display order: (id, short name, what it is).
-pub const PATHS: [(&str, &str, &str); 4] = [
+pub const PATHS: [(&str, &str, &str); 5] = [
     ("a", "macfwd", "xlb-macfwd: AF_XDP forwarder that rewrites only MACs (the I/O ceiling)"),
     ("b", "xlb", "xlb: AF_XDP load balancer, ClusterIP DNAT with per-flow state"),
     ("c", "nftables", "kernel forwarding with kube-proxy nftables-mode rules (RPS to the forwarder CPU)"),
     ("d", "iptables", "kernel forwarding with kube-proxy iptables-mode rules (RPS to the forwarder CPU)"),
+    (
+        "e",
+        "testpmd",
+        "DPDK dpdk-testpmd (Debian dpdk-dev 22.11) on the AF_XDP PMD, MAC forwarding: a second AF_XDP ceiling, not written by us",
+    ),
 ];
 
 /// The packet-rate profiles, in display order (unknown profiles are appended after these).

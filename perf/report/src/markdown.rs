@@ -61,8 +61,8 @@ pub fn render(r: &Report) -> String {
     for id in &ids {
         let _ = write!(o, " {id} {} |", path_name(id));
     }
-    let _ = writeln!(o, " xlb / ceiling | xlb / nftables | xlb / iptables |");
-    let _ = writeln!(o, "|---|{}---|---|---|", "---|".repeat(ids.len()));
+    let _ = writeln!(o, " xlb / ceiling | xlb / testpmd | xlb / nftables | xlb / iptables |");
+    let _ = writeln!(o, "|---|{}---|---|---|---|", "---|".repeat(ids.len()));
     for (name, p) in &r.profiles.0 {
         let _ = write!(o, "| `{name}` |");
         for id in &ids {
@@ -77,8 +77,9 @@ pub fn render(r: &Report) -> String {
         }
         let _ = writeln!(
             o,
-            " {} | {} | {} |",
+            " {} | {} | {} | {} |",
             ratio(p.xlb_over_ceiling),
+            ratio(p.xlb_over_testpmd),
             ratio(p.xlb_over_nftables),
             ratio(p.xlb_over_iptables)
         );
@@ -242,8 +243,8 @@ mod tests {
     #[test]
     fn tables_hold_medians_ranges_and_ratios() {
         let md = render(&build_report(&parse_raw(RAW).unwrap(), &input()));
-        assert!(md.contains("| `udp64_1k` | 0.500 [0.480–0.520] | 0.400 [0.380–0.420] | 0.200 [0.190–0.210] | 0.145 [0.140–0.150] | 0.80× | 2.00× | 2.76× |"), "{md}");
-        assert!(md.contains("| `syn64` | – | 0.300 [0.300–0.300] | – | – | – | – | – |"), "{md}");
+        assert!(md.contains("| `udp64_1k` | 0.500 [0.480–0.520] | 0.400 [0.380–0.420] | 0.200 [0.190–0.210] | 0.145 [0.140–0.150] | – | 0.80× | – | 2.00× | 2.76× |"), "{md}");
+        assert!(md.contains("| `syn64` | – | 0.300 [0.300–0.300] | – | – | – | – | – | – | – |"), "{md}");
         assert!(md.contains("| b xlb | 10000 | 9000 | 11000 | 2 | 1 |"), "{md}");
         assert!(md.contains("xlb / nftables: 2.00×"), "{md}");
         assert!(md.contains("| `udp64_1k` | trafgen | a macfwd | 0.450 [0.450–0.450] | 0.500 [0.480–0.520] |"), "{md}");

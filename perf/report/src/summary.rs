@@ -168,6 +168,9 @@ pub struct ProfileSummary {
     pub xlb_over_nftables: Option<f64>,
     /// median xlb / median iptables (path b / path d).
     pub xlb_over_iptables: Option<f64>,
+    /// median xlb / median DPDK testpmd on the AF_XDP PMD (path b / path e): the ceiling not
+    /// written by us.
+    pub xlb_over_testpmd: Option<f64>,
     /// The same profile driven by other generators (trafgen): generator → path → Mpps stats.
     pub cross_check: OrderedMap<OrderedMap<Stats>>,
 }
@@ -432,6 +435,7 @@ pub fn build_report(records: &[RawRecord], input: &ReportInput) -> Report {
             ),
             xlb_over_nftables: ratio(med("b"), med("c")),
             xlb_over_iptables: ratio(med("b"), med("d")),
+            xlb_over_testpmd: ratio(med("b"), med("e")),
             paths,
             cross_check: cross,
         };
