@@ -84,7 +84,7 @@ pub(super) fn stage<A: Fam>(
 /// Rewrites one packet of a known flow from its record: DNAT/SNAT forward, the reply of a NAT
 /// flow, or DSR (MAC only, or encapsulation). `None`, frame untouched, when the slow path must
 /// act (TTL about to expire, no room or MTU for encapsulation).
-#[inline]
+#[inline(always)]
 fn rewrite<A: Fam>(c: &Common, dir: Dir, r: &Rec<A>, pkt: &mut Packet<'_>, l: &Lane<A>, tcp: bool) -> Option<Verdict> {
     let nat_flow = r.flags & flow_flags::DSR == 0;
     match dir {
@@ -169,7 +169,7 @@ struct Nat<A> {
 
 /// The NAT rewrite at the fast parser's offsets: picks the instance for the IP header offset
 /// and the transport protocol. Returns `false`, frame untouched, if the TTL would expire.
-#[inline]
+#[inline(always)]
 fn nat<A: Family>(f: &mut [u8], l3: u8, tcp: bool, n: &Nat<A>) -> bool {
     match (l3, tcp) {
         (14, true) => nat_at::<A, 14, true>(f, n),
@@ -184,7 +184,7 @@ fn nat<A: Family>(f: &mut [u8], l3: u8, tcp: bool, n: &Nat<A>) -> bool {
 /// applies the precomputed IPv4 header delta (TTL decrement included) and transport delta
 /// (RFC 1624); UDP over IPv4 keeps a zero checksum zero (RFC 768). `L3` is the IP header
 /// offset, `TCP` the transport protocol (else UDP).
-#[inline]
+#[inline(always)]
 fn nat_at<A: Family, const L3: usize, const TCP: bool>(f: &mut [u8], n: &Nat<A>) -> bool {
     let l4 = L3 + A::HEADER_LEN;
     let Some(h) = f.get_mut(..l4 + if TCP { 18 } else { 8 }) else { return false };
