@@ -92,11 +92,15 @@ pub struct Config {
     /// override it with the annotation `xlb.dev/forwarding-mode`.
     #[serde(deserialize_with = "de_forwarding_mode")]
     pub forwarding_mode: ForwardingMode,
-    /// The `spec.loadBalancerClass` xlb owns (SVC-08). LoadBalancer Services of this class get
-    /// their `status.loadBalancer.ingress[].ip` programmed.
+    /// The `spec.loadBalancerClass` xlb would provision and announce addresses for (SVC-08).
+    /// It does not limit forwarding: like kube-proxy (`pkg/proxy/serviceport.go`), xlb
+    /// programs the `status.loadBalancer.ingress[].ip` of every LoadBalancer Service, whatever
+    /// its class. xlb has no address announcer yet, so today this field is validated and
+    /// otherwise unused.
     pub load_balancer_class: Option<String>,
-    /// Also own LoadBalancer Services with no `loadBalancerClass` (default true, which is what
-    /// kube-proxy does).
+    /// Also provision and announce LoadBalancer Services with no `loadBalancerClass` (default
+    /// true). Like [`Config::load_balancer_class`], it does not limit forwarding and is unused
+    /// until xlb announces addresses.
     pub handle_default_load_balancer_class: bool,
     /// Static next hops for standalone mode (the kernel's neighbour table replaces them when
     /// running on a real interface).

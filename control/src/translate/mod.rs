@@ -9,8 +9,9 @@
 //! - the cluster IP of that family (SVC-01; "internal" traffic);
 //! - "external" traffic (TP-03): one NodePort frontend per selected node address of that
 //!   family (SVC-02, SVC-05, NPA-01..07), each `spec.externalIPs[]` (SVC-11), and each
-//!   `status.loadBalancer.ingress[].ip` of a LoadBalancer Service whose class xlb owns
-//!   (SVC-06, SVC-08).
+//!   `status.loadBalancer.ingress[].ip` of a LoadBalancer Service, whatever its
+//!   `loadBalancerClass` (SVC-06, SVC-08: the class picks who provisions and announces the
+//!   address, not who forwards to it; kube-proxy's `pkg/proxy/serviceport.go`).
 //!
 //! Addresses of a family the Service has no cluster IP for are ignored, as kube-proxy's
 //! per-family proxiers do, and an IPv4 frontend only ever gets IPv4 backends (DS-03).
@@ -928,51 +929,48 @@ fn translate_service(
     let mut lb_ips = Vec::new();
     let mut source_ranges = Vec::new();
     if ty == "LoadBalancer" {
-        let class = spec.load_balancer_class.as_deref();
-        let ours = match class {
-            None => ctx.cfg.handle_default_load_balancer_class,
-            Some(c) => ctx.cfg.load_balancer_class.as_deref() == Some(c),
-        };
-        if ours {
-            let ingress = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|l| l.ingress.as_ref());
-            for (i, ing) in ingress.into_iter().flatten().enumerate() {
-                // ipMode Proxy: the LB itself proxies, the node never sees the ingress IP as
-                // destination (kube-proxy skips it too).
-                if ing.ip_mode.as_deref() == Some("Proxy") {
-                    continue;
-                }
-                let Some(s) = ing.ip.as_deref().filter(|s| !s.is_empty()) else {
-                    continue; // hostname-only ingress (SVC-06): nothing to match on.
-                };
-                let field = format!("status.loadBalancer.ingress[{i}].ip");
-                lb_ips.extend(parse_sourced(s, field, "ingress IP", label, report));
+        // Whatever `spec.loadBalancerClass` says: the class selects the controller that
+        // provisions and announces the address, while every proxy forwards to it, as
+        // kube-proxy does (pkg/proxy/serviceport.go reads the ingress IPs without looking at
+        // the class).
+        let ingress = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|l| l.ingress.as_ref());
+        for (i, ing) in ingress.into_iter().flatten().enumerate() {
+            // ipMode Proxy: the LB itself proxies, the node never sees the ingress IP as
+            // destination (kube-proxy skips it too).
+            if ing.ip_mode.as_deref() == Some("Proxy") {
+                continue;
             }
-            // LB-01: source ranges (field, else the legacy annotation).
-            let (ranges, field_of): (Vec<String>, Box<dyn Fn(usize) -> String>) =
-                match spec.load_balancer_source_ranges.as_ref().filter(|v| !v.is_empty()) {
-                    Some(v) => (v.clone(), Box::new(|i| format!("spec.loadBalancerSourceRanges[{i}]"))),
-                    None => (
-                        annotations
-                            .get(ANNOTATION_SOURCE_RANGES)
-                            .map(|a| a.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect())
-                            .unwrap_or_default(),
-                        Box::new(|_| format!("metadata.annotations[{ANNOTATION_SOURCE_RANGES}]")),
-                    ),
-                };
-            for (i, r) in ranges.iter().enumerate() {
-                match parse_cidr_lenient(r) {
-                    Some(c) => source_ranges.push(c),
-                    None => {
-                        report.issues.push(Issue {
-                            severity: Severity::Error,
-                            object: label.to_owned(),
-                            field: field_of(i),
-                            message: format!(
-                                "{r:?} is not a CIDR; the LoadBalancer ingress IPs are not programmed (fail closed)"
-                            ),
-                        });
-                        lb_ips.clear();
-                    }
+            let Some(s) = ing.ip.as_deref().filter(|s| !s.is_empty()) else {
+                continue; // hostname-only ingress (SVC-06): nothing to match on.
+            };
+            let field = format!("status.loadBalancer.ingress[{i}].ip");
+            lb_ips.extend(parse_sourced(s, field, "ingress IP", label, report));
+        }
+        // LB-01: source ranges (field, else the legacy annotation).
+        let (ranges, field_of): (Vec<String>, Box<dyn Fn(usize) -> String>) =
+            match spec.load_balancer_source_ranges.as_ref().filter(|v| !v.is_empty()) {
+                Some(v) => (v.clone(), Box::new(|i| format!("spec.loadBalancerSourceRanges[{i}]"))),
+                None => (
+                    annotations
+                        .get(ANNOTATION_SOURCE_RANGES)
+                        .map(|a| a.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect())
+                        .unwrap_or_default(),
+                    Box::new(|_| format!("metadata.annotations[{ANNOTATION_SOURCE_RANGES}]")),
+                ),
+            };
+        for (i, r) in ranges.iter().enumerate() {
+            match parse_cidr_lenient(r) {
+                Some(c) => source_ranges.push(c),
+                None => {
+                    report.issues.push(Issue {
+                        severity: Severity::Error,
+                        object: label.to_owned(),
+                        field: field_of(i),
+                        message: format!(
+                            "{r:?} is not a CIDR; the LoadBalancer ingress IPs are not programmed (fail closed)"
+                        ),
+                    });
+                    lb_ips.clear();
                 }
             }
         }

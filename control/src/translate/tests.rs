@@ -153,21 +153,26 @@ fn svc_06_ingress_with_ip_mode_proxy_is_not_programmed() {
 }
 
 #[test]
-fn svc_08_load_balancer_class_decides_which_ingress_ips_are_ours() {
+fn svc_08_ingress_ips_are_programmed_whatever_the_load_balancer_class() {
+    // kube-proxy forwards to every LoadBalancer's ingress IPs (pkg/proxy/serviceport.go does
+    // not read the class); the class only picks the controller that provisions and announces
+    // the address. So neither xlb's own class nor handleDefaultLoadBalancerClass filters them.
     let lb = || web().ty("LoadBalancer").node_port(30080).lb_ingress(&["198.51.100.7"]);
-    let mut c = cfg();
-    c.load_balancer_class = Some("xlb.dev/lb".into());
-    let has_lb = |svc: Svc, c: &Config| {
+    let lb_fronts = |svc: Svc, c: &Config| {
         let (t, _) = run(&state(vec![svc], vec![], Some(our_node())), c);
         let f = fronts(spec(&t, "default/web:http"));
         assert!(f.iter().any(|f| f.starts_with("NodePort")), "NodePorts stay whatever the class: {f:?}");
-        f.iter().any(|f| f.starts_with("LoadBalancer"))
+        f.into_iter().filter(|f| f.starts_with("LoadBalancer")).collect::<Vec<_>>()
     };
-    assert!(has_lb(lb().lb_class("xlb.dev/lb"), &c), "our class");
-    assert!(!has_lb(lb().lb_class("other.example/lb"), &c), "another class");
-    assert!(has_lb(lb(), &c), "no class, handleDefaultLoadBalancerClass true");
+    let want = ["LoadBalancer 198.51.100.7 TCP/80 masq"];
+    let mut c = cfg();
+    c.load_balancer_class = Some("xlb.dev/lb".into());
+    assert_eq!(lb_fronts(lb().lb_class("xlb.dev/lb"), &c), want, "xlb's class");
+    assert_eq!(lb_fronts(lb().lb_class("other.example/lb"), &c), want, "another class");
+    assert_eq!(lb_fronts(lb(), &c), want, "no class");
     c.handle_default_load_balancer_class = false;
-    assert!(!has_lb(lb(), &c), "no class, handleDefaultLoadBalancerClass false");
+    assert_eq!(lb_fronts(lb(), &c), want, "no class, handleDefaultLoadBalancerClass false");
+    assert_eq!(lb_fronts(lb().lb_class("other.example/lb"), &c), want, "another class, default not handled");
 }
 
 #[test]
