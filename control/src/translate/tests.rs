@@ -672,7 +672,13 @@ fn nat_04_masquerade_all_masquerades_every_frontend() {
     c.iptables.masquerade_all = true;
     let s = web().ty("NodePort").node_port(30080).etp_local();
     let (t, _) = run(&state(vec![s], vec![], Some(our_node())), &c);
-    assert!(t.services.iter().flat_map(|s| &s.frontends).all(|f| f.masquerade));
+    let fronts: Vec<_> = t.services.iter().flat_map(|s| &s.frontends).collect();
+    let kinds: Vec<_> = fronts.iter().map(|f| f.kind).collect();
+    assert!(
+        kinds.contains(&FrontendKind::ClusterIp) && kinds.contains(&FrontendKind::NodePort),
+        "the Service must have a ClusterIP and NodePort frontends for this test to mean anything: {kinds:?}"
+    );
+    assert!(fronts.iter().all(|f| f.masquerade), "{fronts:?}");
 }
 
 #[test]
@@ -864,8 +870,16 @@ fn npa_03_primary_and_all_ipv4_special_values() {
 fn npa_04_node_ports_match_only_node_addresses() {
     let (t, _) = run1(vec![web().ty("NodePort").node_port(30080)], vec![]);
     let node_addrs = ["192.168.1.10", "fd00:1::10"];
-    for f in t.services.iter().flat_map(|s| &s.frontends).filter(|f| f.kind == FrontendKind::NodePort) {
-        assert!(node_addrs.contains(&f.addr.to_string().as_str()), "{}", f.addr);
+    let node_ports: Vec<String> = t
+        .services
+        .iter()
+        .flat_map(|s| &s.frontends)
+        .filter(|f| f.kind == FrontendKind::NodePort)
+        .map(|f| f.addr.to_string())
+        .collect();
+    assert!(!node_ports.is_empty(), "no NodePort frontend at all");
+    for a in &node_ports {
+        assert!(node_addrs.contains(&a.as_str()), "NodePort on {a}, not a node address");
     }
 }
 
