@@ -105,6 +105,7 @@ declare_counters! {
         FlowReused = 8, "flow_reused", Counter, "A flow that reused the tuple of a closing flow (SYN on FIN/closed state).";
         FragmentForwarded = 9, "fragment_forwarded", Counter, "Fragments forwarded by the fragment table.";
         HandedOff = 10, "handed_off", Counter, "Replies handed to another worker (see `Verdict::Handoff`).";
+        FlowRebound = 11, "flow_rebound", Counter, "A flow whose backend slot was freed kept its backend, found again by address and port in its frontend's service (the Service's external and internal specs merged or split).";
     }
 }
 

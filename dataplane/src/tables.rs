@@ -417,6 +417,8 @@ pub struct Service {
     pub when_empty: EmptyAction,
     /// All backends in the tables for this service (eligible and draining).
     pub members: Box<[BackendRef]>,
+    /// `members` by (address, port), sorted, for [`Tables::member_at`].
+    pub by_addr: Box<[(IpAddr, u16, BackendRef)]>,
     /// Backends eligible for new flows, with weight > 0.
     pub eligible: Box<[BackendRef]>,
     /// Weights of `eligible`, same order.
@@ -533,6 +535,18 @@ impl Tables {
             Some(Some(b)) if b.this == r => Some(b),
             _ => None,
         }
+    }
+
+    /// The backend of service `service` (index into [`Tables::services`]) at `addr`:`port`,
+    /// whatever its slot: how a flow whose slot was freed finds its backend again when the
+    /// backend itself stayed (the Service's external frontends merged into, or split from,
+    /// its internal spec; the dataplane keys a flow on its backend's address and port, as
+    /// kube-proxy's conntrack DNAT does). O(log n) in the service's backends.
+    pub fn member_at(&self, service: u32, addr: IpAddr, port: u16) -> Option<&Backend> {
+        let s = self.services.get(service as usize)?;
+        let i = s.by_addr.binary_search_by(|(a, p, _)| (*a, *p).cmp(&(addr, port))).ok()?;
+        let (_, _, r) = s.by_addr.get(i)?;
+        self.backend(*r)
     }
 
     /// The frontend for (address, protocol, port).
@@ -989,9 +1003,11 @@ impl TableBuilder {
             let mut members = Vec::with_capacity(s.backends.len());
             let mut eligible = Vec::new();
             let mut weights = Vec::new();
+            let mut by_addr = Vec::with_capacity(s.backends.len());
             for (b, r) in s.backends.iter().zip(rs) {
                 let Some(r) = r else { continue };
                 members.push(r);
+                by_addr.push((b.addr, b.port, r));
                 if b.eligible && b.weight > 0 {
                     eligible.push(r);
                     weights.push(b.weight);
@@ -1045,6 +1061,7 @@ impl TableBuilder {
                 };
                 t.vip_addrs.entry(a).and_modify(|k| *k = (*k).max(kind)).or_insert(kind);
             }
+            by_addr.sort_unstable_by_key(|&(a, p, _)| (a, p));
             t.services.push(Service {
                 id,
                 name: s.name.clone().into_boxed_str(),
@@ -1053,6 +1070,7 @@ impl TableBuilder {
                 mode: s.mode,
                 when_empty: s.when_empty,
                 members: members.into_boxed_slice(),
+                by_addr: by_addr.into_boxed_slice(),
                 eligible: eligible.into_boxed_slice(),
                 weights: weights.into_boxed_slice(),
                 cum_weights: cum.into_boxed_slice(),

@@ -586,6 +586,80 @@ fn rows_for(f: Fam) -> Vec<Row> {
             },
         ],
     ));
+    // --- A Service's external frontend merging into / splitting from its internal spec ---
+    // (translate's `…/external` spec: a Local policy on one side). The flow keeps its backend
+    // although the slot it was created with is freed or moved.
+    let internal_fe = || Frontend::new(vip, L4Proto::Tcp, 80, FrontendKind::ClusterIp, false);
+    let external_fe = || Frontend::new(f.lbip, L4Proto::Tcp, 80, FrontendKind::LoadBalancer, false);
+    let backends = |list: &[usize]| list.iter().map(|&i| local_backend(f.backends[i], 8080)).collect::<Vec<_>>();
+    let split = |external: &[usize]| {
+        spec(
+            f,
+            vec![
+                service("default/web:http", vec![internal_fe()], backends(&[0, 1]), ForwardingMode::Nat),
+                service("default/web:http/external", vec![external_fe()], backends(external), ForwardingMode::Nat),
+            ],
+        )
+    };
+    let merged = || {
+        spec(
+            f,
+            vec![service(
+                "default/web:http",
+                vec![internal_fe(), external_fe()],
+                backends(&[0, 1]),
+                ForwardingMode::Nat,
+            )],
+        )
+    };
+    rows.push(row(
+        "flow_keeps_its_backend_when_the_external_frontend_merges_into_the_internal_spec",
+        f,
+        split(&[0]),
+        vec![
+            step(
+                "SYN to the LoadBalancer IP (external spec, backend 0 only)",
+                tcp(c, 40000, f.lbip, 80, SYN, 64, IN),
+                Expect::Tx(tcp(c, 40000, b0, 8080, SYN, 63, to_b(0))),
+            ),
+            Step {
+                what: "ACK after the external spec merged into the internal one (its slots freed)",
+                retable: Some(merged()),
+                advance_s: 0,
+                input: tcp(c, 40000, f.lbip, 80, ACK, 64, IN),
+                expect: Expect::Tx(tcp(c, 40000, b0, 8080, ACK, 63, to_b(0))),
+            },
+            step(
+                "the backend's reply still leaves from the LoadBalancer IP",
+                tcp(b0, 8080, c, 40000, ACK, 64, from_b(0)),
+                Expect::Tx(tcp(f.lbip, 80, c, 40000, ACK, 63, OUT)),
+            ),
+        ],
+    ));
+    rows.push(row(
+        "flow_keeps_its_backend_when_the_external_frontend_splits_from_the_internal_spec",
+        f,
+        merged(),
+        vec![
+            step(
+                "SYN to the LoadBalancer IP (one spec, backends 0 and 1)",
+                tcp(c, 40000, f.lbip, 80, SYN, 64, IN),
+                Expect::Tx(tcp(c, 40000, b0, 8080, SYN, 63, to_b(0))),
+            ),
+            Step {
+                what: "ACK after the external frontend moved to its own spec without backend 0",
+                retable: Some(split(&[1])),
+                advance_s: 0,
+                input: tcp(c, 40000, f.lbip, 80, ACK, 64, IN),
+                expect: Expect::Tx(tcp(c, 40000, b0, 8080, ACK, 63, to_b(0))),
+            },
+            step(
+                "a new connection to the LoadBalancer IP gets the external spec's backend",
+                tcp(c, 40001, f.lbip, 80, SYN, 64, IN),
+                Expect::Tx(tcp(c, 40001, f.backends[1], 8080, SYN, 63, to_b(1))),
+            ),
+        ],
+    ));
     let mut draining = two(&[0, 1]);
     let drained = &mut Arc::make_mut(&mut draining.services[0]).backends[0];
     drained.eligible = false;
@@ -1106,6 +1180,11 @@ fn counters_account_for_every_frame_and_count_events() {
         rx += k.rx.get();
         if r.name.ends_with("tcp_flow_to_a_removed_backend_gets_a_reset") {
             assert_eq!(k.events_of(Event::RstBackendGone), 1);
+            assert_eq!(k.events_of(Event::FlowRebound), 0, "a backend that left is not found again");
+        }
+        if r.name.ends_with("flow_keeps_its_backend_when_the_external_frontend_merges_into_the_internal_spec") {
+            assert_eq!(k.events_of(Event::FlowRebound), 1, "{}", r.name);
+            assert_eq!(k.events_of(Event::RstBackendGone), 0, "{}", r.name);
         }
         if r.name.ends_with("service_without_endpoints_rejects_with_port_unreachable") {
             assert_eq!(k.events_of(Event::RejectSent), 1);

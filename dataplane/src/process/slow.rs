@@ -342,11 +342,28 @@ fn forward<A: Fam>(
     let found = if hint.missed && !st.ct.may_have_placed(h) { Found::Miss } else { lookup(st, c, &key, h) };
     match found {
         Found::Live(hit) if hit.dir == Dir::Forward => {
-            let Some(r) = st.ct.rec(hit.id).copied() else { return Verdict::Drop(DropReason::ConntrackFull) };
+            let Some(mut r) = st.ct.rec(hit.id).copied() else { return Verdict::Drop(DropReason::ConntrackFull) };
             let old = r.ct_state();
             let syn_only = is_tcp && p.tcp_flags & (tcp_flags::SYN | tcp_flags::ACK) == tcp_flags::SYN;
             let reuse = syn_only && matches!(old, CtState::FinWait | CtState::Closed);
-            match t.backend(r.backend) {
+            let mut backend = t.backend(r.backend);
+            // The flow's slot was freed, but its backend may have stayed in the frontend's
+            // service under another slot (a Service's external frontends merging into or
+            // splitting from its internal spec): the flow keeps its backend.
+            if backend.is_none()
+                && !reuse
+                && let Some(b) = t.member_at(fe.service, r.backend_addr.to_ip(), r.bport)
+            {
+                c.sched.conns.sub(r.backend, old.is_active());
+                c.sched.conns.add(b.this, old.is_active());
+                r.backend = b.this;
+                if let Some(x) = st.ct.rec_mut(hit.id) {
+                    x.backend = b.this;
+                }
+                c.counters.event(Event::FlowRebound);
+                backend = Some(b);
+            }
+            match backend {
                 Some(b) if !reuse => return established::<A>(st, c, t, pkt, p, &hit, r, b),
                 Some(_) => {
                     // A new connection on the tuple of a closing one (IPVS conn_reuse_mode).
