@@ -86,7 +86,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::config::{Config, NodePortAddress};
-use select::{Ep, Policy, Selection, Topology};
+use select::{Ep, Policy, Selection};
 
 /// Label that joins an EndpointSlice to its Service (EPS-01).
 pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
@@ -94,10 +94,12 @@ pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
 pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
 /// Node label with the node's zone (TOPO-10).
 pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
-/// Annotation whose value `Auto` turns on topology-aware routing and overrides
-/// `trafficDistribution` (TOPO-06).
+/// Annotation whose value `Auto` asks the EndpointSlice controller for zone hints and
+/// overrides `trafficDistribution` (TOPO-06). Read by that controller, not by xlb, which
+/// applies whatever hints the slices carry (like kube-proxy).
 pub const ANNOTATION_TOPOLOGY_MODE: &str = "service.kubernetes.io/topology-mode";
-/// Legacy form of [`ANNOTATION_TOPOLOGY_MODE`] (value `auto`, TOPO-12).
+/// Legacy form of [`ANNOTATION_TOPOLOGY_MODE`] (value `auto`, TOPO-12); likewise not read by
+/// xlb.
 pub const ANNOTATION_TOPOLOGY_AWARE_HINTS: &str = "service.kubernetes.io/topology-aware-hints";
 /// Per-Service scheduler override (IPVS scheduler name; G-13).
 pub const ANNOTATION_SCHEDULER: &str = "xlb.dev/scheduler";
@@ -896,29 +898,8 @@ fn translate_service(
             .map_err(|m| svc_err(label, format!("metadata.annotations[{ANNOTATION_FORWARDING_MODE}]"), m))?,
     };
 
-    // Topology (TOPO-01..06, TOPO-12).
-    let auto = annotations
-        .get(ANNOTATION_TOPOLOGY_MODE)
-        .or_else(|| annotations.get(ANNOTATION_TOPOLOGY_AWARE_HINTS))
-        .is_some_and(|v| v.eq_ignore_ascii_case("auto"));
-    let topology = if auto {
-        Topology::Auto
-    } else {
-        match spec.traffic_distribution.as_deref() {
-            None | Some("") => Topology::Off,
-            Some("PreferSameZone" | "PreferClose") => Topology::SameZone,
-            Some("PreferSameNode") => Topology::SameNode,
-            Some(other) => {
-                report.issues.push(Issue {
-                    severity: Severity::Warning,
-                    object: label.to_owned(),
-                    field: "spec.trafficDistribution".into(),
-                    message: format!("unknown value {other:?}; traffic is spread over all endpoints"),
-                });
-                Topology::Off
-            }
-        }
-    };
+    // Topology: the EndpointSlices' hints alone decide (select.rs); `trafficDistribution`
+    // and the topology-mode annotations only tell the controller that writes them (TOPO-06).
 
     // External addresses: externalIPs (SVC-11), LB ingress (SVC-06, SVC-08, LB-01).
     let mut external_ips = Vec::new();
@@ -1037,8 +1018,7 @@ fn translate_service(
                     .push((fe(a.addr, p.port, FrontendKind::LoadBalancer, ext_masq, &source_ranges), a.field.clone()));
             }
 
-            let int_sel =
-                select::select(&eps, itp, if itp == Policy::Cluster { topology } else { Topology::Off }, here);
+            let int_sel = select::select(&eps, itp, here);
             if int_sel.no_local_endpoints {
                 report.no_local_endpoints.internal += 1;
             }
@@ -1075,8 +1055,7 @@ fn translate_service(
                 out.push(pending(base, internal_fe, &int_sel));
                 continue;
             }
-            let ext_sel =
-                select::select(&eps, etp, if etp == Policy::Cluster { topology } else { Topology::Off }, here);
+            let ext_sel = select::select(&eps, etp, here);
             if ext_sel.no_local_endpoints {
                 report.no_local_endpoints.external += 1;
             }

@@ -1,8 +1,11 @@
 //! Endpoint selection for one traffic class of one service port and address family:
 //! traffic policies (TP-01..10), the terminating-endpoint fallbacks (TP-06, TP-08), and
-//! topology (TOPO-01..12). This mirrors kube-proxy's `CategorizeEndpoints` /
-//! `topologyModeFromHints` (pkg/proxy/topology.go), extended so that `trafficDistribution`
-//! also works without a controller writing hints (standalone mode).
+//! topology hints (TOPO-01, TOPO-04, TOPO-07..10). This mirrors kube-proxy's
+//! `CategorizeEndpoints` / `topologyModeFromHints` (pkg/proxy/topology.go): the hints an
+//! EndpointSlice carries are applied whenever every ready endpoint has them, whatever the
+//! Service asks for (`trafficDistribution`, `service.kubernetes.io/topology-mode`); asking
+//! is the business of the controller that writes the hints (TOPO-02..06, TOPO-12). Without
+//! hints, traffic is spread over all endpoints (TOPO-01).
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -47,20 +50,6 @@ pub(crate) enum Policy {
     Local,
 }
 
-/// Which topology preference applies to a service (only under the `Cluster` policy, TOPO-05).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Topology {
-    /// No preference: all endpoints (TOPO-01).
-    Off,
-    /// `service.kubernetes.io/topology-mode: Auto` (TOPO-06) or the legacy
-    /// `service.kubernetes.io/topology-aware-hints: auto` (TOPO-12): zone hints only.
-    Auto,
-    /// `trafficDistribution: PreferSameZone` or its alias `PreferClose` (TOPO-02, TOPO-03).
-    SameZone,
-    /// `trafficDistribution: PreferSameNode` (TOPO-04).
-    SameNode,
-}
-
 /// What this node knows about itself for selection.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Here<'a> {
@@ -82,10 +71,11 @@ pub(crate) struct Selection {
 }
 
 /// Selects the endpoints one traffic class may send new flows to.
-pub(crate) fn select(eps: &[Ep], policy: Policy, topology: Topology, here: Here<'_>) -> Selection {
+pub(crate) fn select(eps: &[Ep], policy: Policy, here: Here<'_>) -> Selection {
     match policy {
         Policy::Cluster => {
-            let filter = topology_filter(eps, topology, here);
+            // TOPO-05: hints only ever narrow the Cluster policy's endpoints.
+            let filter = hints_filter(eps, here);
             let avail = |i: usize| filter.as_ref().is_none_or(|f| f[i]);
             let mut eligible: Vec<bool> = eps.iter().enumerate().map(|(i, e)| e.ready && avail(i)).collect();
             if !eligible.contains(&true) {
@@ -117,63 +107,30 @@ pub(crate) fn select(eps: &[Ep], policy: Policy, topology: Topology, here: Here<
     }
 }
 
-/// The topology filter for the `Cluster` policy: `None` = use every endpoint.
-fn topology_filter(eps: &[Ep], topology: Topology, here: Here<'_>) -> Option<Vec<bool>> {
-    match topology {
-        Topology::Off => None,
-        Topology::Auto => zone_filter(eps, here, false),
-        Topology::SameZone => zone_filter(eps, here, true),
-        Topology::SameNode => node_filter(eps, here).or_else(|| zone_filter(eps, here, true)),
+/// The topology filter of the `Cluster` policy from the endpoints' hints (kube-proxy's
+/// `topologyModeFromHints` and `availableForTopology`): `None` = use every endpoint.
+///
+/// Over the ready endpoints: if every one carries `hints.forNodes` and one of them names this
+/// node, keep the endpoints hinted for this node (PreferSameNode, TOPO-04); else if every one
+/// carries `hints.forZones` and one of them names this node's zone, keep those hinted for the
+/// zone (TOPO-07). A ready endpoint without a hint means a transition: no filter of that kind
+/// (TOPO-08); no endpoint hinted for us: no filter (TOPO-09); this node's name or zone
+/// unknown: nothing can name it, no filter (TOPO-10).
+fn hints_filter(eps: &[Ep], here: Here<'_>) -> Option<Vec<bool>> {
+    let ready = || eps.iter().filter(|e| e.ready);
+    let non_empty = |h: &Option<BTreeSet<String>>| h.as_ref().is_some_and(|h| !h.is_empty());
+    let names = |h: &Option<BTreeSet<String>>, n: &str| h.as_ref().is_some_and(|h| h.contains(n));
+    if let Some(node) = here.node
+        && ready().all(|e| non_empty(&e.node_hints))
+        && ready().any(|e| names(&e.node_hints, node))
+    {
+        return Some(eps.iter().map(|e| names(&e.node_hints, node)).collect());
     }
-}
-
-/// Keeps a filter only if it leaves at least one ready endpoint; otherwise the caller falls
-/// back to the next level (TOPO-02, TOPO-04, TOPO-09).
-fn keep_if_ready_match(eps: &[Ep], f: Vec<bool>) -> Option<Vec<bool>> {
-    eps.iter().zip(&f).any(|(e, &m)| m && e.ready).then_some(f)
-}
-
-/// PreferSameNode (TOPO-04): `hints.forNodes` when every ready endpoint has them, else the
-/// endpoint's `nodeName` when no ready endpoint has them; mixed = a transition, skip to zone.
-fn node_filter(eps: &[Ep], here: Here<'_>) -> Option<Vec<bool>> {
-    let node = here.node?;
-    let ready: Vec<&Ep> = eps.iter().filter(|e| e.ready).collect();
-    if ready.is_empty() {
-        return None;
+    if let Some(zone) = here.zone
+        && ready().all(|e| non_empty(&e.zone_hints))
+        && ready().any(|e| names(&e.zone_hints, zone))
+    {
+        return Some(eps.iter().map(|e| names(&e.zone_hints, zone)).collect());
     }
-    let hinted = ready.iter().filter(|e| e.node_hints.is_some()).count();
-    let f: Vec<bool> = if hinted == ready.len() {
-        eps.iter().map(|e| e.node_hints.as_ref().is_some_and(|h| h.contains(node))).collect()
-    } else if hinted == 0 {
-        eps.iter().map(|e| e.local).collect()
-    } else {
-        return None;
-    };
-    keep_if_ready_match(eps, f)
-}
-
-/// Zone preference: hints first (TOPO-07..10); with `field_fallback`, the endpoint's `zone`
-/// when no ready endpoint carries a zone hint (trafficDistribution without a hints writer).
-fn zone_filter(eps: &[Ep], here: Here<'_>, field_fallback: bool) -> Option<Vec<bool>> {
-    // TOPO-10: zone of this node unknown -> no zone filtering.
-    let zone = here.zone?;
-    let ready: Vec<&Ep> = eps.iter().filter(|e| e.ready).collect();
-    if ready.is_empty() {
-        return None;
-    }
-    let hinted = ready.iter().filter(|e| e.zone_hints.is_some()).count();
-    let f: Vec<bool> = if hinted == ready.len() {
-        // TOPO-07: keep endpoints whose hints name this zone.
-        eps.iter().map(|e| e.zone_hints.as_ref().is_some_and(|h| h.contains(zone))).collect()
-    } else if hinted > 0 {
-        // TOPO-08: some endpoint lacks a hint -> transition, use all endpoints.
-        return None;
-    } else if field_fallback {
-        eps.iter().map(|e| e.zone.as_deref() == Some(zone)).collect()
-    } else {
-        // Auto without hints: the controller chose not to write any (TOPO-11).
-        return None;
-    };
-    // TOPO-09: no endpoint for this zone -> all zones.
-    keep_if_ready_match(eps, f)
+    None
 }

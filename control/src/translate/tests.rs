@@ -518,107 +518,89 @@ fn hinted() -> Slice {
 }
 
 #[test]
-fn topo_01_no_traffic_distribution_spreads_over_all_endpoints_even_with_hints() {
-    let (t, _) = run1(vec![web()], vec![hinted()]);
-    assert_eq!(eligible(spec(&t, "default/web:http")).len(), 3);
+fn topo_01_without_hints_traffic_spreads_over_all_endpoints_whatever_the_service_asks() {
+    // The endpoints' zone and nodeName fields are not hints: like kube-proxy, xlb does not
+    // derive a preference from them, even when the Service asks for one.
+    for s in [web(), web().traffic_distribution("PreferSameZone"), web().traffic_distribution("PreferSameNode")] {
+        let (t, _) = run1(vec![s], vec![spread()]);
+        assert_eq!(eligible(spec(&t, "default/web:http")).len(), 3);
+    }
 }
 
 #[test]
-fn topo_02_prefer_same_zone_uses_zone_hints() {
-    let (t, _) = run1(vec![web().traffic_distribution("PreferSameZone")], vec![hinted()]);
-    assert_eq!(eligible(spec(&t, "default/web:http")), ["10.0.0.1:8080"]);
+fn topo_07_zone_hints_are_applied_whatever_the_service_asks() {
+    // kube-proxy (pkg/proxy/topology.go) filters by the hints a slice carries; the Service's
+    // trafficDistribution or topology-mode annotation only asks the controller to write them.
+    for s in [
+        web(),
+        web().traffic_distribution("PreferSameZone"),
+        web().traffic_distribution("PreferClose"),
+        web().annotation(ANNOTATION_TOPOLOGY_MODE, "Auto"),
+        web().annotation(ANNOTATION_TOPOLOGY_AWARE_HINTS, "auto"),
+    ] {
+        let (t, _) = run1(vec![s], vec![hinted()]);
+        assert_eq!(eligible(spec(&t, "default/web:http")), ["10.0.0.1:8080"]);
+    }
 }
 
 #[test]
-fn topo_02_prefer_same_zone_without_hints_uses_endpoint_zone_and_falls_back_to_cluster() {
-    let (t, _) = run1(vec![web().traffic_distribution("PreferSameZone")], vec![spread()]);
-    assert_eq!(eligible(spec(&t, "default/web:http")), ["10.0.0.1:8080", "10.0.0.2:8080"]);
-    let far = web_slice().ep(ep("10.0.0.5").zone("z7")).ep(ep("10.0.0.6").zone("z8"));
-    let (t, _) = run1(vec![web().traffic_distribution("PreferSameZone")], vec![far]);
-    assert_eq!(eligible(spec(&t, "default/web:http")).len(), 2, "no endpoint in our zone: whole cluster");
-}
-
-#[test]
-fn topo_03_prefer_close_is_an_alias_of_prefer_same_zone() {
-    let (t, _) = run1(vec![web().traffic_distribution("PreferClose")], vec![hinted()]);
-    assert_eq!(eligible(spec(&t, "default/web:http")), ["10.0.0.1:8080"]);
-}
-
-#[test]
-fn topo_04_prefer_same_node_then_same_zone_then_cluster() {
-    let td = || web().traffic_distribution("PreferSameNode");
-    let (t, _) = run1(vec![td()], vec![spread()]);
-    assert_eq!(eligible(spec(&t, "default/web:http")), ["10.0.0.1:8080"], "same node");
-    let no_local = web_slice().ep(ep("10.0.0.2").on("node-b").zone("z1")).ep(ep("10.0.0.3").on("node-c").zone("z2"));
-    let (t, _) = run1(vec![td()], vec![no_local]);
-    assert_eq!(eligible(spec(&t, "default/web:http")), ["10.0.0.2:8080"], "same zone");
-    let far = web_slice().ep(ep("10.0.0.3").on("node-c").zone("z2")).ep(ep("10.0.0.4").on("node-d").zone("z3"));
-    let (t, _) = run1(vec![td()], vec![far]);
-    assert_eq!(eligible(spec(&t, "default/web:http")).len(), 2, "cluster");
-}
-
-#[test]
-fn topo_04_prefer_same_node_uses_node_hints_when_present() {
+fn topo_04_node_hints_come_first_then_zone_hints() {
+    // Every ready endpoint has node hints and one names this node: same node.
     let sl = web_slice()
-        .ep(ep("10.0.0.1").on(NODE).hint_nodes(&["node-x"]))
-        .ep(ep("10.0.0.2").on("node-b").hint_nodes(&[NODE]));
-    let (t, _) = run1(vec![web().traffic_distribution("PreferSameNode")], vec![sl]);
-    assert_eq!(eligible(spec(&t, "default/web:http")), ["10.0.0.2:8080"]);
+        .ep(ep("10.0.0.1").on(NODE).hint_nodes(&["node-x"]).hint_zones(&["z1"]))
+        .ep(ep("10.0.0.2").on("node-b").hint_nodes(&[NODE]).hint_zones(&["z2"]));
+    let (t, _) = run1(vec![web()], vec![sl]);
+    assert_eq!(eligible(spec(&t, "default/web:http")), ["10.0.0.2:8080"], "hinted for this node");
+    // No endpoint hinted for this node: zone hints.
+    let sl = web_slice()
+        .ep(ep("10.0.0.1").hint_nodes(&["node-x"]).hint_zones(&["z1"]))
+        .ep(ep("10.0.0.2").hint_nodes(&["node-y"]).hint_zones(&["z2"]));
+    let (t, _) = run1(vec![web()], vec![sl]);
+    assert_eq!(eligible(spec(&t, "default/web:http")), ["10.0.0.1:8080"], "zone z1");
+    // A ready endpoint without node hints: node hints ignored, zone hints still apply.
+    let sl =
+        web_slice().ep(ep("10.0.0.1").hint_nodes(&[NODE]).hint_zones(&["z2"])).ep(ep("10.0.0.2").hint_zones(&["z1"]));
+    let (t, _) = run1(vec![web()], vec![sl]);
+    assert_eq!(eligible(spec(&t, "default/web:http")), ["10.0.0.2:8080"], "zone z1");
 }
 
 #[test]
-fn topo_05_traffic_distribution_applies_per_class_only_under_cluster_policy() {
-    let s = web().ty("NodePort").node_port(30080).etp_local().traffic_distribution("PreferSameZone");
-    let sl = web_slice().ep(ep("10.0.0.1").on(NODE).zone("z2")).ep(ep("10.0.0.2").on("node-b").zone("z1")).ep(ep(
-        "10.0.0.3",
-    )
-    .on("node-c")
-    .zone("z2"));
+fn topo_05_hints_narrow_only_the_cluster_policy_per_traffic_class() {
+    let s = web().ty("NodePort").node_port(30080).etp_local();
+    let sl = web_slice()
+        .ep(ep("10.0.0.1").on(NODE).hint_zones(&["z2"]))
+        .ep(ep("10.0.0.2").on("node-b").hint_zones(&["z1"]))
+        .ep(ep("10.0.0.3").on("node-c").hint_zones(&["z2"]));
     let (t, _) = run1(vec![s], vec![sl]);
-    assert_eq!(eligible(spec(&t, "default/web:http")), ["10.0.0.2:8080"], "internal: Cluster + zone");
+    assert_eq!(eligible(spec(&t, "default/web:http")), ["10.0.0.2:8080"], "internal: Cluster + zone hints");
     assert_eq!(eligible(spec(&t, "default/web:http/external")), ["10.0.0.1:8080"], "external: Local");
 }
 
 #[test]
-fn topo_06_topology_mode_auto_overrides_traffic_distribution() {
-    // PreferSameNode alone would pick the local endpoint; Auto uses zone hints only.
-    let sl =
-        web_slice().ep(ep("10.0.0.1").on(NODE).hint_zones(&["z2"])).ep(ep("10.0.0.2").on("node-b").hint_zones(&["z1"]));
-    let s = web().traffic_distribution("PreferSameNode").annotation(ANNOTATION_TOPOLOGY_MODE, "Auto");
-    let (t, _) = run1(vec![s], vec![sl.clone()]);
-    assert_eq!(eligible(spec(&t, "default/web:http")), ["10.0.0.2:8080"]);
-    let legacy = web().annotation(ANNOTATION_TOPOLOGY_AWARE_HINTS, "auto");
-    let (t, _) = run1(vec![legacy], vec![sl]);
-    assert_eq!(eligible(spec(&t, "default/web:http")), ["10.0.0.2:8080"], "TOPO-12 legacy annotation");
-}
-
-#[test]
-fn topo_07_auto_keeps_endpoints_hinted_for_our_zone() {
-    let (t, _) = run1(vec![web().annotation(ANNOTATION_TOPOLOGY_MODE, "Auto")], vec![hinted()]);
-    assert_eq!(eligible(spec(&t, "default/web:http")), ["10.0.0.1:8080"]);
-    // Auto without any hint: the controller set none, so no filtering.
-    let (t, _) = run1(vec![web().annotation(ANNOTATION_TOPOLOGY_MODE, "Auto")], vec![spread()]);
-    assert_eq!(eligible(spec(&t, "default/web:http")).len(), 3);
-}
-
-#[test]
 fn topo_08_any_ready_endpoint_without_a_hint_disables_filtering() {
-    let sl = web_slice().ep(ep("10.0.0.1").hint_zones(&["z1"])).ep(ep("10.0.0.2").zone("z2"));
-    let (t, _) = run1(vec![web().traffic_distribution("PreferSameZone")], vec![sl]);
+    let sl = web_slice().ep(ep("10.0.0.1").hint_zones(&["z1"])).ep(ep("10.0.0.2").zone("z1"));
+    let (t, _) = run1(vec![web()], vec![sl]);
     assert_eq!(eligible(spec(&t, "default/web:http")).len(), 2);
+    // A not-ready endpoint without hints does not count.
+    let sl = web_slice()
+        .ep(ep("10.0.0.1").hint_zones(&["z1"]))
+        .ep(ep("10.0.0.2").hint_zones(&["z2"]))
+        .ep(ep("10.0.0.3").not_ready());
+    let (t, _) = run1(vec![web()], vec![sl]);
+    assert_eq!(eligible(spec(&t, "default/web:http")), ["10.0.0.1:8080"]);
 }
 
 #[test]
 fn topo_09_no_hint_for_our_zone_uses_all_zones() {
     let sl = web_slice().ep(ep("10.0.0.1").hint_zones(&["z2"])).ep(ep("10.0.0.2").hint_zones(&["z3"]));
-    let (t, _) = run1(vec![web().annotation(ANNOTATION_TOPOLOGY_MODE, "Auto")], vec![sl]);
+    let (t, _) = run1(vec![web()], vec![sl]);
     assert_eq!(eligible(spec(&t, "default/web:http")).len(), 2);
 }
 
 #[test]
 fn topo_10_unknown_node_zone_disables_zone_filtering() {
     let n = node(NODE).addr("InternalIP", "192.168.1.10");
-    let st = state(vec![web().traffic_distribution("PreferSameZone")], vec![hinted()], Some(n));
+    let st = state(vec![web()], vec![hinted()], Some(n));
     let (t, _) = run(&st, &cfg());
     assert_eq!(eligible(spec(&t, "default/web:http")).len(), 3);
 }
