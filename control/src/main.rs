@@ -163,6 +163,14 @@ fn check(path: &std::path::Path) -> anyhow::Result<ExitCode> {
         .build(&spec)
         .map_err(|e| anyhow::anyhow!("{}: the tables cannot be built: {e}", path.display()))?;
     print!("{}", xlb::show::render(&tables));
+    if !tables.unresolved.is_empty() {
+        let list: Vec<String> = tables.unresolved.iter().map(ToString::to_string).collect();
+        eprintln!(
+            "note: no next hop in the config for backend(s) {}: `xlb run` asks the kernel for on-link \
+             neighbours; a backend behind a gateway needs a `routes` entry",
+            list.join(", ")
+        );
+    }
     let errors = report.issues.iter().filter(|i| i.severity == Severity::Error).count();
     if errors > 0 {
         eprintln!("{}: {errors} object error(s); the objects named above are not (fully) programmed", path.display());

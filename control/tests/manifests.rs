@@ -390,3 +390,51 @@ fn configmap_config_yaml_passes_xlb_check() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn configmap_sets_the_cluster_cidr() {
+    // NAT-06: without clusterCIDR, ClusterIP traffic from outside the pod network would keep
+    // its client IP and its replies would bypass xlb.
+    assert!(!configmap_config().cluster_cidr.is_empty(), "the ConfigMap must set clusterCIDR");
+}
+
+/// `xlb check` on one file: (success, stderr).
+fn xlb_check(path: &Path) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_xlb"))
+        .args(["check", "--config", path.to_str().expect("utf-8 path")])
+        .output()
+        .expect("xlb runs");
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn every_example_passes_xlb_check() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples");
+    let mut n = 0;
+    for e in std::fs::read_dir(&dir).expect("deploy/examples exists") {
+        let p = e.expect("directory entry").path();
+        if p.extension().is_some_and(|x| x == "yaml") {
+            let (ok, stderr) = xlb_check(&p);
+            assert!(ok, "xlb check {}: {stderr}", p.display());
+            n += 1;
+        }
+    }
+    assert!(n >= 2, "only {n} examples found in {}", dir.display());
+}
+
+#[test]
+fn routed_pod_network_example_reaches_every_backend_through_its_routes() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/routed-pod-network.yaml");
+    let (ok, stderr) = xlb_check(&path);
+    assert!(ok, "{stderr}");
+    assert!(!stderr.contains("no next hop"), "a backend has no next hop: {stderr}");
+    // The check can fail: the same file without its routes leaves the pods without a next hop.
+    let text = std::fs::read_to_string(&path).expect("read the example");
+    let without: String = text.lines().filter(|l| !l.starts_with("- {dst: ")).map(|l| format!("{l}\n")).collect();
+    let tmp = std::env::temp_dir().join(format!("xlb-routed-{}.yaml", std::process::id()));
+    std::fs::write(&tmp, without.replace("routes:\n", "routes: []\n")).expect("write");
+    let (ok, stderr) = xlb_check(&tmp);
+    let _ = std::fs::remove_file(&tmp);
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("no next hop in the config for backend(s) 10.244.1.7, 10.244.2.9"), "{stderr}");
+}
