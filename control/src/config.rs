@@ -59,6 +59,14 @@ pub struct Config {
     /// Period of full resyncs (`syncPeriod`, Go duration; default 30s, CFG-03, SYNC-04).
     #[serde(deserialize_with = "crate::duration::deserialize")]
     pub sync_period: Duration,
+    /// How long xlb keeps forwarding after SIGTERM (`shutdownGracePeriod`, Go duration;
+    /// default 20s; 0 = stop at once). From the signal on, `/healthz` and the
+    /// healthCheckNodePorts answer 503 so that load balancers stop sending new traffic (LB-06),
+    /// while the workers forward whatever still arrives and the tables keep syncing; then xlb
+    /// stops and cleans up. A second SIGTERM, or SIGINT, ends it at once. Keep it below the
+    /// DaemonSet's `terminationGracePeriodSeconds` (30) and systemd's `TimeoutStopSec` (30s).
+    #[serde(deserialize_with = "crate::duration::deserialize")]
+    pub shutdown_grace_period: Duration,
     /// Flow-table settings (`conntrack`, CT-04, G-02).
     pub conntrack: ConntrackConfig,
     /// Scheduler settings (`ipvs`, SCHED-02).
@@ -164,6 +172,7 @@ impl Default for Config {
             node_port_addresses: Vec::new(),
             min_sync_period: Duration::from_secs(1),
             sync_period: Duration::from_secs(30),
+            shutdown_grace_period: Duration::from_secs(20),
             conntrack: ConntrackConfig::default(),
             ipvs: IpvsConfig::default(),
             iptables: IptablesConfig::default(),

@@ -179,12 +179,67 @@ fn mtime(p: &Path) -> Option<SystemTime> {
     std::fs::metadata(p).and_then(|m| m.modified()).ok()
 }
 
-/// Runs until SIGINT or SIGTERM.
+/// How the process ends: SIGINT stops at once; SIGTERM starts a drain of
+/// `shutdownGracePeriod` ([`crate::config::Config::shutdown_grace_period`]): health checks
+/// fail at once (LB-06) while the workers keep forwarding and the tables keep syncing, then
+/// xlb stops. A second SIGTERM during the drain stops at once.
+struct Shutdown {
+    /// SIGINT.
+    interrupt: Arc<AtomicBool>,
+    /// SIGTERM (cleared when the drain starts, so that a second one is seen).
+    term: Arc<AtomicBool>,
+    /// When the drain started.
+    drain_since: std::cell::Cell<Option<Instant>>,
+}
+
+impl Shutdown {
+    fn register() -> Result<Self> {
+        let s = Self {
+            interrupt: Arc::new(AtomicBool::new(false)),
+            term: Arc::new(AtomicBool::new(false)),
+            drain_since: std::cell::Cell::new(None),
+        };
+        signal_hook::flag::register(signal_hook::consts::SIGINT, s.interrupt.clone())?;
+        signal_hook::flag::register(signal_hook::consts::SIGTERM, s.term.clone())?;
+        Ok(s)
+    }
+
+    /// Before anything forwards: either signal stops at once.
+    fn requested(&self) -> bool {
+        self.interrupt.load(Ordering::Relaxed) || self.term.load(Ordering::Relaxed)
+    }
+
+    /// Whether to stop now; on the first SIGTERM, starts the drain (health goes 503).
+    fn due(&self, health: &xlb::http::ProxyHealth, grace: Duration) -> bool {
+        if self.interrupt.load(Ordering::Relaxed) {
+            return true;
+        }
+        let term = self.term.swap(false, Ordering::Relaxed);
+        match self.drain_since.get() {
+            None if term && grace.is_zero() => true,
+            None if term => {
+                health.begin_drain();
+                self.drain_since.set(Some(Instant::now()));
+                tracing::info!(
+                    grace = %xlb::duration::format_go_duration(grace),
+                    "SIGTERM: draining (healthz and healthCheckNodePorts answer 503, forwarding goes on)"
+                );
+                false
+            }
+            None => false,
+            Some(_) if term => {
+                tracing::info!("second SIGTERM: stopping now");
+                true
+            }
+            Some(t) => t.elapsed() >= grace,
+        }
+    }
+}
+
+/// Runs until SIGINT, or SIGTERM and the drain after it.
 pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource) -> Result<()> {
-    let stop = Arc::new(AtomicBool::new(false));
+    let shutdown = Shutdown::register()?;
     let reload = Arc::new(AtomicBool::new(false));
-    signal_hook::flag::register(signal_hook::consts::SIGINT, stop.clone())?;
-    signal_hook::flag::register(signal_hook::consts::SIGTERM, stop.clone())?;
     signal_hook::flag::register(signal_hook::consts::SIGHUP, reload.clone())?;
 
     let loaded = crate::load_config(&path)?;
@@ -225,7 +280,7 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource) -> 
         None => loaded.cluster,
         Some((src, hc, node)) => {
             let snap = loop {
-                if stop.load(Ordering::Relaxed) {
+                if shutdown.requested() {
                     return Ok(());
                 }
                 if let Ok(s) =
@@ -326,7 +381,7 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource) -> 
             iface_stats,
             last_verify: Instant::now(),
         };
-        sup.run(&mut cluster, k8s.as_mut(), &stop, &reload)?;
+        sup.run(&mut cluster, k8s.as_mut(), &shutdown, &reload)?;
         drop(admin);
         Ok(())
     })();
@@ -417,7 +472,7 @@ impl Supervisor<'_> {
         &mut self,
         cluster: &mut ClusterState,
         mut k8s: Option<&mut K8s>,
-        stop: &AtomicBool,
+        shutdown: &Shutdown,
         reload: &AtomicBool,
     ) -> Result<()> {
         let mut watcher = neighbours::NeighbourWatcher::new()?;
@@ -426,7 +481,7 @@ impl Supervisor<'_> {
         let mut last_resolve = Instant::now();
         let mut last_periodic = Instant::now();
         let mut last_stats: Option<Instant> = None;
-        while !stop.load(Ordering::Relaxed) {
+        while !shutdown.due(&self.telemetry.health, self.config.shutdown_grace_period) {
             // Neighbour changes (blocks up to 100 ms: part of the loop's tick).
             match watcher.recv_timeout(Duration::from_millis(100)) {
                 Ok(Some(_)) => dirty = true,
@@ -507,5 +562,52 @@ fn resolve(config: &xlb::config::Config, addrs: &[IpAddr]) {
                 tracing::debug!(address = %via, error = %e, "neighbour resolve");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shutdown() -> Shutdown {
+        Shutdown {
+            interrupt: Arc::new(AtomicBool::new(false)),
+            term: Arc::new(AtomicBool::new(false)),
+            drain_since: std::cell::Cell::new(None),
+        }
+    }
+
+    #[test]
+    fn lb_06_sigterm_drains_for_the_grace_period_then_stops() {
+        let (s, h) = (shutdown(), xlb::http::ProxyHealth::new(Duration::from_secs(30)));
+        let grace = Duration::from_millis(200);
+        assert!(!s.due(&h, grace), "no signal");
+        s.term.store(true, Ordering::Relaxed);
+        assert!(!s.due(&h, grace), "SIGTERM starts the drain, it does not stop");
+        assert!(h.is_draining() && !h.serving());
+        assert!(!s.due(&h, grace), "still draining");
+        std::thread::sleep(Duration::from_millis(250));
+        assert!(s.due(&h, grace), "grace period over");
+    }
+
+    #[test]
+    fn lb_06_second_sigterm_or_sigint_stops_at_once() {
+        let (s, h) = (shutdown(), xlb::http::ProxyHealth::new(Duration::from_secs(30)));
+        let grace = Duration::from_secs(60);
+        s.term.store(true, Ordering::Relaxed);
+        assert!(!s.due(&h, grace));
+        s.term.store(true, Ordering::Relaxed);
+        assert!(s.due(&h, grace), "second SIGTERM");
+        let (s, h) = (shutdown(), xlb::http::ProxyHealth::new(Duration::from_secs(30)));
+        s.interrupt.store(true, Ordering::Relaxed);
+        assert!(s.due(&h, grace), "SIGINT does not drain");
+        assert!(!h.is_draining());
+    }
+
+    #[test]
+    fn lb_06_zero_grace_period_stops_at_once_on_sigterm() {
+        let (s, h) = (shutdown(), xlb::http::ProxyHealth::new(Duration::from_secs(30)));
+        s.term.store(true, Ordering::Relaxed);
+        assert!(s.due(&h, Duration::ZERO));
     }
 }

@@ -9,7 +9,7 @@ mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use support::fake_apiserver::{FakeApiServer, Res};
 use support::{NODE, kubeconfig as kubeconfig_for, node, service, slice};
@@ -80,6 +80,7 @@ fn xlb_with_a_kubeconfig_programs_what_the_api_server_holds_and_follows_changes(
     std::fs::write(
         &config,
         "apiVersion: xlb.dev/v1alpha1\nkind: XlbConfiguration\nnodeName: node-a\nminSyncPeriod: 200ms\nsyncPeriod: 30s\n\
+         shutdownGracePeriod: 2s\n\
          healthzBindAddress: 127.0.0.1:10256\nmetricsBindAddress: 127.0.0.1:10249\n\
          interfaces: [{name: xk0, queues: [0]}]\ncores: [0]\nsnatAddresses: {ipv4: 10.251.0.1}\n",
     )
@@ -131,6 +132,31 @@ fn xlb_with_a_kubeconfig_programs_what_the_api_server_holds_and_follows_changes(
         assert!(metrics.contains(name), "{name} missing from /metrics:\n{metrics}");
     }
 
+    // LB-06: SIGTERM fails /healthz at once while xlb keeps running (forwarding and
+    // answering), then it stops by itself after shutdownGracePeriod (2s) and cleans up.
+    let mut xlb = xlb;
+    let sigterm = Instant::now();
+    sh(&["kill", "-TERM", &xlb.id().to_string()]);
+    let draining = wait_until("/healthz 503 after SIGTERM", || {
+        let h = in_ns(&ns, &["curl", "-s", "-w", " %{http_code}", "http://127.0.0.1:10256/healthz"]);
+        let h = String::from_utf8_lossy(&h.stdout).into_owned();
+        h.ends_with(" 503").then_some(h)
+    });
+    assert!(draining.contains(r#""nodeEligible": true"#), "{draining}");
+    assert!(sigterm.elapsed() < Duration::from_secs(2), "503 only after {:?}", sigterm.elapsed());
+    assert!(xlb.is_running(), "xlb must keep running during the drain:\n{}", read_log());
+    assert!(services(&ns, &sock).contains("10.96.0.10:80"), "still serving its tables during the drain");
+    let status = loop {
+        if let Some(st) = xlb.child().try_wait().expect("wait") {
+            break st;
+        }
+        assert!(sigterm.elapsed() < Duration::from_secs(8), "xlb did not stop after its grace period:\n{}", read_log());
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let took = sigterm.elapsed();
+    assert!(status.success(), "xlb exited with {status}:\n{}", read_log());
+    assert!(took >= Duration::from_millis(1900), "stopped after {took:?}, before its 2s grace period");
+    assert!(read_log().contains("SIGTERM: draining"), "{}", read_log());
     drop(change_tx);
     drop(xlb);
     let link = sh(&["ip", "-n", &ns, "-d", "link", "show", "xk0"]);

@@ -46,7 +46,8 @@ struct PortServer {
 
 /// Keeps one HTTP listener per `healthCheckNodePort`, answering on every path:
 /// - 200 when the Service has at least one local ready endpoint and the sync loop is
-///   healthy ([`ProxyHealth::is_healthy`]; node deletion does not matter, TP-09), else 503;
+///   healthy and not draining ([`ProxyHealth::serving`]; node deletion does not matter, TP-09),
+///   else 503;
 /// - headers `Content-Type: application/json`, `X-Content-Type-Options: nosniff` and
 ///   `X-Load-Balancing-Endpoint-Weight: N`;
 /// - body `{"service":{"namespace":NS,"name":NAME},"localEndpoints":N,"serviceProxyHealthy":B}`
@@ -126,7 +127,7 @@ impl HealthCheckServers {
 
 async fn answer(State(st): State<PortState>) -> Response {
     let e = st.entry.read().unwrap_or_else(PoisonError::into_inner).clone();
-    let healthy = st.health.is_healthy();
+    let healthy = st.health.serving();
     let code = if e.local_endpoints > 0 && healthy { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     let body = serde_json::json!({
         "service": { "namespace": e.service.namespace, "name": e.service.name },

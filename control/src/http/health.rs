@@ -33,6 +33,7 @@ struct Inner {
     oldest_pending: Option<SystemTime>,
     node_eligible: bool,
     node_seen: bool,
+    draining: bool,
 }
 
 /// Health of the sync loop and eligibility of the node.
@@ -45,7 +46,9 @@ struct Inner {
 ///   `QueuedUpdate` … `Updated`).
 ///
 /// `/healthz` is additionally 503 while the Node has a `deletionTimestamp` or was deleted
-/// (HC-03); `/livez` ignores the Node (HC-04).
+/// (HC-03), and from the moment xlb starts draining on SIGTERM ([`ProxyHealth::begin_drain`],
+/// LB-06), as are the healthCheckNodePorts ([`ProxyHealth::serving`]); `/livez` ignores both
+/// (HC-04).
 #[derive(Debug)]
 pub struct ProxyHealth {
     timeout: Duration,
@@ -69,6 +72,7 @@ impl ProxyHealth {
                 oldest_pending: None,
                 node_eligible: true,
                 node_seen: false,
+                draining: false,
             }),
         }
     }
@@ -118,10 +122,27 @@ impl ProxyHealth {
         self.lock().node_eligible
     }
 
-    /// The sync loop's health alone (`/livez`, and the healthCheckNodePort servers' input,
-    /// TP-09).
+    /// The sync loop's health alone (`/livez`).
     pub fn is_healthy(&self) -> bool {
         self.proxy_health(SystemTime::now()).0
+    }
+
+    /// xlb is shutting down (SIGTERM) and wants load balancers to stop sending it new traffic
+    /// while it keeps forwarding what still arrives (LB-06: fail health first, then leave):
+    /// from now on `/healthz` and every healthCheckNodePort answer 503.
+    pub fn begin_drain(&self) {
+        self.lock().draining = true;
+    }
+
+    /// Whether [`ProxyHealth::begin_drain`] was called.
+    pub fn is_draining(&self) -> bool {
+        self.lock().draining
+    }
+
+    /// What the healthCheckNodePort servers report as `serviceProxyHealthy` (TP-09): the sync
+    /// loop is healthy and xlb is not draining. Node deletion does not matter there.
+    pub fn serving(&self) -> bool {
+        self.is_healthy() && !self.is_draining()
     }
 
     fn proxy_health(&self, now: SystemTime) -> (bool, Option<SystemTime>) {
@@ -137,7 +158,7 @@ impl ProxyHealth {
         let now = SystemTime::now();
         let (ok, last) = self.proxy_health(now);
         let node_eligible = self.node_eligible();
-        let healthy = ok && node_eligible;
+        let healthy = ok && node_eligible && !self.is_draining();
         HealthStatus { healthy, last_updated: if healthy { Some(now) } else { last }, current_time: now, node_eligible }
     }
 

@@ -277,4 +277,17 @@ mod tests {
         h.sync_node(None);
         assert!(!h.healthz().healthy);
     }
+
+    #[test]
+    fn lb_06_draining_fails_healthz_and_health_check_node_ports_not_livez() {
+        let h = ProxyHealth::new(Duration::from_secs(30));
+        h.updated(SystemTime::now());
+        assert!(h.healthz().healthy && h.serving() && !h.is_draining());
+        h.begin_drain();
+        assert!(h.is_draining());
+        assert_eq!(h.healthz().code(), 503, "/healthz fails at once");
+        assert!(h.healthz().node_eligible, "the node itself is still eligible");
+        assert!(!h.serving(), "healthCheckNodePorts fail at once");
+        assert!(h.livez().healthy, "/livez stays 200: the process is alive and forwarding");
+    }
 }
