@@ -1036,6 +1036,7 @@ pub fn load_str_for_node(text: &str, source_name: &str, fallback_node_name: Opti
             services: c.services.into_iter().map(Arc::new).collect(),
             endpoint_slices: c.slices.into_iter().map(Arc::new).collect(),
             node,
+            local_addresses: Vec::new(),
         },
         notes,
     })

@@ -296,6 +296,7 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource) -> 
             snap.state
         }
     };
+    cluster.local_addresses = host_addresses().unwrap_or_default();
     let mut builder = Builders::default();
     let (tables, report) = build(&cluster, &config, &mut builder).with_context(|| path.display().to_string())?;
     telemetry.metrics.set_no_local_endpoints(report.no_local_endpoints);
@@ -481,6 +482,7 @@ impl Supervisor<'_> {
         let mut last_resolve = Instant::now();
         let mut last_periodic = Instant::now();
         let mut last_stats: Option<Instant> = None;
+        let mut last_addrs = Instant::now();
         while !shutdown.due(&self.telemetry.health, self.config.shutdown_grace_period) {
             // Neighbour changes (blocks up to 100 ms: part of the loop's tick).
             match watcher.recv_timeout(Duration::from_millis(100)) {
@@ -495,7 +497,9 @@ impl Supervisor<'_> {
                     Ok(l) => {
                         self.config = l.config;
                         if k8s.is_none() {
+                            let local = std::mem::take(&mut cluster.local_addresses);
                             *cluster = l.cluster;
+                            cluster.local_addresses = local;
                         }
                         dirty = true;
                         tracing::info!(config = %self.path.display(), "configuration reloaded");
@@ -510,7 +514,9 @@ impl Supervisor<'_> {
                 if let Ok(mut snap) = next {
                     // The snapshot's objects are ours (published/sync_failed read only its
                     // bookkeeping): move them instead of copying every object.
+                    let local = std::mem::take(&mut cluster.local_addresses);
                     *cluster = std::mem::take(&mut snap.state);
+                    cluster.local_addresses = local;
                     match self.rebuild(cluster) {
                         Some(report) => {
                             src.published(&snap, &report);
@@ -526,6 +532,17 @@ impl Supervisor<'_> {
                 // Standalone: a periodic full resync repairs outside interference with the
                 // steering maps (SYNC-04) and keeps /healthz fresh.
                 dirty = true;
+            }
+            // The host's addresses (NodePorts answer on them, NPA-02), once a second.
+            if last_addrs.elapsed() >= Duration::from_secs(1) {
+                last_addrs = Instant::now();
+                if let Some(a) = host_addresses()
+                    && a != cluster.local_addresses
+                {
+                    tracing::info!(addresses = ?a, "the host's addresses changed");
+                    cluster.local_addresses = a;
+                    dirty = true;
+                }
             }
             if dirty {
                 dirty = false;
@@ -546,6 +563,23 @@ impl Supervisor<'_> {
             }
         }
         Ok(())
+    }
+}
+
+/// The addresses of this host's interfaces, loopback left out, sorted (for
+/// [`ClusterState::local_addresses`]); `None` (logged) if netlink fails, so the last ones stay.
+fn host_addresses() -> Option<Vec<IpAddr>> {
+    match nic_config::local_addresses() {
+        Ok(list) => {
+            let mut a: Vec<IpAddr> = list.into_iter().map(|x| x.addr).filter(|a| !a.is_loopback()).collect();
+            a.sort_unstable();
+            a.dedup();
+            Some(a)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the host's addresses; keeping the last ones");
+            None
+        }
     }
 }
 

@@ -284,5 +284,6 @@ pub(crate) fn state(svcs: Vec<Svc>, slices: Vec<Slice>, n: Option<NodeB>) -> Clu
         services: svcs.into_iter().map(|s| std::sync::Arc::new(s.0)).collect(),
         endpoint_slices: slices.into_iter().map(|s| std::sync::Arc::new(s.0)).collect(),
         node: n.map(|n| n.0),
+        local_addresses: Vec::new(),
     }
 }

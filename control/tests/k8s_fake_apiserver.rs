@@ -618,6 +618,7 @@ fn full_rebuild_timing_1000_services() {
         services: services.into_iter().map(std::sync::Arc::new).collect(),
         endpoint_slices: slices.into_iter().map(std::sync::Arc::new).collect(),
         node: Some(node),
+        local_addresses: Vec::new(),
     };
     for sched in ["random", "mh"] {
         let mut cfg = xlb_config();

@@ -128,21 +128,47 @@ pub fn interface_info(ifname: &str) -> Result<InterfaceInfo, NicError> {
         if a.header.index != info.ifindex {
             continue;
         }
-        // IPv4: IFA_LOCAL is the interface's own address (IFA_ADDRESS is the peer on p2p links).
-        // IPv6: only IFA_ADDRESS is sent.
-        let local = a.attributes.iter().find_map(|x| match x {
-            AddressAttribute::Local(ip) => Some(*ip),
-            _ => None,
-        });
-        let address = a.attributes.iter().find_map(|x| match x {
-            AddressAttribute::Address(ip) => Some(*ip),
-            _ => None,
-        });
-        if let Some(addr) = local.or(address) {
+        if let Some(addr) = own_address(&a) {
             info.addresses.push(InterfaceAddress { addr, prefix_len: a.header.prefix_len });
         }
     }
     Ok(info)
+}
+
+/// Every address of every interface in the calling thread's network namespace
+/// (`RTM_GETADDR` dump): IPv4 `IFA_LOCAL` (else `IFA_ADDRESS`), IPv6 `IFA_ADDRESS`, in the
+/// kernel's order, loopback included (the caller filters). xlb serves NodePorts on them when
+/// `nodePortAddresses` lets it (kube-proxy's `--dst-type LOCAL`, NPA-02, NPA-04).
+///
+/// # Errors
+/// [`NicError::Netlink`].
+pub fn local_addresses() -> Result<Vec<InterfaceAddress>, NicError> {
+    const OP: &str = "RTM_GETADDR dump";
+    let mut sock = RouteSocket::new(OP)?;
+    let mut out = Vec::new();
+    for m in sock.request(OP, RouteNetlinkMessage::GetAddress(AddressMessage::default()), NLM_F_DUMP)? {
+        let RouteNetlinkMessage::NewAddress(a) = m else {
+            continue;
+        };
+        if let Some(addr) = own_address(&a) {
+            out.push(InterfaceAddress { addr, prefix_len: a.header.prefix_len });
+        }
+    }
+    Ok(out)
+}
+
+/// The interface's own address in an `RTM_NEWADDR` message. IPv4: `IFA_LOCAL` (`IFA_ADDRESS` is
+/// the peer on point-to-point links); IPv6 sends only `IFA_ADDRESS`.
+fn own_address(a: &AddressMessage) -> Option<IpAddr> {
+    let local = a.attributes.iter().find_map(|x| match x {
+        AddressAttribute::Local(ip) => Some(*ip),
+        _ => None,
+    });
+    let address = a.attributes.iter().find_map(|x| match x {
+        AddressAttribute::Address(ip) => Some(*ip),
+        _ => None,
+    });
+    local.or(address)
 }
 
 /// Channel (queue) counts as `ethtool -l` shows them; `None` where ethtool prints `n/a`.

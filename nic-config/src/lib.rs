@@ -29,7 +29,7 @@ mod steering;
 
 pub use error::NicError;
 pub use iface::{
-    Channels, InterfaceAddress, InterfaceInfo, channels, ifindex, interface_info, set_channels,
+    Channels, InterfaceAddress, InterfaceInfo, channels, ifindex, interface_info, local_addresses, set_channels,
     set_tx_checksum_offload, tx_checksum_offload,
 };
 pub use maps::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, ServiceKey};

@@ -7,8 +7,8 @@ use std::{net::IpAddr, time::Duration};
 
 use common::{CLIENT_IF, CLIENT_V4, CLIENT_V6, LB_IF, LB_V4, LB_V6, Netns, Pair, wait_for};
 use nic_config::{
-    NeighbourEvent, NeighbourState, NeighbourWatcher, NicError, channels, ifindex, interface_info, neighbours,
-    set_channels, set_tx_checksum_offload, tx_checksum_offload,
+    NeighbourEvent, NeighbourState, NeighbourWatcher, NicError, channels, ifindex, interface_info, local_addresses,
+    neighbours, set_channels, set_tx_checksum_offload, tx_checksum_offload,
 };
 
 const LONG: Duration = Duration::from_secs(5);
@@ -134,6 +134,23 @@ mod tests {
         );
         let err = pair.lb.run_in(|| interface_info("nosuch0")).unwrap_err();
         assert!(matches!(err, NicError::UnknownInterface { .. }) && err.to_string().contains("nosuch0"), "{err}");
+    }
+
+    #[test]
+    fn local_addresses_lists_every_interface_and_sees_a_new_address() {
+        if !common::can_run("local_addresses_lists_every_interface_and_sees_a_new_address") {
+            return;
+        }
+        let pair = Pair::new(1);
+        let addrs = pair.lb.run_in(|| local_addresses().unwrap());
+        let has = |list: &[nic_config::InterfaceAddress], a: IpAddr| list.iter().any(|x| x.addr == a);
+        assert!(has(&addrs, LB_V4.into()) && has(&addrs, LB_V6.into()), "{addrs:?}");
+        assert!(has(&addrs, common::VIP_V4.into()), "addresses on lo are listed too: {addrs:?}");
+        let extra: IpAddr = "10.99.0.7".parse().unwrap();
+        assert!(!has(&addrs, extra), "{addrs:?}");
+        pair.lb.sh(&["ip", "addr", "add", "10.99.0.7/32", "dev", LB_IF]);
+        let addrs = pair.lb.run_in(|| local_addresses().unwrap());
+        assert!(has(&addrs, extra), "an address added later is seen: {addrs:?}");
     }
 
     #[test]

@@ -255,6 +255,35 @@ mod xlb {
         }
     }
 
+    /// With `nodePortAddresses: []`, a NodePort answers on every address of the host's
+    /// interfaces, not only the Node's (NPA-02, NPA-04): an address added to the lb's eth0
+    /// while xlb runs serves `demo/web`'s NodePort within a few seconds (xlb rereads the
+    /// host's addresses once a second) and stops when it is removed.
+    #[test]
+    fn node_port_answers_on_a_secondary_interface_address_added_while_xlb_runs() {
+        if skip_without_root("node_port_answers_on_a_secondary_interface_address_added_while_xlb_runs") {
+            return;
+        }
+        let tb = testbed();
+        let xlb = start_xlb(&tb);
+        let extra = "10.250.1.77";
+        let url = format!("http://{extra}:30080/");
+        assert!(!xlb.services().unwrap_or_default().contains(extra), "not a NodePort address yet");
+        tb.exec_ok(Role::Lb, &["ip", "addr", "add", &format!("{extra}/24"), "dev", "eth0"]).expect("ip addr add");
+        let listed = wait_for(Duration::from_secs(10), || {
+            xlb.services().ok().filter(|s| s.contains(&format!("{extra}:30080"))).map(|_| ())
+        });
+        assert!(listed.is_some(), "{extra}:30080 never became a NodePort frontend{}", evidence(&xlb));
+        let got = wait_for(Duration::from_secs(10), || fetch(&tb, &url).ok());
+        let got = got.unwrap_or_else(|| panic!("{url} did not answer{}", evidence(&xlb)));
+        assert!((1..=3).contains(&got.backend), "answered by be{}", got.backend);
+        tb.exec_ok(Role::Lb, &["ip", "addr", "del", &format!("{extra}/24"), "dev", "eth0"]).expect("ip addr del");
+        let gone = wait_for(Duration::from_secs(10), || {
+            xlb.services().ok().filter(|s| !s.contains(&format!("{extra}:30080"))).map(|_| ())
+        });
+        assert!(gone.is_some(), "{extra}:30080 still a NodePort frontend after the address left{}", evidence(&xlb));
+    }
+
     /// The LoadBalancer ingress IP 10.250.100.2 of `demo/lb` is in xlb's table with exactly
     /// the service's endpoints, and serves: balanced over be1 and be2, never be3, client IP
     /// kept, one xlb flow per request. The service's ClusterIP answers too.

@@ -128,6 +128,7 @@ mod tests {
                 slice("empty-1", "empty", &[80], vec![ep("10.0.0.9", "node-b", Some(true))]),
             ],
             node: None,
+            local_addresses: Vec::new(),
         };
         let hc = health_check_services(&state, "node-a");
         assert_eq!(hc.len(), 2);

@@ -471,7 +471,7 @@ impl Source {
         let mut endpoint_slices = self.slices.state();
         endpoint_slices.sort_by(|a, b| object_order(&a.metadata).cmp(&object_order(&b.metadata)));
         let node = find_node(&self.nodes, &self.cfg.node_name).map(|n| Node::clone(&n));
-        ClusterState { services, endpoint_slices, node }
+        ClusterState { services, endpoint_slices, node, local_addresses: Vec::new() }
     }
 
     /// Reports that `snap`'s tables were built and published (atomically swapped in), at

@@ -126,6 +126,13 @@ pub struct ClusterState {
     pub endpoint_slices: Vec<Arc<EndpointSlice>>,
     /// This node's own Node object, if known (addresses, zone label).
     pub node: Option<Node>,
+    /// Addresses of this host's interfaces (`RTM_GETADDR` in the namespace xlb runs in; `xlb
+    /// run` reads them and follows changes). NodePorts answer on them too, after the config's
+    /// `nodeAddresses` and the Node's `status.addresses`, when `nodePortAddresses` lets them
+    /// (NPA-02: unset = all; NPA-01: CIDRs), as kube-proxy's `--dst-type LOCAL` match does
+    /// (NPA-04); they never count as the node's primary address (NPA-07). Loopback and IPv6
+    /// link-local addresses are left out. Empty in `xlb check` and in tests unless set.
+    pub local_addresses: Vec<IpAddr>,
 }
 
 /// How serious a reported problem is.
@@ -337,7 +344,7 @@ fn assemble(
 ) -> (TablesSpec, TranslateReport, TranslateStats) {
     let mut report = TranslateReport::default();
     let mut stats = TranslateStats::default();
-    let node = NodeInfo::new(input.node.as_ref(), cfg, &mut report);
+    let node = NodeInfo::new(input.node.as_ref(), &input.local_addresses, cfg, &mut report);
     let node_port_addrs = node.node_port_addresses(cfg);
 
     let mut slices: FastMap<(&str, &str), Vec<&EndpointSlice>> = FastMap::default();
@@ -558,6 +565,8 @@ impl Family {
 enum AddrType {
     Internal,
     External,
+    /// An interface address that the Node object does not list.
+    Local,
 }
 
 /// This node as the translation sees it.
@@ -570,7 +579,7 @@ struct NodeInfo {
 }
 
 impl NodeInfo {
-    fn new(node: Option<&Node>, cfg: &Config, report: &mut TranslateReport) -> Self {
+    fn new(node: Option<&Node>, local: &[IpAddr], cfg: &Config, report: &mut TranslateReport) -> Self {
         let name = cfg.node_name().map(str::to_owned).or_else(|| node.and_then(|n| n.metadata.name.clone()));
         let zone = node
             .and_then(|n| n.metadata.labels.as_ref())
@@ -607,6 +616,13 @@ impl NodeInfo {
                     }),
                 }
             }
+        }
+        for a in local {
+            // IPv6 link-local addresses need a zone to mean anything; a NodePort there is not one.
+            if matches!(a, IpAddr::V6(v6) if v6.is_unicast_link_local()) {
+                continue;
+            }
+            push(*a, AddrType::Local);
         }
         Self { name, zone, addresses }
     }

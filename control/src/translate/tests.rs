@@ -865,6 +865,43 @@ fn npa_04_node_ports_match_only_node_addresses() {
     }
 }
 
+/// NodePort addresses with the host's interface addresses `local` known (as `xlb run` reads
+/// them over netlink).
+fn node_port_addrs_with_local(c: &Config, local: &[&str]) -> Vec<String> {
+    let mut st = state(vec![dual().ty("NodePort").node_port(30080)], vec![], Some(multi_homed()));
+    st.local_addresses = local.iter().map(|a| a.parse().unwrap()).collect();
+    let (t, _) = run(&st, c);
+    t.services
+        .iter()
+        .flat_map(|s| &s.frontends)
+        .filter(|f| f.kind == FrontendKind::NodePort)
+        .map(|f| f.addr.to_string())
+        .collect()
+}
+
+#[test]
+fn npa_02_unset_node_port_addresses_also_answer_on_every_interface_address() {
+    // kube-proxy's iptables default matches `--dst-type LOCAL`: any address of the host, not
+    // only those the Node object lists. Loopback and IPv6 link-local are left out; an address
+    // the Node lists already is not repeated.
+    let local = ["192.168.1.10", "172.31.5.5", "fd00:9::5", "fe80::1", "127.0.0.1", "::1"];
+    assert_eq!(
+        node_port_addrs_with_local(&cfg(), &local),
+        ["192.168.1.10", "10.20.0.10", "203.0.113.10", "172.31.5.5", "fd00:1::10", "fd00:9::5"]
+    );
+}
+
+#[test]
+fn npa_01_cidrs_and_primary_filter_interface_addresses_too() {
+    let local = ["172.31.5.5", "10.20.9.9"];
+    let mut c = cfg();
+    c.node_port_addresses = vec![NodePortAddress::Cidr("10.20.0.0/16".parse().unwrap())];
+    assert_eq!(node_port_addrs_with_local(&c, &local), ["10.20.0.10", "10.20.9.9"]);
+    // An interface address is never the node's primary address (NPA-07).
+    c.node_port_addresses = vec![NodePortAddress::Primary];
+    assert_eq!(node_port_addrs_with_local(&c, &local), ["192.168.1.10", "fd00:1::10"]);
+}
+
 #[test]
 fn npa_05_loopback_addresses_never_serve_node_ports() {
     let mut c = cfg();

@@ -137,6 +137,7 @@ pub fn cluster(p: Profile) -> ClusterState {
         services: Vec::with_capacity(p.services),
         endpoint_slices: Vec::with_capacity(p.services * p.endpoints.div_ceil(MAX_ENDPOINTS_PER_SLICE)),
         node: None,
+        local_addresses: Vec::new(),
     };
     for i in 0..p.services {
         state.services.push(Arc::new(service(i)));
