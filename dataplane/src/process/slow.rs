@@ -40,7 +40,7 @@ pub(super) fn stage_misses<A: Fam>(st: &mut FamState<A>, c: &Common, t: &Tables,
     let (lanes, ct) = (&mut st.lanes, &st.ct);
     let mut misses = 0;
     let mut maglev = false;
-    for (i, l) in lanes.l.iter().take(lanes.n).enumerate() {
+    for (i, l) in lanes.l.get(..lanes.n).unwrap_or(&[]).iter().enumerate() {
         let (Some(pick), Some(fe_of)) = (lanes.pick.get_mut(i), lanes.fe.get_mut(i)) else { continue };
         *pick = None;
         *fe_of = FE_UNKNOWN;
@@ -71,7 +71,7 @@ pub(super) fn stage_misses<A: Fam>(st: &mut FamState<A>, c: &Common, t: &Tables,
     // bucket of its other entry.
     if ct.len() + misses > ct.capacity() {
         let mut k = 0;
-        for l in lanes.l.iter().take(lanes.n) {
+        for l in lanes.l.get(..lanes.n).unwrap_or(&[]).iter() {
             if l.miss && slow & (1 << (l.pkt & 63)) != 0 {
                 k += 1;
                 if ct.len() + k > ct.capacity() {
@@ -103,7 +103,7 @@ pub(super) fn stage_misses<A: Fam>(st: &mut FamState<A>, c: &Common, t: &Tables,
     // The reply entries: for SNAT flows, guess the ports in the order the slow path will take
     // them (a wrong guess only costs the prefetch).
     let mut snat_port = c.snat_cursor;
-    for (l, (pick, fe)) in lanes.l.iter().take(lanes.n).zip(lanes.pick.iter().zip(lanes.fe.iter())) {
+    for (l, (pick, fe)) in lanes.l.get(..lanes.n).unwrap_or(&[]).iter().zip(lanes.pick.iter().zip(lanes.fe.iter())) {
         let (Some(r), Some(fe)) = (pick, t.frontend_index.entry(*fe)) else { continue };
         let (Some(b), Some(svc)) = (t.backend(*r), t.services.get(fe.service as usize)) else { continue };
         let Some(baddr) = A::from_ip(b.addr) else { continue };
