@@ -154,6 +154,44 @@ mod tests {
     }
 
     #[test]
+    fn routes_lists_connected_gateway_and_multipath_routes_of_the_main_table() {
+        if !common::can_run("routes_lists_connected_gateway_and_multipath_routes_of_the_main_table") {
+            return;
+        }
+        use nic_config::routes::{TABLE_MAIN, routes};
+        let pair = Pair::new(1);
+        // Two gateways on the lb's link (the client side), one single-path and one multipath
+        // route through them.
+        pair.lb.sh(&["ip", "route", "add", "10.77.1.0/24", "via", "10.251.1.2"]);
+        pair.lb.sh(&[
+            "ip",
+            "route",
+            "add",
+            "10.77.2.0/24",
+            "nexthop",
+            "via",
+            "10.251.1.2",
+            "nexthop",
+            "via",
+            "10.251.1.4",
+        ]);
+        pair.lb.sh(&["ip", "route", "add", "table", "100", "10.77.3.0/24", "via", "10.251.1.2"]);
+        let list = pair.lb.run_in(|| routes(TABLE_MAIN).unwrap());
+        let find =
+            |dst: &str, len: u8| list.iter().find(|r| r.dst == dst.parse::<IpAddr>().unwrap() && r.prefix_len == len);
+        let connected = find("10.251.1.0", 24).unwrap_or_else(|| panic!("no connected route: {list:?}"));
+        assert!(connected.gateways.is_empty() && connected.oif.is_some(), "{connected:?}");
+        let via = find("10.77.1.0", 24).unwrap_or_else(|| panic!("{list:?}"));
+        assert_eq!(via.gateways, ["10.251.1.2".parse::<IpAddr>().unwrap()]);
+        let multi = find("10.77.2.0", 24).unwrap_or_else(|| panic!("{list:?}"));
+        assert_eq!(multi.gateways, ["10.251.1.2".parse::<IpAddr>().unwrap(), "10.251.1.4".parse().unwrap()]);
+        assert!(find("10.77.3.0", 24).is_none(), "table 100 is not the main table: {list:?}");
+        assert!(!list.iter().any(|r| r.dst == IpAddr::from(common::VIP_V4)), "local routes are left out: {list:?}");
+        let t100 = pair.lb.run_in(|| routes(100).unwrap());
+        assert_eq!(t100.len(), 1, "{t100:?}");
+    }
+
+    #[test]
     fn channels_and_tx_checksum_offload_can_be_set() {
         if !common::can_run("channels_and_tx_checksum_offload_can_be_set") {
             return;
