@@ -27,7 +27,7 @@ use dataplane::addr::Cidr;
 use dataplane::affinity::AffinityTable;
 use dataplane::conntrack::Timeouts;
 use dataplane::process::PipelineConfig;
-use dataplane::tables::{NeighbourSpec, TableBuilder, Tables, TablesHandle, TablesSpec, VipAddrKind};
+use dataplane::tables::{KernelRouteSpec, NeighbourSpec, TableBuilder, Tables, TablesHandle, TablesSpec, VipAddrKind};
 use dataplane::worker::{self, Fabric, WorkerHandle, WorkerSpec};
 use dataplane::xsk::{BusyPoll, CopyMode, XskConfig};
 use nic_config::{ServiceKey, Steering, XdpMode, neighbours};
@@ -83,8 +83,10 @@ fn build(
     Ok((t, report))
 }
 
-/// Fills in what the file cannot know: interface MACs and MTUs, and the kernel's neighbours.
+/// Fills in what the file cannot know: interface MACs and MTUs, the kernel's neighbours and
+/// its routes (main table; the config's `routes` override them).
 fn complete_spec(spec: &mut TablesSpec, cfg: &xlb::config::Config) -> Result<()> {
+    spec.kernel_routes = kernel_routes().unwrap_or_default();
     let mut ifindex_to_port = BTreeMap::new();
     for (i, iface) in cfg.interfaces.iter().enumerate() {
         let info = nic_config::interface_info(&iface.name).with_context(|| format!("interface {}", iface.name))?;
@@ -483,6 +485,7 @@ impl Supervisor<'_> {
         let mut last_periodic = Instant::now();
         let mut last_stats: Option<Instant> = None;
         let mut last_addrs = Instant::now();
+        let mut last_routes = kernel_routes().unwrap_or_default();
         while !shutdown.due(&self.telemetry.health, self.config.shutdown_grace_period) {
             // Neighbour changes (blocks up to 100 ms: part of the loop's tick).
             match watcher.recv_timeout(Duration::from_millis(100)) {
@@ -533,7 +536,7 @@ impl Supervisor<'_> {
                 // steering maps (SYNC-04) and keeps /healthz fresh.
                 dirty = true;
             }
-            // The host's addresses (NodePorts answer on them, NPA-02), once a second.
+            // The host's addresses (NodePorts answer on them, NPA-02) and routes, once a second.
             if last_addrs.elapsed() >= Duration::from_secs(1) {
                 last_addrs = Instant::now();
                 if let Some(a) = host_addresses()
@@ -541,6 +544,14 @@ impl Supervisor<'_> {
                 {
                     tracing::info!(addresses = ?a, "the host's addresses changed");
                     cluster.local_addresses = a;
+                    dirty = true;
+                }
+                // The kernel's routes (backends' next hops), likewise.
+                if let Some(r) = kernel_routes()
+                    && r != last_routes
+                {
+                    tracing::info!(routes = r.len(), "the kernel's routes changed");
+                    last_routes = r;
                     dirty = true;
                 }
             }
@@ -586,15 +597,37 @@ fn host_addresses() -> Option<Vec<IpAddr>> {
 /// Asks the kernel to resolve next hops xlb could not find (counted `no_neighbour` drops until
 /// then). Routes' gateways are resolved instead of off-link backends.
 fn resolve(config: &xlb::config::Config, addrs: &[IpAddr]) {
-    for a in addrs {
-        let via =
-            config.routes.iter().filter(|r| Cidr::contains(&r.dst, *a)).max_by_key(|r| r.dst.len).map_or(*a, |r| r.via);
+    // `Tables::unresolved` already holds the next hops (backends or their gateways).
+    for via in addrs {
         for iface in &config.interfaces {
             if let Ok(ix) = nic_config::ifindex(&iface.name)
-                && let Err(e) = neighbours::resolve(ix, via)
+                && let Err(e) = neighbours::resolve(ix, *via)
             {
                 tracing::debug!(address = %via, error = %e, "neighbour resolve");
             }
+        }
+    }
+}
+
+/// The kernel's unicast routes of the main table (`RTM_GETROUTE`), for
+/// [`TablesSpec::kernel_routes`]; `None` (logged) if netlink fails.
+fn kernel_routes() -> Option<Vec<KernelRouteSpec>> {
+    match nic_config::routes::routes(nic_config::routes::TABLE_MAIN) {
+        Ok(list) => {
+            let mut v: Vec<KernelRouteSpec> = list
+                .into_iter()
+                .map(|r| KernelRouteSpec {
+                    dst: Cidr { addr: r.dst, len: r.prefix_len },
+                    gateways: r.gateways,
+                    metric: r.metric,
+                })
+                .collect();
+            v.sort_by_key(|a| (a.dst.addr, a.dst.len, a.metric));
+            Some(v)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the kernel's routes");
+            None
         }
     }
 }

@@ -309,6 +309,63 @@ pub struct RouteSpec {
     pub via: IpAddr,
 }
 
+/// A unicast route mirrored from the kernel's routing table (`RTM_GETROUTE`, read by the
+/// control side): prefix → gateways, none for a directly connected network.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct KernelRouteSpec {
+    /// Destination prefix.
+    pub dst: Cidr,
+    /// Gateways, in the kernel's order (several for a multipath route); empty = on-link.
+    pub gateways: Vec<IpAddr>,
+    /// Route metric (`RTA_PRIORITY`): of routes to the same prefix the lowest is used.
+    pub metric: u32,
+}
+
+/// Where a backend's packets go next ([`TablesSpec::routes`], then
+/// [`TablesSpec::kernel_routes`]).
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub enum NextHop {
+    /// This neighbour (the backend itself when on-link, else a gateway).
+    Via(IpAddr),
+    /// The kernel's routes are known and none matches: the backend cannot be reached.
+    NoRoute,
+}
+
+impl TablesSpec {
+    /// The next hop of `addr`: the longest matching `routes` entry (the config's override);
+    /// else the longest matching kernel route (lowest metric among equal prefixes), on-link →
+    /// `addr` itself, one gateway → it, several (multipath) → one chosen by a hash of `addr`,
+    /// so the backends of a multipath route are spread over its paths (the kernel spreads
+    /// flows; a backend keeps one path here); else [`NextHop::NoRoute`] when kernel routes
+    /// are known, and `addr` itself (assumed on-link) when they are not (standalone specs).
+    pub fn next_hop(&self, addr: IpAddr) -> NextHop {
+        if let Some(r) = self.routes.iter().filter(|r| r.dst.contains(addr)).max_by_key(|r| r.dst.len) {
+            return NextHop::Via(r.via);
+        }
+        if self.kernel_routes.is_empty() {
+            return NextHop::Via(addr);
+        }
+        let best = self
+            .kernel_routes
+            .iter()
+            .filter(|r| r.dst.contains(addr))
+            .max_by(|a, b| a.dst.len.cmp(&b.dst.len).then(b.metric.cmp(&a.metric)));
+        match best {
+            None => NextHop::NoRoute,
+            Some(r) if r.gateways.is_empty() => NextHop::Via(addr),
+            Some(r) => {
+                // FNV-1a over the address: stable across builds and processes.
+                let h = crate::addr::mapped(addr)
+                    .iter()
+                    .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3));
+                let n = r.gateways.len() as u64;
+                let i = usize::try_from(h % n).unwrap_or(0);
+                r.gateways.get(i).copied().map_or(NextHop::NoRoute, NextHop::Via)
+            }
+        }
+    }
+}
+
 /// Everything a table build needs. Plain data: built from YAML or Kubernetes objects.
 #[derive(Clone, PartialEq, Eq, Hash, Debug, Default)]
 pub struct TablesSpec {
@@ -319,8 +376,12 @@ pub struct TablesSpec {
     pub ports: Vec<PortSpec>,
     /// Neighbours (next hops) by address.
     pub neighbours: Vec<NeighbourSpec>,
-    /// Routes, longest prefix wins; a backend with no matching route must be a neighbour.
+    /// Routes from the config, longest prefix wins; they override [`TablesSpec::kernel_routes`].
     pub routes: Vec<RouteSpec>,
+    /// The kernel's routes (main table), consulted after `routes`; see
+    /// [`TablesSpec::next_hop`]. Empty = unknown: a backend with no `routes` entry is taken as
+    /// on-link.
+    pub kernel_routes: Vec<KernelRouteSpec>,
     /// Source address for SNAT / masquerade of IPv4 flows.
     pub snat_v4: Option<IpAddr>,
     /// Source address for SNAT / masquerade of IPv6 flows.
@@ -391,8 +452,12 @@ pub struct Backend {
     pub eligible: bool,
     /// Owning service index in [`Tables::services`].
     pub service: u32,
-    /// Next hop; `None` while the neighbour is unresolved (counted drop `NoNeighbour`).
+    /// Next hop; `None` while the neighbour is unresolved (counted drop `NoNeighbour`) or when
+    /// there is no route (`no_route`).
     pub hop: Option<Hop>,
+    /// The kernel's routes are known and none reaches this backend ([`NextHop::NoRoute`]): new
+    /// flows to it are dropped (`NoRoute`) without a conntrack entry.
+    pub no_route: bool,
     /// Conditions, for display.
     pub conditions: Conditions,
     /// On this node, for display.
@@ -500,7 +565,8 @@ pub struct Tables {
     pub dsr_source_v4: Option<Cidr>,
     /// IP6IP6 outer source prefix.
     pub dsr_source_v6: Option<Cidr>,
-    /// Backends whose neighbour is unresolved (the control side asks the kernel to resolve).
+    /// Next hops (backends on-link, or their gateways) whose neighbour is unresolved: the
+    /// control side asks the kernel to resolve them.
     pub unresolved: Vec<IpAddr>,
     /// (address, protocol, port) of every backend of a NAT service: replies come from these,
     /// and the steering program sends them to xlb.
@@ -976,12 +1042,13 @@ impl TableBuilder {
 
         // Neighbours and routes.
         let neigh: HashMap<IpAddr, &NeighbourSpec> = spec.neighbours.iter().map(|n| (n.addr, n)).collect();
-        let hop_for = |addr: IpAddr| -> Option<Hop> {
-            let via =
-                spec.routes.iter().filter(|r| r.dst.contains(addr)).max_by_key(|r| r.dst.len).map_or(addr, |r| r.via);
-            let n = neigh.get(&via)?;
-            let p = spec.ports.get(usize::from(n.port))?;
-            Some(Hop { port: n.port, dst_mac: n.mac, src_mac: p.mac, mtu: p.mtu })
+        // The next hop of a backend; `Err(true)` when it has no route at all, `Err(false)` while
+        // its next hop's MAC is unknown (the address to resolve is in `t.unresolved`).
+        let hop_for = |addr: IpAddr| -> Result<Hop, Option<IpAddr>> {
+            let NextHop::Via(via) = spec.next_hop(addr) else { return Err(None) };
+            let n = neigh.get(&via).ok_or(Some(via))?;
+            let p = spec.ports.get(usize::from(n.port)).ok_or(Some(via))?;
+            Ok(Hop { port: n.port, dst_mac: n.mac, src_mac: p.mac, mtu: p.mtu })
         };
 
         let mut t = Tables::empty();
@@ -1012,10 +1079,14 @@ impl TableBuilder {
                     eligible.push(r);
                     weights.push(b.weight);
                 }
-                let hop = hop_for(b.addr);
-                if hop.is_none() {
-                    t.unresolved.push(b.addr);
-                }
+                let (hop, no_route) = match hop_for(b.addr) {
+                    Ok(h) => (Some(h), false),
+                    Err(Some(via)) => {
+                        t.unresolved.push(via);
+                        (None, false)
+                    }
+                    Err(None) => (None, true),
+                };
                 if let Some(slot) = t.backends.get_mut(r.index()) {
                     *slot = Some(Backend {
                         this: r,
@@ -1025,6 +1096,7 @@ impl TableBuilder {
                         eligible: b.eligible,
                         service: si,
                         hop,
+                        no_route,
                         conditions: b.conditions,
                         node_local: b.node_local,
                     });
@@ -1177,6 +1249,44 @@ impl TablesReader {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, reason = "tests")]
     use super::*;
+
+    #[test]
+    fn next_hop_config_routes_override_kernel_routes_longest_prefix_and_metric_win() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let cidr = |s: &str| s.parse::<Cidr>().unwrap();
+        let kr = |d: &str, gw: &[&str], metric: u32| KernelRouteSpec {
+            dst: cidr(d),
+            gateways: gw.iter().map(|g| ip(g)).collect(),
+            metric,
+        };
+        let mut spec = TablesSpec::default();
+        assert_eq!(spec.next_hop(ip("10.9.9.9")), NextHop::Via(ip("10.9.9.9")), "no routes known: on-link");
+        spec.kernel_routes = vec![
+            kr("0.0.0.0/0", &["192.168.0.1"], 0),
+            kr("192.168.0.0/24", &[], 0),
+            kr("10.244.1.0/24", &["192.168.0.11"], 100),
+            kr("10.244.1.0/24", &["192.168.0.12"], 50),
+            kr("10.244.2.0/24", &["192.168.0.21", "192.168.0.22"], 0),
+            kr("fd00::/64", &[], 0),
+        ];
+        assert_eq!(spec.next_hop(ip("192.168.0.7")), NextHop::Via(ip("192.168.0.7")), "connected: on-link");
+        assert_eq!(spec.next_hop(ip("10.244.1.5")), NextHop::Via(ip("192.168.0.12")), "lowest metric");
+        assert_eq!(spec.next_hop(ip("8.8.8.8")), NextHop::Via(ip("192.168.0.1")), "default route");
+        assert_eq!(spec.next_hop(ip("fd00::5")), NextHop::Via(ip("fd00::5")));
+        assert_eq!(spec.next_hop(ip("fd01::5")), NextHop::NoRoute, "no IPv6 route matches");
+        // Multipath: each backend keeps one path, and the backends are spread over both.
+        let paths: std::collections::BTreeSet<IpAddr> = (1..=64)
+            .map(|i| match spec.next_hop(ip(&format!("10.244.2.{i}"))) {
+                NextHop::Via(v) => v,
+                NextHop::NoRoute => panic!("multipath route lost"),
+            })
+            .collect();
+        assert_eq!(paths, [ip("192.168.0.21"), ip("192.168.0.22")].into_iter().collect());
+        assert_eq!(spec.next_hop(ip("10.244.2.9")), spec.next_hop(ip("10.244.2.9")), "stable");
+        // The config's routes override the kernel's.
+        spec.routes = vec![RouteSpec { dst: cidr("10.244.0.0/16"), via: ip("192.168.0.99") }];
+        assert_eq!(spec.next_hop(ip("10.244.1.5")), NextHop::Via(ip("192.168.0.99")));
+    }
 
     fn svc(name: &str, vip: &str, backends: &[(&str, u16)]) -> ServiceSpec {
         ServiceSpec {

@@ -132,6 +132,7 @@ fn spec(f: Fam, mut services: Vec<ServiceSpec>) -> TablesSpec {
         ports: vec![PortSpec { name: "eth0".into(), mac: LB_MAC, mtu: 1500 }],
         neighbours: f.backends.iter().zip(BMAC).map(|(a, mac)| NeighbourSpec { addr: *a, mac, port: 0 }).collect(),
         routes: vec![],
+        kernel_routes: vec![],
         snat_v4: (!f.v6).then_some(f.snat),
         snat_v6: f.v6.then_some(f.snat),
         dsr_source_v4: dsr4,
@@ -551,6 +552,30 @@ fn rows_for(f: Fam) -> Vec<Row> {
         fr.macs(LB_MAC, CLIENT_MAC);
         fr.bytes
     };
+    // --- Kernel routes: a backend no route reaches is a counted drop, never tracked ---
+    // Round robin over backends 0 and 1; the kernel routes reach only backend 1. The first SYN
+    // picks backend 0 and is dropped untracked, so the retransmitted SYN is scheduled again
+    // (backend 1) instead of finding a flow pinned to the unreachable backend.
+    let mut routed = two(&[0, 1]);
+    let host = Cidr { addr: f.backends[1], len: if f.v6 { 128 } else { 32 } };
+    routed.kernel_routes = vec![KernelRouteSpec { dst: host, gateways: vec![], metric: 0 }];
+    rows.push(row(
+        "backend_without_a_route_is_a_counted_drop_and_gets_no_conntrack_entry",
+        f,
+        routed,
+        vec![
+            step(
+                "SYN scheduled to backend 0, which no route reaches",
+                tcp(c, 40000, vip, 80, SYN, 64, IN),
+                Expect::Drop(DropReason::NoRoute),
+            ),
+            step(
+                "the retransmitted SYN is scheduled again, to backend 1",
+                tcp(c, 40000, vip, 80, SYN, 64, IN),
+                Expect::Tx(tcp(c, 40000, f.backends[1], 8080, SYN, 63, to_b(1))),
+            ),
+        ],
+    ));
     rows.push(row(
         "tcp_flow_to_a_removed_backend_gets_a_reset",
         f,
@@ -1181,6 +1206,10 @@ fn counters_account_for_every_frame_and_count_events() {
         if r.name.ends_with("tcp_flow_to_a_removed_backend_gets_a_reset") {
             assert_eq!(k.events_of(Event::RstBackendGone), 1);
             assert_eq!(k.events_of(Event::FlowRebound), 0, "a backend that left is not found again");
+        }
+        if r.name.ends_with("backend_without_a_route_is_a_counted_drop_and_gets_no_conntrack_entry") {
+            assert_eq!(k.drops_of(DropReason::NoRoute), 1, "{}", r.name);
+            assert_eq!(k.events_of(Event::NewFlow), 1, "only the second SYN makes a flow: {}", r.name);
         }
         if r.name.ends_with("flow_keeps_its_backend_when_the_external_frontend_merges_into_the_internal_spec") {
             assert_eq!(k.events_of(Event::FlowRebound), 1, "{}", r.name);

@@ -538,6 +538,11 @@ fn new_flow<A: Fam>(
             EmptyAction::Drop => Verdict::Drop(DropReason::NoEndpointsDrop),
         };
     };
+    if b.no_route {
+        // Unreachable now; the flow is not tracked, so the next packet is scheduled again
+        // (and reaches the backend once a route to it appears).
+        return Verdict::Drop(DropReason::NoRoute);
+    }
     if let Some(to) = svc.affinity_timeout_s {
         c.affinity.put((svc.id, key.src.to_mapped()), b.this, now.saturating_add(to), now);
     }
