@@ -117,6 +117,12 @@ pub struct Config {
     pub routes: Vec<RouteConfig>,
     /// AF_XDP settings of the workers.
     pub af_xdp: AfXdpConfig,
+    /// Name of the exception-path TUN device (`puntDevice`, default `xlb0`, at most 15
+    /// bytes; empty = none). Frames the steering program hands to xlb that are not xlb's
+    /// (direct traffic of a pod that also backs a Service) are written into it, so the kernel
+    /// routes them as if they came from the NIC. xlb creates it at start; it disappears when
+    /// xlb exits. See docs/architecture.md "Exception path".
+    pub punt_device: String,
 }
 
 /// `afXdp` block: how the workers use AF_XDP (kernel doc networking/af_xdp.rst).
@@ -190,6 +196,7 @@ impl Default for Config {
             neighbours: Vec::new(),
             routes: Vec::new(),
             af_xdp: AfXdpConfig::default(),
+            punt_device: "xlb0".into(),
         }
     }
 }
@@ -374,6 +381,18 @@ impl Config {
             && a.trim() != b.trim()
         {
             return Err(field_err("hostnameOverride", format!("{b:?} differs from nodeName {a:?}; set only one")));
+        }
+        if self.punt_device.len() > 15
+            || self.punt_device.contains(['/', ' '])
+            || self.punt_device.contains(char::is_control)
+        {
+            return Err(field_err(
+                "puntDevice",
+                format!("{:?}: want an interface name of at most 15 bytes, without '/' or spaces", self.punt_device),
+            ));
+        }
+        if !self.punt_device.is_empty() && self.interfaces.iter().any(|i| i.name == self.punt_device) {
+            return Err(field_err("puntDevice", format!("{:?} is one of the interfaces", self.punt_device)));
         }
         if self.sync_period.is_zero() {
             return Err(field_err("syncPeriod", "must be greater than 0"));
@@ -1157,6 +1176,16 @@ routes: [{{dst: 10.0.0.0/8, via: 192.168.1.1}}]\n"
         assert_eq!(e[0].field.as_deref(), Some("afXdp.busyPollUsecs"), "{}", e[0]);
         let e = errors(&format!("{HEAD}afXdp: {{busyPollBudget: 5000}}\n"));
         assert_eq!(e[0].field.as_deref(), Some("afXdp.busyPollBudget"), "{}", e[0]);
+    }
+
+    #[test]
+    fn punt_device_defaults_to_xlb0_can_be_turned_off_and_bad_names_name_the_field() {
+        assert_eq!(load(HEAD).unwrap().config.punt_device, "xlb0");
+        assert_eq!(load(&format!("{HEAD}puntDevice: ''\n")).unwrap().config.punt_device, "");
+        let e = errors(&format!("{HEAD}puntDevice: a-name-longer-than-15\n"));
+        assert_eq!(e[0].field.as_deref(), Some("puntDevice"), "{}", e[0]);
+        let e = errors(&format!("{HEAD}puntDevice: a/b\n"));
+        assert_eq!(e[0].field.as_deref(), Some("puntDevice"), "{}", e[0]);
     }
 
     #[test]

@@ -28,7 +28,7 @@ use dataplane::affinity::AffinityTable;
 use dataplane::conntrack::Timeouts;
 use dataplane::process::PipelineConfig;
 use dataplane::tables::{KernelRouteSpec, NeighbourSpec, TableBuilder, Tables, TablesHandle, TablesSpec, VipAddrKind};
-use dataplane::worker::{self, Fabric, WorkerHandle, WorkerSpec};
+use dataplane::worker::{self, Fabric, PuntPort, WorkerHandle, WorkerSpec};
 use dataplane::xsk::{BusyPoll, CopyMode, XskConfig};
 use nic_config::{ServiceKey, Steering, XdpMode, neighbours};
 use xlb::translate::ClusterState;
@@ -322,6 +322,26 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource) -> 
     for iface in &config.interfaces {
         steering.push(Steering::attach(&iface.name, XdpMode::Native)?);
     }
+    // The exception path: one TUN queue per worker; the device goes away with the process.
+    let punt_queues: Vec<Arc<nic_config::punt::PuntQueue>> = if config.punt_device.is_empty() {
+        Vec::new()
+    } else {
+        match nic_config::punt::Punt::create(&config.punt_device, nworkers) {
+            Ok(mut p) => {
+                if nic_config::punt::Punt::strict_rp_filter() {
+                    tracing::warn!(
+                        device = %config.punt_device,
+                        "net.ipv4.conf.all.rp_filter is 1 (strict): the kernel drops punted IPv4 packets that it would forward; set it to 2 (loose)"
+                    );
+                }
+                p.take_queues().into_iter().map(Arc::new).collect()
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "no punt device: frames that are not xlb's are dropped (punt_failed)");
+                Vec::new()
+            }
+        }
+    };
     let fabric = Fabric::new(nworkers);
     let affinity = Arc::new(AffinityTable::new(1 << 16));
     let wstop = Arc::new(AtomicBool::new(false));
@@ -356,6 +376,7 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource) -> 
                 busy_poll: config.af_xdp.busy_poll,
                 realtime: config.af_xdp.realtime_workers,
                 affinity: affinity.clone(),
+                punt: punt_queues.get(w).cloned().map(|q| PuntPort::new(move |l3| q.send(l3))),
             };
             let h = worker::spawn(spec, handle.clone(), fabric.clone(), wstop.clone())?;
             for (st, ((_, queue), fd)) in steering.iter_mut().zip(ports.iter().zip(&h.fds)) {

@@ -86,7 +86,7 @@ declare_counters! {
         TooBig = 16, "too_big", Counter, "Encapsulated packet exceeds the MTU and may not be fragmented; an ICMP error could not be sent either.";
         NoSourceAddress = 17, "no_source_address", Counter, "A backend's forwarding mode needs an address that is not configured (SNAT address, DSR source prefix).";
         UnsupportedProtocol = 18, "unsupported_protocol", Counter, "Protocol on a VIP that the pipeline does not balance (not TCP/UDP/SCTP/ICMP).";
-        ReplyUntracked = 19, "reply_untracked", Counter, "A reply handed from worker to worker that no worker has a flow for.";
+        ReplyUntracked = 19, "reply_untracked", Counter, "A reply handed from worker to worker that no worker has a flow for, and no punt device to hand it to the kernel.";
         NoRoute = 20, "no_route", Counter, "A new flow's backend matches none of the kernel's routes; no conntrack entry is made.";
     }
 }
@@ -115,7 +115,7 @@ declare_counters! {
     /// included); `xlb_xsk_<name>` (`_total` for counters) with label `worker`.
     pub enum XskCounter {
         TxRingFull = 0, "tx_ring_full", Counter, "Frames dropped because the AF_XDP TX ring stayed full after kicks and retries.";
-        PassInUserspace = 1, "pass_in_userspace", Counter, "Frames steered to xlb that the tables did not own (dropped: AF_XDP cannot return them to the kernel).";
+        PassInUserspace = 1, "pass_in_userspace", Counter, "Frames steered to xlb that the tables did not own; each is then punted to the kernel (punted) or lost (punt_failed).";
         HandedOff = 2, "handed_off", Counter, "Frames handed to the worker that owns the flow.";
         HandoffDropped = 3, "handoff_dropped", Counter, "Hand-offs dropped: target inbox or buffer pool full.";
         UmemFrames = 4, "umem_frames", Gauge, "UMEM frames of the worker.";
@@ -128,6 +128,8 @@ declare_counters! {
         SocketRxInvalidDescs = 11, "socket_rx_invalid_descs", Counter, "Kernel XDP_STATISTICS rx_invalid_descs.";
         SocketTxInvalidDescs = 12, "socket_tx_invalid_descs", Counter, "Kernel XDP_STATISTICS tx_invalid_descs.";
         SocketTxRingEmpty = 13, "socket_tx_ring_empty", Counter, "Kernel XDP_STATISTICS tx_ring_empty_descs.";
+        Punted = 14, "punted", Counter, "Frames that were not xlb's handed back to the kernel's stack through the punt device (the exception path).";
+        PuntFailed = 15, "punt_failed", Counter, "Frames that were not xlb's and could not be punted (no punt device, not IP, or its queue full): dropped.";
     }
 }
 

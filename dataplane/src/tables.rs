@@ -568,8 +568,9 @@ pub struct Tables {
     /// Next hops (backends on-link, or their gateways) whose neighbour is unresolved: the
     /// control side asks the kernel to resolve them.
     pub unresolved: Vec<IpAddr>,
-    /// (address, protocol, port) of every backend of a NAT service: replies come from these,
-    /// and the steering program sends them to xlb.
+    /// (address, protocol, port) of every backend of a NAT service with a frontend that does
+    /// not always masquerade ([`Frontend::masquerade`] false): replies that keep the client's
+    /// address come from these, and the steering program sends them to xlb.
     pub endpoints: hashbrown::HashSet<VipKey>,
 }
 
@@ -1103,8 +1104,12 @@ impl TableBuilder {
                 }
             }
             if s.mode == ForwardingMode::Nat {
+                // Only frontends whose flows may keep the client's address: a masqueraded
+                // flow's replies come to the SNAT address, which the steering program catches
+                // anyway. So direct traffic to pods that back only masqueraded frontends is
+                // never caught (issue 10: catch as little as we can).
                 for b in &s.backends {
-                    for pr in s.frontends.iter().map(|f| f.proto) {
+                    for pr in s.frontends.iter().filter(|f| !f.masquerade).map(|f| f.proto) {
                         t.endpoints.insert(VipKey { addr: mapped(b.addr), port: b.port, proto: pr as u8 });
                     }
                 }
@@ -1413,5 +1418,23 @@ mod tests {
         s.frontends.insert(0, f);
         let t = TableBuilder::new().build(&TablesSpec { services: vec![s.into()], ..Default::default() }).unwrap();
         assert_eq!(t.vip_addrs[&mapped("10.96.0.1".parse().unwrap())], VipAddrKind::ClusterIp);
+    }
+
+    #[test]
+    fn only_backends_of_frontends_that_keep_the_client_address_are_steered_endpoints() {
+        let kept = svc("kept", "10.96.0.1", &[("10.0.0.1", 80)]);
+        let mut masq = svc("masq", "10.96.0.2", &[("10.0.0.2", 8080)]);
+        masq.frontends[0].masquerade = true;
+        let mut mixed = svc("mixed", "10.96.0.3", &[("10.0.0.3", 9090)]);
+        let mut np = mixed.frontends[0].clone();
+        (np.kind, np.port, np.masquerade) = (FrontendKind::NodePort, 30090, true);
+        mixed.frontends.push(np);
+        let spec = TablesSpec { services: vec![kept.into(), masq.into(), mixed.into()], ..Default::default() };
+        let t = TableBuilder::new().build(&spec).unwrap();
+        let ep = |a: &str, port: u16| VipKey { addr: mapped(a.parse().unwrap()), port, proto: 6 };
+        assert!(t.endpoints.contains(&ep("10.0.0.1", 80)), "unmasqueraded ClusterIP: replies keep the client address");
+        assert!(!t.endpoints.contains(&ep("10.0.0.2", 8080)), "always masqueraded: replies come to the SNAT address");
+        assert!(t.endpoints.contains(&ep("10.0.0.3", 9090)), "one unmasqueraded frontend is enough");
+        assert_eq!(t.endpoints.len(), 2);
     }
 }

@@ -48,6 +48,50 @@ pub struct WorkerSpec {
     pub realtime: bool,
     /// ClientIP affinity records shared by the node's workers.
     pub affinity: Arc<AffinityTable>,
+    /// This worker's queue of the exception path: frames that are not xlb's
+    /// ([`Verdict::Pass`], and replies no worker has a flow for) go back into the kernel's
+    /// stack through it. `None`: they are dropped (counted `punt_failed`).
+    pub punt: Option<PuntPort>,
+}
+
+/// A worker's way back into the kernel's stack (the exception path): takes one IPv4 or IPv6
+/// packet (from the IP header on, no Ethernet header), as the control side's TUN queue
+/// (`nic_config::punt::PuntQueue::send`) does. Called from the worker loop, never from the
+/// per-packet pipeline; it must not block (a full queue is an error, counted `punt_failed`).
+#[derive(Clone)]
+pub struct PuntPort(Arc<PuntFn>);
+
+/// What a [`PuntPort`] calls: hands one IP packet to the kernel, returns the bytes taken.
+type PuntFn = dyn Fn(&[u8]) -> std::io::Result<usize> + Send + Sync;
+
+impl PuntPort {
+    /// Wraps the function that hands a packet to the kernel.
+    pub fn new(send: impl Fn(&[u8]) -> std::io::Result<usize> + Send + Sync + 'static) -> Self {
+        Self(Arc::new(send))
+    }
+}
+
+impl std::fmt::Debug for PuntPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PuntPort")
+    }
+}
+
+/// Writes the IP packet of frame `f` into the exception path; `true` when the kernel took it.
+/// Frames that are not IPv4 or IPv6 (the steering program passes those itself) are refused.
+fn punt(xsk: &Xsk, f: &mut OwnedFrame, port: Option<&PuntPort>) -> bool {
+    let Some(port) = port else { return false };
+    xsk.with_buffer(f, |buf, len| {
+        let frame = buf.get(..len).unwrap_or_default();
+        let ok = match crate::wire::ethernet(frame) {
+            Ok((crate::wire::L3::V4 | crate::wire::L3::V6, at)) => {
+                frame.get(at + 2..).is_some_and(|ip| (port.0)(ip).is_ok())
+            }
+            _ => false,
+        };
+        (len, ok)
+    })
+    .unwrap_or(false)
 }
 
 /// The process-wide clock origin: every worker measures time from it, so times written into
@@ -278,6 +322,7 @@ fn run(
                     spec.pipeline.workers,
                     &mut scratch,
                     &mut tally,
+                    spec.punt.as_ref(),
                 );
             }
         }
@@ -306,6 +351,7 @@ fn run(
                     spec.pipeline.workers,
                     &mut scratch,
                     &mut tally,
+                    spec.punt.as_ref(),
                 );
             }
         }
@@ -351,6 +397,8 @@ const IDLE_SPINS: u32 = 64;
 #[derive(Default)]
 struct Tally {
     pass_in_userspace: usize,
+    punted: usize,
+    punt_failed: usize,
     handed_off: usize,
     handoff_dropped: usize,
     tx_ring_full: usize,
@@ -361,6 +409,8 @@ impl Tally {
     fn flush(&mut self, xc: &XskCounters, counters: &WorkerCounters) {
         for (c, n) in [
             (XskCounter::PassInUserspace, self.pass_in_userspace),
+            (XskCounter::Punted, self.punted),
+            (XskCounter::PuntFailed, self.punt_failed),
             (XskCounter::HandedOff, self.handed_off),
             (XskCounter::HandoffDropped, self.handoff_dropped),
             (XskCounter::TxRingFull, self.tx_ring_full),
@@ -402,6 +452,7 @@ fn dispatch(
     workers: u16,
     scratch: &mut Vec<u8>,
     tally: &mut Tally,
+    punt_port: Option<&PuntPort>,
 ) {
     // `release` refuses only frames of another UMEM, and every frame here came from `xsk`.
     match v {
@@ -410,15 +461,26 @@ fn dispatch(
             None => drop(xsk.release(f)),
         },
         Verdict::Pass => {
+            let mut f = f;
             tally.pass_in_userspace += 1;
+            if punt(xsk, &mut f, punt_port) {
+                tally.punted += 1;
+            } else {
+                tally.punt_failed += 1;
+            }
             drop(xsk.release(f));
         }
         Verdict::Drop(_) => drop(xsk.release(f)),
         Verdict::Handoff { worker } => {
             let mut f = f;
             if hops + 1 >= workers || worker == me {
-                // Every worker looked: nobody has a flow for this reply.
-                tally.reply_untracked += 1;
+                // Every worker looked: nobody has a flow for this reply. It is direct traffic
+                // of a pod that also backs a Service (same address and port): the kernel's.
+                if punt(xsk, &mut f, punt_port) {
+                    tally.punted += 1;
+                } else {
+                    tally.reply_untracked += 1;
+                }
                 drop(xsk.release(f));
                 return;
             }

@@ -87,6 +87,18 @@ pub enum NicError {
         /// Decoder message.
         detail: String,
     },
+    /// The punt (exception path) TUN device could not be created or set up
+    /// (`/dev/net/tun`, `TUNSETIFF`, link up, or its sysctls; needs CAP_NET_ADMIN).
+    #[error("punt device `{name}`: {op}: {source}")]
+    Punt {
+        /// Device name asked for.
+        name: String,
+        /// The step, e.g. `create` or `rp_filter`.
+        op: &'static str,
+        /// The kernel's errno.
+        #[source]
+        source: io::Error,
+    },
     /// An external tool (`ethtool`) could not be run or reported a failure.
     #[error("`{command}` on interface `{ifname}` failed: {detail}")]
     Tool {

@@ -9,6 +9,8 @@
 //!   attach its own catch-all program, and be put into the map with [`Steering::set_xsk`].
 //!   Map layouts: see `maps.rs` and the top of `xdp/steer.c`.
 //! * [`neighbours`]: the kernel's ARP/NDP table over rtnetlink — dump, watch, resolve.
+//! * [`punt`]: the exception path, a TUN device through which frames that are not xlb's go
+//!   back into the kernel.
 //! * [`routes`]: the unicast routes of a routing table over rtnetlink (gateways, multipath).
 //! * [`local_addresses`]: every address of every interface.
 //! * [`interface_info`], [`set_channels`], [`set_tx_checksum_offload`]: interface facts and the
@@ -27,6 +29,7 @@ mod iface;
 mod maps;
 pub mod neighbours;
 mod nl;
+pub mod punt;
 pub mod routes;
 mod steering;
 

@@ -218,4 +218,69 @@ mod tests {
             assert!(err.to_string().contains("nosuch0"), "{err}");
         });
     }
+
+    /// An IPv4 UDP packet `src:sport -> dst:dport` with `payload` (header checksum set, UDP
+    /// checksum 0 = none, RFC 768).
+    fn udp4(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16, payload: &[u8]) -> Vec<u8> {
+        let total = u16::try_from(20 + 8 + payload.len()).unwrap();
+        let mut p = vec![0x45, 0, 0, 0, 0, 1, 0x40, 0, 64, 17, 0, 0];
+        p[2..4].copy_from_slice(&total.to_be_bytes());
+        p.extend_from_slice(&src);
+        p.extend_from_slice(&dst);
+        let sum = p.chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], c[1]]))).sum::<u32>();
+        let sum = (sum & 0xffff) + (sum >> 16);
+        let sum = !u16::try_from((sum & 0xffff) + (sum >> 16)).unwrap();
+        p[10..12].copy_from_slice(&sum.to_be_bytes());
+        p.extend_from_slice(&sport.to_be_bytes());
+        p.extend_from_slice(&dport.to_be_bytes());
+        p.extend_from_slice(&u16::try_from(8 + payload.len()).unwrap().to_be_bytes());
+        p.extend_from_slice(&[0, 0]);
+        p.extend_from_slice(payload);
+        p
+    }
+
+    #[test]
+    fn punt_device_hands_packets_to_the_kernel_for_local_delivery_and_forwarding_and_leaves_nothing() {
+        if !common::can_run(
+            "punt_device_hands_packets_to_the_kernel_for_local_delivery_and_forwarding_and_leaves_nothing",
+        ) {
+            return;
+        }
+        use nic_config::punt::Punt;
+        let pair = Pair::new(1);
+        pair.lb.sh(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+        let local = pair.lb.run_in(|| std::net::UdpSocket::bind((LB_V4, 5555)).unwrap());
+        let remote = pair.client.run_in(|| std::net::UdpSocket::bind((CLIENT_V4, 5556)).unwrap());
+        for s in [&local, &remote] {
+            s.set_read_timeout(Some(LONG)).unwrap();
+        }
+        let mut punt = pair.lb.run_in(|| Punt::create("xlbpunt0", 2).unwrap());
+        let queues = punt.take_queues();
+        assert_eq!(queues.len(), 2);
+        let link = pair.lb.ip(&["-d", "link", "show", "dev", "xlbpunt0"]);
+        assert!(link.contains("UP") && link.contains("tun"), "{link}");
+        assert_eq!(pair.lb.sh(&["sysctl", "-n", "net.ipv4.conf.xlbpunt0.rp_filter"]).trim(), "0");
+
+        // Local delivery through queue 0: a packet to the lb's own address from the client.
+        let pkt = udp4(CLIENT_V4.octets(), LB_V4.octets(), 4000, 5555, b"to-local");
+        assert_eq!(queues[0].send(&pkt).unwrap(), pkt.len());
+        let mut buf = [0u8; 64];
+        let (n, from) = local.recv_from(&mut buf).expect("the kernel delivers a punted packet locally");
+        assert_eq!((&buf[..n], from), (&b"to-local"[..], (CLIENT_V4, 4000).into()));
+
+        // Forwarding through queue 1: a packet from elsewhere to the client is routed out lb0.
+        let pkt = udp4([10, 251, 7, 7], CLIENT_V4.octets(), 4001, 5556, b"forwarded");
+        assert_eq!(queues[1].send(&pkt).unwrap(), pkt.len());
+        let (n, from) = remote.recv_from(&mut buf).expect("the kernel forwards a punted packet");
+        assert_eq!((&buf[..n], from), (&b"forwarded"[..], ([10, 251, 7, 7], 4001).into()));
+
+        // Not IP: refused, not a crash.
+        assert!(queues[0].send(&[0u8; 20]).is_err());
+
+        drop(queues);
+        drop(punt);
+        wait_for(LONG, "the punt device to disappear with its last queue", || {
+            (!pair.lb.ip(&["link", "show"]).contains("xlbpunt0")).then_some(())
+        });
+    }
 }

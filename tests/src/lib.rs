@@ -975,6 +975,19 @@ impl XlbStats {
         self.worker_sum("drop", reason)
     }
 
+    /// The sum over workers of counter `name` on the `worker N xsk NAME V NAME V ...` lines
+    /// (e.g. `punted`; 0 when no worker reports it).
+    #[must_use]
+    pub fn xsk(&self, name: &str) -> u64 {
+        self.lines
+            .iter()
+            .filter(|w| w.first().is_some_and(|x| x == "worker") && w.get(2).is_some_and(|x| x == "xsk"))
+            .filter_map(|w| {
+                w.get(3..)?.chunks(2).find(|kv| kv.first().is_some_and(|k| k == name))?.get(1)?.parse::<u64>().ok()
+            })
+            .sum()
+    }
+
     /// Every `worker N drop REASON V` line with V > 0, as `(worker, reason, V)`.
     #[must_use]
     pub fn all_drops(&self) -> Vec<(String, String, u64)> {

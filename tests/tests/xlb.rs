@@ -284,6 +284,40 @@ mod xlb {
         assert!(gone.is_some(), "{extra}:30080 still a NodePort frontend after the address left{}", evidence(&xlb));
     }
 
+    /// Direct traffic to a pod that also backs a Service (issue 10 item 2): be1 serves
+    /// `demo/web` on 10.250.2.11:80, so the steering program must send its replies to xlb
+    /// (they look like a backend's replies of a DNAT flow). A client talking to 10.250.2.11:80
+    /// directly, not through a VIP, still gets its answers while xlb runs: xlb finds no flow
+    /// for those replies and punts them into the kernel through its TUN device, which forwards
+    /// them to the client. The frames are counted `punted`, and none is lost (`punt_failed`).
+    #[test]
+    fn direct_connection_to_a_backend_pod_works_while_xlb_runs_its_replies_punted() {
+        if skip_without_root("direct_connection_to_a_backend_pod_works_while_xlb_runs_its_replies_punted") {
+            return;
+        }
+        let tb = testbed();
+        let xlb = start_xlb(&tb);
+        let services = xlb.services().expect("xlb services");
+        assert!(services.contains("10.250.2.11:80"), "be1:80 must back a Service for this test: {services}");
+        let before = XlbStats::parse(&xlb.stats().expect("xlb stats"));
+        let got = fetch_n(&tb, "http://10.250.2.11/", 5);
+        assert!(got.iter().all(|f| f.backend == 1), "direct requests answered by be1: {got:?}");
+        let after = XlbStats::parse(&xlb.stats().expect("xlb stats"));
+        let punted = after.xsk("punted") - before.xsk("punted");
+        // At least the SYN-ACK and the HTTP response of each of the 5 connections.
+        assert!(punted >= 10, "{punted} frames punted for 5 direct connections{}", evidence(&xlb));
+        assert_eq!(after.xsk("punt_failed"), 0, "nothing lost{}", evidence(&xlb));
+        assert_eq!(after.drops("reply_untracked"), 0, "untracked replies are punted, not dropped{}", evidence(&xlb));
+        // The device is xlb's: it is there while xlb runs and goes with it.
+        let link = tb.exec_ok(Role::Lb, &["ip", "-d", "link", "show", "dev", "xlb0"]).expect("punt device xlb0");
+        assert!(link.contains("tun"), "{link}");
+        drop(xlb);
+        let gone = wait_for(Duration::from_secs(5), || {
+            tb.exec(Role::Lb, &["ip", "link", "show", "dev", "xlb0"]).ok().filter(|o| !o.status.success()).map(|_| ())
+        });
+        assert!(gone.is_some(), "xlb0 left behind after xlb stopped");
+    }
+
     /// The LoadBalancer ingress IP 10.250.100.2 of `demo/lb` is in xlb's table with exactly
     /// the service's endpoints, and serves: balanced over be1 and be2, never be3, client IP
     /// kept, one xlb flow per request. The service's ClusterIP answers too.
