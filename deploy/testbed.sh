@@ -423,6 +423,21 @@ do_up() {
     ip -n "$(ns "be$i")" -6 route add default via fd00:250:2::1
   done
 
+  # Routed pod networks, as on a gateway node of a cluster with a routed pod network: the
+  # "pods" are addresses on lo of the backend hosts (the "nodes"), reached only through routes
+  # in the lb's kernel. xlb has no `routes:` for them; it follows the lb's routing table.
+  say "routed pod CIDRs: 10.250.32.0/24 via be2, 10.250.33.0/24 via be3, 10.250.34.0/24 multipath via be2+be3, 10.250.35.0/24 via be3 (pod 10.250.35.5 on both)"
+  nsx be2 ip addr add 10.250.32.2/32 dev lo
+  nsx be3 ip addr add 10.250.33.3/32 dev lo
+  for i in 2 3; do
+    for k in 1 2 3 4 5 6 7 8; do nsx "be$i" ip addr add "10.250.34.$k/32" dev lo; done
+    nsx "be$i" ip addr add 10.250.35.5/32 dev lo
+  done
+  ip -n "$(ns lb)" route add 10.250.32.0/24 via 10.250.2.12
+  ip -n "$(ns lb)" route add 10.250.33.0/24 via 10.250.2.13
+  ip -n "$(ns lb)" route add 10.250.34.0/24 nexthop via 10.250.2.12 nexthop via 10.250.2.13
+  ip -n "$(ns lb)" route add 10.250.35.0/24 via 10.250.2.13
+
   say "offloads: tx checksum off on the client and backends"
   for r in client be1 be2 be3; do nsx "$r" ethtool -K eth0 tx off >/dev/null; done
 

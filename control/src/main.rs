@@ -166,8 +166,9 @@ fn check(path: &std::path::Path) -> anyhow::Result<ExitCode> {
     if !tables.unresolved.is_empty() {
         let list: Vec<String> = tables.unresolved.iter().map(ToString::to_string).collect();
         eprintln!(
-            "note: no next hop in the config for backend(s) {}: `xlb run` asks the kernel for on-link \
-             neighbours; a backend behind a gateway needs a `routes` entry",
+            "note: no next hop in the config for backend(s) {}: `xlb run` follows the kernel's main \
+             routing table and asks it for the neighbours (`xlb check` reads neither); `routes` \
+             entries override the kernel's routes",
             list.join(", ")
         );
     }

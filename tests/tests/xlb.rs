@@ -34,6 +34,12 @@ mod xlb {
     /// ClusterIP of `demo/empty` (no endpoints).
     const EMPTY_VIP: Ipv4Addr = Ipv4Addr::new(10, 250, 100, 5);
     /// ClusterIP of `demo/web6`.
+    /// `demo/routed` (pods on routed pod CIDRs).
+    const ROUTED_VIP: Ipv4Addr = Ipv4Addr::new(10, 250, 100, 20);
+    /// `demo/multipath` (pods behind a multipath route).
+    const MULTIPATH_VIP: Ipv4Addr = Ipv4Addr::new(10, 250, 100, 21);
+    /// `demo/moving` (a pod whose route the test moves).
+    const MOVING_VIP: Ipv4Addr = Ipv4Addr::new(10, 250, 100, 22);
     const WEB6_VIP: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x250, 0x100, 0, 0, 0, 0, 1);
     /// Port of the `dns` service ports (the backends' UDP reply service behind them).
     const DNS_PORT: u16 = 53;
@@ -316,6 +322,95 @@ mod xlb {
             tb.exec(Role::Lb, &["ip", "link", "show", "dev", "xlb0"]).ok().filter(|o| !o.status.success()).map(|_| ())
         });
         assert!(gone.is_some(), "xlb0 left behind after xlb stopped");
+    }
+
+    // ---- routed pod networks: next hops from the kernel's routes (issue 10 item 1) --------
+
+    /// `demo/routed`'s pods 10.250.32.2 and 10.250.33.3 sit on routed pod CIDRs behind be2
+    /// and be3; the lb's kernel has the routes (deploy/testbed.sh) and the config has no
+    /// `routes:`. Both answer through the VIP: xlb sent each to its node's MAC.
+    #[test]
+    fn pods_on_routed_pod_cidrs_are_reached_through_the_kernels_routes() {
+        if skip_without_root("pods_on_routed_pod_cidrs_are_reached_through_the_kernels_routes") {
+            return;
+        }
+        assert!(!CONFIG.contains("\nroutes:"), "the testbed config must not give routes");
+        let tb = testbed();
+        let xlb = start_xlb(&tb);
+        let got = fetch_n(&tb, &format!("http://{ROUTED_VIP}/"), 4);
+        let used: BTreeSet<u8> = got.iter().map(|f| f.backend).collect();
+        assert_eq!(used, BTreeSet::from([2, 3]), "rr over the pods behind be2 and be3{}", evidence(&xlb));
+        let stats = XlbStats::parse(&xlb.stats().expect("stats"));
+        for pod in ["10.250.32.2:80", "10.250.33.3:80"] {
+            let b = stats.backend("demo/routed:http", pod).unwrap_or_else(|| panic!("no stats for {pod}"));
+            assert!(b.new_flows >= 1, "{pod} counted no flow: {b:?}");
+        }
+    }
+
+    /// `demo/multipath`'s eight pods are behind a multipath route via be2 and be3: xlb shares
+    /// the backends out over both paths (by a hash of the backend's address), so requests
+    /// spread over the eight pods are answered by both nodes.
+    #[test]
+    fn backends_behind_a_multipath_route_use_both_paths() {
+        if skip_without_root("backends_behind_a_multipath_route_use_both_paths") {
+            return;
+        }
+        let tb = testbed();
+        let xlb = start_xlb(&tb);
+        let got = fetch_n(&tb, &format!("http://{MULTIPATH_VIP}/"), 16);
+        let per = per_backend(&got);
+        assert_eq!(per.keys().copied().collect::<Vec<_>>(), vec![2, 3], "both paths used: {per:?}{}", evidence(&xlb));
+    }
+
+    /// `demo/moving`'s pod 10.250.35.5 exists behind be2 and be3, its route points at be3.
+    /// While 4 connections open new connections to its VIP, the route is moved to be2
+    /// (`ip route replace`): new flows follow within the route reread (1 s) plus a table
+    /// build; every request started 3 s after the change succeeded on be2. Then the route is
+    /// deleted: a new connection is dropped as `no_route`, and once the route is back the next
+    /// connection succeeds at once (the dropped SYN left no conntrack entry behind).
+    #[test]
+    fn route_change_under_load_moves_new_flows_and_a_missing_route_is_a_counted_drop() {
+        if skip_without_root("route_change_under_load_moves_new_flows_and_a_missing_route_is_a_counted_drop") {
+            return;
+        }
+        let tb = testbed();
+        let xlb = start_xlb(&tb);
+        let url = format!("http://{MOVING_VIP}/");
+        assert_eq!(fetch(&tb, &url).map(|f| f.backend), Ok(3), "the route starts via be3");
+        let dest = SocketAddr::new(MOVING_VIP.into(), HTTP_PORT);
+        let start = Instant::now();
+        let (requests, t_change) = std::thread::scope(|s| {
+            let load = s.spawn(|| tb.in_ns(Role::Client, || run_load(dest, start + LOAD_DURATION)));
+            std::thread::sleep(CHANGE_AFTER);
+            let t_change = Instant::now();
+            tb.exec_ok(Role::Lb, &["ip", "route", "replace", "10.250.35.0/24", "via", "10.250.2.12"])
+                .expect("ip route replace");
+            (load.join().expect("load thread").expect("enter client ns"), t_change)
+        });
+        let settled = t_change + Duration::from_secs(3);
+        let before: Vec<_> = requests.iter().filter(|r| r.ended < t_change).collect();
+        let after: Vec<_> = requests.iter().filter(|r| r.started >= settled).collect();
+        assert!(!before.is_empty() && !after.is_empty(), "the load ran on both sides of the change");
+        assert!(before.iter().all(|r| r.outcome == Ok(3)), "before: be3 only");
+        let bad: Vec<_> = after.iter().filter(|r| r.outcome != Ok(2)).map(|r| &r.outcome).collect();
+        assert!(
+            bad.is_empty(),
+            "{} of {} requests after the change not served by be2: {bad:?}{}",
+            bad.len(),
+            after.len(),
+            evidence(&xlb)
+        );
+
+        tb.exec_ok(Role::Lb, &["ip", "route", "del", "10.250.35.0/24"]).expect("ip route del");
+        let dropped = wait_for(Duration::from_secs(10), || {
+            let _ = tb.exec(Role::Client, &["curl", "-s", "--max-time", "1", &url]);
+            let n = XlbStats::parse(&xlb.stats().ok()?).drops("no_route");
+            (n > 0).then_some(n)
+        });
+        assert!(dropped.is_some(), "no `no_route` drop without a route{}", evidence(&xlb));
+        tb.exec_ok(Role::Lb, &["ip", "route", "add", "10.250.35.0/24", "via", "10.250.2.12"]).expect("ip route add");
+        let back = wait_for(Duration::from_secs(10), || fetch(&tb, &url).ok());
+        assert_eq!(back.map(|f| f.backend), Some(2), "served again once the route is back{}", evidence(&xlb));
     }
 
     /// The LoadBalancer ingress IP 10.250.100.2 of `demo/lb` is in xlb's table with exactly
