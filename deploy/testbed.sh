@@ -22,7 +22,7 @@ cmd=${1:-}
 P=${2:-xlbtb}
 RUNBASE=${XLB_TESTBED_RUNDIR:-/run/xlb-testbed}
 D=$RUNBASE/$P
-ROLES=(sw client lb be1 be2 be3)
+ROLES=(sw client lb be1 be2 be3 be4)
 BACKENDS=(1 2 3)
 VIP4=10.250.100.10
 VIP6=fd00:250:100::10
@@ -381,9 +381,11 @@ do_up() {
   for r in client lb be1 be2 be3; do
     ip -n "$(ns sw)" link set "$r" master br0 up
   done
+  # be4: a pod on the lb node itself, behind a veth (as a CNI bridge/ptp plugin makes it)
+  ip link add vpod netns "$(ns lb)" type veth peer name eth0 netns "$(ns be4)" address 02:00:0a:fa:28:02
 
   say "sysctls: no DAD, no redirects, rp_filter off; forwarding on in $(ns lb)"
-  for r in client lb be1 be2 be3; do
+  for r in client lb be1 be2 be3 be4; do
     nsx "$r" sysctl -qw \
       net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.default.accept_dad=0 net.ipv6.conf.eth0.accept_dad=0 \
       net.ipv6.conf.all.accept_redirects=0 net.ipv6.conf.eth0.accept_redirects=0 \
@@ -413,7 +415,12 @@ do_up() {
     ip -n "$(ns "be$i")" addr add "10.250.2.1$i/24" dev eth0
     ip -n "$(ns "be$i")" addr add "fd00:250:2::1$i/64" dev eth0 nodad
   done
-  for r in client lb be1 be2 be3; do ip -n "$(ns "$r")" link set eth0 up; done
+  ip -n "$(ns lb)" addr add 10.250.40.1/24 dev vpod
+  ip -n "$(ns be4)" addr add 10.250.40.2/24 dev eth0
+  nsx lb sysctl -qw net.ipv4.conf.vpod.rp_filter=0
+  ip -n "$(ns lb)" link set vpod up
+  for r in client lb be1 be2 be3 be4; do ip -n "$(ns "$r")" link set eth0 up; done
+  ip -n "$(ns be4)" route add default via 10.250.40.1
   ip -n "$(ns client)" route add 10.250.0.0/16 via 10.250.1.1
   ip -n "$(ns client)" route add 10.250.100.0/24 via 10.250.1.1
   ip -n "$(ns client)" -6 route add fd00:250::/32 via fd00:250:1::1
@@ -478,6 +485,10 @@ do_up() {
     start_backend_servers "$i"
   done
 
+  say "pod be4 on the lb node: nginx :80 on 10.250.40.2 (behind the lb's veth vpod)"
+  write_nginx_conf 4
+  nsx be4 nginx -c "$D/be4/nginx.conf" -p "$D/be4/" -e "$D/be4/error.log" </dev/null >>"$D/be4/nginx.log" 2>&1
+
   ready=()
   local deadline=$((SECONDS + WAIT_SECS))
   while :; do
@@ -485,11 +496,12 @@ do_up() {
     for i in "${BACKENDS[@]}"; do
       if backend_ready "$i"; then ready+=("be$i"); fi
     done
-    if [ ${#ready[@]} -eq ${#BACKENDS[@]} ] || [ $SECONDS -ge $deadline ]; then break; fi
+    if nsx lb curl -sf --noproxy '*' --max-time 1 http://10.250.40.2/ 2>/dev/null | grep -qx be4; then ready+=(be4); fi
+    if [ ${#ready[@]} -eq $((${#BACKENDS[@]} + 1)) ] || [ $SECONDS -ge $deadline ]; then break; fi
     sleep 0.05
   done
-  if [ ${#ready[@]} -ne ${#BACKENDS[@]} ]; then
-    for i in "${BACKENDS[@]}"; do
+  if [ ${#ready[@]} -ne $((${#BACKENDS[@]} + 1)) ]; then
+    for i in "${BACKENDS[@]}" 4; do
       if [[ " ${ready[*]} " == *" be$i "* ]]; then continue; fi
       echo "testbed $P: be$i did not answer within ${WAIT_SECS}s; its logs:" >&2
       tail -n 5 "$D/be$i"/*.log >&2 2>/dev/null || true

@@ -86,7 +86,7 @@ fn build(
 /// Fills in what the file cannot know: interface MACs and MTUs, the kernel's neighbours and
 /// its routes (main table; the config's `routes` override them).
 fn complete_spec(spec: &mut TablesSpec, cfg: &xlb::config::Config) -> Result<()> {
-    spec.kernel_routes = kernel_routes().unwrap_or_default();
+    spec.kernel_routes = kernel_routes(cfg).unwrap_or_default();
     let mut ifindex_to_port = BTreeMap::new();
     for (i, iface) in cfg.interfaces.iter().enumerate() {
         let info = nic_config::interface_info(&iface.name).with_context(|| format!("interface {}", iface.name))?;
@@ -323,18 +323,26 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource) -> 
         steering.push(Steering::attach(&iface.name, XdpMode::Native)?);
     }
     // The exception path: one TUN queue per worker; the device goes away with the process.
-    let punt_queues: Vec<Arc<nic_config::punt::PuntQueue>> = if config.punt_device.is_empty() {
+    let punt_queues: Vec<PuntPort> = if config.punt_device.is_empty() {
         Vec::new()
     } else {
         match nic_config::punt::Punt::create(&config.punt_device, nworkers) {
             Ok(mut p) => {
+                for w in p.warnings() {
+                    tracing::warn!(device = %config.punt_device, "{w}");
+                }
                 if nic_config::punt::Punt::strict_rp_filter() {
                     tracing::warn!(
                         device = %config.punt_device,
                         "net.ipv4.conf.all.rp_filter is 1 (strict): the kernel drops punted IPv4 packets that it would forward; set it to 2 (loose)"
                     );
                 }
-                p.take_queues().into_iter().map(Arc::new).collect()
+                // Replies of backends reached through the kernel: the rules send them to this
+                // table, whose routes lead into the device (they go away with it).
+                if let Err(e) = nic_config::rules::route_reply_table_to(p.ifindex()) {
+                    tracing::warn!(error = %e, "reply table: backends behind the kernel will not work");
+                }
+                p.take_queues().into_iter().map(|q| PuntPort::new(Tun(q))).collect()
             }
             Err(e) => {
                 tracing::warn!(error = %e, "no punt device: frames that are not xlb's are dropped (punt_failed)");
@@ -376,7 +384,7 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource) -> 
                 busy_poll: config.af_xdp.busy_poll,
                 realtime: config.af_xdp.realtime_workers,
                 affinity: affinity.clone(),
-                punt: punt_queues.get(w).cloned().map(|q| PuntPort::new(move |l3| q.send(l3))),
+                punt: punt_queues.get(w).cloned(),
             };
             let h = worker::spawn(spec, handle.clone(), fabric.clone(), wstop.clone())?;
             for (st, ((_, queue), fd)) in steering.iter_mut().zip(ports.iter().zip(&h.fds)) {
@@ -386,6 +394,7 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource) -> 
             workers.push(h);
         }
         sync_steering(&mut steering, &handle.load())?;
+        sync_reply_rules(!punt_queues.is_empty(), &handle.load());
         let admin = admin::serve(&admin_socket, handle.clone(), &workers)?;
         let iface_stats = xlb::http::InterfaceStatsCell::default();
         let view =
@@ -404,6 +413,7 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource) -> 
             rt: &rt,
             iface_stats,
             last_verify: Instant::now(),
+            punt: !punt_queues.is_empty(),
         };
         sup.run(&mut cluster, k8s.as_mut(), &shutdown, &reload)?;
         drop(admin);
@@ -412,6 +422,9 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource) -> 
     wstop.store(true, Ordering::Relaxed);
     for w in workers {
         w.join();
+    }
+    if !punt_queues.is_empty() {
+        sync_reply_rules(true, &Tables::empty());
     }
     for st in steering {
         let name = st.ifname().to_owned();
@@ -436,6 +449,8 @@ struct Supervisor<'a> {
     iface_stats: xlb::http::InterfaceStatsCell,
     /// When the steering maps were last compared with the kernel's (once per `syncPeriod`).
     last_verify: Instant,
+    /// The punt device exists (so reply rules are kept in sync).
+    punt: bool,
 }
 
 type K8s = (xlb::k8s::Source, xlb::http::HealthCheckServers, String);
@@ -456,6 +471,7 @@ impl Supervisor<'_> {
                 if let Err(e) = sync_steering(self.steering, &self.handle.load()) {
                     tracing::error!(error = %e, "steering maps");
                 }
+                sync_reply_rules(self.punt, &self.handle.load());
                 resolve(&self.config, &unresolved);
                 self.telemetry.metrics.observe_sync(started.elapsed());
                 self.telemetry.metrics.set_no_local_endpoints(report.no_local_endpoints);
@@ -506,7 +522,7 @@ impl Supervisor<'_> {
         let mut last_periodic = Instant::now();
         let mut last_stats: Option<Instant> = None;
         let mut last_addrs = Instant::now();
-        let mut last_routes = kernel_routes().unwrap_or_default();
+        let mut last_routes = kernel_routes(&self.config).unwrap_or_default();
         while !shutdown.due(&self.telemetry.health, self.config.shutdown_grace_period) {
             // Neighbour changes (blocks up to 100 ms: part of the loop's tick).
             match watcher.recv_timeout(Duration::from_millis(100)) {
@@ -568,7 +584,7 @@ impl Supervisor<'_> {
                     dirty = true;
                 }
                 // The kernel's routes (backends' next hops), likewise.
-                if let Some(r) = kernel_routes()
+                if let Some(r) = kernel_routes(&self.config)
                     && r != last_routes
                 {
                     tracing::info!(routes = r.len(), "the kernel's routes changed");
@@ -630,15 +646,51 @@ fn resolve(config: &xlb::config::Config, addrs: &[IpAddr]) {
     }
 }
 
+/// A punt-device queue as the workers use it.
+struct Tun(nic_config::punt::PuntQueue);
+
+impl dataplane::worker::KernelQueue for Tun {
+    fn send(&self, l3: &[u8]) -> std::io::Result<usize> {
+        self.0.send(l3)
+    }
+
+    fn recv(&self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.0.recv(buf)
+    }
+}
+
+/// Makes xlb's policy rules match [`Tables::kernel_endpoints`]: the replies of backends
+/// reached through the kernel are routed into the punt device. Logged, not fatal.
+fn sync_reply_rules(punt: bool, t: &Tables) {
+    if !punt {
+        return;
+    }
+    let want = t
+        .kernel_endpoints
+        .iter()
+        .map(|&(src, proto, sport)| nic_config::rules::ReplyRule { src, proto, sport })
+        .collect();
+    match nic_config::rules::sync_reply_rules(&want) {
+        Ok((0, 0)) => {}
+        Ok((added, deleted)) => tracing::info!(added, deleted, "reply rules of backends reached through the kernel"),
+        Err(e) => tracing::error!(error = %e, "reply rules"),
+    }
+}
+
 /// The kernel's unicast routes of the main table (`RTM_GETROUTE`), for
-/// [`TablesSpec::kernel_routes`]; `None` (logged) if netlink fails.
-fn kernel_routes() -> Option<Vec<KernelRouteSpec>> {
+/// [`TablesSpec::kernel_routes`]; a route whose output interface is not one of `cfg`'s
+/// interfaces is marked `kernel` (its backends are reached through the punt device). `None`
+/// (logged) if netlink fails.
+fn kernel_routes(cfg: &xlb::config::Config) -> Option<Vec<KernelRouteSpec>> {
+    let ours: Vec<u32> = cfg.interfaces.iter().filter_map(|i| nic_config::ifindex(&i.name).ok()).collect();
+    let punt = !cfg.punt_device.is_empty();
     match nic_config::routes::routes(nic_config::routes::TABLE_MAIN) {
         Ok(list) => {
             let mut v: Vec<KernelRouteSpec> = list
                 .into_iter()
                 .map(|r| KernelRouteSpec {
                     dst: Cidr { addr: r.dst, len: r.prefix_len },
+                    kernel: punt && r.oif.is_some_and(|o| !ours.contains(&o)),
                     gateways: r.gateways,
                     metric: r.metric,
                 })

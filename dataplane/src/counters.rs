@@ -130,6 +130,9 @@ declare_counters! {
         SocketTxRingEmpty = 13, "socket_tx_ring_empty", Counter, "Kernel XDP_STATISTICS tx_ring_empty_descs.";
         Punted = 14, "punted", Counter, "Frames that were not xlb's handed back to the kernel's stack through the punt device (the exception path).";
         PuntFailed = 15, "punt_failed", Counter, "Frames that were not xlb's and could not be punted (no punt device, not IP, or its queue full): dropped.";
+        ToKernel = 16, "to_kernel", Counter, "Frames for backends reached through the kernel (pods behind a veth on this node) written into the punt device.";
+        FromKernel = 17, "from_kernel", Counter, "Packets read from the punt device: replies of backends reached through the kernel, routed there by xlb's policy rules.";
+        FromKernelUntracked = 18, "from_kernel_untracked", Counter, "Packets read from the punt device that belong to no flow (direct traffic of a pod on this node from a Service's target port): dropped, since handing them back would loop.";
     }
 }
 

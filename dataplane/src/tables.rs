@@ -319,7 +319,17 @@ pub struct KernelRouteSpec {
     pub gateways: Vec<IpAddr>,
     /// Route metric (`RTA_PRIORITY`): of routes to the same prefix the lowest is used.
     pub metric: u32,
+    /// The route leaves through an interface xlb does not serve (a pod's veth, a bridge such
+    /// as `cni0`, another NIC): its backends are reached through the kernel
+    /// ([`NextHop::Kernel`]).
+    pub kernel: bool,
 }
+
+/// The port number of the kernel ("the punt device") in [`Hop::port`] and
+/// `Verdict::Tx { port }`: the worker writes such frames' IP packets into its punt queue and
+/// the kernel routes them (backends on this node behind a veth). Not an index into
+/// [`TablesSpec::ports`].
+pub const KERNEL_PORT: u8 = u8::MAX;
 
 /// Where a backend's packets go next ([`TablesSpec::routes`], then
 /// [`TablesSpec::kernel_routes`]).
@@ -329,6 +339,9 @@ pub enum NextHop {
     Via(IpAddr),
     /// The kernel's routes are known and none matches: the backend cannot be reached.
     NoRoute,
+    /// The route leaves through an interface xlb does not serve: hand the packet to the kernel
+    /// ([`KERNEL_PORT`]).
+    Kernel,
 }
 
 impl TablesSpec {
@@ -352,6 +365,7 @@ impl TablesSpec {
             .max_by(|a, b| a.dst.len.cmp(&b.dst.len).then(b.metric.cmp(&a.metric)));
         match best {
             None => NextHop::NoRoute,
+            Some(r) if r.kernel => NextHop::Kernel,
             Some(r) if r.gateways.is_empty() => NextHop::Via(addr),
             Some(r) => {
                 // FNV-1a over the address: stable across builds and processes.
@@ -572,6 +586,10 @@ pub struct Tables {
     /// not always masquerade ([`Frontend::masquerade`] false): replies that keep the client's
     /// address come from these, and the steering program sends them to xlb.
     pub endpoints: hashbrown::HashSet<VipKey>,
+    /// (address, IP protocol, port) of every backend of a NAT service reached through the
+    /// kernel ([`NextHop::Kernel`]): the control side installs a policy rule per entry so
+    /// their replies are routed into the punt device and come back through xlb.
+    pub kernel_endpoints: std::collections::BTreeSet<(IpAddr, u8, u16)>,
 }
 
 impl Tables {
@@ -592,6 +610,7 @@ impl Tables {
             dsr_source_v6: None,
             unresolved: Vec::new(),
             endpoints: hashbrown::HashSet::new(),
+            kernel_endpoints: std::collections::BTreeSet::new(),
         }
     }
 
@@ -1046,7 +1065,13 @@ impl TableBuilder {
         // The next hop of a backend; `Err(true)` when it has no route at all, `Err(false)` while
         // its next hop's MAC is unknown (the address to resolve is in `t.unresolved`).
         let hop_for = |addr: IpAddr| -> Result<Hop, Option<IpAddr>> {
-            let NextHop::Via(via) = spec.next_hop(addr) else { return Err(None) };
+            let via = match spec.next_hop(addr) {
+                NextHop::Via(via) => via,
+                NextHop::Kernel => {
+                    return Ok(Hop { port: KERNEL_PORT, dst_mac: [0; 6], src_mac: [0; 6], mtu: 0 });
+                }
+                NextHop::NoRoute => return Err(None),
+            };
             let n = neigh.get(&via).ok_or(Some(via))?;
             let p = spec.ports.get(usize::from(n.port)).ok_or(Some(via))?;
             Ok(Hop { port: n.port, dst_mac: n.mac, src_mac: p.mac, mtu: p.mtu })
@@ -1104,6 +1129,13 @@ impl TableBuilder {
                 }
             }
             if s.mode == ForwardingMode::Nat {
+                for b in &s.backends {
+                    if matches!(spec.next_hop(b.addr), NextHop::Kernel) {
+                        for pr in s.frontends.iter().map(|f| f.proto as u8) {
+                            t.kernel_endpoints.insert((b.addr, pr, b.port));
+                        }
+                    }
+                }
                 // Only frontends whose flows may keep the client's address: a masqueraded
                 // flow's replies come to the SNAT address, which the steering program catches
                 // anyway. So direct traffic to pods that back only masqueraded frontends is
@@ -1263,6 +1295,7 @@ mod tests {
             dst: cidr(d),
             gateways: gw.iter().map(|g| ip(g)).collect(),
             metric,
+            kernel: false,
         };
         let mut spec = TablesSpec::default();
         assert_eq!(spec.next_hop(ip("10.9.9.9")), NextHop::Via(ip("10.9.9.9")), "no routes known: on-link");
@@ -1283,11 +1316,14 @@ mod tests {
         let paths: std::collections::BTreeSet<IpAddr> = (1..=64)
             .map(|i| match spec.next_hop(ip(&format!("10.244.2.{i}"))) {
                 NextHop::Via(v) => v,
-                NextHop::NoRoute => panic!("multipath route lost"),
+                NextHop::NoRoute | NextHop::Kernel => panic!("multipath route lost"),
             })
             .collect();
         assert_eq!(paths, [ip("192.168.0.21"), ip("192.168.0.22")].into_iter().collect());
         assert_eq!(spec.next_hop(ip("10.244.2.9")), spec.next_hop(ip("10.244.2.9")), "stable");
+        // A route out of an interface xlb does not serve: through the kernel.
+        spec.kernel_routes.push(KernelRouteSpec { kernel: true, ..kr("10.244.9.0/24", &[], 0) });
+        assert_eq!(spec.next_hop(ip("10.244.9.7")), NextHop::Kernel);
         // The config's routes override the kernel's.
         spec.routes = vec![RouteSpec { dst: cidr("10.244.0.0/16"), via: ip("192.168.0.99") }];
         assert_eq!(spec.next_hop(ip("10.244.1.5")), NextHop::Via(ip("192.168.0.99")));

@@ -20,13 +20,17 @@ pub use crate::counters::XskCounters;
 use crate::counters::{DropReason, WorkerCounters, XskCounter};
 use crate::nat::Packet;
 use crate::process::{FlowDump, Pipeline, PipelineConfig, Verdict};
-use crate::tables::{BackendRef, Tables, TablesHandle};
+use crate::tables::{BackendRef, KERNEL_PORT, Tables, TablesHandle};
+use crate::wire::ETH_LEN;
 use crate::xsk::{OwnedFrame, SocketStats, Xsk, XskConfig, XskError};
 
 /// Frames per RX batch.
 pub const BATCH: usize = 64;
 /// Hand-off buffers per worker.
 const HANDOFF_SLOTS: usize = 1024;
+/// Largest packet read from the punt queue (bytes): a 2 KiB UMEM frame less the Ethernet
+/// header the worker puts in front.
+const KERNEL_RX_MAX: usize = 2048 - ETH_LEN;
 
 /// What one worker serves.
 #[derive(Clone, Debug)]
@@ -54,20 +58,33 @@ pub struct WorkerSpec {
     pub punt: Option<PuntPort>,
 }
 
-/// A worker's way back into the kernel's stack (the exception path): takes one IPv4 or IPv6
-/// packet (from the IP header on, no Ethernet header), as the control side's TUN queue
-/// (`nic_config::punt::PuntQueue::send`) does. Called from the worker loop, never from the
-/// per-packet pipeline; it must not block (a full queue is an error, counted `punt_failed`).
-#[derive(Clone)]
-pub struct PuntPort(Arc<PuntFn>);
+/// One queue of the punt device as a worker uses it (implemented by the control side over
+/// `nic_config::punt::PuntQueue`). Called from the worker loop, never from the per-packet
+/// pipeline; neither call may block.
+pub trait KernelQueue: Send + Sync {
+    /// Hands one IPv4 or IPv6 packet (from the IP header on, no Ethernet header) to the
+    /// kernel, which takes it as received on the punt device.
+    ///
+    /// # Errors
+    /// The kernel's errno; a full queue is an error (counted `punt_failed`).
+    fn send(&self, l3: &[u8]) -> std::io::Result<usize>;
+    /// Reads one IP packet the kernel routed into the punt device (the replies of backends
+    /// reached through the kernel); returns its length in bytes.
+    ///
+    /// # Errors
+    /// `WouldBlock` when there is none.
+    fn recv(&self, buf: &mut [u8]) -> std::io::Result<usize>;
+}
 
-/// What a [`PuntPort`] calls: hands one IP packet to the kernel, returns the bytes taken.
-type PuntFn = dyn Fn(&[u8]) -> std::io::Result<usize> + Send + Sync;
+/// A worker's way into and out of the kernel's stack: its [`KernelQueue`] (the exception path,
+/// and the path to backends behind a veth on this node, [`crate::tables::KERNEL_PORT`]).
+#[derive(Clone)]
+pub struct PuntPort(Arc<dyn KernelQueue>);
 
 impl PuntPort {
-    /// Wraps the function that hands a packet to the kernel.
-    pub fn new(send: impl Fn(&[u8]) -> std::io::Result<usize> + Send + Sync + 'static) -> Self {
-        Self(Arc::new(send))
+    /// Wraps a queue.
+    pub fn new(q: impl KernelQueue + 'static) -> Self {
+        Self(Arc::new(q))
     }
 }
 
@@ -85,7 +102,7 @@ fn punt(xsk: &Xsk, f: &mut OwnedFrame, port: Option<&PuntPort>) -> bool {
         let frame = buf.get(..len).unwrap_or_default();
         let ok = match crate::wire::ethernet(frame) {
             Ok((crate::wire::L3::V4 | crate::wire::L3::V6, at)) => {
-                frame.get(at + 2..).is_some_and(|ip| (port.0)(ip).is_ok())
+                frame.get(at + 2..).is_some_and(|ip| port.0.send(ip).is_ok())
             }
             _ => false,
         };
@@ -277,6 +294,7 @@ fn run(
     let mut verdicts = [Verdict::Pass; BATCH];
     let mut tx: Vec<Vec<OwnedFrame>> = (0..nports).map(|_| Vec::with_capacity(BATCH * 2)).collect();
     let mut scratch = Vec::with_capacity(2048);
+    let mut kbuf: Vec<u8> = Vec::with_capacity(ETH_LEN + KERNEL_RX_MAX);
     let mut idle_rounds = 0u32;
     let counters = pipeline.counters().clone();
     let mut next_socket_stats_ms = 0u64;
@@ -314,6 +332,51 @@ fn run(
                     v,
                     f,
                     in_port,
+                    0,
+                    &mut xsk,
+                    &mut tx,
+                    &fabric,
+                    id,
+                    spec.pipeline.workers,
+                    &mut scratch,
+                    &mut tally,
+                    spec.punt.as_ref(),
+                );
+            }
+        }
+        // Packets the kernel routed into this worker's punt queue: replies of backends reached
+        // through the kernel. Each gets an Ethernet header (MACs zero) in a free UMEM frame.
+        if let Some(k) = spec.punt.as_ref() {
+            for _ in 0..BATCH {
+                kbuf.resize(ETH_LEN + KERNEL_RX_MAX, 0);
+                let Some(room) = kbuf.get_mut(ETH_LEN..) else { break };
+                let n = match k.0.recv(room) {
+                    Ok(n) if n > 0 => n,
+                    _ => break,
+                };
+                got += 1;
+                tally.from_kernel += 1;
+                let et: u16 = match kbuf.get(ETH_LEN).map(|b| b >> 4) {
+                    Some(4) => 0x0800,
+                    Some(6) => 0x86DD,
+                    _ => {
+                        tally.from_kernel_untracked += 1;
+                        continue;
+                    }
+                };
+                if let Some(h) = kbuf.get_mut(..ETH_LEN) {
+                    h.fill(0);
+                    h[12..14].copy_from_slice(&et.to_be_bytes());
+                }
+                let Some(mut f) = kbuf.get(..ETH_LEN + n).and_then(|b| xsk.frame_from(b)) else {
+                    tally.punt_failed += 1;
+                    continue;
+                };
+                let verdict = process_frame(&xsk, &mut pipeline, t, &mut f, KERNEL_PORT);
+                dispatch(
+                    verdict,
+                    f,
+                    KERNEL_PORT,
                     0,
                     &mut xsk,
                     &mut tx,
@@ -399,6 +462,9 @@ struct Tally {
     pass_in_userspace: usize,
     punted: usize,
     punt_failed: usize,
+    to_kernel: usize,
+    from_kernel: usize,
+    from_kernel_untracked: usize,
     handed_off: usize,
     handoff_dropped: usize,
     tx_ring_full: usize,
@@ -411,6 +477,9 @@ impl Tally {
             (XskCounter::PassInUserspace, self.pass_in_userspace),
             (XskCounter::Punted, self.punted),
             (XskCounter::PuntFailed, self.punt_failed),
+            (XskCounter::ToKernel, self.to_kernel),
+            (XskCounter::FromKernel, self.from_kernel),
+            (XskCounter::FromKernelUntracked, self.from_kernel_untracked),
             (XskCounter::HandedOff, self.handed_off),
             (XskCounter::HandoffDropped, self.handoff_dropped),
             (XskCounter::TxRingFull, self.tx_ring_full),
@@ -455,13 +524,28 @@ fn dispatch(
     punt_port: Option<&PuntPort>,
 ) {
     // `release` refuses only frames of another UMEM, and every frame here came from `xsk`.
+    let mut f = f;
+    if in_port == KERNEL_PORT && matches!(v, Verdict::Pass | Verdict::Tx { port: KERNEL_PORT }) {
+        // From the kernel and not ours: handing it back would loop (the reply rule routes it
+        // into the punt device again).
+        tally.from_kernel_untracked += 1;
+        drop(xsk.release(f));
+        return;
+    }
     match v {
+        Verdict::Tx { port: KERNEL_PORT } => {
+            if punt(xsk, &mut f, punt_port) {
+                tally.to_kernel += 1;
+            } else {
+                tally.punt_failed += 1;
+            }
+            drop(xsk.release(f));
+        }
         Verdict::Tx { port } => match tx.get_mut(usize::from(port)) {
             Some(q) => q.push(f),
             None => drop(xsk.release(f)),
         },
         Verdict::Pass => {
-            let mut f = f;
             tally.pass_in_userspace += 1;
             if punt(xsk, &mut f, punt_port) {
                 tally.punted += 1;
@@ -472,11 +556,12 @@ fn dispatch(
         }
         Verdict::Drop(_) => drop(xsk.release(f)),
         Verdict::Handoff { worker } => {
-            let mut f = f;
             if hops + 1 >= workers || worker == me {
                 // Every worker looked: nobody has a flow for this reply. It is direct traffic
                 // of a pod that also backs a Service (same address and port): the kernel's.
-                if punt(xsk, &mut f, punt_port) {
+                if in_port == KERNEL_PORT {
+                    tally.from_kernel_untracked += 1;
+                } else if punt(xsk, &mut f, punt_port) {
                     tally.punted += 1;
                 } else {
                     tally.reply_untracked += 1;

@@ -172,6 +172,9 @@ const OUT: ([u8; 6], [u8; 6]) = (LB_MAC, CLIENT_MAC);
 enum Expect {
     /// Transmitted on port 0 as exactly this frame.
     Tx(Vec<u8>),
+    /// Handed to the kernel ([`KERNEL_PORT`]: the worker writes its IP packet into the punt
+    /// device) as exactly this frame.
+    ToKernel(Vec<u8>),
     /// Passed to the kernel unchanged.
     Pass,
     /// Dropped with this reason.
@@ -558,7 +561,7 @@ fn rows_for(f: Fam) -> Vec<Row> {
     // (backend 1) instead of finding a flow pinned to the unreachable backend.
     let mut routed = two(&[0, 1]);
     let host = Cidr { addr: f.backends[1], len: if f.v6 { 128 } else { 32 } };
-    routed.kernel_routes = vec![KernelRouteSpec { dst: host, gateways: vec![], metric: 0 }];
+    routed.kernel_routes = vec![KernelRouteSpec { dst: host, gateways: vec![], metric: 0, kernel: false }];
     rows.push(row(
         "backend_without_a_route_is_a_counted_drop_and_gets_no_conntrack_entry",
         f,
@@ -764,6 +767,30 @@ fn rows_for(f: Fam) -> Vec<Row> {
                     63,
                     to_b(0),
                 )),
+            ),
+        ],
+    ));
+    // A backend whose route leaves through an interface xlb does not serve (a pod behind a
+    // veth on this node) is handed to the kernel, MACs zero, and not masqueraded even behind a
+    // masquerading NodePort: its replies come back from the kernel through xlb's policy rule.
+    let mut via_kernel = spec(f, vec![]);
+    let any = Cidr { addr: if f.v6 { IpAddr::from([0u16; 8]) } else { IpAddr::from([0u8; 4]) }, len: 0 };
+    via_kernel.kernel_routes = vec![KernelRouteSpec { dst: any, gateways: vec![], metric: 0, kernel: true }];
+    const KMACS: ([u8; 6], [u8; 6]) = ([0; 6], [0; 6]);
+    rows.push(row(
+        "backend_behind_the_kernel_is_handed_to_the_kernel_unmasqueraded_and_its_reply_returns",
+        f,
+        via_kernel,
+        vec![
+            step(
+                "SYN to a masquerading NodePort: DNAT only, to the kernel port",
+                tcp(c, 40000, f.node, 30080, SYN, 64, IN),
+                Expect::ToKernel(tcp(c, 40000, b0, 8080, SYN, 63, KMACS)),
+            ),
+            step(
+                "the backend's reply, read from the punt device, goes to the client from the NodePort",
+                tcp(b0, 8080, c, 40000, ACK, 64, KMACS),
+                Expect::Tx(tcp(f.node, 30080, c, 40000, ACK, 63, OUT)),
             ),
         ],
     ));
@@ -1148,12 +1175,15 @@ fn every_fixture_row_gives_its_expected_verdict_and_frame_in_every_layout() {
                 count += 1;
                 let ok = match &s.expect {
                     Expect::Tx(want) => o.verdict == (Verdict::Tx { port: 0 }) && o.frame == *want,
+                    Expect::ToKernel(want) => o.verdict == (Verdict::Tx { port: KERNEL_PORT }) && o.frame == *want,
                     Expect::Pass => o.verdict == Verdict::Pass && o.frame == s.input,
                     Expect::Drop(reason) => o.verdict == Verdict::Drop(*reason),
                 };
                 if !ok {
                     let detail = match &s.expect {
-                        Expect::Tx(want) => format!("\n want frame:\n{}\n got frame:\n{}", hex(want), hex(&o.frame)),
+                        Expect::Tx(want) | Expect::ToKernel(want) => {
+                            format!("\n want frame:\n{}\n got frame:\n{}", hex(want), hex(&o.frame))
+                        }
                         _ => String::new(),
                     };
                     failures.push(format!(
@@ -1189,6 +1219,7 @@ fn batched_layouts_put_several_steps_of_a_row_in_one_batch() {
 fn short(e: &Expect) -> String {
     match e {
         Expect::Tx(_) => "Tx".into(),
+        Expect::ToKernel(_) => "ToKernel".into(),
         Expect::Pass => "Pass".into(),
         Expect::Drop(r) => format!("Drop({r:?})"),
     }
@@ -1234,7 +1265,7 @@ fn pcap_copies_of_the_fixtures_are_current() {
         for s in &r.steps {
             inputs.push(s.input.clone());
             expected.push(match &s.expect {
-                Expect::Tx(f) => f.clone(),
+                Expect::Tx(f) | Expect::ToKernel(f) => f.clone(),
                 Expect::Pass => s.input.clone(),
                 Expect::Drop(_) => Vec::new(),
             });

@@ -11,6 +11,8 @@
 //! * [`neighbours`]: the kernel's ARP/NDP table over rtnetlink — dump, watch, resolve.
 //! * [`punt`]: the exception path, a TUN device through which frames that are not xlb's go
 //!   back into the kernel.
+//! * [`rules`]: policy rules that send the replies of backends reached through the kernel into
+//!   the punt device.
 //! * [`routes`]: the unicast routes of a routing table over rtnetlink (gateways, multipath).
 //! * [`local_addresses`]: every address of every interface.
 //! * [`interface_info`], [`set_channels`], [`set_tx_checksum_offload`]: interface facts and the
@@ -31,6 +33,7 @@ pub mod neighbours;
 mod nl;
 pub mod punt;
 pub mod routes;
+pub mod rules;
 mod steering;
 
 pub use error::NicError;

@@ -34,6 +34,7 @@ pub struct Punt {
     name: String,
     ifindex: u32,
     queues: Vec<PuntQueue>,
+    warnings: Vec<String>,
 }
 
 /// One queue of the punt device: IP packets (no Ethernet header, no packet-information
@@ -70,13 +71,13 @@ impl PuntQueue {
 
 impl Punt {
     /// Creates the TUN device `name` (at most 15 bytes) with `queues` queues (at least 1),
-    /// brings it up with MTU [`PUNT_MTU`] and turns its reverse-path filter off, in the network
-    /// namespace of the calling thread.
+    /// turns its reverse-path filter and IPv6 address generation off and brings it up with MTU
+    /// [`PUNT_MTU`], in the network namespace of the calling thread.
     ///
     /// # Errors
     /// [`NicError::Punt`] naming the step: `create` (no `/dev/net/tun`, no CAP_NET_ADMIN, a
-    /// device of that name that is not a multi-queue TUN), `queue`, `nonblocking`, `ifindex`,
-    /// or `rp_filter`.
+    /// device of that name that is not a multi-queue TUN), `queue`, `nonblocking`, `ifindex`
+    /// or `link up`. Sysctls that cannot be written are [`Punt::warnings`], not errors.
     pub fn create(name: &str, queues: usize) -> Result<Self, NicError> {
         let err = |op: &'static str| move |source: io::Error| NicError::Punt { name: name.to_owned(), op, source };
         let first = DeviceBuilder::new()
@@ -84,7 +85,7 @@ impl Punt {
             .mtu(PUNT_MTU)
             .packet_information(false)
             .multi_queue(true)
-            .enable(true)
+            .enable(false)
             .build_sync()
             .map_err(err("create"))?;
         let ifindex = first.if_index().map_err(err("ifindex"))?;
@@ -96,8 +97,30 @@ impl Punt {
         for q in &qs {
             q.set_nonblocking(true).map_err(err("nonblocking"))?;
         }
-        std::fs::write(format!("/proc/sys/net/ipv4/conf/{name}/rp_filter"), "0").map_err(err("rp_filter"))?;
-        Ok(Self { name: name.to_owned(), ifindex, queues: qs.into_iter().map(PuntQueue).collect() })
+        // The sysctls are best effort: a container often has /proc/sys read-only. The device's
+        // values then come from `conf/default` (systemd's default rp_filter is 2, loose).
+        let mut warnings = Vec::new();
+        let mut sysctl = |path: String, value: &str| {
+            if let Err(e) = std::fs::write(&path, value) {
+                warnings.push(format!("cannot set {path} to {value}: {e}"));
+            }
+        };
+        sysctl(format!("/proc/sys/net/ipv4/conf/{name}/rp_filter"), "0");
+        // No IPv6 link-local address, hence no router solicitations or MLD reports sent into
+        // the device: what the workers read from it is what the reply rules route there.
+        // (IPv6 packets are still received and forwarded without an address.)
+        if std::path::Path::new(&format!("/proc/sys/net/ipv6/conf/{name}")).exists() {
+            sysctl(format!("/proc/sys/net/ipv6/conf/{name}/addr_gen_mode"), "1");
+            sysctl(format!("/proc/sys/net/ipv6/conf/{name}/accept_ra"), "0");
+        }
+        qs.first().map(|q| q.enabled(true)).transpose().map_err(err("link up"))?;
+        Ok(Self { name: name.to_owned(), ifindex, queues: qs.into_iter().map(PuntQueue).collect(), warnings })
+    }
+
+    /// The sysctls [`Punt::create`] could not set (each a sentence naming the file); the
+    /// device works without them, see the module documentation.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
     }
 
     /// The device name.

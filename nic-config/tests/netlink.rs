@@ -260,6 +260,7 @@ mod tests {
         let link = pair.lb.ip(&["-d", "link", "show", "dev", "xlbpunt0"]);
         assert!(link.contains("UP") && link.contains("tun"), "{link}");
         assert_eq!(pair.lb.sh(&["sysctl", "-n", "net.ipv4.conf.xlbpunt0.rp_filter"]).trim(), "0");
+        assert!(punt.warnings().is_empty(), "{:?}", punt.warnings());
 
         // Local delivery through queue 0: a packet to the lb's own address from the client.
         let pkt = udp4(CLIENT_V4.octets(), LB_V4.octets(), 4000, 5555, b"to-local");
@@ -282,5 +283,50 @@ mod tests {
         wait_for(LONG, "the punt device to disappear with its last queue", || {
             (!pair.lb.ip(&["link", "show"]).contains("xlbpunt0")).then_some(())
         });
+    }
+
+    #[test]
+    fn reply_rules_route_a_backends_replies_into_the_punt_device_and_sync_removes_them() {
+        if !common::can_run("reply_rules_route_a_backends_replies_into_the_punt_device_and_sync_removes_them") {
+            return;
+        }
+        use nic_config::punt::Punt;
+        use nic_config::rules::{REPLY_TABLE, ReplyRule, reply_rules, route_reply_table_to, sync_reply_rules};
+        let pair = Pair::new(1);
+        let mut punt = pair.lb.run_in(|| Punt::create("xlbpunt1", 1).unwrap());
+        let q = punt.take_queues().pop().unwrap();
+        let rule = ReplyRule { src: LB_V4.into(), proto: 17, sport: 7777 };
+        let want: std::collections::BTreeSet<ReplyRule> = [rule].into();
+        pair.lb.run_in(|| {
+            route_reply_table_to(punt.ifindex()).unwrap();
+            assert_eq!(sync_reply_rules(&want).unwrap(), (1, 0));
+            assert_eq!(sync_reply_rules(&want).unwrap(), (0, 0), "idempotent");
+            assert_eq!(reply_rules().unwrap(), want);
+        });
+        let rules = pair.lb.ip(&["rule", "show"]);
+        assert!(rules.contains(&format!("from {LB_V4} ipproto udp sport 7777 lookup {REPLY_TABLE}")), "{rules}");
+        let table = pair.lb.ip(&["route", "show", "table", &REPLY_TABLE.to_string()]);
+        assert!(table.contains("default dev xlbpunt1"), "{table}");
+
+        // A datagram from the backend's (address, port) is routed into the punt device, not out
+        // of lb0; one from another port is not.
+        pair.lb.run_in(|| {
+            let s = std::net::UdpSocket::bind((LB_V4, 7777)).unwrap();
+            s.send_to(b"reply", (CLIENT_V4, 5556)).unwrap();
+            let other = std::net::UdpSocket::bind((LB_V4, 7778)).unwrap();
+            other.send_to(b"other", (CLIENT_V4, 5556)).unwrap();
+        });
+        let mut buf = [0u8; 256];
+        let n = wait_for(LONG, "the reply in the punt device", || q.recv(&mut buf).ok());
+        let pkt = &buf[..n];
+        assert_eq!(pkt[9], 17, "UDP");
+        assert_eq!(&pkt[12..16], &LB_V4.octets());
+        assert_eq!(&pkt[20..22], &7777u16.to_be_bytes());
+        assert_eq!(&pkt[n - 5..], b"reply");
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(q.recv(&mut buf).is_err(), "only the backend's port is caught");
+
+        pair.lb.run_in(|| assert_eq!(sync_reply_rules(&Default::default()).unwrap(), (0, 1)));
+        assert!(!pair.lb.ip(&["rule", "show"]).contains("7777"), "rule deleted");
     }
 }

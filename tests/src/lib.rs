@@ -62,12 +62,15 @@ pub const LB_MAC: [u8; 6] = [0x02, 0x00, 0x0a, 0xfa, 0x01, 0x01];
 /// Number of backends (`be1` ..= `be3`).
 pub const BACKENDS: u8 = 3;
 
-/// Which backend answered, from the body every backend server sends (`be<i>`, 1-based);
+/// Which backend answered, from the body every backend server sends (`be<i>`, 1-based, or
+/// [`LOCAL_POD`]);
 /// `None` for anything else.
 #[must_use]
 pub fn backend_of(body: &str) -> Option<u8> {
-    body.trim().strip_prefix("be")?.parse().ok().filter(|i| (1..=BACKENDS).contains(i))
+    body.trim().strip_prefix("be")?.parse().ok().filter(|i| (1..=BACKENDS).contains(i) || *i == LOCAL_POD)
 }
+/// The number in the name of the pod on the lb node (`be4`, [`Role::LocalPod`]).
+pub const LOCAL_POD: u8 = 4;
 /// Port of nginx in every backend (IPv4 and IPv6); it answers `be<i>\n`.
 pub const HTTP_PORT: u16 = 80;
 /// UDP port of the backends' reply service: any datagram gets `be<i> <peer address>\n`.
@@ -120,6 +123,9 @@ pub enum Role {
     Lb,
     /// `<prefix>-be<i>`: backend `i`, 1-based, up to [`BACKENDS`].
     Backend(u8),
+    /// `<prefix>-be4`: a pod on the lb node itself, behind the veth `vpod` (10.250.40.2),
+    /// reached through the lb's kernel; nginx answers `be4`.
+    LocalPod,
 }
 
 impl Role {
@@ -128,6 +134,7 @@ impl Role {
     pub fn all() -> Vec<Self> {
         let mut v = vec![Self::Switch, Self::Client, Self::Lb];
         v.extend((1..=BACKENDS).map(Self::Backend));
+        v.push(Self::LocalPod);
         v
     }
 }
@@ -139,6 +146,7 @@ impl fmt::Display for Role {
             Self::Client => f.write_str("client"),
             Self::Lb => f.write_str("lb"),
             Self::Backend(i) => write!(f, "be{i}"),
+            Self::LocalPod => f.write_str("be4"),
         }
     }
 }
@@ -1076,7 +1084,7 @@ mod tests {
         // the longest harness prefix still leaves room in 15-char interface names
         assert!("xe4194304t99999".len() <= 15);
         assert_eq!(Role::Backend(2).to_string(), "be2");
-        assert_eq!(Role::all().len(), 6);
+        assert_eq!(Role::all().len(), 7);
     }
 
     #[test]

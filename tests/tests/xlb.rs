@@ -413,6 +413,52 @@ mod xlb {
         assert_eq!(back.map(|f| f.backend), Some(2), "served again once the route is back{}", evidence(&xlb));
     }
 
+    // ---- a backend on xlb's own node, behind a veth (issue 10 item 3) ---------------------
+
+    /// be4 (10.250.40.2) is a pod on the lb node behind the veth `vpod`: its route leaves
+    /// through an interface xlb does not serve, so xlb hands the DNATed packets to the kernel
+    /// through its punt device `xlb0`, and a policy rule (`from 10.250.40.2 ipproto tcp sport
+    /// 80`) routes the pod's replies back into `xlb0`, where xlb un-DNATs them. Asserted:
+    /// through `demo/local` (externalTrafficPolicy Local, LoadBalancer ingress 10.250.100.32)
+    /// and `demo/localc` (Cluster, NodePort 30085 on 10.250.1.1) be4 answers, the client sees
+    /// the address it asked (curl's connection succeeds only if the reply comes from it), and
+    /// be4 logs the client's own address; the frames went both ways through the device
+    /// (`to_kernel`, `from_kernel`). When xlb stops, its rule and `xlb0` are gone.
+    #[test]
+    fn pod_behind_a_veth_on_the_xlb_node_serves_local_and_cluster_policies_through_the_kernel() {
+        if skip_without_root("pod_behind_a_veth_on_the_xlb_node_serves_local_and_cluster_policies_through_the_kernel") {
+            return;
+        }
+        let tb = testbed();
+        let xlb = start_xlb(&tb);
+        let rule = "from 10.250.40.2 ipproto tcp sport 80 lookup 7892066";
+        let has_rule = || tb.exec_ok(Role::Lb, &["ip", "rule", "show"]).unwrap_or_default().contains(rule);
+        assert!(
+            wait_for(Duration::from_secs(5), || has_rule().then_some(())).is_some(),
+            "no reply rule: {}{}",
+            tb.exec_ok(Role::Lb, &["ip", "rule", "show"]).unwrap_or_default(),
+            evidence(&xlb)
+        );
+        let before = tb.backend_access_log(4).expect("be4 access log").len();
+        for url in ["http://10.250.100.32/", "http://10.250.1.1:30085/", "http://10.250.100.31/"] {
+            let got = fetch_n(&tb, url, 3);
+            assert!(got.iter().all(|f| f.backend == 4), "{url}: {got:?}");
+        }
+        let log = tb.backend_access_log(4).expect("be4 access log");
+        let new: Vec<_> = log.iter().skip(before).collect();
+        assert_eq!(new.len(), 9, "{new:?}");
+        assert!(new.iter().all(|e| e.client == IpAddr::from(CLIENT_V4)), "be4 saw the client's address: {new:?}");
+        let stats = XlbStats::parse(&xlb.stats().expect("stats"));
+        assert!(stats.xsk("to_kernel") >= 9 && stats.xsk("from_kernel") >= 9, "{}", evidence(&xlb));
+        assert_eq!(stats.xsk("punt_failed"), 0, "{}", evidence(&xlb));
+        drop(xlb);
+        assert!(!has_rule(), "the reply rule is left behind");
+        let link = tb.exec(Role::Lb, &["ip", "link", "show", "dev", "xlb0"]).expect("ip link");
+        assert!(!link.status.success(), "xlb0 is left behind");
+        let table = tb.exec_ok(Role::Lb, &["ip", "route", "show", "table", "7892066"]).unwrap_or_default();
+        assert!(table.trim().is_empty(), "routes left in xlb's table: {table}");
+    }
+
     /// The LoadBalancer ingress IP 10.250.100.2 of `demo/lb` is in xlb's table with exactly
     /// the service's endpoints, and serves: balanced over be1 and be2, never be3, client IP
     /// kept, one xlb flow per request. The service's ClusterIP answers too.

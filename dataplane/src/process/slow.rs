@@ -12,8 +12,8 @@ use crate::maglev;
 use crate::nat::{self, Packet};
 use crate::sched::FlowInfo;
 use crate::tables::{
-    Backend, BackendRef, EmptyAction, ForwardingMode, FrontendEntry, FrontendKind, Hop, Scheduler, Tables, VipAddrKind,
-    VipKey,
+    Backend, BackendRef, EmptyAction, ForwardingMode, FrontendEntry, FrontendKind, Hop, KERNEL_PORT, Scheduler, Tables,
+    VipAddrKind, VipKey,
 };
 use crate::wire::{self, Frag, L3, Parsed, proto, tcp_flags};
 
@@ -566,7 +566,11 @@ fn new_flow<A: Fam>(
     let off_cluster = fe.kind == FrontendKind::ClusterIp
         && !t.cluster_cidrs.is_empty()
         && !t.cluster_cidrs.iter().any(|x| x.contains_octets(key.src.octets()));
-    let snat = nat && (fe.masquerade || baddr == key.src || off_cluster);
+    // A backend reached through the kernel (a pod on this node) is never masqueraded: xlb's
+    // policy rule routes its replies back into the punt device whatever their destination,
+    // while a reply to a SNAT address that is the node's own would be delivered locally.
+    let via_kernel = b.hop.is_some_and(|h| h.port == KERNEL_PORT);
+    let snat = nat && !via_kernel && (fe.masquerade || baddr == key.src || off_cluster);
     match svc.mode {
         ForwardingMode::Nat => {}
         ForwardingMode::DsrIpip => {

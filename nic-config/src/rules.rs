@@ -1,0 +1,137 @@
+//! Policy routing for backends reached through the kernel (pods behind a veth on xlb's own
+//! node): their replies must come back through xlb so the client sees the VIP, but the
+//! kernel would route them straight out of the NIC. One rule per backend (source address, IP
+//! protocol, source port), `ip rule add pref 100 from POD ipproto tcp sport 80 lookup
+//! 7892066`, sends them to a table whose only routes are default routes into the punt device,
+//! where the workers read them (ip-rule(8); `FRA_IP_PROTO` and `FRA_SPORT_RANGE` need Linux
+//! 4.17). A rule left behind by a killed xlb is harmless: once the punt device is gone the
+//! table is empty and the lookup falls through to the next rule (main).
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use netlink_packet_core::{NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REPLACE};
+use netlink_packet_route::{
+    AddressFamily, IpProtocol, RouteNetlinkMessage,
+    route::{RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType},
+    rule::{RuleAction, RuleAttribute, RuleMessage, RulePortRange},
+};
+
+use crate::{NicError, nl::RouteSocket};
+
+/// The routing table xlb's reply rules point at (`0x786c62`, "xlb" in ASCII).
+pub const REPLY_TABLE: u32 = 0x0078_6c62;
+/// Priority of xlb's reply rules: before `main` (32766), after `local` (0).
+pub const REPLY_RULE_PRIORITY: u32 = 100;
+
+/// Replies from this (source address, IP protocol, source port) are routed into the punt device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ReplyRule {
+    /// The backend's address.
+    pub src: IpAddr,
+    /// IP protocol number (6 TCP, 17 UDP, 132 SCTP).
+    pub proto: u8,
+    /// The backend's port (the Service's target port).
+    pub sport: u16,
+}
+
+fn family(a: IpAddr) -> AddressFamily {
+    if a.is_ipv4() { AddressFamily::Inet } else { AddressFamily::Inet6 }
+}
+
+fn message(r: &ReplyRule) -> RuleMessage {
+    let mut m = RuleMessage::default();
+    m.header.family = family(r.src);
+    m.header.src_len = if r.src.is_ipv4() { 32 } else { 128 };
+    m.header.action = RuleAction::ToTable;
+    m.attributes = vec![
+        RuleAttribute::Source(r.src),
+        RuleAttribute::Priority(REPLY_RULE_PRIORITY),
+        RuleAttribute::Table(REPLY_TABLE),
+        RuleAttribute::IpProtocol(IpProtocol::from(r.proto)),
+        RuleAttribute::SourcePortRange(RulePortRange { start: r.sport, end: r.sport }),
+    ];
+    m
+}
+
+/// xlb's reply rules now in the kernel (priority [`REPLY_RULE_PRIORITY`], table
+/// [`REPLY_TABLE`]), both families.
+///
+/// # Errors
+/// [`NicError::Netlink`] if the `RTM_GETRULE` dump fails.
+pub fn reply_rules() -> Result<BTreeSet<ReplyRule>, NicError> {
+    const OP: &str = "RTM_GETRULE dump";
+    let mut out = BTreeSet::new();
+    for fam in [AddressFamily::Inet, AddressFamily::Inet6] {
+        let mut msg = RuleMessage::default();
+        msg.header.family = fam;
+        let mut sock = RouteSocket::new(OP)?;
+        for m in sock.request(OP, RouteNetlinkMessage::GetRule(msg), NLM_F_DUMP)? {
+            let RouteNetlinkMessage::NewRule(r) = m else { continue };
+            let (mut src, mut prio, mut table, mut proto, mut sport) = (None, None, None, None, None);
+            for a in &r.attributes {
+                match a {
+                    RuleAttribute::Source(s) => src = Some(*s),
+                    RuleAttribute::Priority(p) => prio = Some(*p),
+                    RuleAttribute::Table(t) => table = Some(*t),
+                    RuleAttribute::IpProtocol(p) => proto = Some(u8::from(*p)),
+                    RuleAttribute::SourcePortRange(p) if p.start == p.end => sport = Some(p.start),
+                    _ => {}
+                }
+            }
+            if prio == Some(REPLY_RULE_PRIORITY)
+                && table == Some(REPLY_TABLE)
+                && let (Some(src), Some(proto), Some(sport)) = (src, proto, sport)
+            {
+                out.insert(ReplyRule { src, proto, sport });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Makes xlb's reply rules exactly `want`: adds the missing ones, deletes the others. Returns
+/// (added, deleted).
+///
+/// # Errors
+/// [`NicError::Netlink`] naming the request that failed (`RTM_NEWRULE`, `RTM_DELRULE`); the
+/// rules changed before it stay changed, and the next call finishes the job.
+pub fn sync_reply_rules(want: &BTreeSet<ReplyRule>) -> Result<(usize, usize), NicError> {
+    let have = reply_rules()?;
+    let mut sock = RouteSocket::new("RTM_NEWRULE")?;
+    let mut deleted = 0;
+    for r in have.difference(want) {
+        sock.request("RTM_DELRULE", RouteNetlinkMessage::DelRule(message(r)), 0)?;
+        deleted += 1;
+    }
+    let mut added = 0;
+    for r in want.difference(&have) {
+        sock.request("RTM_NEWRULE", RouteNetlinkMessage::NewRule(message(r)), NLM_F_CREATE | NLM_F_EXCL)?;
+        added += 1;
+    }
+    Ok((added, deleted))
+}
+
+/// Puts default routes (IPv4 and IPv6) into [`REPLY_TABLE`] through interface `ifindex` (the
+/// punt device), replacing what is there. They go away with the device.
+///
+/// # Errors
+/// [`NicError::Netlink`] if the kernel refuses a route.
+pub fn route_reply_table_to(ifindex: u32) -> Result<(), NicError> {
+    const OP: &str = "RTM_NEWROUTE";
+    let mut sock = RouteSocket::new(OP)?;
+    for fam in [AddressFamily::Inet, AddressFamily::Inet6] {
+        let mut m = RouteMessage::default();
+        m.header = RouteHeader {
+            address_family: fam,
+            table: RouteHeader::RT_TABLE_UNSPEC,
+            protocol: RouteProtocol::Static,
+            scope: RouteScope::Link,
+            kind: RouteType::Unicast,
+            ..RouteHeader::default()
+        };
+        m.attributes = vec![RouteAttribute::Table(REPLY_TABLE), RouteAttribute::Oif(ifindex)];
+        sock.request(OP, RouteNetlinkMessage::NewRoute(m), NLM_F_CREATE | NLM_F_REPLACE)?;
+    }
+    Ok(())
+}
