@@ -70,13 +70,21 @@ tally "HTTP  IPv6 [fd00:250:100::1]:80" "${C[@]}" curl -s -m 2 "http://[fd00:250
 tally "UDP   ClusterIP 10.250.100.1:53" bash -c "echo q | ${C[*]} socat -t1 - UDP:10.250.100.1:53"
 tally "UDP   NodePort 10.250.1.1:30053 (SNAT)" bash -c "echo q | ${C[*]} socat -t1 - UDP:10.250.1.1:30053"
 tally "UDP   IPv6 [fd00:250:100::1]:53" bash -c "echo q | ${C[*]} socat -t1 - UDP6:[fd00:250:100::1]:53"
+tally "HTTP  routed pod CIDRs 10.250.100.20:80 (kernel routes)" "${C[@]}" curl -s -m 2 http://10.250.100.20/
+tally "HTTP  multipath route 10.250.100.21:80" "${C[@]}" curl -s -m 2 http://10.250.100.21/
+tally "HTTP  pod on the xlb node 10.250.100.32:80 (eTP Local)" "${C[@]}" curl -s -m 2 http://10.250.100.32/
+tally "HTTP  pod on the xlb node NodePort 10.250.1.1:30085" "${C[@]}" curl -s -m 2 http://10.250.1.1:30085/
+tally "HTTP  direct to pod 10.250.2.11:80 (replies punted)" "${C[@]}" curl -s -m 2 http://10.250.2.11/
 
-printf '\n%-58s %6s %6s %6s\n' "requests per backend" be1 be2 be3
+printf '\n%-58s %6s %6s %6s %6s\n' "requests per backend (be4: pod on the xlb node)" be1 be2 be3 be4
 for row in "HTTP  ClusterIP 10.250.100.1:80 (DNAT, client IP kept)" "HTTP  NodePort 10.250.1.1:30080 (SNAT)" \
   "HTTP  LoadBalancer 10.250.100.2:80 (eTP Local)" "HTTP  ClientIP affinity 10.250.100.4:80 (mh)" \
   "HTTP  DSR IPIP 10.250.100.10:80" "HTTP  IPv6 [fd00:250:100::1]:80" "UDP   ClusterIP 10.250.100.1:53" \
-  "UDP   NodePort 10.250.1.1:30053 (SNAT)" "UDP   IPv6 [fd00:250:100::1]:53"; do
-  printf '%-58s %6s %6s %6s\n' "$row" "${COUNT["$row be1"]:-0}" "${COUNT["$row be2"]:-0}" "${COUNT["$row be3"]:-0}"
+  "UDP   NodePort 10.250.1.1:30053 (SNAT)" "UDP   IPv6 [fd00:250:100::1]:53" \
+  "HTTP  routed pod CIDRs 10.250.100.20:80 (kernel routes)" "HTTP  multipath route 10.250.100.21:80" \
+  "HTTP  pod on the xlb node 10.250.100.32:80 (eTP Local)" "HTTP  pod on the xlb node NodePort 10.250.1.1:30085" \
+  "HTTP  direct to pod 10.250.2.11:80 (replies punted)"; do
+  printf '%-58s %6s %6s %6s %6s\n' "$row" "${COUNT["$row be1"]:-0}" "${COUNT["$row be2"]:-0}" "${COUNT["$row be3"]:-0}" "${COUNT["$row be4"]:-0}"
 done
 echo "failed requests: $fails"
 
@@ -92,7 +100,7 @@ echo "== HTTP load with wrk through the ClusterIP (5 s, 2 connections)"
 
 echo
 echo "== what the backends saw (client addresses in nginx logs)"
-for i in 1 2 3; do
+for i in 1 2 3 4; do
   printf '   be%s: %s\n' "$i" "$(awk '{print $1}' "/run/xlb-testbed/$P/be$i/access.log" 2>/dev/null | sort | uniq -c | tr '\n' ' ')"
 done
 
@@ -105,7 +113,9 @@ echo "== xlb services (ipvsadm -Ln layout), first lines"
 
 kill -TERM "$XLB_PID"; wait "$XLB_PID" || true; XLB_PID=
 if ip -n "$P-lb" -d link show eth0 | grep -q xdp; then echo "demo: an XDP program is still attached" >&2; exit 1; fi
+if ip -n "$P-lb" link show xlb0 >/dev/null 2>&1; then echo "demo: the punt device xlb0 is still there" >&2; exit 1; fi
+if ip -n "$P-lb" rule show | grep -q "lookup 7892066"; then echo "demo: a reply rule is still there" >&2; exit 1; fi
 echo
-echo "== xlb stopped; no XDP program left on eth0"
+echo "== xlb stopped; no XDP program left on eth0, no punt device, no reply rule"
 [ "$fails" -eq 0 ] || { echo "demo: $fails request(s) failed" >&2; exit 1; }
 echo "demo: ok"
