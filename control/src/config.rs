@@ -113,8 +113,14 @@ pub struct Config {
     /// Static next hops for standalone mode (the kernel's neighbour table replaces them when
     /// running on a real interface).
     pub neighbours: Vec<NeighbourConfig>,
-    /// Static routes for backends that are not on-link.
+    /// Static routes for backends that are not on-link; they override the kernel's routes.
     pub routes: Vec<RouteConfig>,
+    /// The kernel routing tables whose unicast routes give the backends' next hops
+    /// (`routeTables`, table ids as in `ip route show table ID`; default `[254]`, main). The
+    /// routes of every listed table are merged: longest prefix first, then lowest metric (no
+    /// policy rules are evaluated). Empty = none: backends without a `routes` entry are taken
+    /// as on-link. Reread once a second.
+    pub route_tables: Vec<u32>,
     /// AF_XDP settings of the workers.
     pub af_xdp: AfXdpConfig,
     /// Name of the exception-path TUN device (`puntDevice`, default `xlb0`, at most 15
@@ -195,6 +201,7 @@ impl Default for Config {
             handle_default_load_balancer_class: true,
             neighbours: Vec::new(),
             routes: Vec::new(),
+            route_tables: vec![254],
             af_xdp: AfXdpConfig::default(),
             punt_device: "xlb0".into(),
         }
@@ -1176,6 +1183,15 @@ routes: [{{dst: 10.0.0.0/8, via: 192.168.1.1}}]\n"
         assert_eq!(e[0].field.as_deref(), Some("afXdp.busyPollUsecs"), "{}", e[0]);
         let e = errors(&format!("{HEAD}afXdp: {{busyPollBudget: 5000}}\n"));
         assert_eq!(e[0].field.as_deref(), Some("afXdp.busyPollBudget"), "{}", e[0]);
+    }
+
+    #[test]
+    fn route_tables_default_to_main_and_can_list_others_or_none() {
+        assert_eq!(load(HEAD).unwrap().config.route_tables, vec![254]);
+        assert_eq!(load(&format!("{HEAD}routeTables: [254, 100]\n")).unwrap().config.route_tables, vec![254, 100]);
+        assert!(load(&format!("{HEAD}routeTables: []\n")).unwrap().config.route_tables.is_empty());
+        let e = errors(&format!("{HEAD}routeTables: [main]\n"));
+        assert_eq!(e[0].field.as_deref(), Some("routeTables[0]"), "{}", e[0]);
     }
 
     #[test]

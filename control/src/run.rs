@@ -677,32 +677,34 @@ fn sync_reply_rules(punt: bool, t: &Tables) {
     }
 }
 
-/// The kernel's unicast routes of the main table (`RTM_GETROUTE`), for
+/// The kernel's unicast routes of `cfg.route_tables` (`RTM_GETROUTE`; main by default), for
 /// [`TablesSpec::kernel_routes`]; a route whose output interface is not one of `cfg`'s
 /// interfaces is marked `kernel` (its backends are reached through the punt device). `None`
 /// (logged) if netlink fails.
 fn kernel_routes(cfg: &xlb::config::Config) -> Option<Vec<KernelRouteSpec>> {
     let ours: Vec<u32> = cfg.interfaces.iter().filter_map(|i| nic_config::ifindex(&i.name).ok()).collect();
     let punt = !cfg.punt_device.is_empty();
-    match nic_config::routes::routes(nic_config::routes::TABLE_MAIN) {
-        Ok(list) => {
-            let mut v: Vec<KernelRouteSpec> = list
-                .into_iter()
-                .map(|r| KernelRouteSpec {
-                    dst: Cidr { addr: r.dst, len: r.prefix_len },
-                    kernel: punt && r.oif.is_some_and(|o| !ours.contains(&o)),
-                    gateways: r.gateways,
-                    metric: r.metric,
-                })
-                .collect();
-            v.sort_by_key(|a| (a.dst.addr, a.dst.len, a.metric));
-            Some(v)
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot read the kernel's routes");
-            None
+    let mut all = Vec::new();
+    for table in &cfg.route_tables {
+        match nic_config::routes::routes(*table) {
+            Ok(list) => all.extend(list),
+            Err(e) => {
+                tracing::warn!(table, error = %e, "cannot read the kernel's routes");
+                return None;
+            }
         }
     }
+    let mut v: Vec<KernelRouteSpec> = all
+        .into_iter()
+        .map(|r| KernelRouteSpec {
+            dst: Cidr { addr: r.dst, len: r.prefix_len },
+            kernel: punt && r.oif.is_some_and(|o| !ours.contains(&o)),
+            gateways: r.gateways,
+            metric: r.metric,
+        })
+        .collect();
+    v.sort_by_key(|a| (a.dst.addr, a.dst.len, a.metric));
+    Some(v)
 }
 
 #[cfg(test)]
