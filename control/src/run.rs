@@ -87,6 +87,9 @@ fn build(
 /// its routes (main table; the config's `routes` override them).
 fn complete_spec(spec: &mut TablesSpec, cfg: &xlb::config::Config) -> Result<()> {
     spec.kernel_routes = kernel_routes(cfg).unwrap_or_default();
+    // How the kernel spreads flows over multipath routes (ip-sysctl.rst): 1 = L4 (ports).
+    spec.multipath_l4 =
+        std::fs::read_to_string("/proc/sys/net/ipv4/fib_multipath_hash_policy").is_ok_and(|v| v.trim() == "1");
     let mut ifindex_to_port = BTreeMap::new();
     for (i, iface) in cfg.interfaces.iter().enumerate() {
         let info = nic_config::interface_info(&iface.name).with_context(|| format!("interface {}", iface.name))?;

@@ -222,6 +222,7 @@ pub(crate) fn spec() -> TablesSpec {
         neighbours,
         routes: vec![RouteSpec { dst: Cidr { addr: v4([10, 2, 0, 0]), len: 16 }, via: v4([10, 1, 0, 1]) }],
         kernel_routes: vec![],
+        multipath_l4: false,
         snat_v4: Some(v4(SNAT4)),
         snat_v6: Some(v6(SNAT6)),
         dsr_source_v4: Some(Cidr { addr: v4([172, 16, 0, 0]), len: 16 }),

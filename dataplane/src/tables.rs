@@ -325,6 +325,35 @@ pub struct KernelRouteSpec {
     pub kernel: bool,
 }
 
+/// The hash that spreads flows over the paths of a multipath route, over the flow as it
+/// leaves xlb (after NAT): source and destination address, and with `l4` also the protocol
+/// and ports, like the kernel's `fib_multipath_hash_policy` 0 (L3) and 1 (L4)
+/// (Documentation/networking/ip-sysctl.rst). FNV-1a: stable across builds and processes (the
+/// kernel's own hash is seeded, so a flow may take another path than the kernel would give it;
+/// the spread is what matters).
+#[inline]
+pub fn multipath_hash(l4: bool, src: &[u8], dst: &[u8], proto: u8, sport: u16, dport: u16) -> u32 {
+    let fnv = |h: u32, b: &u8| (h ^ u32::from(*b)).wrapping_mul(0x0100_0193);
+    let h = src.iter().chain(dst).fold(0x811c_9dc5, fnv);
+    if !l4 {
+        return h;
+    }
+    let (s, d) = (sport.to_be_bytes(), dport.to_be_bytes());
+    [proto].iter().chain(&s).chain(&d).fold(h, fnv)
+}
+
+impl Backend {
+    /// The next hop of a flow whose [`multipath_hash`] is `h`: one of [`Backend::paths`] when
+    /// the backend is behind a multipath route, else [`Backend::hop`].
+    #[inline]
+    pub fn path(&self, h: u32) -> Option<Hop> {
+        match self.paths.len() {
+            0 => self.hop,
+            n => self.paths.get(h as usize % n).copied(),
+        }
+    }
+}
+
 /// The port number of the kernel ("the punt device") in [`Hop::port`] and
 /// `Verdict::Tx { port }`: the worker writes such frames' IP packets into its punt queue and
 /// the kernel routes them (backends on this node behind a veth). Not an index into
@@ -345,12 +374,34 @@ pub enum NextHop {
 }
 
 impl TablesSpec {
+    /// The kernel route that decides `addr`'s next hop: longest prefix, then lowest metric.
+    fn kernel_route(&self, addr: IpAddr) -> Option<&KernelRouteSpec> {
+        self.kernel_routes
+            .iter()
+            .filter(|r| r.dst.contains(addr))
+            .max_by(|a, b| a.dst.len.cmp(&b.dst.len).then(b.metric.cmp(&a.metric)))
+    }
+
+    /// The gateways of the multipath route that reaches `addr` (two or more), when no
+    /// `routes` entry overrides it; empty otherwise. Each flow to `addr` takes one of them
+    /// ([`Backend::paths`]).
+    pub fn multipath_gateways(&self, addr: IpAddr) -> &[IpAddr] {
+        if self.routes.iter().any(|r| r.dst.contains(addr)) {
+            return &[];
+        }
+        match self.kernel_route(addr) {
+            Some(r) if !r.kernel && r.gateways.len() > 1 => &r.gateways,
+            _ => &[],
+        }
+    }
+
     /// The next hop of `addr`: the longest matching `routes` entry (the config's override);
     /// else the longest matching kernel route (lowest metric among equal prefixes), on-link →
-    /// `addr` itself, one gateway → it, several (multipath) → one chosen by a hash of `addr`,
-    /// so the backends of a multipath route are spread over its paths (the kernel spreads
-    /// flows; a backend keeps one path here); else [`NextHop::NoRoute`] when kernel routes
-    /// are known, and `addr` itself (assumed on-link) when they are not (standalone specs).
+    /// `addr` itself, one gateway → it, several (multipath) → one chosen by a hash of `addr`
+    /// (the backend's default path; its flows are spread over all of them by
+    /// [`Backend::paths`]), through an interface xlb does not serve → [`NextHop::Kernel`];
+    /// else [`NextHop::NoRoute`] when kernel routes are known, and `addr` itself (assumed
+    /// on-link) when they are not (standalone specs).
     pub fn next_hop(&self, addr: IpAddr) -> NextHop {
         if let Some(r) = self.routes.iter().filter(|r| r.dst.contains(addr)).max_by_key(|r| r.dst.len) {
             return NextHop::Via(r.via);
@@ -358,12 +409,7 @@ impl TablesSpec {
         if self.kernel_routes.is_empty() {
             return NextHop::Via(addr);
         }
-        let best = self
-            .kernel_routes
-            .iter()
-            .filter(|r| r.dst.contains(addr))
-            .max_by(|a, b| a.dst.len.cmp(&b.dst.len).then(b.metric.cmp(&a.metric)));
-        match best {
+        match self.kernel_route(addr) {
             None => NextHop::NoRoute,
             Some(r) if r.kernel => NextHop::Kernel,
             Some(r) if r.gateways.is_empty() => NextHop::Via(addr),
@@ -396,6 +442,10 @@ pub struct TablesSpec {
     /// [`TablesSpec::next_hop`]. Empty = unknown: a backend with no `routes` entry is taken as
     /// on-link.
     pub kernel_routes: Vec<KernelRouteSpec>,
+    /// Spread flows over a multipath route's paths by their ports too (the kernel's
+    /// `net.ipv4.fib_multipath_hash_policy` = 1); false: by addresses only (policy 0, the
+    /// kernel's default). See [`multipath_hash`].
+    pub multipath_l4: bool,
     /// Source address for SNAT / masquerade of IPv4 flows.
     pub snat_v4: Option<IpAddr>,
     /// Source address for SNAT / masquerade of IPv6 flows.
@@ -472,6 +522,10 @@ pub struct Backend {
     /// The kernel's routes are known and none reaches this backend ([`NextHop::NoRoute`]): new
     /// flows to it are dropped (`NoRoute`) without a conntrack entry.
     pub no_route: bool,
+    /// Behind a multipath route: one hop per gateway whose MAC is known, in the route's order
+    /// (empty otherwise). A flow takes `paths[multipath_hash(..) % len]` ([`Backend::path`]),
+    /// as the kernel spreads flows over a multipath route; [`Backend::hop`] is then the first.
+    pub paths: Box<[Hop]>,
     /// Conditions, for display.
     pub conditions: Conditions,
     /// On this node, for display.
@@ -590,6 +644,8 @@ pub struct Tables {
     /// kernel ([`NextHop::Kernel`]): the control side installs a policy rule per entry so
     /// their replies are routed into the punt device and come back through xlb.
     pub kernel_endpoints: std::collections::BTreeSet<(IpAddr, u8, u16)>,
+    /// [`TablesSpec::multipath_l4`].
+    pub multipath_l4: bool,
 }
 
 impl Tables {
@@ -611,6 +667,7 @@ impl Tables {
             unresolved: Vec::new(),
             endpoints: hashbrown::HashSet::new(),
             kernel_endpoints: std::collections::BTreeSet::new(),
+            multipath_l4: false,
         }
     }
 
@@ -1088,6 +1145,7 @@ impl TableBuilder {
         t.snat_v4 = snat_v4;
         t.snat_v6 = snat_v6;
         t.cluster_cidrs = spec.cluster_cidrs.clone().into_boxed_slice();
+        t.multipath_l4 = spec.multipath_l4;
         t.dsr_source_v4 = spec.dsr_source_v4;
         t.dsr_source_v6 = spec.dsr_source_v6;
         t.backends = vec![None; self.next_slot];
@@ -1105,7 +1163,7 @@ impl TableBuilder {
                     eligible.push(r);
                     weights.push(b.weight);
                 }
-                let (hop, no_route) = match hop_for(b.addr) {
+                let (mut hop, no_route) = match hop_for(b.addr) {
                     Ok(h) => (Some(h), false),
                     Err(Some(via)) => {
                         t.unresolved.push(via);
@@ -1113,6 +1171,18 @@ impl TableBuilder {
                     }
                     Err(None) => (None, true),
                 };
+                let mut paths = Vec::new();
+                for gw in spec.multipath_gateways(b.addr) {
+                    match hop_for(*gw) {
+                        Ok(h) => paths.push(h),
+                        Err(_) => t.unresolved.push(*gw),
+                    }
+                }
+                if paths.len() < 2 {
+                    paths.clear();
+                } else {
+                    hop = paths.first().copied();
+                }
                 if let Some(slot) = t.backends.get_mut(r.index()) {
                     *slot = Some(Backend {
                         this: r,
@@ -1123,6 +1193,7 @@ impl TableBuilder {
                         service: si,
                         hop,
                         no_route,
+                        paths: paths.into(),
                         conditions: b.conditions,
                         node_local: b.node_local,
                     });

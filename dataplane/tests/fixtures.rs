@@ -133,6 +133,7 @@ fn spec(f: Fam, mut services: Vec<ServiceSpec>) -> TablesSpec {
         neighbours: f.backends.iter().zip(BMAC).map(|(a, mac)| NeighbourSpec { addr: *a, mac, port: 0 }).collect(),
         routes: vec![],
         kernel_routes: vec![],
+        multipath_l4: false,
         snat_v4: (!f.v6).then_some(f.snat),
         snat_v6: f.v6.then_some(f.snat),
         dsr_source_v4: dsr4,
@@ -767,6 +768,48 @@ fn rows_for(f: Fam) -> Vec<Row> {
                     63,
                     to_b(0),
                 )),
+            ),
+        ],
+    ));
+    // A backend behind a multipath route (gateways: backends 1 and 2, on-link): each flow
+    // takes one path by the hash of the flow as it leaves (L4 policy here), and keeps it.
+    let mut multi = spec(f, vec![]);
+    let host = |a: IpAddr| Cidr { addr: a, len: if f.v6 { 128 } else { 32 } };
+    let (g1, g2) = (f.backends[1], f.backends[2]);
+    multi.kernel_routes = vec![
+        KernelRouteSpec { dst: host(b0), gateways: vec![g1, g2], metric: 0, kernel: false },
+        KernelRouteSpec { dst: host(g1), gateways: vec![], metric: 0, kernel: false },
+        KernelRouteSpec { dst: host(g2), gateways: vec![], metric: 0, kernel: false },
+    ];
+    multi.multipath_l4 = true;
+    let octets = |a: IpAddr| match a {
+        IpAddr::V4(x) => x.octets().to_vec(),
+        IpAddr::V6(x) => x.octets().to_vec(),
+    };
+    let path_of = |port: u16| (multipath_hash(true, &octets(c), &octets(b0), proto::TCP, port, 8080) % 2) as usize;
+    let p1 = 40000;
+    let p2 = (40001..41000).find(|p| path_of(*p) != path_of(p1)).unwrap_or(40001);
+    assert_ne!(path_of(p1), path_of(p2), "two client ports on different paths");
+    let gw_mac = |port: u16| (LB_MAC, BMAC[1 + path_of(port)]);
+    rows.push(row(
+        "flows_to_a_backend_behind_a_multipath_route_are_spread_over_its_paths_and_keep_theirs",
+        f,
+        multi,
+        vec![
+            step(
+                "first flow's SYN: its path",
+                tcp(c, p1, vip, 80, SYN, 64, IN),
+                Expect::Tx(tcp(c, p1, b0, 8080, SYN, 63, gw_mac(p1))),
+            ),
+            step(
+                "second flow's SYN: the other path",
+                tcp(c, p2, vip, 80, SYN, 64, IN),
+                Expect::Tx(tcp(c, p2, b0, 8080, SYN, 63, gw_mac(p2))),
+            ),
+            step(
+                "first flow's ACK (fast path): the same path",
+                tcp(c, p1, vip, 80, ACK, 64, IN),
+                Expect::Tx(tcp(c, p1, b0, 8080, ACK, 63, gw_mac(p1))),
             ),
         ],
     ));

@@ -162,6 +162,7 @@ pub(crate) fn spec_of(kind: Kind) -> TablesSpec {
         neighbours,
         routes: vec![],
         kernel_routes: vec![],
+        multipath_l4: false,
         snat_v4: Some(IpAddr::V4(Ipv4Addr::from(SNAT))),
         snat_v6: None,
         dsr_source_v4: (kind == Kind::Dsr).then_some(Cidr { addr: IpAddr::V4(Ipv4Addr::new(172, 16, 0, 0)), len: 16 }),

@@ -347,9 +347,10 @@ mod xlb {
         }
     }
 
-    /// `demo/multipath`'s eight pods are behind a multipath route via be2 and be3: xlb shares
-    /// the backends out over both paths (by a hash of the backend's address), so requests
-    /// spread over the eight pods are answered by both nodes.
+    /// `demo/multipath`'s eight pods are behind a multipath route via be2 and be3: xlb spreads
+    /// the flows over both paths (by a hash of each flow's addresses, the kernel's default
+    /// policy; the fixture row `flows_to_a_backend_behind_a_multipath_route_…` pins the per-flow
+    /// choice), so requests spread over the eight pods are answered by both nodes.
     #[test]
     fn backends_behind_a_multipath_route_use_both_paths() {
         if skip_without_root("backends_behind_a_multipath_route_use_both_paths") {

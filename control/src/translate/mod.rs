@@ -498,6 +498,7 @@ fn assemble(
         routes: cfg.routes.iter().map(|r| RouteSpec { dst: r.dst, via: r.via }).collect(),
         // The kernel's routes are read by `xlb run` (they are not the cluster's objects).
         kernel_routes: Vec::new(),
+        multipath_l4: false,
         snat_v4: cfg.snat_addresses.ipv4.map(IpAddr::V4).or_else(|| node.primary(Family::V4)),
         snat_v6: cfg.snat_addresses.ipv6.map(IpAddr::V6).or_else(|| node.primary(Family::V6)),
         dsr_source_v4: dsr_v4,

@@ -13,7 +13,7 @@ use crate::nat::{self, Packet};
 use crate::sched::FlowInfo;
 use crate::tables::{
     Backend, BackendRef, EmptyAction, ForwardingMode, FrontendEntry, FrontendKind, Hop, KERNEL_PORT, Scheduler, Tables,
-    VipAddrKind, VipKey,
+    VipAddrKind, VipKey, multipath_hash,
 };
 use crate::wire::{self, Frag, L3, Parsed, proto, tcp_flags};
 
@@ -445,7 +445,7 @@ fn refresh<A: Fam>(r: &mut Rec<A>, c: &Common, t: &Tables, b: &Backend, svc_id: 
     {
         r.reply_dst = outer;
     }
-    match b.hop {
+    match flow_hop(t, b, r) {
         Some(hop) => {
             r.out_port = hop.port;
             r.hop_mac = hop.dst_mac;
@@ -453,6 +453,19 @@ fn refresh<A: Fam>(r: &mut Rec<A>, c: &Common, t: &Tables, b: &Backend, svc_id: 
         }
         None => r.generation = 0,
     }
+}
+
+/// The next hop of flow `r` to backend `b`: its path of a multipath route
+/// ([`Backend::path`], hashed over the flow as it leaves: source after NAT, backend, ports),
+/// else the backend's hop.
+#[inline]
+fn flow_hop<A: Fam>(t: &Tables, b: &Backend, r: &Rec<A>) -> Option<Hop> {
+    if b.paths.is_empty() {
+        return b.hop;
+    }
+    let (src, dst) = (r.reply_dst, r.backend_addr);
+    let h = multipath_hash(t.multipath_l4, src.octets(), dst.octets(), r.proto, r.reply_dport, r.bport);
+    b.path(h)
 }
 
 /// The flow hash an encapsulated flow keeps in its IPv4 header delta fields (see
@@ -623,7 +636,7 @@ fn transmit_forward<A: Fam>(
     r: &Rec<A>,
     b: &Backend,
 ) -> Verdict {
-    let Some(hop) = b.hop else { return Verdict::Drop(DropReason::NoNeighbour) };
+    let Some(hop) = flow_hop(t, b, r) else { return Verdict::Drop(DropReason::NoNeighbour) };
     if r.flags & flow_flags::DSR == 0 && super::fast::shaped::<A>(p) {
         // The packet has the fast parser's shape: the record's precomputed rewrite applies.
         return super::fast::nat_forward::<A>(c, r, pkt, p).unwrap_or(Verdict::Drop(DropReason::TtlExceeded));
@@ -818,7 +831,7 @@ fn icmp_error_in<A: Fam>(
     if hit.dir == Dir::Forward {
         let Some(b) = t.backend(fl.backend) else { return Verdict::Drop(DropReason::IcmpUntracked) };
         let Some(svc) = t.services.get(b.service as usize) else { return Verdict::Pass };
-        let Some(hop) = b.hop else { return Verdict::Drop(DropReason::NoNeighbour) };
+        let Some(hop) = flow_hop(t, b, &fl) else { return Verdict::Drop(DropReason::NoNeighbour) };
         let Some(baddr) = A::from_ip(b.addr) else { return Verdict::Drop(DropReason::NoSourceAddress) };
         if !nat::dec_ttl::<A>(pkt.frame_mut(), p) {
             return Verdict::Drop(DropReason::TtlExceeded);
