@@ -346,7 +346,9 @@ fn run(
         }
         // Packets the kernel routed into this worker's punt queue: replies of backends reached
         // through the kernel. Each gets an Ethernet header (MACs zero) in a free UMEM frame.
-        if let Some(k) = spec.punt.as_ref() {
+        // Only read while such backends exist (their reply rules are what route packets
+        // there), so the common case pays no read(2) per loop.
+        if let Some(k) = spec.punt.as_ref().filter(|_| !t.kernel_endpoints.is_empty()) {
             for _ in 0..BATCH {
                 kbuf.resize(ETH_LEN + KERNEL_RX_MAX, 0);
                 let Some(room) = kbuf.get_mut(ETH_LEN..) else { break };
