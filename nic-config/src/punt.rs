@@ -24,9 +24,11 @@ use tun_rs::{DeviceBuilder, SyncDevice};
 
 use crate::NicError;
 
-/// Largest IP packet a punt queue takes (bytes): the TUN's MTU. Frames are at most 2 KiB
-/// UMEM frames, so anything xlb can receive fits.
-pub const PUNT_MTU: u16 = 2048;
+/// The TUN's MTU (bytes): the largest packet the kernel routes into the device (a larger
+/// reply of a pod on this node gets ICMP "fragmentation needed" and the pod lowers its path
+/// MTU), so that it fits, with the Ethernet header the worker adds, into a 2 KiB UMEM frame
+/// after its headroom. Packets written into the device are not limited by it.
+pub const PUNT_MTU: u16 = 1500;
 
 /// The punt TUN device and its queues.
 #[derive(Debug)]
