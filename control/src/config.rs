@@ -119,7 +119,7 @@ pub struct Config {
     /// (`routeTables`, table ids as in `ip route show table ID`; default `[254]`, main). The
     /// routes of every listed table are merged: longest prefix first, then lowest metric (no
     /// policy rules are evaluated). Empty = none: backends without a `routes` entry are taken
-    /// as on-link. Reread once a second.
+    /// as on-link. Reread when the kernel announces a route change, and every `syncPeriod`.
     pub route_tables: Vec<u32>,
     /// AF_XDP settings of the workers.
     pub af_xdp: AfXdpConfig,

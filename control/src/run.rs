@@ -58,6 +58,9 @@ pub(crate) enum StateSource {
 struct Builders {
     translator: xlb::translate::Translator,
     tables: TableBuilder,
+    /// The kernel's routes as last read (`routeTables`); reread when a route notification
+    /// arrives, on a config reload and every `syncPeriod`, not for every build.
+    routes: Vec<KernelRouteSpec>,
 }
 
 /// Translates and builds tables for a cluster state.
@@ -70,7 +73,7 @@ fn build(
     for i in &report.issues {
         tracing::warn!("{i}");
     }
-    complete_spec(&mut spec, config)?;
+    complete_spec(&mut spec, config, &b.routes)?;
     let t = b.tables.build(&spec).map_err(|e| anyhow::anyhow!("the tables cannot be built: {e}"))?;
     let (tr, mg) = (b.translator.stats(), b.tables.maglev_stats());
     tracing::debug!(
@@ -85,8 +88,8 @@ fn build(
 
 /// Fills in what the file cannot know: interface MACs and MTUs, the kernel's neighbours and
 /// its routes (main table; the config's `routes` override them).
-fn complete_spec(spec: &mut TablesSpec, cfg: &xlb::config::Config) -> Result<()> {
-    spec.kernel_routes = kernel_routes(cfg).unwrap_or_default();
+fn complete_spec(spec: &mut TablesSpec, cfg: &xlb::config::Config, routes: &[KernelRouteSpec]) -> Result<()> {
+    spec.kernel_routes = routes.to_vec();
     // How the kernel spreads flows over multipath routes (ip-sysctl.rst): 1 = L4 (ports).
     spec.multipath_l4 =
         std::fs::read_to_string("/proc/sys/net/ipv4/fib_multipath_hash_policy").is_ok_and(|v| v.trim() == "1");
@@ -302,7 +305,7 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource) -> 
         }
     };
     cluster.local_addresses = host_addresses().unwrap_or_default();
-    let mut builder = Builders::default();
+    let mut builder = Builders { routes: kernel_routes(&config).unwrap_or_default(), ..Builders::default() };
     let (tables, report) = build(&cluster, &config, &mut builder).with_context(|| path.display().to_string())?;
     telemetry.metrics.set_no_local_endpoints(report.no_local_endpoints);
     telemetry.health.updated(SystemTime::now());
@@ -519,13 +522,14 @@ impl Supervisor<'_> {
         reload: &AtomicBool,
     ) -> Result<()> {
         let mut watcher = neighbours::NeighbourWatcher::new()?;
+        let mut route_watcher = nic_config::routes::RouteWatcher::new()?;
+        let mut last_route_read = Instant::now();
         let mut last_mtime = mtime(self.path);
         let mut dirty = false;
         let mut last_resolve = Instant::now();
         let mut last_periodic = Instant::now();
         let mut last_stats: Option<Instant> = None;
         let mut last_addrs = Instant::now();
-        let mut last_routes = kernel_routes(&self.config).unwrap_or_default();
         while !shutdown.due(&self.telemetry.health, self.config.shutdown_grace_period) {
             // Neighbour changes (blocks up to 100 ms: part of the loop's tick).
             match watcher.recv_timeout(Duration::from_millis(100)) {
@@ -539,6 +543,11 @@ impl Supervisor<'_> {
                 match crate::load_config(self.path) {
                     Ok(l) => {
                         self.config = l.config;
+                        // The interfaces may have changed, and with them which routes lead
+                        // through the kernel.
+                        if let Some(r) = kernel_routes(&self.config) {
+                            self.builder.routes = r;
+                        }
                         if k8s.is_none() {
                             let local = std::mem::take(&mut cluster.local_addresses);
                             *cluster = l.cluster;
@@ -576,7 +585,23 @@ impl Supervisor<'_> {
                 // steering maps (SYNC-04) and keeps /healthz fresh.
                 dirty = true;
             }
-            // The host's addresses (NodePorts answer on them, NPA-02) and routes, once a second.
+            // The kernel's routes (backends' next hops): reread when the kernel announces a
+            // change (RTM_NEWROUTE / RTM_DELROUTE), and with every periodic resync.
+            let announced = route_watcher.changed().unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "route watch");
+                true
+            });
+            if announced || last_route_read.elapsed() >= self.config.sync_period {
+                last_route_read = Instant::now();
+                if let Some(r) = kernel_routes(&self.config)
+                    && r != self.builder.routes
+                {
+                    tracing::info!(routes = r.len(), "the kernel's routes changed");
+                    self.builder.routes = r;
+                    dirty = true;
+                }
+            }
+            // The host's addresses (NodePorts answer on them, NPA-02), once a second.
             if last_addrs.elapsed() >= Duration::from_secs(1) {
                 last_addrs = Instant::now();
                 if let Some(a) = host_addresses()
@@ -584,14 +609,6 @@ impl Supervisor<'_> {
                 {
                     tracing::info!(addresses = ?a, "the host's addresses changed");
                     cluster.local_addresses = a;
-                    dirty = true;
-                }
-                // The kernel's routes (backends' next hops), likewise.
-                if let Some(r) = kernel_routes(&self.config)
-                    && r != last_routes
-                {
-                    tracing::info!(routes = r.len(), "the kernel's routes changed");
-                    last_routes = r;
                     dirty = true;
                 }
             }

@@ -373,26 +373,89 @@ pub enum NextHop {
     Kernel,
 }
 
-impl TablesSpec {
-    /// The kernel route that decides `addr`'s next hop: longest prefix, then lowest metric.
-    fn kernel_route(&self, addr: IpAddr) -> Option<&KernelRouteSpec> {
-        self.kernel_routes
+/// Longest-prefix-match index over [`TablesSpec::kernel_routes`]: per address family and
+/// prefix length present, a hash map from the masked prefix to its route (the lowest metric
+/// of equal prefixes). A lookup costs one probe per distinct prefix length (at most 33 for
+/// IPv4, 129 for IPv6) instead of a scan of every route, so a node with a large routing table
+/// (a full BGP table) still builds its tables in time.
+#[derive(Debug)]
+pub struct RouteIndex<'a> {
+    /// (IPv4?, prefix length) present, longest first.
+    lens: Vec<(bool, u8)>,
+    best: HashMap<(bool, u8, u128), &'a KernelRouteSpec>,
+}
+
+/// An address as (IPv4?, its bits in the low end of a u128).
+fn route_bits(a: IpAddr) -> (bool, u128) {
+    match a {
+        IpAddr::V4(v) => (true, u128::from(u32::from(v))),
+        IpAddr::V6(v) => (false, u128::from(v)),
+    }
+}
+
+/// The first `len` of `width` bits of `v`.
+fn route_mask(v: u128, width: u8, len: u8) -> u128 {
+    let len = len.min(width);
+    if len == 0 {
+        return 0;
+    }
+    let all = u128::MAX >> (128 - u32::from(width));
+    let low = (1u128 << (u32::from(width - len))).wrapping_sub(1);
+    v & all & !low
+}
+
+impl<'a> RouteIndex<'a> {
+    /// Indexes `routes`.
+    pub fn new(routes: &'a [KernelRouteSpec]) -> Self {
+        let mut best: HashMap<(bool, u8, u128), &'a KernelRouteSpec> = HashMap::with_capacity(routes.len());
+        for r in routes {
+            let (v4, bits) = route_bits(r.dst.addr);
+            let width = if v4 { 32 } else { 128 };
+            let key = (v4, r.dst.len.min(width), route_mask(bits, width, r.dst.len));
+            let slot = best.entry(key).or_insert(r);
+            if r.metric < slot.metric {
+                *slot = r;
+            }
+        }
+        let mut lens: Vec<(bool, u8)> = best.keys().map(|(v4, len, _)| (*v4, *len)).collect();
+        lens.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        lens.dedup();
+        Self { lens, best }
+    }
+
+    /// The route that decides `addr`'s next hop: longest prefix, then lowest metric.
+    pub fn lookup(&self, addr: IpAddr) -> Option<&'a KernelRouteSpec> {
+        let (v4, bits) = route_bits(addr);
+        let width = if v4 { 32 } else { 128 };
+        self.lens
             .iter()
-            .filter(|r| r.dst.contains(addr))
-            .max_by(|a, b| a.dst.len.cmp(&b.dst.len).then(b.metric.cmp(&a.metric)))
+            .filter(|(f, _)| *f == v4)
+            .find_map(|(_, len)| self.best.get(&(v4, *len, route_mask(bits, width, *len))).copied())
+    }
+}
+
+impl TablesSpec {
+    /// [`TablesSpec::multipath_gateways_in`] with an index built for this one call.
+    pub fn multipath_gateways(&self, addr: IpAddr) -> Vec<IpAddr> {
+        self.multipath_gateways_in(&RouteIndex::new(&self.kernel_routes), addr).to_vec()
     }
 
     /// The gateways of the multipath route that reaches `addr` (two or more), when no
     /// `routes` entry overrides it; empty otherwise. Each flow to `addr` takes one of them
-    /// ([`Backend::paths`]).
-    pub fn multipath_gateways(&self, addr: IpAddr) -> &[IpAddr] {
+    /// ([`Backend::paths`]). `idx` indexes [`TablesSpec::kernel_routes`].
+    pub fn multipath_gateways_in<'a>(&self, idx: &RouteIndex<'a>, addr: IpAddr) -> &'a [IpAddr] {
         if self.routes.iter().any(|r| r.dst.contains(addr)) {
             return &[];
         }
-        match self.kernel_route(addr) {
+        match idx.lookup(addr) {
             Some(r) if !r.kernel && r.gateways.len() > 1 => &r.gateways,
             _ => &[],
         }
+    }
+
+    /// [`TablesSpec::next_hop_in`] with an index built for this one call.
+    pub fn next_hop(&self, addr: IpAddr) -> NextHop {
+        self.next_hop_in(&RouteIndex::new(&self.kernel_routes), addr)
     }
 
     /// The next hop of `addr`: the longest matching `routes` entry (the config's override);
@@ -401,15 +464,16 @@ impl TablesSpec {
     /// (the backend's default path; its flows are spread over all of them by
     /// [`Backend::paths`]), through an interface xlb does not serve → [`NextHop::Kernel`];
     /// else [`NextHop::NoRoute`] when kernel routes are known, and `addr` itself (assumed
-    /// on-link) when they are not (standalone specs).
-    pub fn next_hop(&self, addr: IpAddr) -> NextHop {
+    /// on-link) when they are not (standalone specs). `idx` indexes
+    /// [`TablesSpec::kernel_routes`].
+    pub fn next_hop_in(&self, idx: &RouteIndex<'_>, addr: IpAddr) -> NextHop {
         if let Some(r) = self.routes.iter().filter(|r| r.dst.contains(addr)).max_by_key(|r| r.dst.len) {
             return NextHop::Via(r.via);
         }
         if self.kernel_routes.is_empty() {
             return NextHop::Via(addr);
         }
-        match self.kernel_route(addr) {
+        match idx.lookup(addr) {
             None => NextHop::NoRoute,
             Some(r) if r.kernel => NextHop::Kernel,
             Some(r) if r.gateways.is_empty() => NextHop::Via(addr),
@@ -1121,8 +1185,9 @@ impl TableBuilder {
         let neigh: HashMap<IpAddr, &NeighbourSpec> = spec.neighbours.iter().map(|n| (n.addr, n)).collect();
         // The next hop of a backend; `Err(true)` when it has no route at all, `Err(false)` while
         // its next hop's MAC is unknown (the address to resolve is in `t.unresolved`).
+        let idx = RouteIndex::new(&spec.kernel_routes);
         let hop_for = |addr: IpAddr| -> Result<Hop, Option<IpAddr>> {
-            let via = match spec.next_hop(addr) {
+            let via = match spec.next_hop_in(&idx, addr) {
                 NextHop::Via(via) => via,
                 NextHop::Kernel => {
                     return Ok(Hop { port: KERNEL_PORT, dst_mac: [0; 6], src_mac: [0; 6], mtu: 0 });
@@ -1172,7 +1237,7 @@ impl TableBuilder {
                     Err(None) => (None, true),
                 };
                 let mut paths = Vec::new();
-                for gw in spec.multipath_gateways(b.addr) {
+                for gw in spec.multipath_gateways_in(&idx, b.addr) {
                     match hop_for(*gw) {
                         Ok(h) => paths.push(h),
                         Err(_) => t.unresolved.push(*gw),
@@ -1201,7 +1266,7 @@ impl TableBuilder {
             }
             if s.mode == ForwardingMode::Nat {
                 for b in &s.backends {
-                    if matches!(spec.next_hop(b.addr), NextHop::Kernel) {
+                    if matches!(spec.next_hop_in(&idx, b.addr), NextHop::Kernel) {
                         for pr in s.frontends.iter().map(|f| f.proto as u8) {
                             t.kernel_endpoints.insert((b.addr, pr, b.port));
                         }
@@ -1543,5 +1608,56 @@ mod tests {
         assert!(!t.endpoints.contains(&ep("10.0.0.2", 8080)), "always masqueraded: replies come to the SNAT address");
         assert!(t.endpoints.contains(&ep("10.0.0.3", 9090)), "one unmasqueraded frontend is enough");
         assert_eq!(t.endpoints.len(), 2);
+    }
+
+    #[test]
+    fn route_index_agrees_with_a_scan_of_every_route_longest_prefix_then_lowest_metric() {
+        // Deterministic pseudo-random routes and addresses (an LCG), both families, with
+        // overlapping prefixes, equal prefixes of different metrics, and default routes.
+        let mut x = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = move || {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            x >> 16
+        };
+        let mut routes = Vec::new();
+        for i in 0..400u32 {
+            let (addr, len) = if i % 3 == 0 {
+                let a = std::net::Ipv6Addr::from(
+                    (u128::from(next()) << 64 | u128::from(next())) & (0xfd00u128 << 112 | (u128::MAX >> 16)),
+                );
+                (IpAddr::V6(a), u8::try_from(next() % 129).unwrap())
+            } else {
+                let a = std::net::Ipv4Addr::from(0x0a00_0000 | u32::try_from(next() & 0x00ff_ffff).unwrap());
+                (IpAddr::V4(a), u8::try_from(next() % 33).unwrap())
+            };
+            let gw = IpAddr::V4(std::net::Ipv4Addr::from(u32::try_from(next() & 0xffff_ffff).unwrap()));
+            routes.push(KernelRouteSpec {
+                dst: Cidr { addr, len },
+                gateways: vec![gw],
+                metric: u32::try_from(next() % 4).unwrap(),
+                kernel: false,
+            });
+        }
+        routes.push(KernelRouteSpec { dst: "0.0.0.0/0".parse().unwrap(), gateways: vec![], metric: 9, kernel: false });
+        let scan = |a: IpAddr| {
+            routes
+                .iter()
+                .filter(|r| r.dst.contains(a))
+                .max_by(|p, q| p.dst.len.cmp(&q.dst.len).then(q.metric.cmp(&p.metric)))
+                .map(|r| (r.dst.len, r.metric))
+        };
+        let idx = RouteIndex::new(&routes);
+        for r in routes.iter().take(200) {
+            // Inside each prefix, and random addresses.
+            let probe = [
+                r.dst.addr,
+                IpAddr::V4(std::net::Ipv4Addr::from(0x0a00_0000 | u32::try_from(next() & 0x00ff_ffff).unwrap())),
+            ];
+            for a in probe {
+                assert_eq!(idx.lookup(a).map(|r| (r.dst.len, r.metric)), scan(a), "{a}");
+            }
+        }
+        assert_eq!(idx.lookup("192.0.2.1".parse().unwrap()).map(|r| r.dst.len), Some(0), "the default route");
+        assert!(idx.lookup("fe80::1".parse().unwrap()).is_none_or(|r| r.dst.addr.is_ipv6()), "families never mix");
     }
 }

@@ -3,13 +3,92 @@
 
 use std::net::IpAddr;
 
-use netlink_packet_core::NLM_F_DUMP;
+use netlink_packet_core::{NLM_F_DUMP, NetlinkMessage, NetlinkPayload};
 use netlink_packet_route::{
     AddressFamily, RouteNetlinkMessage,
     route::{RouteAddress, RouteAttribute, RouteMessage, RouteType},
 };
+use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 
 use crate::{NicError, nl::RouteSocket};
+
+/// `RTNLGRP_IPV4_ROUTE` and `RTNLGRP_IPV6_ROUTE` from `enum rtnetlink_groups` in
+/// `include/uapi/linux/rtnetlink.h`.
+const RTNLGRP_IPV4_ROUTE: u32 = 7;
+const RTNLGRP_IPV6_ROUTE: u32 = 11;
+
+/// Route change notifications (`RTM_NEWROUTE` / `RTM_DELROUTE` multicast, rtnetlink(7)) of
+/// the calling thread's network namespace: tells that the routes changed, not how; reread
+/// them with [`routes`].
+pub struct RouteWatcher {
+    sock: Socket,
+}
+
+impl std::fmt::Debug for RouteWatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RouteWatcher")
+    }
+}
+
+impl RouteWatcher {
+    /// Opens a non-blocking `NETLINK_ROUTE` socket joined to the IPv4 and IPv6 route groups.
+    ///
+    /// # Errors
+    /// [`NicError::Netlink`] if the socket cannot be created, bound or joined.
+    pub fn new() -> Result<Self, NicError> {
+        const OP: &str = "RTNLGRP_IPV4_ROUTE/RTNLGRP_IPV6_ROUTE subscribe";
+        let mut sock = Socket::new(NETLINK_ROUTE).map_err(|e| NicError::netlink(OP, e))?;
+        sock.bind(&SocketAddr::new(0, 0)).map_err(|e| NicError::netlink(OP, e))?;
+        for g in [RTNLGRP_IPV4_ROUTE, RTNLGRP_IPV6_ROUTE] {
+            sock.add_membership(g).map_err(|e| NicError::netlink(OP, e))?;
+        }
+        sock.set_non_blocking(true).map_err(|e| NicError::netlink(OP, e))?;
+        // Room for bursts (a routing daemon installing thousands of routes) before ENOBUFS.
+        let _ = sock.set_rx_buf_sz(4 * 1024 * 1024);
+        Ok(Self { sock })
+    }
+
+    /// Reads every notification queued so far without waiting; `true` if a route was added,
+    /// changed or removed since the last call (or notifications were lost to an overflow, so
+    /// the caller must reread anyway).
+    ///
+    /// # Errors
+    /// [`NicError::Netlink`] if the socket fails for another reason than having nothing to read.
+    pub fn changed(&mut self) -> Result<bool, NicError> {
+        const OP: &str = "RTNLGRP_IPV4_ROUTE receive";
+        let mut changed = false;
+        loop {
+            let data = match self.sock.recv_from_full() {
+                Ok((data, _)) => data,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(changed),
+                Err(e) if e.raw_os_error() == Some(nix::libc::ENOBUFS) => {
+                    changed = true;
+                    continue;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(NicError::netlink(OP, e)),
+            };
+            let mut offset = 0;
+            while offset < data.len() {
+                let Ok(msg) = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&data[offset..]) else {
+                    // Undecodable: count it as a change, the reread decides.
+                    changed = true;
+                    break;
+                };
+                let len = usize::try_from(msg.header.length).unwrap_or(usize::MAX);
+                if len == 0 {
+                    break;
+                }
+                offset += len.next_multiple_of(4);
+                changed |= matches!(
+                    msg.payload,
+                    NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewRoute(_) | RouteNetlinkMessage::DelRoute(_))
+                        | NetlinkPayload::Overrun(_)
+                );
+            }
+        }
+    }
+}
 
 /// `RT_TABLE_MAIN` (rtnetlink(7)): the table `ip route` shows by default.
 pub const TABLE_MAIN: u32 = 254;

@@ -192,6 +192,28 @@ mod tests {
     }
 
     #[test]
+    fn route_watcher_reports_added_and_deleted_routes_once() {
+        if !common::can_run("route_watcher_reports_added_and_deleted_routes_once") {
+            return;
+        }
+        use nic_config::routes::RouteWatcher;
+        let pair = Pair::new(1);
+        let mut w = pair.lb.run_in(|| RouteWatcher::new().unwrap());
+        // Whatever the setup announced is drained first.
+        let _ = w.changed().unwrap();
+        assert!(!w.changed().unwrap(), "nothing changed since the last call");
+        pair.lb.ip(&["route", "add", "10.77.5.0/24", "via", "10.251.1.2"]);
+        wait_for(LONG, "the added route to be reported", || w.changed().unwrap().then_some(()));
+        assert!(!w.changed().unwrap(), "reported once");
+        pair.lb.ip(&["route", "del", "10.77.5.0/24"]);
+        wait_for(LONG, "the deleted route to be reported", || w.changed().unwrap().then_some(()));
+        // Another namespace's routes are not this watcher's business.
+        pair.client.ip(&["route", "add", "10.77.6.0/24", "via", "10.251.1.1"]);
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(!w.changed().unwrap(), "the client namespace's route is not seen");
+    }
+
+    #[test]
     fn channels_and_tx_checksum_offload_can_be_set() {
         if !common::can_run("channels_and_tx_checksum_offload_can_be_set") {
             return;

@@ -365,7 +365,7 @@ mod xlb {
 
     /// `demo/moving`'s pod 10.250.35.5 exists behind be2 and be3, its route points at be3.
     /// While 4 connections open new connections to its VIP, the route is moved to be2
-    /// (`ip route replace`): new flows follow within the route reread (1 s) plus a table
+    /// (`ip route replace`): new flows follow once xlb has the kernel's notification and a table
     /// build; every request started 3 s after the change succeeded on be2. Then the route is
     /// deleted: a new connection is dropped as `no_route`, and once the route is back the next
     /// connection succeeds at once (the dropped SYN left no conntrack entry behind).
