@@ -348,6 +348,10 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource) -> 
                 if let Err(e) = nic_config::rules::route_reply_table_to(p.ifindex()) {
                     tracing::warn!(error = %e, "reply table: backends behind the kernel will not work");
                 }
+                // What xlb hands back to the kernel skips the reply rules (no loop).
+                if let Err(e) = nic_config::rules::set_bypass(p.name(), true) {
+                    tracing::warn!(error = %e, "bypass rule: untracked packets of pods on this node will be dropped");
+                }
                 p.take_queues().into_iter().map(|q| PuntPort::new(Tun(q))).collect()
             }
             Err(e) => {
@@ -431,6 +435,9 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource) -> 
     }
     if !punt_queues.is_empty() {
         sync_reply_rules(true, &Tables::empty());
+        if let Err(e) = nic_config::rules::set_bypass(&config.punt_device, false) {
+            tracing::warn!(error = %e, "removing the punt device's bypass rule");
+        }
     }
     for st in steering {
         let name = st.ifname().to_owned();

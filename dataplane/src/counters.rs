@@ -132,7 +132,7 @@ declare_counters! {
         PuntFailed = 15, "punt_failed", Counter, "Frames that were not xlb's and could not be punted (no punt device, not IP, or its queue full): dropped.";
         ToKernel = 16, "to_kernel", Counter, "Frames for backends reached through the kernel (pods behind a veth on this node) written into the punt device.";
         FromKernel = 17, "from_kernel", Counter, "Packets read from the punt device: replies of backends reached through the kernel, routed there by xlb's policy rules.";
-        FromKernelUntracked = 18, "from_kernel_untracked", Counter, "Packets read from the punt device that belong to no flow (direct traffic of a pod on this node from a Service's target port): dropped, since handing them back would loop.";
+        FromKernelUntracked = 18, "from_kernel_untracked", Counter, "Packets read from the punt device that belong to no flow (direct traffic of a pod on this node from a Service's target port): handed back to the kernel (counted punted), which routes them by the main table.";
     }
 }
 

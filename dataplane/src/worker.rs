@@ -527,12 +527,11 @@ fn dispatch(
 ) {
     // `release` refuses only frames of another UMEM, and every frame here came from `xsk`.
     let mut f = f;
-    if in_port == KERNEL_PORT && matches!(v, Verdict::Pass | Verdict::Tx { port: KERNEL_PORT }) {
-        // From the kernel and not ours: handing it back would loop (the reply rule routes it
-        // into the punt device again).
+    if in_port == KERNEL_PORT && v == Verdict::Pass {
+        // From the kernel and not ours (a pod on this node answering a direct connection from
+        // a Service's target port): handed back, it takes the main table (the bypass rule of
+        // the punt device), not the reply rule again.
         tally.from_kernel_untracked += 1;
-        drop(xsk.release(f));
-        return;
     }
     match v {
         Verdict::Tx { port: KERNEL_PORT } => {
@@ -563,7 +562,8 @@ fn dispatch(
                 // of a pod that also backs a Service (same address and port): the kernel's.
                 if in_port == KERNEL_PORT {
                     tally.from_kernel_untracked += 1;
-                } else if punt(xsk, &mut f, punt_port) {
+                }
+                if punt(xsk, &mut f, punt_port) {
                     tally.punted += 1;
                 } else {
                     tally.reply_untracked += 1;

@@ -5,7 +5,9 @@
 //! 7892066`, sends them to a table whose only routes are default routes into the punt device,
 //! where the workers read them (ip-rule(8); `FRA_IP_PROTO` and `FRA_SPORT_RANGE` need Linux
 //! 4.17). A rule left behind by a killed xlb is harmless: once the punt device is gone the
-//! table is empty and the lookup falls through to the next rule (main).
+//! table is empty and the lookup falls through to the next rule (main). Packets coming out of
+//! the punt device skip these rules ([`set_bypass`]), so what xlb hands back to the kernel is
+//! routed by the main table and never returns into the device.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -23,6 +25,49 @@ use crate::{NicError, nl::RouteSocket};
 pub const REPLY_TABLE: u32 = 0x0078_6c62;
 /// Priority of xlb's reply rules: before `main` (32766), after `local` (0).
 pub const REPLY_RULE_PRIORITY: u32 = 100;
+
+/// Priority of the rule that sends whatever comes *out of* the punt device to the main table,
+/// ahead of the reply rules: a packet xlb hands back to the kernel (a pod's packet that was
+/// not a reply of one of xlb's flows) must not be routed into the device again.
+pub const BYPASS_RULE_PRIORITY: u32 = 99;
+
+fn bypass_message(ifname: &str, fam: AddressFamily) -> RuleMessage {
+    let mut m = RuleMessage::default();
+    m.header.family = fam;
+    m.header.action = RuleAction::ToTable;
+    m.attributes = vec![
+        RuleAttribute::Iifname(ifname.to_owned()),
+        RuleAttribute::Priority(BYPASS_RULE_PRIORITY),
+        RuleAttribute::Table(crate::routes::TABLE_MAIN),
+    ];
+    m
+}
+
+/// Adds (`on`) or removes the rules `pref 99 iif IFNAME lookup main` (IPv4 and IPv6): packets
+/// received on the punt device `ifname` skip the reply rules. Adding an existing rule and
+/// removing a missing one are not errors.
+///
+/// # Errors
+/// [`NicError::Netlink`] if the kernel refuses otherwise.
+pub fn set_bypass(ifname: &str, on: bool) -> Result<(), NicError> {
+    let op = if on { "RTM_NEWRULE" } else { "RTM_DELRULE" };
+    let mut sock = RouteSocket::new(op)?;
+    for fam in [AddressFamily::Inet, AddressFamily::Inet6] {
+        let m = bypass_message(ifname, fam);
+        let r = if on {
+            sock.request(op, RouteNetlinkMessage::NewRule(m), NLM_F_CREATE | NLM_F_EXCL)
+        } else {
+            sock.request(op, RouteNetlinkMessage::DelRule(m), 0)
+        };
+        match r {
+            Ok(_) => {}
+            Err(NicError::Netlink { source, .. })
+                if source.raw_os_error() == Some(if on { nix::libc::EEXIST } else { nix::libc::ENOENT }) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
 
 /// Replies from this (source address, IP protocol, source port) are routed into the punt device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

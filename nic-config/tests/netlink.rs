@@ -350,5 +350,21 @@ mod tests {
 
         pair.lb.run_in(|| assert_eq!(sync_reply_rules(&Default::default()).unwrap(), (0, 1)));
         assert!(!pair.lb.ip(&["rule", "show"]).contains("7777"), "rule deleted");
+
+        // The bypass rule of the device: idempotent both ways, one per family.
+        use nic_config::rules::set_bypass;
+        pair.lb.run_in(|| {
+            set_bypass("xlbpunt1", true).unwrap();
+            set_bypass("xlbpunt1", true).unwrap();
+        });
+        for fam in ["-4", "-6"] {
+            let rules = pair.lb.ip(&[fam, "rule", "show"]);
+            assert_eq!(rules.matches("iif xlbpunt1 lookup main").count(), 1, "{fam}: {rules}");
+        }
+        pair.lb.run_in(|| {
+            set_bypass("xlbpunt1", false).unwrap();
+            set_bypass("xlbpunt1", false).unwrap();
+        });
+        assert!(!pair.lb.ip(&["rule", "show"]).contains("xlbpunt1"), "bypass rule deleted");
     }
 }

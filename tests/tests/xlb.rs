@@ -424,7 +424,9 @@ mod xlb {
     /// and `demo/localc` (Cluster, NodePort 30085 on 10.250.1.1) be4 answers, the client sees
     /// the address it asked (curl's connection succeeds only if the reply comes from it), and
     /// be4 logs the client's own address; the frames went both ways through the device
-    /// (`to_kernel`, `from_kernel`). When xlb stops, its rule and `xlb0` are gone.
+    /// (`to_kernel`, `from_kernel`). A direct connection to 10.250.40.2:80 works too (its
+    /// replies are caught by the rule, found untracked and handed back to the kernel). When
+    /// xlb stops, its rules and `xlb0` are gone.
     #[test]
     fn pod_behind_a_veth_on_the_xlb_node_serves_local_and_cluster_policies_through_the_kernel() {
         if skip_without_root("pod_behind_a_veth_on_the_xlb_node_serves_local_and_cluster_policies_through_the_kernel") {
@@ -452,8 +454,20 @@ mod xlb {
         let stats = XlbStats::parse(&xlb.stats().expect("stats"));
         assert!(stats.xsk("to_kernel") >= 9 && stats.xsk("from_kernel") >= 9, "{}", evidence(&xlb));
         assert_eq!(stats.xsk("punt_failed"), 0, "{}", evidence(&xlb));
+        // A direct connection to the pod's own address on the Service's target port: the reply
+        // rule sends its answers into xlb too; xlb has no flow for them and hands them back,
+        // and the bypass rule of xlb0 routes them to the client by the main table.
+        let got = fetch_n(&tb, "http://10.250.40.2/", 3);
+        assert!(got.iter().all(|f| f.backend == 4), "{got:?}");
+        let after = XlbStats::parse(&xlb.stats().expect("stats"));
+        assert!(after.xsk("from_kernel_untracked") >= 3, "{}", evidence(&xlb));
+        assert!(after.xsk("punted") >= stats.xsk("punted") + 3, "{}", evidence(&xlb));
+        let bypass = tb.exec_ok(Role::Lb, &["ip", "rule", "show"]).unwrap_or_default();
+        assert!(bypass.contains("iif xlb0 lookup main"), "{bypass}");
         drop(xlb);
         assert!(!has_rule(), "the reply rule is left behind");
+        let rules = tb.exec_ok(Role::Lb, &["ip", "rule", "show"]).unwrap_or_default();
+        assert!(!rules.contains("xlb0"), "the bypass rule is left behind: {rules}");
         let link = tb.exec(Role::Lb, &["ip", "link", "show", "dev", "xlb0"]).expect("ip link");
         assert!(!link.status.success(), "xlb0 is left behind");
         let table = tb.exec_ok(Role::Lb, &["ip", "route", "show", "table", "7892066"]).unwrap_or_default();
