@@ -701,8 +701,10 @@ pub struct Tables {
     /// control side asks the kernel to resolve them.
     pub unresolved: Vec<IpAddr>,
     /// (address, protocol, port) of every backend of a NAT service with a frontend that does
-    /// not always masquerade ([`Frontend::masquerade`] false): replies that keep the client's
-    /// address come from these, and the steering program sends them to xlb.
+    /// not always masquerade ([`Frontend::masquerade`] false), and of every backend reached
+    /// through the kernel (never masqueraded): replies that keep the client's address come
+    /// from these, the steering program sends them to xlb, and a worker without their flow
+    /// hands them to the next.
     pub endpoints: hashbrown::HashSet<VipKey>,
     /// (address, IP protocol, port) of every backend of a NAT service reached through the
     /// kernel ([`NextHop::Kernel`]): the control side installs a policy rule per entry so
@@ -1267,8 +1269,12 @@ impl TableBuilder {
             if s.mode == ForwardingMode::Nat {
                 for b in &s.backends {
                     if matches!(spec.next_hop_in(&idx, b.addr), NextHop::Kernel) {
-                        for pr in s.frontends.iter().map(|f| f.proto as u8) {
-                            t.kernel_endpoints.insert((b.addr, pr, b.port));
+                        for pr in s.frontends.iter().map(|f| f.proto) {
+                            t.kernel_endpoints.insert((b.addr, pr as u8, b.port));
+                            // Flows to it are never masqueraded, so its replies keep the
+                            // client's address whatever the frontend: a worker that reads one
+                            // without owning the flow must hand it on (`Verdict::Handoff`).
+                            t.endpoints.insert(VipKey { addr: mapped(b.addr), port: b.port, proto: pr as u8 });
                         }
                     }
                 }
@@ -1659,5 +1665,21 @@ mod tests {
         }
         assert_eq!(idx.lookup("192.0.2.1".parse().unwrap()).map(|r| r.dst.len), Some(0), "the default route");
         assert!(idx.lookup("fe80::1".parse().unwrap()).is_none_or(|r| r.dst.addr.is_ipv6()), "families never mix");
+    }
+
+    #[test]
+    fn a_backend_reached_through_the_kernel_gets_a_reply_rule_and_is_a_steered_endpoint_even_behind_masquerade() {
+        let mut masq = svc("masq", "10.96.0.2", &[("10.244.0.5", 8080)]);
+        masq.frontends[0].masquerade = true;
+        let kernel =
+            KernelRouteSpec { dst: "10.244.0.0/24".parse().unwrap(), gateways: vec![], metric: 0, kernel: true };
+        let spec = TablesSpec { services: vec![masq.into()], kernel_routes: vec![kernel], ..Default::default() };
+        let t = TableBuilder::new().build(&spec).unwrap();
+        let pod: IpAddr = "10.244.0.5".parse().unwrap();
+        assert_eq!(t.kernel_endpoints, [(pod, 6, 8080)].into_iter().collect());
+        assert!(t.endpoints.contains(&VipKey { addr: mapped(pod), port: 8080, proto: 6 }));
+        let b = t.backends.iter().flatten().next().unwrap();
+        assert_eq!(b.hop.map(|h| h.port), Some(KERNEL_PORT));
+        assert!(t.unresolved.is_empty(), "nothing to resolve for the kernel port");
     }
 }
