@@ -126,8 +126,10 @@ pub struct Config {
     /// Name of the exception-path TUN device (`puntDevice`, default `xlb0`, at most 15
     /// bytes; empty = none). Frames the steering program hands to xlb that are not xlb's
     /// (direct traffic of a pod that also backs a Service) are written into it, so the kernel
-    /// routes them as if they came from the NIC. xlb creates it at start; it disappears when
-    /// xlb exits. See docs/architecture.md "Exception path".
+    /// routes them as if they came from the NIC; backends reached through the kernel (pods on
+    /// this node) use it too. xlb creates it at start (a change takes effect at the next start,
+    /// not on a reload); it disappears when xlb exits. See docs/architecture.md, "Data flow",
+    /// steps 6 and 7.
     pub punt_device: String,
 }
 
