@@ -1245,10 +1245,12 @@ impl TableBuilder {
                         Err(_) => t.unresolved.push(*gw),
                     }
                 }
+                // With one gateway resolved, that one is the backend's hop until the others are.
+                if let Some(first) = paths.first() {
+                    hop = Some(*first);
+                }
                 if paths.len() < 2 {
                     paths.clear();
-                } else {
-                    hop = paths.first().copied();
                 }
                 if let Some(slot) = t.backends.get_mut(r.index()) {
                     *slot = Some(Backend {
@@ -1681,5 +1683,26 @@ mod tests {
         let b = t.backends.iter().flatten().next().unwrap();
         assert_eq!(b.hop.map(|h| h.port), Some(KERNEL_PORT));
         assert!(t.unresolved.is_empty(), "nothing to resolve for the kernel port");
+    }
+
+    #[test]
+    fn a_multipath_backend_with_one_gateway_resolved_uses_it_and_asks_for_the_other() {
+        let ip = |a: &str| a.parse::<IpAddr>().unwrap();
+        let kr = |d: &str, gw: &[&str]| KernelRouteSpec {
+            dst: d.parse().unwrap(),
+            gateways: gw.iter().map(|g| ip(g)).collect(),
+            metric: 0,
+            kernel: false,
+        };
+        let mut spec =
+            TablesSpec { services: vec![svc("a", "10.96.0.1", &[("10.244.2.7", 80)]).into()], ..Default::default() };
+        spec.ports = vec![PortSpec { name: "eth0".into(), mac: [2, 0, 0, 0, 0, 1], mtu: 1500 }];
+        spec.kernel_routes = vec![kr("10.244.2.0/24", &["192.168.0.21", "192.168.0.22"]), kr("192.168.0.0/24", &[])];
+        spec.neighbours = vec![NeighbourSpec { addr: ip("192.168.0.22"), mac: [2, 0, 0, 0, 0, 0x22], port: 0 }];
+        let t = TableBuilder::new().build(&spec).unwrap();
+        let b = t.backends.iter().flatten().next().unwrap();
+        assert_eq!(b.hop.map(|h| h.dst_mac), Some([2, 0, 0, 0, 0, 0x22]), "the resolved gateway");
+        assert!(b.paths.is_empty(), "one path is no spread");
+        assert!(t.unresolved.contains(&ip("192.168.0.21")), "the other gateway is resolved through the kernel");
     }
 }

@@ -816,15 +816,18 @@ fn multi_homed() -> NodeB {
     our_node().addr("InternalIP", "10.20.0.10").addr("ExternalIP", "203.0.113.10").addr("InternalIP", "127.0.0.1")
 }
 
-fn node_port_addrs(c: &Config) -> Vec<String> {
-    let st = state(vec![dual().ty("NodePort").node_port(30080)], vec![], Some(multi_homed()));
-    let (t, _) = run(&st, c);
+/// The addresses of every NodePort frontend of `t`.
+fn node_port_frontend_addrs(t: &TablesSpec) -> Vec<String> {
     t.services
         .iter()
         .flat_map(|s| &s.frontends)
         .filter(|f| f.kind == FrontendKind::NodePort)
         .map(|f| f.addr.to_string())
         .collect()
+}
+
+fn node_port_addrs(c: &Config) -> Vec<String> {
+    node_port_addrs_with_local(c, &[])
 }
 
 #[test]
@@ -852,13 +855,7 @@ fn npa_03_primary_and_all_ipv4_special_values() {
 fn npa_04_node_ports_match_only_node_addresses() {
     let (t, _) = run1(vec![web().ty("NodePort").node_port(30080)], vec![]);
     let node_addrs = ["192.168.1.10", "fd00:1::10"];
-    let node_ports: Vec<String> = t
-        .services
-        .iter()
-        .flat_map(|s| &s.frontends)
-        .filter(|f| f.kind == FrontendKind::NodePort)
-        .map(|f| f.addr.to_string())
-        .collect();
+    let node_ports = node_port_frontend_addrs(&t);
     assert!(!node_ports.is_empty(), "no NodePort frontend at all");
     for a in &node_ports {
         assert!(node_addrs.contains(&a.as_str()), "NodePort on {a}, not a node address");
@@ -870,13 +867,7 @@ fn npa_04_node_ports_match_only_node_addresses() {
 fn node_port_addrs_with_local(c: &Config, local: &[&str]) -> Vec<String> {
     let mut st = state(vec![dual().ty("NodePort").node_port(30080)], vec![], Some(multi_homed()));
     st.local_addresses = local.iter().map(|a| a.parse().unwrap()).collect();
-    let (t, _) = run(&st, c);
-    t.services
-        .iter()
-        .flat_map(|s| &s.frontends)
-        .filter(|f| f.kind == FrontendKind::NodePort)
-        .map(|f| f.addr.to_string())
-        .collect()
+    node_port_frontend_addrs(&run(&st, c).0)
 }
 
 #[test]
