@@ -107,6 +107,8 @@ declare_counters! {
         FragmentForwarded = 9, "fragment_forwarded", Counter, "Fragments forwarded by the fragment table.";
         HandedOff = 10, "handed_off", Counter, "Replies handed to another worker (see `Verdict::Handoff`).";
         FlowRebound = 11, "flow_rebound", Counter, "A flow whose backend slot was freed kept its backend, found again by address and port in its frontend's service (the Service's external and internal specs merged or split).";
+        FlowPickedUp = 12, "flow_picked_up", Counter, "A TCP packet without SYN, of no tracked flow, started a tracked flow (mid-stream pickup after a restart without hand-over or a crash). With the `mh` and `sh` schedulers it reaches the backend the flow had while the tables are the same; with the others the backend is chosen afresh and usually answers with a RST.";
+        FlowImported = 13, "flow_imported", Counter, "Flows taken over from the previous xlb process at a hand-over (`xlb run --takeover`).";
     }
 }
 

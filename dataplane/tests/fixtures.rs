@@ -1347,3 +1347,155 @@ fn pcap(frames: &[Vec<u8>]) -> Vec<u8> {
     }
     out
 }
+
+// ---- hand-over and pickup (issue 11) ---------------------------------------------------------
+
+/// Runs `frames` through `p` one at a time; returns each verdict and output frame.
+fn run_frames(p: &mut Pipeline, t: &Tables, frames: &[Vec<u8>]) -> Vec<(Verdict, Vec<u8>)> {
+    frames
+        .iter()
+        .map(|f| {
+            let mut b = vec![0u8; BUF];
+            b[..f.len()].copy_from_slice(f);
+            let mut pkt = Packet::new(&mut b, 0, f.len());
+            let v = p.process(t, &mut pkt, 0);
+            (v, pkt.frame().to_vec())
+        })
+        .collect()
+}
+
+/// The TCP source port of an Ethernet + IP (no options) + TCP frame.
+fn tcp_sport(frame: &[u8], v6: bool) -> u16 {
+    let l4 = 14 + if v6 { 40 } else { 20 };
+    u16::from_be_bytes([frame[l4], frame[l4 + 1]])
+}
+
+/// A hand-over (`xlb run --takeover`): flows made by one pipeline are exported, encoded,
+/// decoded and imported into a pipeline of another "process" (other seed, tables built by
+/// another builder from a spec whose service and backend order differs), which then rewrites
+/// their later packets and replies byte for byte as the first pipeline does — the DNAT flow
+/// and the SNAT flow with its SNAT port — without making a new flow.
+#[test]
+fn flows_handed_over_to_a_new_pipeline_continue_byte_for_byte() {
+    for f in [v4(), v6()] {
+        let cfg = PipelineConfig { conntrack_capacity: 1024, snat_ports: (1024, 2047), ..PipelineConfig::default() };
+        let setup = spec(f, vec![]);
+        // The new process's tables: another Service first, so service ids and backend slots differ.
+        let mut other = setup.clone();
+        other.services.insert(
+            0,
+            Arc::new(service(
+                "default/other:http",
+                vec![Frontend::new(f.vip, L4Proto::Tcp, 81, FrontendKind::ClusterIp, false)],
+                vec![local_backend(f.backends[1], 9090), local_backend(f.backends[2], 9090)],
+                ForwardingMode::Nat,
+            )),
+        );
+        let t_old = TableBuilder::new().build(&setup).unwrap();
+        let t_new = TableBuilder::new().build(&other).unwrap();
+        let syns = [tcp(f.client, 40000, f.vip, 80, SYN, 64, IN), tcp(f.client, 40001, f.node, 30080, SYN, 64, IN)];
+        // The old process: two flows, then what it does with their next packets.
+        let mut old = Pipeline::new(cfg.clone(), 7);
+        old.begin_batch(&t_old, 1_000);
+        let made = run_frames(&mut old, &t_old, &syns);
+        assert!(made.iter().all(|(v, _)| *v == Verdict::Tx { port: 0 }), "{made:?}");
+        let snat_port = tcp_sport(&made[1].1, f.v6);
+        assert_ne!(snat_port, 40001, "the NodePort flow is masqueraded");
+        let later = [
+            tcp(f.client, 40000, f.vip, 80, ACK, 64, IN),
+            tcp(f.backends[0], 8080, f.client, 40000, ACK, 64, from_b(0)),
+            tcp(f.client, 40001, f.node, 30080, ACK, 64, IN),
+            tcp(f.backends[0], 8080, f.snat, snat_port, ACK, 64, from_b(0)),
+        ];
+        let snap = old.export_flows();
+        assert_eq!(snap.len(), 2);
+        let want = run_frames(&mut old, &t_old, &later);
+        assert!(want.iter().all(|(v, _)| *v == Verdict::Tx { port: 0 }), "{want:?}");
+
+        let bytes = dataplane::process::snapshot::encode(&[snap]);
+        let got_snaps = dataplane::process::snapshot::decode(&bytes).unwrap();
+        let mut new = Pipeline::new(cfg.clone(), 12345);
+        let rep = new.import_flows(&t_new, &got_snaps[0], 5_000);
+        assert_eq!(rep.imported, 2, "{rep:?}");
+        let got = run_frames(&mut new, &t_new, &later);
+        for (i, ((gv, gf), (wv, wf))) in got.iter().zip(&want).enumerate() {
+            assert_eq!(gv, wv, "packet {i}");
+            assert_eq!(hex(gf), hex(wf), "packet {i}: the new pipeline rewrites as the old one did");
+        }
+        let k = new.counters();
+        assert_eq!(k.events_of(Event::FlowImported), 2);
+        assert_eq!(k.events_of(Event::NewFlow), 0, "no flow was made again");
+        assert_eq!(k.events_of(Event::FlowPickedUp), 0);
+        let flows = new.dump_flows();
+        assert!(flows.iter().any(|x| x.snat_port == Some(snat_port)), "the SNAT port is kept: {flows:?}");
+    }
+}
+
+/// A changed SNAT address or a backend that left keeps a flow out of the import; the others
+/// come in.
+#[test]
+fn handed_over_flows_whose_backend_left_or_snat_address_changed_are_not_imported() {
+    let f = v4();
+    let cfg = PipelineConfig { conntrack_capacity: 1024, snat_ports: (1024, 2047), ..PipelineConfig::default() };
+    let setup = spec(f, vec![]);
+    let t_old = TableBuilder::new().build(&setup).unwrap();
+    let mut old = Pipeline::new(cfg.clone(), 7);
+    old.begin_batch(&t_old, 1_000);
+    let syns = [tcp(f.client, 40000, f.vip, 80, SYN, 64, IN), tcp(f.client, 40001, f.node, 30080, SYN, 64, IN)];
+    run_frames(&mut old, &t_old, &syns);
+    let snap = old.export_flows();
+
+    let mut moved = setup.clone();
+    moved.snat_v4 = Some(IpAddr::from([10, 0, 0, 253]));
+    let mut p = Pipeline::new(cfg.clone(), 1);
+    let rep = p.import_flows(&TableBuilder::new().build(&moved).unwrap(), &snap, 2_000);
+    assert_eq!((rep.imported, rep.snat_changed), (1, 1), "{rep:?}");
+
+    let mut gone = setup.clone();
+    let mut s = (*gone.services[0]).clone();
+    s.backends = vec![local_backend(f.backends[1], 8080)];
+    gone.services[0] = Arc::new(s);
+    let mut p = Pipeline::new(cfg, 1);
+    let rep = p.import_flows(&TableBuilder::new().build(&gone).unwrap(), &snap, 2_000);
+    assert_eq!((rep.imported, rep.gone), (0, 2), "{rep:?}");
+}
+
+/// Pickup (issue 11): a TCP packet without SYN of a flow no pipeline knows (xlb restarted
+/// without a hand-over) is tracked from there and counted `flow_picked_up`; with Maglev (`mh`)
+/// and `sh` it reaches the backend its SYN reached in another process, for every client port.
+#[test]
+fn mid_stream_tcp_is_picked_up_on_the_same_backend_with_consistent_schedulers() {
+    for sched in [Scheduler::Maglev { port: true }, Scheduler::Maglev { port: false }, Scheduler::SourceHash] {
+        let f = v4();
+        let mut svc = service(
+            "default/web:http",
+            vec![Frontend::new(f.vip, L4Proto::Tcp, 80, FrontendKind::ClusterIp, false)],
+            f.backends.iter().map(|b| local_backend(*b, 8080)).collect(),
+            ForwardingMode::Nat,
+        );
+        svc.scheduler = sched;
+        let setup = spec(f, vec![svc]);
+        let cfg = PipelineConfig { conntrack_capacity: 1024, ..PipelineConfig::default() };
+        let (t1, t2) = (TableBuilder::new().build(&setup).unwrap(), TableBuilder::new().build(&setup).unwrap());
+        let mut spread = std::collections::BTreeSet::new();
+        for cport in 40000..40032u16 {
+            let mut before = Pipeline::new(cfg.clone(), 7);
+            before.begin_batch(&t1, 1_000);
+            let syn = run_frames(&mut before, &t1, &[tcp(f.client, cport, f.vip, 80, SYN, 64, IN)]);
+            let mut after = Pipeline::new(cfg.clone(), 99);
+            after.begin_batch(&t2, 1_000);
+            let ack = run_frames(&mut after, &t2, &[tcp(f.client, cport, f.vip, 80, ACK, 64, IN)]);
+            assert_eq!(ack[0].0, Verdict::Tx { port: 0 }, "{sched:?}");
+            // Destination MAC and address: the backend.
+            assert_eq!(ack[0].1[..6], syn[0].1[..6], "{sched:?} port {cport}: same next hop");
+            assert_eq!(ack[0].1[30..34], syn[0].1[30..34], "{sched:?} port {cport}: same backend");
+            spread.insert(syn[0].1[30..34].to_vec());
+            assert_eq!(after.counters().events_of(Event::FlowPickedUp), 1);
+            assert_eq!(before.counters().events_of(Event::FlowPickedUp), 0, "a SYN is not a pickup");
+            assert_eq!(after.dump_flows().len(), 1, "the picked-up flow is tracked");
+        }
+        if sched == (Scheduler::Maglev { port: true }) {
+            assert!(spread.len() > 1, "client ports spread over backends: {spread:?}");
+        }
+    }
+}

@@ -37,6 +37,7 @@
 
 mod fast;
 mod slow;
+pub mod snapshot;
 
 use std::sync::Arc;
 

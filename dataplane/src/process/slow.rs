@@ -310,8 +310,10 @@ fn initial_state(p: &Parsed) -> CtState {
     let base = if p.tcp_flags & (tcp_flags::SYN | tcp_flags::ACK) == tcp_flags::SYN {
         CtState::SynSent
     } else {
-        // Mid-stream pickup (xlb restarted, or RSS moved the flow): Maglev keeps such flows
-        // on their backend as long as the tables did not change.
+        // Mid-stream pickup (xlb restarted without a hand-over, or RSS moved the flow;
+        // counted `flow_picked_up`): Maglev (`mh`) and `sh` hash the flow with a fixed
+        // function, so such a flow reaches its former backend as long as the tables did not
+        // change; the other schedulers choose afresh.
         CtState::Established
     };
     conntrack::tcp_next(base, p.tcp_flags & !tcp_flags::ACK)
@@ -620,6 +622,9 @@ fn new_flow<A: Fam>(
     }
     c.sched.conns.add(b.this, state.is_active());
     c.count_new_flow(svc.id, b.this);
+    if p.proto == proto::TCP && p.tcp_flags & tcp_flags::SYN == 0 {
+        c.counters.event(Event::FlowPickedUp);
+    }
     c.count_packet(svc.id, b.this);
     transmit_forward::<A>(st, c, t, pkt, p, &r, b)
 }

@@ -1,0 +1,399 @@
+//! A worker's flows as one xlb process hands them to the next (`xlb run --takeover`,
+//! docs/architecture.md "Hand-over"): the conntrack records of both families and the SNAT
+//! port cursor, exported when the worker has stopped and imported before the new worker
+//! forwards its first frame.
+//!
+//! The byte format ([`encode`], [`decode`]) is the records themselves
+//! ([`crate::conntrack::FlowRecord`] is `Pod`, native byte order: both processes run on the
+//! same machine) behind a header that names the format version ([`VERSION`]) and the record
+//! sizes, followed by a CRC-32C of everything before it. A process accepts only its own
+//! version: the version is raised whenever the record layout or the meaning of a field
+//! changes, and a snapshot of another version is refused whole (the flows are then picked up
+//! mid-stream, see [`crate::counters::Event::FlowPickedUp`]).
+//!
+//! What a record means outside its process is rewritten on the way: the expiry is stored as
+//! the seconds the flow had left, and on import the backend slot and service id are found
+//! again in the new tables by the flow's frontend (VIP, port, protocol) and the backend's
+//! address and port ([`crate::tables::Tables::member_at`]); the precomputed next hop is marked
+//! stale (generation 0), so the flow's first packet refreshes it from the new tables. A flow
+//! whose frontend or backend the new tables lack, or whose SNAT address changed, is not
+//! imported (counted in [`ImportReport`]).
+
+use crate::addr::{V4, V6};
+use crate::conntrack::{CtFamily, Rec, flow_flags};
+use crate::counters::Event;
+
+use super::{Fam, FamState, Pipeline};
+use crate::tables::Tables;
+
+/// Format version of [`encode`] / [`decode`] (see the module docs for the rule).
+pub const VERSION: u32 = 1;
+
+/// First bytes of an encoded snapshot.
+const MAGIC: [u8; 8] = *b"XLBFLOWS";
+
+/// The flows of one worker.
+#[derive(Clone, Debug, Default)]
+pub struct FlowSnapshot {
+    /// The worker the flows belong to ([`super::PipelineConfig::worker_id`]).
+    pub worker_id: u16,
+    /// Number of workers of the exporting process (SNAT port slices depend on it).
+    pub workers: u16,
+    /// The node's SNAT port range of the exporting process, inclusive.
+    pub snat_ports: (u16, u16),
+    /// The worker's next SNAT port.
+    pub snat_cursor: u16,
+    /// IPv4 flows, `expires_s` holding the seconds the flow had left (≥ 1).
+    pub v4: Vec<Rec<V4>>,
+    /// IPv6 flows, likewise.
+    pub v6: Vec<Rec<V6>>,
+}
+
+impl FlowSnapshot {
+    /// Flows of both families.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.v4.len() + self.v6.len()
+    }
+
+    /// Whether there is no flow.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// What [`Pipeline::import_flows`] did with a snapshot's flows.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct ImportReport {
+    /// Flows now tracked by this pipeline.
+    pub imported: usize,
+    /// Flows whose frontend or backend the new tables do not have.
+    pub gone: usize,
+    /// SNAT flows not taken: the SNAT address, port range or worker count changed, so their
+    /// replies would not reach this worker.
+    pub snat_changed: usize,
+    /// Flows the table had no room for, or already had.
+    pub not_inserted: usize,
+}
+
+/// Why a snapshot could not be read.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SnapshotError {
+    /// The bytes do not start with the snapshot magic.
+    #[error("not an xlb flow snapshot (bad magic)")]
+    Magic,
+    /// Another format version ([`VERSION`]).
+    #[error("flow snapshot version {found}, this xlb reads version {VERSION} only")]
+    Version {
+        /// The snapshot's version.
+        found: u32,
+    },
+    /// The record sizes differ from this build's (a layout change without a version change).
+    #[error("flow snapshot record sizes {found:?}, this xlb has {want:?}")]
+    RecordSize {
+        /// The snapshot's (IPv4, IPv6) record sizes in bytes.
+        found: (u32, u32),
+        /// This build's.
+        want: (u32, u32),
+    },
+    /// Shorter than its header says.
+    #[error("flow snapshot truncated at byte {0}")]
+    Truncated(usize),
+    /// The CRC-32C does not match.
+    #[error("flow snapshot checksum mismatch")]
+    Checksum,
+}
+
+fn rec_sizes() -> (u32, u32) {
+    let s = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    (s(size_of::<Rec<V4>>()), s(size_of::<Rec<V6>>()))
+}
+
+/// Encodes the snapshots of a process's workers.
+///
+/// Layout (integers little-endian): magic (8 bytes), version (u32), IPv4 and IPv6 record sizes
+/// (u32 each), worker count (u32); per worker: worker id, workers, SNAT low, SNAT high, SNAT
+/// cursor (u16 each), 6 zero bytes, IPv4 and IPv6 flow counts (u64 each), the IPv4 records,
+/// the IPv6 records; then the CRC-32C of all of the above (u32).
+#[must_use]
+pub fn encode(snaps: &[FlowSnapshot]) -> Vec<u8> {
+    let (s4, s6) = rec_sizes();
+    let body: usize = snaps.iter().map(|s| 32 + s.v4.len() * s4 as usize + s.v6.len() * s6 as usize).sum();
+    let mut out = Vec::with_capacity(24 + body + 4);
+    out.extend_from_slice(&MAGIC);
+    for v in [VERSION, s4, s6, u32::try_from(snaps.len()).unwrap_or(u32::MAX)] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    for s in snaps {
+        for v in [s.worker_id, s.workers, s.snat_ports.0, s.snat_ports.1, s.snat_cursor] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.extend_from_slice(&[0; 6]);
+        out.extend_from_slice(&(s.v4.len() as u64).to_le_bytes());
+        out.extend_from_slice(&(s.v6.len() as u64).to_le_bytes());
+        out.extend_from_slice(bytemuck::cast_slice(&s.v4));
+        out.extend_from_slice(bytemuck::cast_slice(&s.v6));
+    }
+    let crc = crc32c::crc32c(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// A cursor over the encoded bytes.
+struct Reader<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], SnapshotError> {
+        let end = self.at.checked_add(n).ok_or(SnapshotError::Truncated(self.at))?;
+        let s = self.b.get(self.at..end).ok_or(SnapshotError::Truncated(self.at))?;
+        self.at = end;
+        Ok(s)
+    }
+    fn u16(&mut self) -> Result<u16, SnapshotError> {
+        let s = self.take(2)?;
+        Ok(u16::from_le_bytes([s.first().copied().unwrap_or(0), s.get(1).copied().unwrap_or(0)]))
+    }
+    fn u32(&mut self) -> Result<u32, SnapshotError> {
+        let s = self.take(4)?.try_into().map_err(|_| SnapshotError::Truncated(self.at))?;
+        Ok(u32::from_le_bytes(s))
+    }
+    fn u64(&mut self) -> Result<u64, SnapshotError> {
+        let s = self.take(8)?.try_into().map_err(|_| SnapshotError::Truncated(self.at))?;
+        Ok(u64::from_le_bytes(s))
+    }
+    fn records<A: CtFamily>(&mut self, n: u64) -> Result<Vec<Rec<A>>, SnapshotError> {
+        let size = size_of::<Rec<A>>();
+        let len = usize::try_from(n).ok().and_then(|n| n.checked_mul(size)).ok_or(SnapshotError::Truncated(self.at))?;
+        let bytes = self.take(len)?;
+        // `FlowRecord` is `repr(C, packed)` (alignment 1), so any byte slice of the right
+        // length is a slice of records.
+        let recs: &[Rec<A>] = bytemuck::try_cast_slice(bytes).map_err(|_| SnapshotError::Truncated(self.at))?;
+        Ok(recs.to_vec())
+    }
+}
+
+/// Decodes what [`encode`] wrote.
+///
+/// # Errors
+/// [`SnapshotError`]: not a snapshot, another version or record layout, truncated, or a
+/// checksum mismatch. Record contents are not trusted beyond that: [`Pipeline::import_flows`]
+/// checks what it uses.
+pub fn decode(b: &[u8]) -> Result<Vec<FlowSnapshot>, SnapshotError> {
+    let body_len = b.len().checked_sub(4).ok_or(SnapshotError::Truncated(b.len()))?;
+    let mut r = Reader { b, at: 0 };
+    if r.take(8)? != MAGIC {
+        return Err(SnapshotError::Magic);
+    }
+    let version = r.u32()?;
+    if version != VERSION {
+        return Err(SnapshotError::Version { found: version });
+    }
+    let found = (r.u32()?, r.u32()?);
+    if found != rec_sizes() {
+        return Err(SnapshotError::RecordSize { found, want: rec_sizes() });
+    }
+    let (body, crc) = b.split_at(body_len);
+    if crc32c::crc32c(body).to_le_bytes() != crc {
+        return Err(SnapshotError::Checksum);
+    }
+    let r = &mut Reader { b: body, at: r.at };
+    let n = r.u32()?;
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let (worker_id, workers, lo, hi, snat_cursor) = (r.u16()?, r.u16()?, r.u16()?, r.u16()?, r.u16()?);
+        r.take(6)?;
+        let (n4, n6) = (r.u64()?, r.u64()?);
+        let v4 = r.records::<V4>(n4)?;
+        let v6 = r.records::<V6>(n6)?;
+        out.push(FlowSnapshot { worker_id, workers, snat_ports: (lo, hi), snat_cursor, v4, v6 });
+    }
+    if r.at != body.len() {
+        return Err(SnapshotError::Truncated(r.at));
+    }
+    Ok(out)
+}
+
+impl Pipeline {
+    /// This worker's flows, for a hand-over (allocates; call when the worker has stopped).
+    /// Expired flows are left out.
+    #[must_use]
+    pub fn export_flows(&self) -> FlowSnapshot {
+        let now = self.c.now_s;
+        FlowSnapshot {
+            worker_id: self.c.cfg.worker_id,
+            workers: self.c.cfg.workers,
+            snat_ports: self.c.cfg.snat_ports,
+            snat_cursor: self.c.snat_cursor,
+            v4: export::<V4>(&self.fam.v4, now),
+            v6: export::<V6>(&self.fam.v6, now),
+        }
+    }
+
+    /// Takes over the flows of `s` (a worker of the previous process) under tables `t`, before
+    /// this pipeline processes its first frame; `now_ms` is the clock [`Pipeline::begin_batch`]
+    /// will be given. Each flow keeps its tuples, NAT rewrite, SNAT port, state and the time it
+    /// had left; see the module docs for what is remapped and what is left out. Counted as
+    /// `flow_imported`.
+    pub fn import_flows(&mut self, t: &Tables, s: &FlowSnapshot, now_ms: u64) -> ImportReport {
+        self.begin_batch(t, now_ms);
+        let cfg = &self.c.cfg;
+        let same_snat = s.workers == cfg.workers && s.snat_ports == cfg.snat_ports && s.worker_id == cfg.worker_id;
+        if same_snat {
+            self.c.snat_cursor = s.snat_cursor;
+        }
+        let mut rep = ImportReport::default();
+        for r in &s.v4 {
+            import::<V4>(&mut self.fam.v4, &mut self.c, t, *r, same_snat, &mut rep);
+        }
+        for r in &s.v6 {
+            import::<V6>(&mut self.fam.v6, &mut self.c, t, *r, same_snat, &mut rep);
+        }
+        if let Some(c) = self.c.counters.events.get(Event::FlowImported as usize) {
+            c.add(rep.imported as u64);
+        }
+        rep
+    }
+}
+
+fn export<A: CtFamily>(st: &FamState<A>, now: u32) -> Vec<Rec<A>> {
+    let mut out = Vec::with_capacity(st.ct.len());
+    st.ct.for_each(|_, r| {
+        if r.expires_s >= now {
+            let mut x = *r;
+            x.expires_s = r.expires_s - now + 1;
+            x.flags &= !flow_flags::DEFERRED;
+            out.push(x);
+        }
+    });
+    out
+}
+
+fn import<A: Fam>(
+    st: &mut FamState<A>,
+    c: &mut super::Common,
+    t: &Tables,
+    mut r: Rec<A>,
+    same_snat: bool,
+    rep: &mut ImportReport,
+) {
+    if !r.in_use() || r.expires_s == 0 {
+        return;
+    }
+    let Some(fe) = t.frontend(r.vip.to_mapped(), r.proto, r.vport) else {
+        rep.gone += 1;
+        return;
+    };
+    let (service, bport) = (fe.service, r.bport);
+    let Some(b) = t.member_at(service, r.backend_addr.to_ip(), bport) else {
+        rep.gone += 1;
+        return;
+    };
+    let Some(svc) = t.services.get(service as usize) else {
+        rep.gone += 1;
+        return;
+    };
+    r.flags &= flow_flags::SNAT | flow_flags::DSR | flow_flags::ENCAP;
+    if r.flags & flow_flags::SNAT != 0 && (!same_snat || A::snat(t) != Some(r.reply_dst)) {
+        rep.snat_changed += 1;
+        return;
+    }
+    let state = r.ct_state();
+    r.state = state as u8;
+    r.backend = b.this;
+    r.svc = svc.id;
+    r.generation = 0;
+    r.expires_s = c.now_s.saturating_add(r.expires_s.saturating_sub(1));
+    let key = r.fwd_key();
+    let h = st.ct.hash(&key);
+    if !st.ct.is_free(&key, h) {
+        rep.not_inserted += 1;
+        return;
+    }
+    let now = c.now_s;
+    if st.ct.insert(r, h, now, |x| c.on_removed(x)).is_err() {
+        rep.not_inserted += 1;
+        return;
+    }
+    c.sched.conns.add(b.this, state.is_active());
+    rep.imported += 1;
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, reason = "tests")]
+    use super::*;
+    use crate::conntrack::CtState;
+
+    fn rec4(client: [u8; 4], cport: u16) -> Rec<V4> {
+        let mut r = Rec::<V4>::zeroed_record();
+        (r.client, r.cport, r.vip, r.vport, r.proto, r.state, r.expires_s) =
+            (V4(client), cport, V4([10, 96, 0, 1]), 80, 6, CtState::Established as u8, 30);
+        r
+    }
+
+    fn sample() -> Vec<FlowSnapshot> {
+        vec![
+            FlowSnapshot {
+                worker_id: 0,
+                workers: 2,
+                snat_ports: (61000, 65535),
+                snat_cursor: 61007,
+                v4: vec![rec4([10, 0, 0, 1], 1000), rec4([10, 0, 0, 2], 2000)],
+                v6: vec![],
+            },
+            FlowSnapshot {
+                worker_id: 1,
+                workers: 2,
+                snat_ports: (61000, 65535),
+                snat_cursor: 63300,
+                ..Default::default()
+            },
+        ]
+    }
+
+    #[test]
+    fn encoded_snapshot_decodes_to_the_same_flows() {
+        let b = encode(&sample());
+        let d = decode(&b).unwrap();
+        assert_eq!(d.len(), 2);
+        assert_eq!((d[0].worker_id, d[0].workers, d[0].snat_ports, d[0].snat_cursor), (0, 2, (61000, 65535), 61007));
+        assert_eq!(d[0].v4.len(), 2);
+        assert_eq!(bytemuck::cast_slice::<_, u8>(&d[0].v4), bytemuck::cast_slice::<_, u8>(&sample()[0].v4));
+        assert_eq!((d[1].worker_id, d[1].snat_cursor, d[1].len()), (1, 63300, 0));
+    }
+
+    #[test]
+    fn snapshot_of_another_version_or_layout_is_refused() {
+        let mut b = encode(&sample());
+        b[8] = 2; // version 2
+        assert_eq!(decode(&b).unwrap_err(), SnapshotError::Version { found: 2 });
+        let mut b = encode(&sample());
+        b[12] = b[12].wrapping_add(1); // IPv4 record size
+        assert!(matches!(decode(&b).unwrap_err(), SnapshotError::RecordSize { .. }));
+        let mut b = encode(&sample());
+        b[0] = b'Y';
+        assert_eq!(decode(&b).unwrap_err(), SnapshotError::Magic);
+    }
+
+    #[test]
+    fn corrupt_or_truncated_snapshot_is_an_error_never_a_panic() {
+        let b = encode(&sample());
+        let mut flipped = b.clone();
+        let mid = flipped.len() / 2;
+        flipped[mid] ^= 0x40;
+        assert_eq!(decode(&flipped).unwrap_err(), SnapshotError::Checksum);
+        for n in 0..b.len() {
+            assert!(decode(&b[..n]).is_err(), "a snapshot cut at {n} bytes must not decode");
+        }
+        // A count that claims more records than there are bytes (checksum made to match).
+        let mut big = b[..b.len() - 4].to_vec();
+        big[40..48].copy_from_slice(&u64::MAX.to_le_bytes());
+        let crc = crc32c::crc32c(&big);
+        big.extend_from_slice(&crc.to_le_bytes());
+        assert!(matches!(decode(&big).unwrap_err(), SnapshotError::Truncated(_)));
+    }
+}
