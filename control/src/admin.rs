@@ -2,7 +2,8 @@
 //! one command per connection with text: `services` (the `ipvsadm -Ln` layout with active and
 //! inactive connections summed over workers), `conntrack` (the flow table) and `stats`
 //! (per-worker counters: rx/tx, drops by reason, events, AF_XDP frame accounting, and packets
-//! per backend).
+//! per backend). `handover V` is the new process's request of a hand-over
+//! ([`crate::handover`]).
 
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Write};
@@ -48,8 +49,15 @@ impl Drop for Admin {
     }
 }
 
-/// Starts the admin server on `path`.
-pub(crate) fn serve(path: &Path, tables: TablesHandle, workers: &[WorkerHandle]) -> Result<Admin> {
+/// Starts the admin server on `path`. A `handover V` request that this process can serve
+/// ([`crate::handover::check_command`]) is passed, connection and all, to `handover`; the
+/// main loop then stops and hands over.
+pub(crate) fn serve(
+    path: &Path,
+    tables: TablesHandle,
+    workers: &[WorkerHandle],
+    handover: mpsc::Sender<UnixStream>,
+) -> Result<Admin> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
@@ -73,17 +81,32 @@ pub(crate) fn serve(path: &Path, tables: TablesHandle, workers: &[WorkerHandle])
                 break;
             }
             if let Ok(c) = conn {
-                let _ = handle(c, &tables, &views);
+                let _ = handle(c, &tables, &views, &handover);
             }
         }
     })?;
     Ok(Admin { stop, path: path.to_owned(), thread: Some(thread) })
 }
 
-fn handle(c: UnixStream, tables: &TablesHandle, workers: &[WorkerView]) -> Result<()> {
+fn handle(c: UnixStream, tables: &TablesHandle, workers: &[WorkerView], handover: &mpsc::Sender<UnixStream>) -> Result<()> {
     c.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut line = String::new();
     BufReader::new(&c).read_line(&mut line)?;
+    match crate::handover::check_command(line.trim()) {
+        Some(Ok(())) => {
+            tracing::info!("hand-over requested on the admin socket");
+            if let Err(e) = handover.send(c) {
+                crate::handover::refuse(&e.0, "error: this xlb is stopping\n");
+            }
+            return Ok(());
+        }
+        Some(Err(answer)) => {
+            tracing::warn!("{}", answer.trim());
+            crate::handover::refuse(&c, &answer);
+            return Ok(());
+        }
+        None => {}
+    }
     let out = match line.trim() {
         "services" => services(tables, workers),
         "conntrack" => conntrack(workers),

@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 mod admin;
+mod handover;
 mod run;
 
 use std::path::PathBuf;
@@ -53,6 +54,12 @@ enum Command {
         /// Admin socket path.
         #[arg(long, value_name = "PATH", default_value = admin::DEFAULT_SOCKET)]
         admin_socket: PathBuf,
+        /// Take over from the xlb running on the same admin socket (an upgrade or restart
+        /// without losing flows): once this process's config and tables are ready, the running
+        /// one stops, hands over its flows and exits, and this one attaches and serves them.
+        /// If none runs, start normally; if it refuses, exit with its answer (it keeps serving).
+        #[arg(long)]
+        takeover: bool,
     },
     /// Print the running tables with active/inactive connections, like `ipvsadm -Ln`.
     Services {
@@ -93,13 +100,13 @@ fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         },
-        Command::Run { config, kubernetes, kubeconfig, admin_socket } => {
+        Command::Run { config, kubernetes, kubeconfig, admin_socket, takeover } => {
             let source = match (kubernetes, kubeconfig) {
                 (_, Some(k)) => run::StateSource::Kubernetes { kubeconfig: Some(k) },
                 (true, None) => run::StateSource::Kubernetes { kubeconfig: None },
                 (false, None) => run::StateSource::File,
             };
-            report(run::run(config, admin_socket, source))
+            report(run::run(config, admin_socket, source, takeover))
         }
         Command::Services { admin_socket } => ask(&admin_socket, "services"),
         Command::Conntrack { admin_socket } => ask(&admin_socket, "conntrack"),

@@ -245,7 +245,7 @@ impl Shutdown {
 }
 
 /// Runs until SIGINT, or SIGTERM and the drain after it.
-pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource) -> Result<()> {
+pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource, takeover: bool) -> Result<()> {
     let shutdown = Shutdown::register()?;
     let reload = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGHUP, reload.clone())?;
@@ -266,8 +266,6 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource) -> 
         .enable_all()
         .build()?;
     let telemetry = xlb::http::Telemetry::new(config.sync_period);
-    let _healthz = rt.block_on(xlb::http::serve_healthz(config.healthz_bind_address, telemetry.clone()))?;
-    let _metrics = rt.block_on(xlb::http::serve_metrics(config.metrics_bind_address, telemetry.metrics.clone()))?;
     let mut k8s = match &source {
         StateSource::File => None,
         StateSource::Kubernetes { kubeconfig } => {
@@ -286,7 +284,7 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource) -> 
     // Nothing is programmed before the first consistent state (no empty-table blip).
     let mut cluster = match &mut k8s {
         None => loaded.cluster,
-        Some((src, hc, node)) => {
+        Some((src, _, _)) => {
             let snap = loop {
                 if shutdown.requested() {
                     return Ok(());
@@ -298,9 +296,6 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource) -> 
                 }
                 tracing::info!("waiting for the initial lists of Services, EndpointSlices and the Node");
             };
-            for e in rt.block_on(hc.sync(&xlb::k8s::health_check_services(&snap.state, node))) {
-                tracing::warn!("{e}");
-            }
             snap.state
         }
     };
@@ -324,6 +319,43 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource) -> 
     let nworkers = cores.len().min(queues_per_iface).max(1);
     let nworkers_u16 = u16::try_from(nworkers).unwrap_or(1);
 
+    // A hand-over: the running xlb stops and detaches once it has sent its flows; from here
+    // on nothing serves until this process's workers run.
+    let mut restore: Vec<dataplane::process::snapshot::FlowSnapshot> = Vec::new();
+    let mut handed_over_at: Option<Instant> = None;
+    if takeover {
+        let started = Instant::now();
+        match crate::handover::request(&admin_socket) {
+            Ok(Ok(s)) => {
+                tracing::info!(
+                    workers = s.len(),
+                    flows = s.iter().map(|w| w.len()).sum::<usize>(),
+                    ms = started.elapsed().as_secs_f64() * 1e3,
+                    "hand-over: the previous xlb stopped and sent its flows"
+                );
+                restore = s;
+                handed_over_at = Some(Instant::now());
+            }
+            Ok(Err(crate::handover::Refused::NoPeer(e))) => {
+                tracing::info!(socket = %admin_socket.display(), error = %e, "hand-over: no xlb to take over from; starting without flows");
+            }
+            Ok(Err(crate::handover::Refused::Refused(answer))) => {
+                bail!("hand-over refused by the running xlb (it keeps serving): {answer}");
+            }
+            Err(e) => {
+                tracing::error!(error = %format!("{e:#}"), "hand-over failed after the previous xlb stopped; starting without its flows (TCP flows of mh/sh services are picked up)");
+            }
+        }
+    }
+    // The HTTP servers and healthCheckNodePorts bind now: before a hand-over the previous
+    // xlb held their ports.
+    let _healthz = rt.block_on(xlb::http::serve_healthz(config.healthz_bind_address, telemetry.clone()))?;
+    let _metrics = rt.block_on(xlb::http::serve_metrics(config.metrics_bind_address, telemetry.metrics.clone()))?;
+    if let Some((_, hc, node)) = &mut k8s {
+        for e in rt.block_on(hc.sync(&xlb::k8s::health_check_services(&cluster, node))) {
+            tracing::warn!("{e}");
+        }
+    }
     let mut steering = Vec::new();
     for iface in &config.interfaces {
         steering.push(Steering::attach(&iface.name, XdpMode::Native)?);
@@ -364,7 +396,8 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource) -> 
     let affinity = Arc::new(AffinityTable::new(1 << 16));
     let wstop = Arc::new(AtomicBool::new(false));
     let mut workers: Vec<WorkerHandle> = Vec::new();
-    let result = (|| -> Result<()> {
+    let (handover_tx, handover_rx) = std::sync::mpsc::channel();
+    let result = (|| -> Result<Option<std::os::unix::net::UnixStream>> {
         for w in 0..nworkers {
             let ports: Vec<(String, u32)> = config
                 .interfaces
@@ -395,6 +428,7 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource) -> 
                 realtime: config.af_xdp.realtime_workers,
                 affinity: affinity.clone(),
                 punt: punt_queues.get(w).cloned(),
+                restore: restore.iter().position(|r| r.worker_id == id).map(|i| restore.swap_remove(i)),
             };
             let h = worker::spawn(spec, handle.clone(), fabric.clone(), wstop.clone())?;
             for (st, ((_, queue), fd)) in steering.iter_mut().zip(ports.iter().zip(&h.fds)) {
@@ -405,7 +439,13 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource) -> 
         }
         sync_steering(&mut steering, &handle.load())?;
         sync_reply_rules(!punt_queues.is_empty(), &handle.load());
-        let admin = admin::serve(&admin_socket, handle.clone(), &workers)?;
+        if !restore.is_empty() {
+            tracing::warn!(
+                workers = restore.len(),
+                "hand-over: flows of workers this process does not have are dropped (fewer workers than before)"
+            );
+        }
+        let admin = admin::serve(&admin_socket, handle.clone(), &workers, handover_tx)?;
         let iface_stats = xlb::http::InterfaceStatsCell::default();
         let view =
             xlb::http::CountersView::new(handle.clone(), workers.iter().map(|w| (w.id, w.counters.clone())).collect())
@@ -413,6 +453,10 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource) -> 
                 .with_interfaces(iface_stats.clone());
         telemetry.metrics.set_dataplane(Arc::new(view));
         tracing::info!(config = %path.display(), workers = nworkers, source = ?source, "xlb running");
+        if let Some(t) = handed_over_at {
+            // With the old process's stop-to-send time (its log), the forwarding gap.
+            tracing::info!(ms = t.elapsed().as_secs_f64() * 1e3, "hand-over: forwarding again after the flows arrived");
+        }
         let mut sup = Supervisor {
             path: &path,
             config: config.clone(),
@@ -424,14 +468,21 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource) -> 
             iface_stats,
             last_verify: Instant::now(),
             punt: !punt_queues.is_empty(),
+            handover: handover_rx,
         };
-        sup.run(&mut cluster, k8s.as_mut(), &shutdown, &reload)?;
+        let handover = sup.run(&mut cluster, k8s.as_mut(), &shutdown, &reload)?;
         drop(admin);
-        Ok(())
+        Ok(handover)
     })();
+    let stopping = Instant::now();
     wstop.store(true, Ordering::Relaxed);
+    let handing_over = matches!(result, Ok(Some(_)));
+    let mut flows = Vec::new();
     for w in workers {
-        w.join();
+        let p = w.join();
+        if handing_over && let Some(p) = p {
+            flows.push(p.export_flows());
+        }
     }
     if !punt_queues.is_empty() {
         sync_reply_rules(true, &Tables::empty());
@@ -446,8 +497,28 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource) -> 
         }
     }
     let _ = std::fs::remove_file(&admin_socket);
-    tracing::info!("xlb stopped; steering programs detached");
-    result
+    drop(punt_queues);
+    match result {
+        Ok(Some(stream)) => {
+            // The new process binds the same HTTP ports and healthCheckNodePorts: close them
+            // (the runtime's drop waits until its tasks, and their listeners, are gone).
+            drop((_healthz, _metrics, k8s));
+            drop(rt);
+            let n: usize = flows.iter().map(dataplane::process::snapshot::FlowSnapshot::len).sum();
+            crate::handover::send(&stream, &flows).context("hand-over: sending the flows")?;
+            tracing::info!(
+                flows = n,
+                ms = stopping.elapsed().as_secs_f64() * 1e3,
+                "hand-over: workers stopped, everything detached, flows sent; exiting"
+            );
+            Ok(())
+        }
+        Ok(None) => {
+            tracing::info!("xlb stopped; steering programs detached");
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
 }
 
 struct Supervisor<'a> {
@@ -464,6 +535,8 @@ struct Supervisor<'a> {
     last_verify: Instant,
     /// The punt device exists (so reply rules are kept in sync).
     punt: bool,
+    /// Hand-over requests from the admin socket ([`crate::handover`]).
+    handover: std::sync::mpsc::Receiver<std::os::unix::net::UnixStream>,
 }
 
 type K8s = (xlb::k8s::Source, xlb::http::HealthCheckServers, String);
@@ -527,7 +600,7 @@ impl Supervisor<'_> {
         mut k8s: Option<&mut K8s>,
         shutdown: &Shutdown,
         reload: &AtomicBool,
-    ) -> Result<()> {
+    ) -> Result<Option<std::os::unix::net::UnixStream>> {
         let mut watcher = neighbours::NeighbourWatcher::new()?;
         let mut route_watcher = nic_config::routes::RouteWatcher::new()?;
         let mut last_route_read = Instant::now();
@@ -538,6 +611,9 @@ impl Supervisor<'_> {
         let mut last_stats: Option<Instant> = None;
         let mut last_addrs = Instant::now();
         while !shutdown.due(&self.telemetry.health, self.config.shutdown_grace_period) {
+            if let Ok(stream) = self.handover.try_recv() {
+                return Ok(Some(stream));
+            }
             // Neighbour changes (blocks up to 100 ms: part of the loop's tick).
             match watcher.recv_timeout(Duration::from_millis(100)) {
                 Ok(Some(_)) => dirty = true,
@@ -637,7 +713,7 @@ impl Supervisor<'_> {
                 last_resolve = Instant::now();
             }
         }
-        Ok(())
+        Ok(None)
     }
 }
 

@@ -19,6 +19,7 @@ use crate::affinity::AffinityTable;
 pub use crate::counters::XskCounters;
 use crate::counters::{DropReason, WorkerCounters, XskCounter};
 use crate::nat::Packet;
+use crate::process::snapshot::FlowSnapshot;
 use crate::process::{FlowDump, Pipeline, PipelineConfig, Verdict};
 use crate::tables::{BackendRef, KERNEL_PORT, Tables, TablesHandle};
 use crate::wire::ETH_LEN;
@@ -56,6 +57,9 @@ pub struct WorkerSpec {
     /// ([`Verdict::Pass`], and replies no worker has a flow for) go back into the kernel's
     /// stack through it. `None`: they are dropped (counted `punt_failed`).
     pub punt: Option<PuntPort>,
+    /// Flows handed over by the previous xlb process for this worker
+    /// ([`Pipeline::import_flows`], before the first frame).
+    pub restore: Option<FlowSnapshot>,
 }
 
 /// One queue of the punt device as a worker uses it (implemented by the control side over
@@ -191,15 +195,15 @@ pub struct WorkerHandle {
     pub xsk: Arc<XskCounters>,
     /// Requests to the worker.
     pub requests: mpsc::Sender<Request>,
-    thread: Option<JoinHandle<()>>,
+    thread: Option<JoinHandle<Option<Pipeline>>>,
 }
 
 impl WorkerHandle {
-    /// Waits for the thread to end (after the stop flag was set).
-    pub fn join(mut self) {
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+    /// Waits for the thread to end (after the stop flag was set) and returns its pipeline, with
+    /// the worker's flows ([`Pipeline::export_flows`] for a hand-over); `None` if the thread
+    /// panicked.
+    pub fn join(mut self) -> Option<Pipeline> {
+        self.thread.take().and_then(|t| t.join().ok().flatten())
     }
 }
 
@@ -250,17 +254,32 @@ pub fn spawn(
                 Ok(x) => x,
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));
-                    return;
+                    return None;
                 }
             };
             let seed = u64::from(id) ^ std::process::id() as u64 ^ 0x9E37_79B9_7F4A_7C15;
-            let pipeline = Pipeline::with_affinity(spec.pipeline.clone(), seed, spec.affinity.clone());
+            let mut pipeline = Pipeline::with_affinity(spec.pipeline.clone(), seed, spec.affinity.clone());
+            if let Some(snap) = &spec.restore {
+                let started = Instant::now();
+                let now_ms = u64::try_from(epoch().elapsed().as_millis()).unwrap_or(u64::MAX);
+                let r = pipeline.import_flows(&tables.load(), snap, now_ms);
+                tracing::info!(
+                    worker = id,
+                    offered = snap.len(),
+                    imported = r.imported,
+                    backend_gone = r.gone,
+                    snat_changed = r.snat_changed,
+                    not_inserted = r.not_inserted,
+                    ms = started.elapsed().as_secs_f64() * 1e3,
+                    "flows taken over"
+                );
+            }
             let xc = Arc::new(XskCounters::default());
             xc.counter(XskCounter::UmemFrames).set(spec.xsk.frame_count.into());
             xc.counter(XskCounter::ZeroCopy).set(u64::from(xsk.zero_copy(0)));
             xc.counter(XskCounter::UmemHugePages).set(u64::from(xsk.huge_pages()));
             let _ = ready_tx.send(Ok((xsk.fds(), pipeline.counters().clone(), xc.clone())));
-            run(spec, xsk, pipeline, tables, fabric, stop, req_rx, &xc);
+            Some(run(spec, xsk, pipeline, tables, fabric, stop, req_rx, &xc))
         })
         .map_err(|_| WorkerError::Thread(id))?;
     match ready_rx.recv() {
@@ -285,7 +304,7 @@ fn run(
     stop: Arc<AtomicBool>,
     requests: mpsc::Receiver<Request>,
     xc: &XskCounters,
-) {
+) -> Pipeline {
     let id = spec.id;
     let nports = xsk.port_count();
     let epoch = epoch();
@@ -453,6 +472,7 @@ fn run(
         xsk.kick(port);
     }
     xsk.complete();
+    pipeline
 }
 
 /// Empty loops before an idle worker sleeps in `poll(2)`.

@@ -739,7 +739,6 @@ impl Xlb {
     /// # Errors
     /// As [`Xlb::start`].
     pub fn start_with_args<S: AsRef<OsStr>>(tb: &Testbed, config_yaml: &str, extra: &[S]) -> Result<Self> {
-        let bin = xlb_binary()?;
         let dir = tb.run_dir().join("xlb");
         std::fs::create_dir_all(&dir).map_err(io_err(format!("cannot create {}", dir.display())))?;
         let config = dir.join("xlb.yaml");
@@ -751,7 +750,50 @@ impl Xlb {
             }
             _ => {}
         }
-        let log = dir.join("xlb.log");
+        let mut xlb = Self::spawn(tb, &config, &socket, &dir.join("xlb.log"), extra)?;
+        xlb.wait_ready()?;
+        Ok(xlb)
+    }
+
+    /// Starts a second xlb with `xlb run --takeover` on this one's config and admin socket
+    /// (its log in `<run dir>/xlb/xlb.N.log`, N counting from 2): this one hands its flows
+    /// over and exits. Waits (up to 10 s each) for this one's exit and for the new one's admin
+    /// socket; returns the new xlb and how this one exited.
+    ///
+    /// # Errors
+    /// When the new xlb cannot be started, this one does not exit in time, or the new one
+    /// exits early or does not create its socket in time (the error holds its log).
+    pub fn take_over(&mut self, tb: &Testbed) -> Result<(Self, ExitStatus)> {
+        let dir = tb.run_dir().join("xlb");
+        let log = (2..).map(|n| dir.join(format!("xlb.{n}.log"))).find(|p| !p.exists()).unwrap_or_default();
+        let (config, socket) = (self.config.clone(), self.socket.clone());
+        let mut new = Self::spawn(tb, &config, &socket, &log, &["--takeover"])?;
+        let Some(mut old) = self.child.take() else { return Err(not_running()) };
+        let deadline = Instant::now() + XLB_READY_TIMEOUT;
+        let status = loop {
+            if let Some(status) = old.try_wait().map_err(io_err("waiting for the old xlb"))? {
+                break status;
+            }
+            if Instant::now() >= deadline {
+                let _ = old.kill();
+                let _ = old.wait();
+                return Err(TestbedError::Timeout(format!(
+                    "the old xlb did not exit within {XLB_READY_TIMEOUT:?} of the take-over (killed); its log:\n{}\nthe new one's:\n{}",
+                    self.log(),
+                    new.log()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        new.wait_ready()?;
+        Ok((new, status))
+    }
+
+    /// Spawns `ip netns exec <lb> xlb run --config CONFIG --admin-socket SOCKET EXTRA...`
+    /// with its output in `log`.
+    fn spawn<S: AsRef<OsStr>>(tb: &Testbed, config: &Path, socket: &Path, log: &Path, extra: &[S]) -> Result<Self> {
+        let bin = xlb_binary()?;
+        let (config, socket, log) = (config.to_owned(), socket.to_owned(), log.to_owned());
         let out = File::create(&log).map_err(io_err(format!("cannot create {}", log.display())))?;
         let err = out.try_clone().map_err(io_err(format!("cannot dup {}", log.display())))?;
         let mut cmd = Command::new("ip");
@@ -770,9 +812,7 @@ impl Xlb {
         let command = command_line(&cmd);
         // `ip netns exec` execs xlb, so the child's pid is xlb's
         let child = cmd.spawn().map_err(io_err(format!("cannot run `{command}`")))?;
-        let mut xlb = Self { child: Some(child), bin, command, config, socket, log };
-        xlb.wait_ready()?;
-        Ok(xlb)
+        Ok(Self { child: Some(child), bin, command, config, socket, log })
     }
 
     fn wait_ready(&mut self) -> Result<()> {

@@ -1,0 +1,169 @@
+//! Hand-over from a running xlb to a new one (`xlb run --takeover`, docs/architecture.md
+//! "Hand-over"), over the old process's admin socket:
+//!
+//! 1. The new process loads its config and builds its tables, then connects to the admin
+//!    socket and sends `handover V` (V = [`snapshot::VERSION`], the flow snapshot format it
+//!    reads).
+//! 2. If V is not the old process's version, it answers `error …` and keeps serving; the new
+//!    process exits with that error. Otherwise the old process stops its workers (each
+//!    finishes its batch), exports every worker's flows, removes what it attached (steering
+//!    programs, reply rules, punt device, admin socket), writes the snapshot into a memfd and
+//!    sends `ok BYTES` with the memfd's descriptor attached (`SCM_RIGHTS`, unix(7)), then
+//!    exits.
+//! 3. The new process reads and checks the snapshot ([`snapshot::decode`]), attaches, and
+//!    starts its workers with their flows ([`dataplane::process::Pipeline::import_flows`]).
+//!    A snapshot it cannot read is logged and it starts without flows (TCP flows of `mh`/`sh`
+//!    services are then picked up mid-stream).
+//!
+//! Between the old process's last batch and the new one's first, frames to the VIPs reach
+//! the kernel (no program is attached); the measured gap is in docs/reliability.md.
+
+use std::io::{Read as _, Seek as _, Write as _};
+use std::mem::MaybeUninit;
+use std::os::fd::AsFd as _;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use dataplane::process::snapshot::{self, FlowSnapshot};
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer, SendAncillaryMessage, SendFlags,
+};
+
+/// The admin command that starts a hand-over.
+pub(crate) const COMMAND: &str = "handover";
+
+/// Longest the new process waits for the old one to stop and send its flows.
+const WAIT: Duration = Duration::from_secs(30);
+
+/// Why [`request`] did not get flows although nothing failed on this side.
+#[derive(Debug)]
+pub(crate) enum Refused {
+    /// No xlb answers on the socket: nothing to take over.
+    NoPeer(std::io::Error),
+    /// The running xlb refused (and keeps serving): its answer.
+    Refused(String),
+}
+
+/// The new process's side: asks the xlb on `admin_socket` to hand over and returns its
+/// workers' flows. `Ok(Err(Refused))` before the old process stopped; `Err` after it stopped
+/// (then nothing serves until this process starts).
+pub(crate) fn request(admin_socket: &Path) -> Result<std::result::Result<Vec<FlowSnapshot>, Refused>> {
+    let mut c = match UnixStream::connect(admin_socket) {
+        Ok(c) => c,
+        Err(e) => return Ok(Err(Refused::NoPeer(e))),
+    };
+    c.set_read_timeout(Some(WAIT))?;
+    c.write_all(format!("{COMMAND} {}\n", snapshot::VERSION).as_bytes())?;
+    answer(&c)
+}
+
+/// Reads the old process's answer to `handover V` on `c`.
+fn answer(c: &UnixStream) -> Result<std::result::Result<Vec<FlowSnapshot>, Refused>> {
+    let mut buf = [0u8; 256];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut cmsg = RecvAncillaryBuffer::new(&mut space);
+    let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+    let msg = rustix::net::recvmsg(c.as_fd(), &mut iov, &mut cmsg, RecvFlags::CMSG_CLOEXEC)
+        .context("reading the hand-over answer")?;
+    let mut fd = None;
+    for m in cmsg.drain() {
+        if let RecvAncillaryMessage::ScmRights(fds) = m {
+            for f in fds {
+                fd.get_or_insert(f);
+            }
+        }
+    }
+    let text = String::from_utf8_lossy(buf.get(..msg.bytes).unwrap_or_default()).trim().to_owned();
+    let Some(len) = text.strip_prefix("ok ") else {
+        return Ok(Err(Refused::Refused(if text.is_empty() { "no answer".into() } else { text })));
+    };
+    let len: usize = len.parse().with_context(|| format!("hand-over answer {text:?}"))?;
+    let Some(fd) = fd else { bail!("hand-over answer without the snapshot's memfd") };
+    let mut f = std::fs::File::from(fd);
+    let mut bytes = Vec::with_capacity(len);
+    f.read_to_end(&mut bytes).context("reading the flow snapshot")?;
+    if bytes.len() != len {
+        bail!("flow snapshot: {} bytes, announced {len}", bytes.len());
+    }
+    Ok(Ok(snapshot::decode(&bytes).context("flow snapshot")?))
+}
+
+/// Whether an admin command asks for a hand-over in a version this process can give:
+/// `Some(Ok(()))` yes, `Some(Err(answer))` a hand-over it must refuse, `None` another command.
+pub(crate) fn check_command(line: &str) -> Option<std::result::Result<(), String>> {
+    let rest = line.strip_prefix(COMMAND)?;
+    let v = rest.trim();
+    Some(match v.parse::<u32>() {
+        Ok(n) if n == snapshot::VERSION => Ok(()),
+        Ok(n) => Err(format!(
+            "error: the new xlb reads flow snapshot version {n}, this one writes version {}; not handing over\n",
+            snapshot::VERSION
+        )),
+        Err(_) => Err(format!("error: {COMMAND} needs the snapshot version, got {v:?}\n")),
+    })
+}
+
+/// The old process's side, once its workers stopped and it detached: sends `snaps` in a memfd.
+pub(crate) fn send(c: &UnixStream, snaps: &[FlowSnapshot]) -> Result<()> {
+    let bytes = snapshot::encode(snaps);
+    let fd = rustix::fs::memfd_create("xlb-flows", rustix::fs::MemfdFlags::CLOEXEC).context("memfd_create")?;
+    let mut f = std::fs::File::from(fd);
+    f.write_all(&bytes).context("writing the flow snapshot")?;
+    f.rewind()?;
+    let line = format!("ok {}\n", bytes.len());
+    let iov = [std::io::IoSlice::new(line.as_bytes())];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut cmsg = SendAncillaryBuffer::new(&mut space);
+    let fds = [f.as_fd()];
+    cmsg.push(SendAncillaryMessage::ScmRights(&fds));
+    rustix::net::sendmsg(c.as_fd(), &iov, &mut cmsg, SendFlags::empty()).context("sending the flow snapshot")?;
+    Ok(())
+}
+
+/// Sends a refusal to a hand-over request.
+pub(crate) fn refuse(mut c: &UnixStream, answer: &str) {
+    let _ = c.write_all(answer.as_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handover_command_in_another_version_is_refused_with_both_versions() {
+        assert_eq!(check_command(&format!("handover {}", snapshot::VERSION)), Some(Ok(())));
+        let e = check_command("handover 999").and_then(Result::err).unwrap_or_default();
+        assert!(e.contains("999") && e.contains(&snapshot::VERSION.to_string()), "{e}");
+        assert!(check_command("handover x").is_some_and(|r| r.is_err()));
+        assert_eq!(check_command("stats"), None);
+    }
+
+    #[test]
+    fn snapshot_sent_in_a_memfd_arrives_whole() {
+        let (a, b) = UnixStream::pair().unwrap_or_else(|e| panic!("socketpair: {e}"));
+        let snaps = vec![FlowSnapshot { worker_id: 3, workers: 4, snat_ports: (61000, 65535), ..Default::default() }];
+        let t = std::thread::spawn(move || {
+            // The new side's request line, then the answer.
+            let mut line = [0u8; 64];
+            let n = std::io::Read::read(&mut &b, &mut line).unwrap_or(0);
+            assert!(check_command(std::str::from_utf8(&line[..n]).unwrap_or("").trim()).is_some());
+            send(&b, &snaps).unwrap_or_else(|e| panic!("send: {e:#}"));
+        });
+        // `request` connects by path; its reading half runs here on the pair.
+        let got = read_answer_for_test(a).unwrap_or_else(|e| panic!("request: {e:#}"));
+        t.join().unwrap_or_else(|_| panic!("sender thread"));
+        assert_eq!(got.len(), 1);
+        assert_eq!((got[0].worker_id, got[0].workers), (3, 4));
+    }
+
+    fn read_answer_for_test(mut c: UnixStream) -> Result<Vec<FlowSnapshot>> {
+        c.write_all(format!("{COMMAND} {}\n", snapshot::VERSION).as_bytes())?;
+        match answer(&c)? {
+            Ok(s) => Ok(s),
+            Err(Refused::Refused(a)) => bail!("refused: {a}"),
+            Err(Refused::NoPeer(e)) => bail!("no peer: {e}"),
+        }
+    }
+}
