@@ -88,7 +88,12 @@ pub(crate) fn serve(
     Ok(Admin { stop, path: path.to_owned(), thread: Some(thread) })
 }
 
-fn handle(c: UnixStream, tables: &TablesHandle, workers: &[WorkerView], handover: &mpsc::Sender<UnixStream>) -> Result<()> {
+fn handle(
+    c: UnixStream,
+    tables: &TablesHandle,
+    workers: &[WorkerView],
+    handover: &mpsc::Sender<UnixStream>,
+) -> Result<()> {
     c.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut line = String::new();
     BufReader::new(&c).read_line(&mut line)?;

@@ -1,22 +1,29 @@
 //! Hand-over from a running xlb to a new one (`xlb run --takeover`, docs/architecture.md
 //! "Hand-over"), over the old process's admin socket:
 //!
-//! 1. The new process loads its config and builds its tables, then connects to the admin
-//!    socket and sends `handover V` (V = [`snapshot::VERSION`], the flow snapshot format it
-//!    reads).
-//! 2. If V is not the old process's version, it answers `error …` and keeps serving; the new
-//!    process exits with that error. Otherwise the old process stops its workers (each
-//!    finishes its batch), exports every worker's flows, removes what it attached (steering
-//!    programs, reply rules, punt device, admin socket), writes the snapshot into a memfd and
-//!    sends `ok BYTES` with the memfd's descriptor attached (`SCM_RIGHTS`, unix(7)), then
-//!    exits.
-//! 3. The new process reads and checks the snapshot ([`snapshot::decode`]), attaches, and
-//!    starts its workers with their flows ([`dataplane::process::Pipeline::import_flows`]).
-//!    A snapshot it cannot read is logged and it starts without flows (TCP flows of `mh`/`sh`
-//!    services are then picked up mid-stream).
+//! 1. The new process loads its config, builds its tables and loads (does not attach) its
+//!    steering programs, then connects to the admin socket and sends `handover V`
+//!    (V = [`snapshot::VERSION`], the flow snapshot format it reads).
+//! 2. If V is not the old process's version, the old one answers `error …` and keeps serving;
+//!    the new process exits with that error. Otherwise the old process stops its workers
+//!    (each finishes its batch and closes its AF_XDP sockets), exports every worker's flows,
+//!    removes its policy rules, punt device and admin socket, writes the snapshot into a
+//!    memfd and sends `ok BYTES` with the memfd's descriptor attached (`SCM_RIGHTS`,
+//!    unix(7)). Its steering programs stay attached: with no socket in their queue's slot they
+//!    drop the frames that are xlb's (counted `redirect_failed`) instead of letting the kernel
+//!    forward them untranslated.
+//! 3. The new process reads and checks the snapshot ([`snapshot::decode`]), binds its sockets,
+//!    starts its workers with their flows ([`dataplane::process::Pipeline::import_flows`]) and
+//!    fills its programs' maps, then sends `attach`. The old process detaches its programs,
+//!    answers `detached` and exits; the new one attaches its own at once. A snapshot the new
+//!    process cannot read is logged and it starts without flows (TCP flows of `mh`/`sh`
+//!    services are then picked up mid-stream). If the new process goes away before `attach`,
+//!    the old one detaches and exits after [`WAIT`].
 //!
-//! Between the old process's last batch and the new one's first, frames to the VIPs reach
-//! the kernel (no program is attached); the measured gap is in docs/reliability.md.
+//! Frames that are xlb's are dropped from the old workers' last batch to the new program's
+//! attach, and may reach the kernel only between the old program's detach and the new one's
+//! attach (two syscalls and a round trip on the socket); docs/reliability.md has the gap as
+//! measured.
 
 use std::io::{Read as _, Seek as _, Write as _};
 use std::mem::MaybeUninit;
@@ -46,17 +53,38 @@ pub(crate) enum Refused {
     Refused(String),
 }
 
+/// The connection to the old process once it has sent its flows: [`Pending::release`] tells
+/// it to detach.
+#[derive(Debug)]
+pub(crate) struct Pending(UnixStream);
+
+impl Pending {
+    /// Sends `attach` and waits for `detached`: the old process's programs are gone and this
+    /// process may attach its own.
+    pub(crate) fn release(self) -> Result<()> {
+        let mut c = self.0;
+        c.write_all(b"attach\n").context("hand-over: asking the previous xlb to detach")?;
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(&c), &mut line)
+            .context("hand-over: waiting for the previous xlb to detach")?;
+        if line.trim() != "detached" {
+            bail!("hand-over: the previous xlb answered {:?} instead of detached", line.trim());
+        }
+        Ok(())
+    }
+}
+
 /// The new process's side: asks the xlb on `admin_socket` to hand over and returns its
-/// workers' flows. `Ok(Err(Refused))` before the old process stopped; `Err` after it stopped
-/// (then nothing serves until this process starts).
-pub(crate) fn request(admin_socket: &Path) -> Result<std::result::Result<Vec<FlowSnapshot>, Refused>> {
+/// workers' flows and the connection to release it with. `Ok(Err(Refused))` before the old
+/// process stopped; `Err` after it stopped (then nothing serves until this process starts).
+pub(crate) fn request(admin_socket: &Path) -> Result<std::result::Result<(Vec<FlowSnapshot>, Pending), Refused>> {
     let mut c = match UnixStream::connect(admin_socket) {
         Ok(c) => c,
         Err(e) => return Ok(Err(Refused::NoPeer(e))),
     };
     c.set_read_timeout(Some(WAIT))?;
     c.write_all(format!("{COMMAND} {}\n", snapshot::VERSION).as_bytes())?;
-    answer(&c)
+    Ok(answer(&c)?.map(|s| (s, Pending(c))))
 }
 
 /// Reads the old process's answer to `handover V` on `c`.
@@ -120,6 +148,23 @@ pub(crate) fn send(c: &UnixStream, snaps: &[FlowSnapshot]) -> Result<()> {
     cmsg.push(SendAncillaryMessage::ScmRights(&fds));
     rustix::net::sendmsg(c.as_fd(), &iov, &mut cmsg, SendFlags::empty()).context("sending the flow snapshot")?;
     Ok(())
+}
+
+/// The old process's side, after [`send`]: waits (up to [`WAIT`]) for the new process's
+/// `attach`. `Err` if it does not come; the caller detaches all the same.
+pub(crate) fn wait_attach(c: &UnixStream) -> Result<()> {
+    c.set_read_timeout(Some(WAIT))?;
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(c), &mut line).context("waiting for the new xlb")?;
+    if line.trim() != "attach" {
+        bail!("the new xlb sent {:?} instead of attach (it failed or went away)", line.trim());
+    }
+    Ok(())
+}
+
+/// The old process's last word: its programs are detached.
+pub(crate) fn detached(mut c: &UnixStream) {
+    let _ = c.write_all(b"detached\n");
 }
 
 /// Sends a refusal to a hand-over request.

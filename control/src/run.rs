@@ -7,13 +7,16 @@
 //! (kube-proxy semantics) and `/metrics` on the configured addresses.
 //!
 //! Start-up: load and translate the file → fill in interface MACs/MTUs and the kernel's
-//! neighbour table → build and publish the tables → attach the steering program to every
-//! interface → start one pinned worker per core → put the workers' sockets into the XSKMAP →
-//! sync the steering maps. Then, until SIGINT/SIGTERM: reload on SIGHUP or when the file
+//! neighbour table → build and publish the tables → load the steering program for every
+//! interface → with `--takeover`, take the running xlb's flows ([`crate::handover`]) → bind
+//! the HTTP ports → create the punt device → start one pinned worker per core → put the
+//! workers' sockets into the XSKMAP → sync the steering maps → attach the programs (after a
+//! hand-over, once the previous xlb has detached its own). Then, until SIGINT/SIGTERM: reload on SIGHUP or when the file
 //! changes (a bad file is logged with its document, object and field, and the running tables
 //! stay), rebuild when a neighbour changes, ask the kernel to resolve unresolved next hops,
 //! and answer the admin socket. On exit the workers stop and every program and map is removed
-//! (the maps are not pinned, so closing them frees them).
+//! (the maps are not pinned, so closing them frees them); on a hand-over request the workers
+//! stop, their flows go to the new process, and the programs are detached when it is ready.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -323,10 +326,18 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource, tak
     // on nothing serves until this process's workers run.
     let mut restore: Vec<dataplane::process::snapshot::FlowSnapshot> = Vec::new();
     let mut handed_over_at: Option<Instant> = None;
+    let mut pending: Option<crate::handover::Pending> = None;
+    // Programs are loaded now and attached once their maps and sockets are in place (after a
+    // hand-over, once the previous xlb has detached its own).
+    let mut steering = Vec::new();
+    for iface in &config.interfaces {
+        steering.push(Steering::load(&iface.name, XdpMode::Native)?);
+    }
     if takeover {
         let started = Instant::now();
         match crate::handover::request(&admin_socket) {
-            Ok(Ok(s)) => {
+            Ok(Ok((s, p))) => {
+                pending = Some(p);
                 tracing::info!(
                     workers = s.len(),
                     flows = s.iter().map(|w| w.len()).sum::<usize>(),
@@ -355,10 +366,6 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource, tak
         for e in rt.block_on(hc.sync(&xlb::k8s::health_check_services(&cluster, node))) {
             tracing::warn!("{e}");
         }
-    }
-    let mut steering = Vec::new();
-    for iface in &config.interfaces {
-        steering.push(Steering::attach(&iface.name, XdpMode::Native)?);
     }
     // The exception path: one TUN queue per worker; the device goes away with the process.
     let punt_queues: Vec<PuntPort> = if config.punt_device.is_empty() {
@@ -439,6 +446,12 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource, tak
         }
         sync_steering(&mut steering, &handle.load())?;
         sync_reply_rules(!punt_queues.is_empty(), &handle.load());
+        if let Some(p) = pending.take() {
+            p.release()?;
+        }
+        for st in &mut steering {
+            st.attach_loaded()?;
+        }
         if !restore.is_empty() {
             tracing::warn!(
                 workers = restore.len(),
@@ -490,14 +503,16 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource, tak
             tracing::warn!(error = %e, "removing the punt device's bypass rule");
         }
     }
-    for st in steering {
-        let name = st.ifname().to_owned();
-        if let Err(e) = st.detach() {
-            tracing::warn!(interface = name, error = %e, "detach failed");
-        }
-    }
     let _ = std::fs::remove_file(&admin_socket);
     drop(punt_queues);
+    let detach = |steering: Vec<Steering>| {
+        for st in steering {
+            let name = st.ifname().to_owned();
+            if let Err(e) = st.detach() {
+                tracing::warn!(interface = name, error = %e, "detach failed");
+            }
+        }
+    };
     match result {
         Ok(Some(stream)) => {
             // The new process binds the same HTTP ports and healthCheckNodePorts: close them
@@ -505,19 +520,38 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource, tak
             drop((_healthz, _metrics, k8s));
             drop(rt);
             let n: usize = flows.iter().map(dataplane::process::snapshot::FlowSnapshot::len).sum();
-            crate::handover::send(&stream, &flows).context("hand-over: sending the flows")?;
+            // The programs stay attached until the new process is ready: meanwhile they drop
+            // xlb's frames (no socket), so the kernel does not forward them untranslated.
+            let sent = crate::handover::send(&stream, &flows);
+            let sent_ms = stopping.elapsed().as_secs_f64() * 1e3;
+            let ready = sent
+                .as_ref()
+                .map_err(|e| anyhow::anyhow!("{e:#}"))
+                .and_then(|()| crate::handover::wait_attach(&stream));
+            let waited_ms = stopping.elapsed().as_secs_f64() * 1e3;
+            detach(steering);
+            crate::handover::detached(&stream);
+            sent.context("hand-over: sending the flows")?;
+            if let Err(e) = ready {
+                tracing::error!(error = %format!("{e:#}"), "hand-over: detached without the new xlb's go-ahead");
+            }
             tracing::info!(
                 flows = n,
-                ms = stopping.elapsed().as_secs_f64() * 1e3,
-                "hand-over: workers stopped, everything detached, flows sent; exiting"
+                sent_ms,
+                detached_ms = waited_ms,
+                "hand-over: workers stopped and flows sent, then programs detached when the new xlb was ready; exiting"
             );
             Ok(())
         }
         Ok(None) => {
+            detach(steering);
             tracing::info!("xlb stopped; steering programs detached");
             Ok(())
         }
-        Err(e) => Err(e),
+        Err(e) => {
+            detach(steering);
+            Err(e)
+        }
     }
 }
 

@@ -187,8 +187,19 @@ impl Steering {
     /// [`NicError::Load`] if the object cannot be loaded, [`NicError::UnknownInterface`],
     /// [`NicError::Program`] if verification or attaching fails.
     pub fn attach(ifname: &str, mode: XdpMode) -> Result<Self, NicError> {
-        let mut ebpf = EbpfLoader::new().load(STEER_OBJ).map_err(NicError::load)?;
+        let mut st = Self::load(ifname, mode)?;
+        st.attach_loaded()?;
+        Ok(st)
+    }
 
+    /// Loads the steering program for `ifname` and opens its maps without attaching it, so
+    /// that the maps (sockets included) can be filled first; then [`Steering::attach_loaded`]
+    /// or [`Steering::replace_pinned`] attaches it.
+    ///
+    /// # Errors
+    /// As [`Steering::attach`].
+    pub fn load(ifname: &str, mode: XdpMode) -> Result<Self, NicError> {
+        let mut ebpf = EbpfLoader::new().load(STEER_OBJ).map_err(NicError::load)?;
         let prog_err = |mode, e| NicError::program(ifname, mode, e);
         let program: &mut Xdp = ebpf
             .program_mut(PROGRAM_NAME)
@@ -197,26 +208,7 @@ impl Steering {
             .map_err(|e| prog_err(mode, e))?;
         program.load().map_err(|e| prog_err(mode, e))?;
         let prog_id = program.info().map_err(|e| prog_err(mode, e))?.id();
-
-        let (link, used_mode) = match program.attach(ifname, mode.into()) {
-            Ok(link) => (link, mode),
-            Err(aya::programs::ProgramError::UnknownInterface { .. }) => {
-                return Err(NicError::UnknownInterface { ifname: ifname.to_owned() });
-            }
-            // EBUSY/EEXIST: another program is attached; SKB mode would not help.
-            Err(e) if mode == XdpMode::Native && !matches!(errno(&e), Some(nix::libc::EBUSY | nix::libc::EEXIST)) => {
-                warn!(
-                    interface = ifname,
-                    error = %e,
-                    "native XDP attach failed; falling back to SKB (generic) mode"
-                );
-                let link = program.attach(ifname, XdpMode::Skb.into()).map_err(|e| prog_err(XdpMode::Skb, e))?;
-                (link, XdpMode::Skb)
-            }
-            Err(e) => return Err(prog_err(mode, e)),
-        };
         let ifindex = crate::iface::ifindex(ifname)?;
-
         let mut map_ids = Vec::with_capacity(6);
         let xsks = open_map(&mut ebpf, ifname, MAP_XSKS, &mut map_ids)?;
         let services = open_map(&mut ebpf, ifname, MAP_SERVICES, &mut map_ids)?;
@@ -224,7 +216,6 @@ impl Steering {
         let snat_addrs = open_map(&mut ebpf, ifname, MAP_SNAT_ADDRS, &mut map_ids)?;
         let endpoints = open_map(&mut ebpf, ifname, MAP_ENDPOINTS, &mut map_ids)?;
         let stats = open_map(&mut ebpf, ifname, MAP_STATS, &mut map_ids)?;
-        info!(interface = ifname, ifindex, mode = %used_mode, prog_id, "XDP steering attached");
         Ok(Self {
             xsks,
             services,
@@ -233,14 +224,108 @@ impl Steering {
             endpoints,
             stats,
             shadow: Shadows::default(),
-            link: Some(link),
+            link: None,
             ebpf,
             ifname: ifname.to_owned(),
             ifindex,
-            mode: used_mode,
+            mode,
             prog_id,
             map_ids,
         })
+    }
+
+    fn program(&mut self) -> Result<&mut Xdp, NicError> {
+        let (ifname, mode) = (self.ifname.clone(), self.mode);
+        self.ebpf
+            .program_mut(PROGRAM_NAME)
+            .ok_or(NicError::MissingObject { kind: "program", name: PROGRAM_NAME })?
+            .try_into()
+            .map_err(|e| NicError::program(&ifname, mode, e))
+    }
+
+    /// Attaches a program from [`Steering::load`] to its interface through a new BPF link
+    /// (native mode falling back to SKB mode as [`Steering::attach`] describes). Does nothing
+    /// if it is attached already.
+    ///
+    /// # Errors
+    /// As [`Steering::attach`].
+    pub fn attach_loaded(&mut self) -> Result<(), NicError> {
+        if self.link.is_some() {
+            return Ok(());
+        }
+        let (ifname, mode, prog_id, ifindex) = (self.ifname.clone(), self.mode, self.prog_id, self.ifindex);
+        let prog_err = |mode, e| NicError::program(&ifname, mode, e);
+        let program = self.program()?;
+        let (link, used_mode) = match program.attach(&ifname, mode.into()) {
+            Ok(link) => (link, mode),
+            Err(aya::programs::ProgramError::UnknownInterface { .. }) => {
+                return Err(NicError::UnknownInterface { ifname: ifname.clone() });
+            }
+            // EBUSY/EEXIST: another program is attached; SKB mode would not help.
+            Err(e) if mode == XdpMode::Native && !matches!(errno(&e), Some(nix::libc::EBUSY | nix::libc::EEXIST)) => {
+                warn!(
+                    interface = %ifname,
+                    error = %e,
+                    "native XDP attach failed; falling back to SKB (generic) mode"
+                );
+                let link = program.attach(&ifname, XdpMode::Skb.into()).map_err(|e| prog_err(XdpMode::Skb, e))?;
+                (link, XdpMode::Skb)
+            }
+            Err(e) => return Err(prog_err(mode, e)),
+        };
+        self.link = Some(link);
+        self.mode = used_mode;
+        info!(interface = %ifname, ifindex, mode = %used_mode, prog_id, "XDP steering attached");
+        Ok(())
+    }
+
+    /// Pins this program's BPF link at `path` (on a bpffs, whose directory must exist) and
+    /// closes everything else: the program stays attached, with its maps, after this process
+    /// exits, until [`Steering::replace_pinned`] in the next process swaps its own program in
+    /// or the pin is removed ([`remove_pin`]). For a hand-over: once this process's AF_XDP
+    /// sockets are closed, the program drops the frames that are xlb's (counted
+    /// `redirect_failed`) instead of passing them to the kernel, which would forward them
+    /// untranslated.
+    ///
+    /// # Errors
+    /// [`NicError::Program`] if the program is not attached or pinning fails (the program is
+    /// then detached when `self` drops, as usual).
+    pub fn pin_link(mut self, path: &std::path::Path) -> Result<(), NicError> {
+        let (ifname, mode) = (self.ifname.clone(), self.mode);
+        let err = |e: aya::programs::ProgramError| NicError::program(&ifname, mode, e);
+        let Some(id) = self.link.take() else {
+            return Err(err(aya::programs::ProgramError::NotAttached));
+        };
+        let link = self.program()?.take_link(id).map_err(err)?;
+        let fd_link = aya::programs::links::FdLink::try_from(link)
+            .map_err(|e| err(aya::programs::ProgramError::IOError(std::io::Error::other(e.to_string()))))?;
+        fd_link.pin(path).map_err(|e| {
+            NicError::program(&ifname, mode, aya::programs::ProgramError::IOError(std::io::Error::other(e.to_string())))
+        })?;
+        info!(interface = %ifname, pin = %path.display(), "XDP steering link pinned for the next xlb");
+        Ok(())
+    }
+
+    /// Replaces the program of the link pinned at `path` (by the previous xlb's
+    /// [`Steering::pin_link`]) with this one, atomically (`BPF_LINK_UPDATE`), then removes
+    /// the pin: from then on this `Steering` owns the link.
+    ///
+    /// # Errors
+    /// [`NicError::Program`] if the pin cannot be opened or the update fails; the pinned
+    /// program then stays attached (remove it with [`remove_pin`] before attaching anew).
+    pub fn replace_pinned(&mut self, path: &std::path::Path) -> Result<(), NicError> {
+        let (ifname, mode, prog_id) = (self.ifname.clone(), self.mode, self.prog_id);
+        let err = |e: aya::programs::ProgramError| NicError::program(&ifname, mode, e);
+        let io = |e: String| err(aya::programs::ProgramError::IOError(std::io::Error::other(e)));
+        let pinned =
+            aya::programs::links::PinnedLink::from_pin(path).map_err(|e| io(format!("{}: {e}", path.display())))?;
+        let fd_link = aya::programs::links::FdLink::from(pinned);
+        let link = aya::programs::xdp::XdpLink::try_from(fd_link).map_err(|e| io(e.to_string()))?;
+        let id = self.program()?.attach_to_link(link).map_err(err)?;
+        self.link = Some(id);
+        remove_pin(path);
+        info!(interface = %ifname, prog_id, pin = %path.display(), "XDP steering replaced the previous xlb's program");
+        Ok(())
     }
 
     /// Interface name given to [`Steering::attach`].
@@ -473,6 +558,16 @@ impl Steering {
         program.detach(link).map_err(|e| NicError::program(&ifname, mode, e))?;
         info!(interface = %ifname, prog_id = self.prog_id, "XDP steering detached");
         Ok(())
+    }
+}
+
+/// Removes a link pin left by [`Steering::pin_link`]; the kernel detaches the pinned program
+/// once nothing else holds the link. A missing pin is not an error.
+pub fn remove_pin(path: &std::path::Path) {
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => warn!(pin = %path.display(), error = %e, "removing an XDP link pin"),
     }
 }
 

@@ -12,6 +12,7 @@
 //     errors about the node's own connections (PMTU for SSH, kubelet) still reach the kernel;
 //   * IPv4 non-first fragments and all IPv6 fragments whose dst address is in `vip_addrs`.
 // Everything else (ARP, NDP, echo to a VIP, SSH, traffic to the node's own addresses) passes.
+// A frame of xlb's that finds no socket in its queue's slot is dropped (see steer()).
 //
 // Map layouts are shared with nic-config/src/maps.rs. Every struct is padding-free on purpose
 // (checked by _Static_assert here and by const assertions in Rust), so the byte images match.
@@ -95,7 +96,7 @@ _Static_assert(sizeof(struct snat_range) == 4, "snat_range must be 4 bytes, no p
 enum {
 	STAT_REDIRECTED = 0,      /* handed to bpf_redirect_map and a socket was in the slot */
 	STAT_PASSED = 1,          /* not ours: XDP_PASS */
-	STAT_REDIRECT_FAILED = 2, /* ours, but no socket in xsks[rx_queue_index]: XDP_PASS */
+	STAT_REDIRECT_FAILED = 2, /* ours, but no socket in xsks[rx_queue_index]: XDP_DROP */
 	STAT_PARSE_ERROR = 3,     /* truncated or malformed headers: XDP_PASS */
 	STAT_MAX = 4,
 };
@@ -169,11 +170,15 @@ static __always_inline int parse_error(void)
 
 static __always_inline int steer(struct xdp_md *ctx)
 {
-	/* The low bits of flags are the action when the slot is empty (kernel >= 5.3). */
-	long rc = bpf_redirect_map(&xsks, ctx->rx_queue_index, XDP_PASS);
+	/* The low bits of flags are the action when the slot is empty (kernel >= 5.3). A frame
+	 * of xlb's with no socket to take it (during a hand-over, between the old process's last
+	 * batch and the new one's program swap) is dropped: the kernel would forward it
+	 * untranslated (a backend's reply reaching the client from the backend's address makes
+	 * the client reset the connection), while a dropped segment is retransmitted. */
+	long rc = bpf_redirect_map(&xsks, ctx->rx_queue_index, XDP_DROP);
 	if (rc == XDP_REDIRECT)
 		return count(STAT_REDIRECTED, XDP_REDIRECT);
-	return count(STAT_REDIRECT_FAILED, XDP_PASS);
+	return count(STAT_REDIRECT_FAILED, XDP_DROP);
 }
 
 static __always_inline void v4_mapped(__u8 out[16], __be32 a)

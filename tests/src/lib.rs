@@ -933,6 +933,16 @@ impl Xlb {
         Ok(())
     }
 
+    /// Kills xlb with SIGKILL (a crash: nothing of its own clean-up runs) and reaps it.
+    ///
+    /// # Errors
+    /// When xlb is not running any more or waiting fails.
+    pub fn kill(mut self) -> Result<ExitStatus> {
+        self.signal(libc::SIGKILL)?;
+        let Some(mut child) = self.child.take() else { return Err(not_running()) };
+        child.wait().map_err(io_err("waiting for the killed xlb"))
+    }
+
     /// Sends SIGTERM and waits for xlb to exit (it detaches its XDP program first); after
     /// 5 s it is killed with SIGKILL and this is an error.
     ///
