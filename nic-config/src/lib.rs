@@ -19,9 +19,8 @@
 //!   two ethtool settings xlb needs.
 //!
 //! All of it needs root (CAP_NET_ADMIN, CAP_BPF) and acts in the network namespace of the
-//! calling thread. Nothing is left behind: dropping [`Steering`] detaches the program and frees
-//! its maps. The one exception is a hand-over ([`Steering::pin_link`]): the program's link is
-//! pinned for the next xlb, which swaps its own program in ([`Steering::replace_pinned`]).
+//! calling thread. Nothing is pinned or left behind: dropping [`Steering`] detaches the program
+//! and frees its maps.
 //!
 //! This crate contains no `unsafe` code.
 
@@ -46,5 +45,5 @@ pub use maps::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, ServiceKey};
 pub use neighbours::{Neighbour, NeighbourEvent, NeighbourState, NeighbourWatcher};
 pub use steering::{
     MAX_ENDPOINTS, MAX_QUEUES, MAX_SERVICES, MAX_SNAT_ADDRS, MAX_VIP_ADDRS, PROGRAM_NAME, Steering, SteeringStats,
-    XdpMode, remove_pin,
+    XdpMode,
 };

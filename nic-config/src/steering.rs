@@ -194,7 +194,7 @@ impl Steering {
 
     /// Loads the steering program for `ifname` and opens its maps without attaching it, so
     /// that the maps (sockets included) can be filled first; then [`Steering::attach_loaded`]
-    /// or [`Steering::replace_pinned`] attaches it.
+    /// attaches it.
     ///
     /// # Errors
     /// As [`Steering::attach`].
@@ -276,55 +276,6 @@ impl Steering {
         self.link = Some(link);
         self.mode = used_mode;
         info!(interface = %ifname, ifindex, mode = %used_mode, prog_id, "XDP steering attached");
-        Ok(())
-    }
-
-    /// Pins this program's BPF link at `path` (on a bpffs, whose directory must exist) and
-    /// closes everything else: the program stays attached, with its maps, after this process
-    /// exits, until [`Steering::replace_pinned`] in the next process swaps its own program in
-    /// or the pin is removed ([`remove_pin`]). For a hand-over: once this process's AF_XDP
-    /// sockets are closed, the program drops the frames that are xlb's (counted
-    /// `redirect_failed`) instead of passing them to the kernel, which would forward them
-    /// untranslated.
-    ///
-    /// # Errors
-    /// [`NicError::Program`] if the program is not attached or pinning fails (the program is
-    /// then detached when `self` drops, as usual).
-    pub fn pin_link(mut self, path: &std::path::Path) -> Result<(), NicError> {
-        let (ifname, mode) = (self.ifname.clone(), self.mode);
-        let err = |e: aya::programs::ProgramError| NicError::program(&ifname, mode, e);
-        let Some(id) = self.link.take() else {
-            return Err(err(aya::programs::ProgramError::NotAttached));
-        };
-        let link = self.program()?.take_link(id).map_err(err)?;
-        let fd_link = aya::programs::links::FdLink::try_from(link)
-            .map_err(|e| err(aya::programs::ProgramError::IOError(std::io::Error::other(e.to_string()))))?;
-        fd_link.pin(path).map_err(|e| {
-            NicError::program(&ifname, mode, aya::programs::ProgramError::IOError(std::io::Error::other(e.to_string())))
-        })?;
-        info!(interface = %ifname, pin = %path.display(), "XDP steering link pinned for the next xlb");
-        Ok(())
-    }
-
-    /// Replaces the program of the link pinned at `path` (by the previous xlb's
-    /// [`Steering::pin_link`]) with this one, atomically (`BPF_LINK_UPDATE`), then removes
-    /// the pin: from then on this `Steering` owns the link.
-    ///
-    /// # Errors
-    /// [`NicError::Program`] if the pin cannot be opened or the update fails; the pinned
-    /// program then stays attached (remove it with [`remove_pin`] before attaching anew).
-    pub fn replace_pinned(&mut self, path: &std::path::Path) -> Result<(), NicError> {
-        let (ifname, mode, prog_id) = (self.ifname.clone(), self.mode, self.prog_id);
-        let err = |e: aya::programs::ProgramError| NicError::program(&ifname, mode, e);
-        let io = |e: String| err(aya::programs::ProgramError::IOError(std::io::Error::other(e)));
-        let pinned =
-            aya::programs::links::PinnedLink::from_pin(path).map_err(|e| io(format!("{}: {e}", path.display())))?;
-        let fd_link = aya::programs::links::FdLink::from(pinned);
-        let link = aya::programs::xdp::XdpLink::try_from(fd_link).map_err(|e| io(e.to_string()))?;
-        let id = self.program()?.attach_to_link(link).map_err(err)?;
-        self.link = Some(id);
-        remove_pin(path);
-        info!(interface = %ifname, prog_id, pin = %path.display(), "XDP steering replaced the previous xlb's program");
         Ok(())
     }
 
@@ -558,16 +509,6 @@ impl Steering {
         program.detach(link).map_err(|e| NicError::program(&ifname, mode, e))?;
         info!(interface = %ifname, prog_id = self.prog_id, "XDP steering detached");
         Ok(())
-    }
-}
-
-/// Removes a link pin left by [`Steering::pin_link`]; the kernel detaches the pinned program
-/// once nothing else holds the link. A missing pin is not an error.
-pub fn remove_pin(path: &std::path::Path) {
-    match std::fs::remove_file(path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => warn!(pin = %path.display(), error = %e, "removing an XDP link pin"),
     }
 }
 
