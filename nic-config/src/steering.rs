@@ -74,7 +74,7 @@ impl From<XdpMode> for AyaXdpMode {
 
 /// Per-CPU counters of the steering program, summed over all CPUs. Units: frames, since the
 /// program was loaded. Every frame the program sees increments exactly one of them, so the
-/// frames handed to the kernel are `passed + redirect_failed + parse_errors`.
+/// frames handed to the kernel are `passed + parse_errors`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SteeringStats {
     /// Frames for xlb given to `bpf_redirect_map` with a socket in the queue's `xsks` slot.
@@ -83,7 +83,9 @@ pub struct SteeringStats {
     pub redirected: u64,
     /// Frames not for xlb, given to the kernel (`XDP_PASS`).
     pub passed: u64,
-    /// Frames for xlb that arrived on a queue with no socket in `xsks`; given to the kernel.
+    /// Frames for xlb that arrived on a queue with no socket in `xsks`: dropped (`XDP_DROP`),
+    /// so the kernel never forwards them untranslated (during a hand-over, or on a queue that
+    /// no worker serves).
     pub redirect_failed: u64,
     /// Frames with truncated or malformed Ethernet/IP/L4 headers; given to the kernel.
     pub parse_errors: u64,

@@ -339,7 +339,7 @@ impl Collector for DataplaneCollector {
             family(
                 e,
                 "xlb_steering_packets",
-                "Frames seen by the steering XDP program, by interface and action (redirected to xlb, passed to the kernel, redirect_failed: no socket on that queue, parse_error: malformed, passed).",
+                "Frames seen by the steering XDP program, by interface and action (redirected to xlb, passed to the kernel, redirect_failed: no socket on that queue, dropped; parse_error: malformed, passed).",
                 C,
                 ifs.iter().flat_map(|i| {
                     [
