@@ -384,7 +384,7 @@ do_up() {
   # be4: a pod on the lb node itself, behind a veth (as a CNI bridge/ptp plugin makes it)
   ip link add vpod netns "$(ns lb)" type veth peer name eth0 netns "$(ns be4)" address 02:00:0a:fa:28:02
 
-  say "sysctls: no DAD, no redirects, rp_filter off; forwarding on in $(ns lb)"
+  say "sysctls: no DAD, no redirects, rp_filter off, no txrehash; forwarding on in $(ns lb)"
   for r in client lb be1 be2 be3 be4; do
     nsx "$r" sysctl -qw \
       net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.default.accept_dad=0 net.ipv6.conf.eth0.accept_dad=0 \
@@ -392,6 +392,10 @@ do_up() {
       net.ipv6.conf.eth0.accept_ra=0 \
       net.ipv4.conf.all.accept_redirects=0 net.ipv4.conf.eth0.accept_redirects=0 \
       net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.default.rp_filter=0 net.ipv4.conf.eth0.rp_filter=0
+    # A veth's receive queue is the sender's transmit queue, which Linux picks again after a
+    # retransmission timeout (txrehash): a flow would move to another xlb worker. A NIC's RSS
+    # hashes the tuple and never moves a flow, so the testbed keeps each socket on its queue.
+    nsx "$r" sysctl -qw net.core.txrehash=0
   done
   # one-armed: client and backends share the segment, so the lb's kernel would send ICMP
   # redirects and the hosts would start talking to each other directly
