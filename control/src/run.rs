@@ -11,10 +11,10 @@
 //! interface → with `--takeover`, take the running xlb's flows ([`crate::handover`]) → bind
 //! the HTTP ports → create the punt device → start one pinned worker per core → put the
 //! workers' sockets into the XSKMAP → sync the steering maps → attach the programs (after a
-//! hand-over, once the previous xlb has detached its own). Then, until SIGINT/SIGTERM: reload on SIGHUP or when the file
-//! changes (a bad file is logged with its document, object and field, and the running tables
-//! stay), rebuild when a neighbour changes, ask the kernel to resolve unresolved next hops,
-//! and answer the admin socket. On exit the workers stop and every program and map is removed
+//! hand-over, once the previous xlb has detached its own). Then, until SIGINT/SIGTERM: reload
+//! on SIGHUP or when the file changes (a bad file is logged with its document, object and
+//! field, and the running tables stay), rebuild when a neighbour changes, ask the kernel to
+//! resolve unresolved next hops, and answer the admin socket. On exit the workers stop and every program and map is removed
 //! (the maps are not pinned, so closing them frees them); on a hand-over request the workers
 //! stop, their flows go to the new process, and the programs are detached when it is ready.
 
@@ -322,8 +322,8 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource, tak
     let nworkers = cores.len().min(queues_per_iface).max(1);
     let nworkers_u16 = u16::try_from(nworkers).unwrap_or(1);
 
-    // A hand-over: the running xlb stops and detaches once it has sent its flows; from here
-    // on nothing serves until this process's workers run.
+    // A hand-over: the running xlb stops its workers and sends their flows; its programs then
+    // drop xlb's frames until this process is ready and attaches its own.
     let mut restore: Vec<dataplane::process::snapshot::FlowSnapshot> = Vec::new();
     let mut handed_over_at: Option<Instant> = None;
     let mut pending: Option<crate::handover::Pending> = None;
