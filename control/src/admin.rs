@@ -101,13 +101,13 @@ fn handle(
         Some(Ok(())) => {
             tracing::info!("hand-over requested on the admin socket");
             if let Err(e) = handover.send(c) {
-                crate::handover::refuse(&e.0, "error: this xlb is stopping\n");
+                crate::handover::reply(&e.0, "error: this xlb is stopping\n");
             }
             return Ok(());
         }
         Some(Err(answer)) => {
             tracing::warn!("{}", answer.trim());
-            crate::handover::refuse(&c, &answer);
+            crate::handover::reply(&c, &answer);
             return Ok(());
         }
         None => {}

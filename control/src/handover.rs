@@ -67,7 +67,7 @@ impl Pending {
         let mut line = String::new();
         std::io::BufRead::read_line(&mut std::io::BufReader::new(&c), &mut line)
             .context("hand-over: waiting for the previous xlb to detach")?;
-        if line.trim() != "detached" {
+        if line != DETACHED {
             bail!("hand-over: the previous xlb answered {:?} instead of detached", line.trim());
         }
         Ok(())
@@ -162,15 +162,14 @@ pub(crate) fn wait_attach(c: &UnixStream) -> Result<()> {
     Ok(())
 }
 
-/// The old process's last word: its programs are detached.
-pub(crate) fn detached(mut c: &UnixStream) {
-    let _ = c.write_all(b"detached\n");
-}
-
-/// Sends a refusal to a hand-over request.
-pub(crate) fn refuse(mut c: &UnixStream, answer: &str) {
+/// The old process's answers that need no descriptor: a refusal (`error …`), or `detached`
+/// ([`DETACHED`]), its last word. A peer that went away is not an error here.
+pub(crate) fn reply(mut c: &UnixStream, answer: &str) {
     let _ = c.write_all(answer.as_bytes());
 }
+
+/// The old process's last answer: its programs are detached.
+pub(crate) const DETACHED: &str = "detached\n";
 
 #[cfg(test)]
 mod tests {

@@ -524,13 +524,10 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource, tak
             // xlb's frames (no socket), so the kernel does not forward them untranslated.
             let sent = crate::handover::send(&stream, &flows);
             let sent_ms = stopping.elapsed().as_secs_f64() * 1e3;
-            let ready = sent
-                .as_ref()
-                .map_err(|e| anyhow::anyhow!("{e:#}"))
-                .and_then(|()| crate::handover::wait_attach(&stream));
+            let ready = if sent.is_ok() { crate::handover::wait_attach(&stream) } else { Ok(()) };
             let waited_ms = stopping.elapsed().as_secs_f64() * 1e3;
             detach(steering);
-            crate::handover::detached(&stream);
+            crate::handover::reply(&stream, crate::handover::DETACHED);
             sent.context("hand-over: sending the flows")?;
             if let Err(e) = ready {
                 tracing::error!(error = %format!("{e:#}"), "hand-over: detached without the new xlb's go-ahead");

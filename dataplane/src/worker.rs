@@ -317,6 +317,7 @@ fn run(
     let mut idle_rounds = 0u32;
     let counters = pipeline.counters().clone();
     let mut next_socket_stats_ms = 0u64;
+    let route = Route { fabric: &fabric, me: id, workers: spec.pipeline.workers, punt: spec.punt.as_ref() };
     while !stop.load(Ordering::Relaxed) {
         // One relaxed pointer check per loop; a new snapshot only after a publication.
         let t: &Tables = reader.load();
@@ -347,20 +348,7 @@ fn run(
                 verdicts.fill(Verdict::Drop(DropReason::NoRoom));
             }
             for (f, v) in rx.drain(..).zip(verdicts) {
-                dispatch(
-                    v,
-                    f,
-                    in_port,
-                    0,
-                    &mut xsk,
-                    &mut tx,
-                    &fabric,
-                    id,
-                    spec.pipeline.workers,
-                    &mut scratch,
-                    &mut tally,
-                    spec.punt.as_ref(),
-                );
+                route.dispatch(v, f, in_port, 0, &mut xsk, &mut tx, &mut scratch, &mut tally);
             }
         }
         // Packets the kernel routed into this worker's punt queue: replies of backends reached
@@ -394,20 +382,7 @@ fn run(
                     continue;
                 };
                 let verdict = process_frame(&xsk, &mut pipeline, t, &mut f, KERNEL_PORT);
-                dispatch(
-                    verdict,
-                    f,
-                    KERNEL_PORT,
-                    0,
-                    &mut xsk,
-                    &mut tx,
-                    &fabric,
-                    id,
-                    spec.pipeline.workers,
-                    &mut scratch,
-                    &mut tally,
-                    spec.punt.as_ref(),
-                );
+                route.dispatch(verdict, f, KERNEL_PORT, 0, &mut xsk, &mut tx, &mut scratch, &mut tally);
             }
         }
         // Frames handed over by other workers.
@@ -423,20 +398,7 @@ fn run(
                     continue;
                 };
                 let verdict = process_frame(&xsk, &mut pipeline, t, &mut f, in_port);
-                dispatch(
-                    verdict,
-                    f,
-                    in_port,
-                    hops + 1,
-                    &mut xsk,
-                    &mut tx,
-                    &fabric,
-                    id,
-                    spec.pipeline.workers,
-                    &mut scratch,
-                    &mut tally,
-                    spec.punt.as_ref(),
-                );
+                route.dispatch(verdict, f, in_port, hops + 1, &mut xsk, &mut tx, &mut scratch, &mut tally);
             }
         }
         for (port, q) in tx.iter_mut().enumerate() {
@@ -530,90 +492,103 @@ fn process_frame(xsk: &Xsk, pipeline: &mut Pipeline, t: &Tables, f: &mut OwnedFr
     .unwrap_or(Verdict::Drop(DropReason::NoRoom))
 }
 
-#[expect(clippy::too_many_arguments, reason = "the worker's borrowed state")]
-fn dispatch(
-    v: Verdict,
-    f: OwnedFrame,
-    in_port: u8,
-    hops: u16,
-    xsk: &mut Xsk,
-    tx: &mut [Vec<OwnedFrame>],
-    fabric: &Fabric,
+/// Where a worker's verdicts send frames: the parts that stay the same for the whole run.
+struct Route<'a> {
+    fabric: &'a Fabric,
+    /// This worker.
     me: u16,
+    /// Workers on the node.
     workers: u16,
-    scratch: &mut Vec<u8>,
-    tally: &mut Tally,
-    punt_port: Option<&PuntPort>,
-) {
-    // `release` refuses only frames of another UMEM, and every frame here came from `xsk`.
-    let mut f = f;
-    if in_port == KERNEL_PORT && v == Verdict::Pass {
-        // From the kernel and not ours (a pod on this node answering a direct connection from
-        // a Service's target port): handed back, it takes the main table (the bypass rule of
-        // the punt device), not the reply rule again.
-        tally.from_kernel_untracked += 1;
-    }
-    match v {
-        Verdict::Tx { port: KERNEL_PORT } => {
-            if punt(xsk, &mut f, punt_port) {
-                tally.to_kernel += 1;
-            } else {
-                tally.punt_failed += 1;
-            }
-            drop(xsk.release(f));
+    /// This worker's punt queue.
+    punt: Option<&'a PuntPort>,
+}
+
+impl Route<'_> {
+    /// Acts on verdict `v` for frame `f`: queue it for TX, punt it to the kernel, hand it to
+    /// another worker (`hops` workers have seen it), or release it.
+    #[expect(clippy::too_many_arguments, reason = "the worker's borrowed state")]
+    fn dispatch(
+        &self,
+        v: Verdict,
+        f: OwnedFrame,
+        in_port: u8,
+        hops: u16,
+        xsk: &mut Xsk,
+        tx: &mut [Vec<OwnedFrame>],
+        scratch: &mut Vec<u8>,
+        tally: &mut Tally,
+    ) {
+        let Self { fabric, me, workers, punt: punt_port } = *self;
+        // `release` refuses only frames of another UMEM, and every frame here came from `xsk`.
+        let mut f = f;
+        if in_port == KERNEL_PORT && v == Verdict::Pass {
+            // From the kernel and not ours (a pod on this node answering a direct connection from
+            // a Service's target port): handed back, it takes the main table (the bypass rule of
+            // the punt device), not the reply rule again.
+            tally.from_kernel_untracked += 1;
         }
-        Verdict::Tx { port } => match tx.get_mut(usize::from(port)) {
-            Some(q) => q.push(f),
-            None => drop(xsk.release(f)),
-        },
-        Verdict::Pass => {
-            tally.pass_in_userspace += 1;
-            if punt(xsk, &mut f, punt_port) {
-                tally.punted += 1;
-            } else {
-                tally.punt_failed += 1;
-            }
-            drop(xsk.release(f));
-        }
-        Verdict::Drop(_) => drop(xsk.release(f)),
-        Verdict::Handoff { worker } => {
-            if hops + 1 >= workers || worker == me {
-                // Every worker looked: nobody has a flow for this reply. It is direct traffic
-                // of a pod that also backs a Service (same address and port): the kernel's.
-                if in_port == KERNEL_PORT {
-                    tally.from_kernel_untracked += 1;
+        match v {
+            Verdict::Tx { port: KERNEL_PORT } => {
+                if punt(xsk, &mut f, punt_port) {
+                    tally.to_kernel += 1;
+                } else {
+                    tally.punt_failed += 1;
                 }
+                drop(xsk.release(f));
+            }
+            Verdict::Tx { port } => match tx.get_mut(usize::from(port)) {
+                Some(q) => q.push(f),
+                None => drop(xsk.release(f)),
+            },
+            Verdict::Pass => {
+                tally.pass_in_userspace += 1;
                 if punt(xsk, &mut f, punt_port) {
                     tally.punted += 1;
                 } else {
-                    tally.reply_untracked += 1;
+                    tally.punt_failed += 1;
                 }
                 drop(xsk.release(f));
-                return;
             }
-            let target = fabric.inboxes.get(usize::from(worker));
-            match (target, fabric.pool.pop()) {
-                (Some(inbox), Some(mut b)) if xsk.copy_out(&mut f, scratch) => {
-                    b.0.bytes.clear();
-                    b.0.bytes.extend_from_slice(scratch);
-                    b.0.hops = hops;
-                    b.0.in_port = in_port;
-                    match inbox.push(b) {
-                        Ok(()) => tally.handed_off += 1,
-                        Err(b) => {
-                            let _ = fabric.pool.push(b);
-                            tally.handoff_dropped += 1;
+            Verdict::Drop(_) => drop(xsk.release(f)),
+            Verdict::Handoff { worker } => {
+                if hops + 1 >= workers || worker == me {
+                    // Every worker looked: nobody has a flow for this reply. It is direct traffic
+                    // of a pod that also backs a Service (same address and port): the kernel's.
+                    if in_port == KERNEL_PORT {
+                        tally.from_kernel_untracked += 1;
+                    }
+                    if punt(xsk, &mut f, punt_port) {
+                        tally.punted += 1;
+                    } else {
+                        tally.reply_untracked += 1;
+                    }
+                    drop(xsk.release(f));
+                    return;
+                }
+                let target = fabric.inboxes.get(usize::from(worker));
+                match (target, fabric.pool.pop()) {
+                    (Some(inbox), Some(mut b)) if xsk.copy_out(&mut f, scratch) => {
+                        b.0.bytes.clear();
+                        b.0.bytes.extend_from_slice(scratch);
+                        b.0.hops = hops;
+                        b.0.in_port = in_port;
+                        match inbox.push(b) {
+                            Ok(()) => tally.handed_off += 1,
+                            Err(b) => {
+                                let _ = fabric.pool.push(b);
+                                tally.handoff_dropped += 1;
+                            }
                         }
                     }
-                }
-                (_, b) => {
-                    if let Some(b) = b {
-                        let _ = fabric.pool.push(b);
+                    (_, b) => {
+                        if let Some(b) = b {
+                            let _ = fabric.pool.push(b);
+                        }
+                        tally.handoff_dropped += 1;
                     }
-                    tally.handoff_dropped += 1;
                 }
+                drop(xsk.release(f));
             }
-            drop(xsk.release(f));
         }
     }
 }

@@ -769,21 +769,12 @@ impl Xlb {
         let (config, socket) = (self.config.clone(), self.socket.clone());
         let mut new = Self::spawn(tb, &config, &socket, &log, &["--takeover"])?;
         let Some(mut old) = self.child.take() else { return Err(not_running()) };
-        let deadline = Instant::now() + XLB_READY_TIMEOUT;
-        let status = loop {
-            if let Some(status) = old.try_wait().map_err(io_err("waiting for the old xlb"))? {
-                break status;
-            }
-            if Instant::now() >= deadline {
-                let _ = old.kill();
-                let _ = old.wait();
-                return Err(TestbedError::Timeout(format!(
-                    "the old xlb did not exit within {XLB_READY_TIMEOUT:?} of the take-over (killed); its log:\n{}\nthe new one's:\n{}",
-                    self.log(),
-                    new.log()
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(5));
+        let Some(status) = wait_exit(&mut old, XLB_READY_TIMEOUT)? else {
+            return Err(TestbedError::Timeout(format!(
+                "the old xlb did not exit within {XLB_READY_TIMEOUT:?} of the take-over (killed); its log:\n{}\nthe new one's:\n{}",
+                self.log(),
+                new.log()
+            )));
         };
         new.wait_ready()?;
         Ok((new, status))
@@ -957,21 +948,28 @@ impl Xlb {
         let Some(mut child) = self.child.take() else {
             return Err(not_running());
         };
-        let deadline = Instant::now() + XLB_STOP_TIMEOUT;
-        loop {
-            if let Some(status) = child.try_wait().map_err(io_err("waiting for xlb"))? {
-                return Ok(status);
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(TestbedError::Timeout(format!(
-                    "xlb did not exit within {XLB_STOP_TIMEOUT:?} of SIGTERM (killed); its log:\n{}",
-                    self.log()
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        wait_exit(&mut child, XLB_STOP_TIMEOUT)?.ok_or_else(|| {
+            TestbedError::Timeout(format!(
+                "xlb did not exit within {XLB_STOP_TIMEOUT:?} of SIGTERM (killed); its log:\n{}",
+                self.log()
+            ))
+        })
+    }
+}
+
+/// Waits up to `timeout` for `child` to exit; `None` if it did not, after killing and reaping it.
+fn wait_exit(child: &mut Child, timeout: Duration) -> Result<Option<ExitStatus>> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait().map_err(io_err("waiting for xlb"))? {
+            return Ok(Some(status));
         }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Ok(None);
+        }
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
 

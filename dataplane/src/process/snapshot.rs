@@ -153,17 +153,17 @@ impl<'a> Reader<'a> {
         self.at = end;
         Ok(s)
     }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], SnapshotError> {
+        self.take(N)?.try_into().map_err(|_| SnapshotError::Truncated(self.at))
+    }
     fn u16(&mut self) -> Result<u16, SnapshotError> {
-        let s = self.take(2)?;
-        Ok(u16::from_le_bytes([s.first().copied().unwrap_or(0), s.get(1).copied().unwrap_or(0)]))
+        self.array().map(u16::from_le_bytes)
     }
     fn u32(&mut self) -> Result<u32, SnapshotError> {
-        let s = self.take(4)?.try_into().map_err(|_| SnapshotError::Truncated(self.at))?;
-        Ok(u32::from_le_bytes(s))
+        self.array().map(u32::from_le_bytes)
     }
     fn u64(&mut self) -> Result<u64, SnapshotError> {
-        let s = self.take(8)?.try_into().map_err(|_| SnapshotError::Truncated(self.at))?;
-        Ok(u64::from_le_bytes(s))
+        self.array().map(u64::from_le_bytes)
     }
     fn records<A: CtFamily>(&mut self, n: u64) -> Result<Vec<Rec<A>>, SnapshotError> {
         let size = size_of::<Rec<A>>();
