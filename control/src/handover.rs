@@ -60,13 +60,27 @@ pub(crate) struct Pending(UnixStream);
 
 impl Pending {
     /// Sends `attach` and waits for `detached`: the old process's programs are gone and this
-    /// process may attach its own.
+    /// process may attach its own. A connection closed without an answer also means they are
+    /// gone: the old process closes it only after detaching, or it died (e.g. SIGKILL at the
+    /// end of a pod's termination grace period), and its programs' BPF links with it; logged.
     pub(crate) fn release(self) -> Result<()> {
         let mut c = self.0;
-        c.write_all(b"attach\n").context("hand-over: asking the previous xlb to detach")?;
         let mut line = String::new();
-        std::io::BufRead::read_line(&mut std::io::BufReader::new(&c), &mut line)
-            .context("hand-over: waiting for the previous xlb to detach")?;
+        let answer = c
+            .write_all(b"attach\n")
+            .and_then(|()| std::io::BufRead::read_line(&mut std::io::BufReader::new(&c), &mut line));
+        match answer {
+            Ok(0) => {
+                tracing::warn!("hand-over: the previous xlb went away without answering detached; attaching");
+                return Ok(());
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe || e.kind() == std::io::ErrorKind::ConnectionReset => {
+                tracing::warn!(error = %e, "hand-over: the previous xlb went away before attach; attaching");
+                return Ok(());
+            }
+            Err(e) => return Err(e).context("hand-over: asking the previous xlb to detach"),
+            Ok(_) => {}
+        }
         if line != DETACHED {
             bail!("hand-over: the previous xlb answered {:?} instead of detached", line.trim());
         }
@@ -200,6 +214,31 @@ mod tests {
         t.join().unwrap_or_else(|_| panic!("sender thread"));
         assert_eq!(got.len(), 1);
         assert_eq!((got[0].worker_id, got[0].workers), (3, 4));
+    }
+
+    /// The old side of `release` over a socket pair: reads `attach`, then answers `answer`
+    /// (`None`: closes without a word).
+    fn release_against(answer: Option<&'static str>) -> Result<()> {
+        let (a, b) = UnixStream::pair()?;
+        let old = std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(&b), &mut line);
+            assert_eq!(line, "attach\n");
+            if let Some(text) = answer {
+                reply(&b, text);
+            }
+        });
+        let r = Pending(a).release();
+        old.join().unwrap_or_else(|_| panic!("old side"));
+        r
+    }
+
+    #[test]
+    fn release_goes_on_after_detached_or_a_closed_connection_and_not_after_another_answer() {
+        release_against(Some(DETACHED)).unwrap_or_else(|e| panic!("detached: {e:#}"));
+        release_against(None).unwrap_or_else(|e| panic!("closed: {e:#}"));
+        let e = release_against(Some("error: busy\n")).err().map(|e| format!("{e:#}")).unwrap_or_default();
+        assert!(e.contains("instead of detached"), "{e}");
     }
 
     fn read_answer_for_test(mut c: UnixStream) -> Result<Vec<FlowSnapshot>> {
