@@ -7,6 +7,7 @@
 
 mod admin;
 mod handover;
+mod notify;
 mod run;
 
 use std::path::PathBuf;
@@ -39,6 +40,8 @@ enum Command {
     },
     /// Run the load balancer in standalone mode until SIGINT/SIGTERM. SIGHUP, or a change
     /// of FILE, reloads it atomically; a bad file is logged and the running tables stay.
+    /// With $NOTIFY_SOCKET set (a systemd `Type=notify` unit) it sends `READY=1` and
+    /// `MAINPID=` once it forwards and `STOPPING=1` when it drains or stops (sd_notify(3)).
     Run {
         /// The XlbConfiguration; in standalone mode (neither --kubernetes nor --kubeconfig)
         /// also the Service, EndpointSlice and Node objects.
@@ -56,10 +59,18 @@ enum Command {
         admin_socket: PathBuf,
         /// Take over from the xlb running on the same admin socket (an upgrade or restart
         /// without losing flows): once this process's config and tables are ready, the running
-        /// one stops, hands over its flows and exits, and this one attaches and serves them.
-        /// If none runs, start normally; if it refuses, exit with its answer (it keeps serving).
+        /// one stops, hands over its flows and detaches its programs, and this one attaches and
+        /// serves them; the running one then exits, or idles with `--after-handover wait`. If
+        /// none runs, start normally; if it refuses, exit with its answer (it keeps serving).
         #[arg(long)]
         takeover: bool,
+        /// What this process does once it has handed over to a new xlb: `exit` (status 0), or
+        /// `wait`: stay idle (no workers, programs, sockets or ports) until SIGTERM or SIGINT,
+        /// then exit 0 at once. `wait` is for a container that is restarted when its process
+        /// exits (a DaemonSet pod): it would take the node back with `--takeover`. A
+        /// hand-over during the drain after SIGTERM always exits.
+        #[arg(long, value_enum, value_name = "WHAT", default_value_t = run::AfterHandover::Exit)]
+        after_handover: run::AfterHandover,
     },
     /// Print the running tables with active/inactive connections, like `ipvsadm -Ln`.
     Services {
@@ -100,13 +111,13 @@ fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         },
-        Command::Run { config, kubernetes, kubeconfig, admin_socket, takeover } => {
+        Command::Run { config, kubernetes, kubeconfig, admin_socket, takeover, after_handover } => {
             let source = match (kubernetes, kubeconfig) {
                 (_, Some(k)) => run::StateSource::Kubernetes { kubeconfig: Some(k) },
                 (true, None) => run::StateSource::Kubernetes { kubeconfig: None },
                 (false, None) => run::StateSource::File,
             };
-            report(run::run(config, admin_socket, source, takeover))
+            report(run::run(config, admin_socket, source, run::Options { takeover, after_handover }))
         }
         Command::Services { admin_socket } => ask(&admin_socket, "services"),
         Command::Conntrack { admin_socket } => ask(&admin_socket, "conntrack"),

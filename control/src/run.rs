@@ -55,6 +55,36 @@ pub(crate) enum StateSource {
     },
 }
 
+/// What `xlb run` does once it has handed over to a new xlb (`--after-handover`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum AfterHandover {
+    /// Exit with status 0.
+    Exit,
+    /// Stay idle (nothing of the process serves) until SIGTERM or SIGINT, then exit 0.
+    Wait,
+}
+
+/// How `xlb run` starts and ends, from its flags.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Options {
+    /// `--takeover`: take the running xlb's flows first.
+    pub(crate) takeover: bool,
+    /// `--after-handover`.
+    pub(crate) after_handover: AfterHandover,
+}
+
+/// How [`serve`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// Stopped (a signal, and the drain after SIGTERM) or never started forwarding.
+    Stopped,
+    /// Handed over to a new xlb and detached its programs; `during_drain`: after SIGTERM.
+    HandedOver {
+        /// The hand-over came while the process drained after SIGTERM.
+        during_drain: bool,
+    },
+}
+
 /// What survives from one table build to the next: the translation cache and the builder's
 /// backend slots and Maglev tables, so a change redoes only the Services it touches (SYNC-03).
 #[derive(Debug, Default)]
@@ -201,6 +231,8 @@ struct Shutdown {
     term: Arc<AtomicBool>,
     /// When the drain started.
     drain_since: std::cell::Cell<Option<Instant>>,
+    /// `STOPPING=1` has been sent ([`crate::notify::stopping`]).
+    stopping_sent: std::cell::Cell<bool>,
 }
 
 impl Shutdown {
@@ -209,6 +241,7 @@ impl Shutdown {
             interrupt: Arc::new(AtomicBool::new(false)),
             term: Arc::new(AtomicBool::new(false)),
             drain_since: std::cell::Cell::new(None),
+            stopping_sent: std::cell::Cell::new(false),
         };
         signal_hook::flag::register(signal_hook::consts::SIGINT, s.interrupt.clone())?;
         signal_hook::flag::register(signal_hook::consts::SIGTERM, s.term.clone())?;
@@ -220,8 +253,18 @@ impl Shutdown {
         self.interrupt.load(Ordering::Relaxed) || self.term.load(Ordering::Relaxed)
     }
 
-    /// Whether to stop now; on the first SIGTERM, starts the drain (health goes 503).
+    /// Whether to stop now; on the first SIGTERM, starts the drain (health goes 503). The
+    /// service manager hears `STOPPING=1` when the drain starts or, without one, when this
+    /// first answers yes.
     fn due(&self, health: &xlb::http::ProxyHealth, grace: Duration) -> bool {
+        let due = self.check(health, grace);
+        if (due || self.draining()) && !self.stopping_sent.replace(true) {
+            crate::notify::stopping();
+        }
+        due
+    }
+
+    fn check(&self, health: &xlb::http::ProxyHealth, grace: Duration) -> bool {
         if self.interrupt.load(Ordering::Relaxed) {
             return true;
         }
@@ -245,11 +288,51 @@ impl Shutdown {
             Some(t) => t.elapsed() >= grace,
         }
     }
+
+    /// Whether the drain after SIGTERM has started.
+    fn draining(&self) -> bool {
+        self.drain_since.get().is_some()
+    }
+
+    /// Blocks until SIGTERM or SIGINT (one that came before the call counts).
+    fn wait_signal(&self) {
+        while !self.interrupt.load(Ordering::Relaxed) && !self.term.load(Ordering::Relaxed) {
+            std::thread::sleep(IDLE_TICK);
+        }
+    }
 }
 
-/// Runs until SIGINT, or SIGTERM and the drain after it.
-pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource, takeover: bool) -> Result<()> {
+/// How often an idle process (`--after-handover wait`) looks for its signal.
+const IDLE_TICK: Duration = Duration::from_millis(50);
+
+/// Runs until SIGINT, or SIGTERM and the drain after it, or a hand-over to a new xlb (then,
+/// with `--after-handover wait`, idles until a signal).
+pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource, opts: Options) -> Result<()> {
     let shutdown = Shutdown::register()?;
+    let ended = serve(path, admin_socket, source, opts.takeover, &shutdown)?;
+    // Everything of the serving process is gone by now (workers, sockets, runtime, tables).
+    match ended {
+        Ended::HandedOver { during_drain: false } if opts.after_handover == AfterHandover::Wait => {
+            tracing::info!(
+                "hand-over: done; idle until SIGTERM or SIGINT (--after-handover wait): this process serves nothing"
+            );
+            shutdown.wait_signal();
+            tracing::info!("hand-over: signal received while idle; exiting");
+        }
+        Ended::HandedOver { during_drain } => tracing::info!(during_drain, "hand-over: done; exiting"),
+        Ended::Stopped => {}
+    }
+    Ok(())
+}
+
+/// Serves until SIGINT, or SIGTERM and the drain after it, or a hand-over.
+fn serve(
+    path: PathBuf,
+    admin_socket: PathBuf,
+    source: StateSource,
+    takeover: bool,
+    shutdown: &Shutdown,
+) -> Result<Ended> {
     let reload = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGHUP, reload.clone())?;
 
@@ -290,7 +373,7 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource, tak
         Some((src, _, _)) => {
             let snap = loop {
                 if shutdown.requested() {
-                    return Ok(());
+                    return Ok(Ended::Stopped);
                 }
                 if let Ok(s) =
                     rt.block_on(async { tokio::time::timeout(Duration::from_millis(500), src.next_snapshot()).await })
@@ -337,6 +420,9 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource, tak
         let started = Instant::now();
         match crate::handover::request(&admin_socket) {
             Ok(Ok((s, p))) => {
+                // The previous xlb has stopped and exits once this one attaches: a service
+                // manager must follow this process from now on (before the old one exits).
+                crate::notify::main_pid();
                 pending = Some(p);
                 tracing::info!(
                     workers = s.len(),
@@ -354,6 +440,7 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource, tak
                 bail!("hand-over refused by the running xlb (it keeps serving): {answer}");
             }
             Err(e) => {
+                crate::notify::main_pid();
                 tracing::error!(error = %format!("{e:#}"), "hand-over failed after the previous xlb stopped; starting without its flows (TCP flows of mh/sh services are picked up)");
             }
         }
@@ -466,6 +553,7 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource, tak
                 .with_interfaces(iface_stats.clone());
         telemetry.metrics.set_dataplane(Arc::new(view));
         tracing::info!(config = %path.display(), workers = nworkers, source = ?source, "xlb running");
+        crate::notify::ready();
         if let Some(t) = handed_over_at {
             // With the old process's stop-to-send time (its log), the forwarding gap.
             tracing::info!(ms = t.elapsed().as_secs_f64() * 1e3, "hand-over: forwarding again after the flows arrived");
@@ -483,7 +571,7 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource, tak
             punt: !punt_queues.is_empty(),
             handover: handover_rx,
         };
-        let handover = sup.run(&mut cluster, k8s.as_mut(), &shutdown, &reload)?;
+        let handover = sup.run(&mut cluster, k8s.as_mut(), shutdown, &reload)?;
         drop(admin);
         Ok(handover)
     })();
@@ -536,14 +624,14 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource, tak
                 flows = n,
                 sent_ms,
                 detached_ms = waited_ms,
-                "hand-over: workers stopped and flows sent, then programs detached when the new xlb was ready; exiting"
+                "hand-over: workers stopped and flows sent, then programs detached when the new xlb was ready"
             );
-            Ok(())
+            Ok(Ended::HandedOver { during_drain: shutdown.draining() })
         }
         Ok(None) => {
             detach(steering);
             tracing::info!("xlb stopped; steering programs detached");
-            Ok(())
+            Ok(Ended::Stopped)
         }
         Err(e) => {
             detach(steering);
@@ -744,7 +832,9 @@ impl Supervisor<'_> {
                 last_resolve = Instant::now();
             }
         }
-        Ok(None)
+        // A hand-over asked for while the drain ran out is still served: the new xlb has
+        // stopped nothing yet, and stopping now would make it fail instead of taking over.
+        Ok(self.handover.try_recv().ok())
     }
 }
 
@@ -850,6 +940,7 @@ mod tests {
             interrupt: Arc::new(AtomicBool::new(false)),
             term: Arc::new(AtomicBool::new(false)),
             drain_since: std::cell::Cell::new(None),
+            stopping_sent: std::cell::Cell::new(false),
         }
     }
 
