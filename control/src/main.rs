@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 mod admin;
+mod detach;
 mod handover;
 mod notify;
 mod run;
@@ -71,6 +72,12 @@ enum Command {
         /// hand-over during the drain after SIGTERM always exits.
         #[arg(long, value_enum, value_name = "WHAT", default_value_t = run::AfterHandover::Exit)]
         after_handover: run::AfterHandover,
+        /// With --takeover: start the new xlb as a child in its own session (this binary, the
+        /// same arguments less --detach) and exit 0 once it serves, or 1 if it exits first.
+        /// For a service manager's reload command (`ExecReload=` of the systemd unit); the
+        /// child announces itself with `MAINPID=` on $NOTIFY_SOCKET.
+        #[arg(long, requires = "takeover")]
+        detach: bool,
     },
     /// Print the running tables with active/inactive connections, like `ipvsadm -Ln`.
     Services {
@@ -111,7 +118,11 @@ fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         },
-        Command::Run { config, kubernetes, kubeconfig, admin_socket, takeover, after_handover } => {
+        Command::Run { config, kubernetes, kubeconfig, admin_socket, takeover, after_handover, detach } => {
+            if detach {
+                return report(detach::run(std::env::args_os().skip(1), &admin_socket));
+            }
+            detach::leave_session_if_detached();
             let source = match (kubernetes, kubeconfig) {
                 (_, Some(k)) => run::StateSource::Kubernetes { kubeconfig: Some(k) },
                 (true, None) => run::StateSource::Kubernetes { kubeconfig: None },
