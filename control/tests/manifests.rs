@@ -6,6 +6,8 @@
 //! - the RBAC is read-only on exactly what xlb watches;
 //! - the DaemonSet runs on the host network with kube-proxy's probe and metrics ports, the
 //!   capabilities xlb needs and nothing more, and the API server's own address;
+//! - its rolling update starts the new pod beside the old one, which hands over through the
+//!   admin socket in a shared hostPath directory;
 //! - the ConfigMap's `config.yaml` is a valid XlbConfiguration, also after the init container
 //!   appends `nodeName`, and `xlb check` accepts it.
 
@@ -249,10 +251,7 @@ fn daemonset_runs_on_the_host_network_with_probes_on_10256_and_metrics_on_10249(
     let c = xlb_container(pod);
     assert_eq!(http_get(c.liveness_probe.as_ref(), "livenessProbe"), ("/livez".into(), 10256));
     assert_eq!(http_get(c.readiness_probe.as_ref(), "readinessProbe"), ("/healthz".into(), 10256));
-    let ports: BTreeMap<i32, Option<String>> =
-        c.ports.iter().flatten().map(|p| (p.container_port, p.name.clone())).collect();
-    assert_eq!(ports.get(&10249), Some(&Some("metrics".into())), "{ports:?}");
-    assert_eq!(ports.get(&10256), Some(&Some("healthz".into())), "{ports:?}");
+    // (The ports are not declared as container ports: see the surge test below.)
 
     let annotations = ds.spec.as_ref().and_then(|s| s.template.metadata.as_ref()).and_then(|m| m.annotations.as_ref());
     let annotation = |k: &str| annotations.and_then(|a| a.get(k)).map(String::as_str);
@@ -324,7 +323,18 @@ fn daemonset_reaches_the_api_server_directly_and_names_its_node() {
     let pod = pod_spec(&ds);
     let c = xlb_container(pod);
     let command: Vec<&str> = c.command.iter().flatten().chain(c.args.iter().flatten()).map(String::as_str).collect();
-    assert_eq!(command, ["/usr/local/bin/xlb", "run", "--config", "/etc/xlb/config.yaml", "--kubernetes"]);
+    assert_eq!(
+        command,
+        [
+            "/usr/local/bin/xlb",
+            "run",
+            "--config",
+            "/etc/xlb/config.yaml",
+            "--kubernetes",
+            "--takeover",
+            "--after-handover=wait"
+        ]
+    );
     // ROLE-13: literal values, so the kubelet's Service-VIP values are overridden.
     let host = env(c, "KUBERNETES_SERVICE_HOST");
     assert!(host.value_from.is_none() && host.value.as_deref().is_some_and(|v| !v.is_empty()), "{host:?}");
@@ -344,6 +354,75 @@ fn daemonset_reaches_the_api_server_directly_and_names_its_node() {
     for m in c.volume_mounts.iter().flatten() {
         assert!(volumes.contains_key(m.name.as_str()), "xlb mounts the undefined volume {}", m.name);
     }
+}
+
+/// The default of `xlb run --admin-socket`, from the binary's own help.
+fn default_admin_socket() -> PathBuf {
+    let out = Command::new(env!("CARGO_BIN_EXE_xlb")).args(["run", "--help"]).output().expect("xlb runs");
+    let help = String::from_utf8_lossy(&out.stdout).into_owned();
+    for flag in ["--admin-socket", "--takeover", "--after-handover"] {
+        assert!(help.contains(flag), "`xlb run --help` lists no {flag}:\n{help}");
+    }
+    let after = help.split_once("--admin-socket").map(|(_, rest)| rest).unwrap_or_default();
+    let default = after.split_once("[default: ").and_then(|(_, rest)| rest.split_once(']')).map(|(d, _)| d);
+    PathBuf::from(default.unwrap_or_else(|| panic!("no default for --admin-socket in:\n{help}")))
+}
+
+#[test]
+fn daemonset_updates_with_a_surge_pod_that_takes_over_through_the_shared_admin_socket_directory() {
+    let ds: DaemonSet = one("DaemonSet");
+    let spec = ds.spec.as_ref().expect("DaemonSet spec");
+    let strategy = spec.update_strategy.as_ref().expect("an updateStrategy");
+    assert_eq!(strategy.type_.as_deref(), Some("RollingUpdate"));
+    let rolling = strategy.rolling_update.as_ref().expect("rollingUpdate parameters");
+    // The new pod starts while the old one serves (surge), and no node is left without xlb.
+    assert_eq!(rolling.max_surge, Some(IntOrString::Int(1)), "{rolling:?}");
+    assert_eq!(rolling.max_unavailable, Some(IntOrString::Int(0)), "{rolling:?}");
+    // The new pod's readiness probe reaches whichever xlb serves the node's :10256, the old
+    // one too: the old pod is deleted only after the new one has been ready for a while.
+    assert!(spec.min_ready_seconds.is_some_and(|s| s > 0), "minReadySeconds: {:?}", spec.min_ready_seconds);
+
+    let pod = pod_spec(&ds);
+    let c = xlb_container(pod);
+    let args: Vec<&str> = c.args.iter().flatten().map(String::as_str).collect();
+    assert!(args.contains(&"--takeover"), "the new pod takes the old one's flows: {args:?}");
+    // An old container that exited would be restarted (restartPolicy Always) and, with
+    // --takeover, take the node back from the new pod.
+    assert!(args.contains(&"--after-handover=wait"), "{args:?}");
+    assert_ne!(pod.restart_policy.as_deref(), Some("Never"));
+
+    // Both pods reach the same admin socket: its directory is the same host directory in both.
+    let socket = args
+        .iter()
+        .position(|a| *a == "--admin-socket")
+        .and_then(|i| args.get(i + 1))
+        .map_or_else(default_admin_socket, PathBuf::from);
+    let dir = socket.parent().expect("the socket is in a directory").to_str().expect("utf-8");
+    let mount = c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.mount_path.trim_end_matches('/') == dir)
+        .unwrap_or_else(|| panic!("xlb mounts nothing at {dir}, the admin socket's directory"));
+    assert_ne!(mount.read_only, Some(true), "xlb creates its socket in {dir}");
+    let volume = pod.volumes.iter().flatten().find(|v| v.name == mount.name).expect("the mounted volume");
+    let host = volume.host_path.as_ref().unwrap_or_else(|| panic!("{dir} is a hostPath: {volume:?}"));
+    assert_eq!(host.path, dir, "the node's {dir}, so that `xlb services` works on the node too");
+    assert_eq!(host.type_.as_deref(), Some("DirectoryOrCreate"));
+
+    // A hostNetwork pod's container ports become hostPorts, and the scheduler does not place
+    // two pods with the same hostPort on one node: the surge pod would stay Pending.
+    for c in pod.init_containers.iter().flatten().chain(&pod.containers) {
+        assert!(c.ports.as_ref().is_none_or(Vec::is_empty), "{} declares ports: {:?}", c.name, c.ports);
+    }
+
+    // The old xlb drains for shutdownGracePeriod after SIGTERM and may hand over at its end.
+    let grace = configmap_config().shutdown_grace_period;
+    let termination = pod.termination_grace_period_seconds.expect("terminationGracePeriodSeconds");
+    assert!(
+        u64::try_from(termination).is_ok_and(|t| t > grace.as_secs()),
+        "terminationGracePeriodSeconds {termination} must exceed shutdownGracePeriod {grace:?}"
+    );
 }
 
 /// The ConfigMap's `config.yaml` text.
