@@ -1091,6 +1091,379 @@ pub fn service_backends(services: &str, proto: &str, vip_port: &str) -> Option<V
     )
 }
 
+// ---- upgrades: --after-handover, --detach, sd_notify (issue 11) ----------------------------
+
+use std::os::unix::net::UnixDatagram;
+
+/// How long [`Xlb::take_over_detached`] waits for `xlb run --takeover --detach` to exit.
+const DETACH_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A stand-in for systemd's notification socket: a datagram socket at a path in the
+/// testbed's run directory, for `NOTIFY_SOCKET`. Dropping it removes the file.
+#[derive(Debug)]
+pub struct NotifySocket {
+    sock: UnixDatagram,
+    path: PathBuf,
+}
+
+impl NotifySocket {
+    /// Binds `<run dir>/xlb/notify.sock`.
+    ///
+    /// # Errors
+    /// When the directory cannot be created or the socket cannot be bound.
+    pub fn bind(tb: &Testbed) -> Result<Self> {
+        let dir = tb.run_dir().join("xlb");
+        std::fs::create_dir_all(&dir).map_err(io_err(format!("cannot create {}", dir.display())))?;
+        let path = dir.join("notify.sock");
+        let _ = std::fs::remove_file(&path);
+        let sock = UnixDatagram::bind(&path).map_err(io_err(format!("cannot bind {}", path.display())))?;
+        Ok(Self { sock, path })
+    }
+
+    /// The socket's path (the value for `NOTIFY_SOCKET`).
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Receives messages (one datagram each, e.g. `READY=1\nMAINPID=42\n`) until `done`
+    /// accepts one or `timeout` passes; returns every message received, the accepted one last.
+    ///
+    /// # Errors
+    /// When none is accepted in time (the error lists what arrived), or receiving fails.
+    pub fn recv_until(&self, timeout: Duration, mut done: impl FnMut(&str) -> bool) -> Result<Vec<String>> {
+        let deadline = Instant::now() + timeout;
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(TestbedError::Timeout(format!(
+                    "no expected message on {} within {timeout:?}; got {got:?}",
+                    self.path.display()
+                )));
+            }
+            self.sock.set_read_timeout(Some(left)).map_err(io_err("notify socket timeout"))?;
+            match self.sock.recv(&mut buf) {
+                Ok(n) => {
+                    let m = String::from_utf8_lossy(buf.get(..n).unwrap_or_default()).into_owned();
+                    let accepted = done(&m);
+                    got.push(m);
+                    if accepted {
+                        return Ok(got);
+                    }
+                }
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                Err(e) => return Err(io_err("notify socket recv")(e)),
+            }
+        }
+    }
+}
+
+impl Drop for NotifySocket {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Whether one sd_notify message holds the assignment `line` (e.g. `READY=1`).
+#[must_use]
+pub fn notify_has(message: &str, line: &str) -> bool {
+    message.lines().any(|l| l == line)
+}
+
+/// The xlb that `xlb run --takeover --detach` started: not a child of the test, so it is
+/// known by pid. Dropping it stops it (SIGINT, SIGKILL after 5 s) if it still runs.
+#[derive(Debug)]
+pub struct DetachedXlb {
+    pid: Option<u32>,
+    bin: PathBuf,
+    socket: PathBuf,
+    log: PathBuf,
+}
+
+impl DetachedXlb {
+    /// Its pid, from the log line of the `--detach` process that started it (`None` if that
+    /// line is missing).
+    #[must_use]
+    pub fn pid(&self) -> Option<u32> {
+        self.pid
+    }
+
+    /// The log both the `--detach` process and the new xlb write (their stderr).
+    #[must_use]
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Runs `xlb <sub> --admin-socket <socket>` and returns its stdout.
+    ///
+    /// # Errors
+    /// When the command fails.
+    pub fn admin(&self, sub: &str) -> Result<String> {
+        run_ok(Command::new(&self.bin).arg(sub).arg("--admin-socket").arg(&self.socket).stdin(Stdio::null()))
+    }
+
+    /// Whether the process runs (exists, not a zombie, and is xlb: a pid is not reused
+    /// for something else unnoticed).
+    #[must_use]
+    pub fn running(&self) -> bool {
+        self.pid.is_some_and(|p| {
+            process_alive(p)
+                && std::fs::read(format!("/proc/{p}/cmdline"))
+                    .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a.ends_with(b"xlb")))
+        })
+    }
+
+    /// Sends SIGINT (stop at once) and waits up to 5 s until it is gone; then SIGKILL and
+    /// this is an error.
+    ///
+    /// # Errors
+    /// When the pid is unknown, the process does not run, or it does not stop in time.
+    pub fn interrupt(mut self) -> Result<()> {
+        let r = self.stop_pid(libc::SIGINT);
+        self.pid = None;
+        r
+    }
+
+    fn stop_pid(&self, sig: libc::c_int) -> Result<()> {
+        let Some(pid) = self.pid else { return Err(not_running()) };
+        if !self.running() {
+            return Err(not_running());
+        }
+        let raw = libc::pid_t::try_from(pid).map_err(|_| TestbedError::Parse { what: "pid", text: pid.to_string() })?;
+        // SAFETY: kill(2) touches no memory of ours. The pid was checked just above to be a
+        // running xlb (not a reused pid); it is not our child, so we cannot hold it unreaped.
+        if unsafe { libc::kill(raw, sig) } != 0 {
+            return Err(io_err(format!("kill({pid}, {sig})"))(std::io::Error::last_os_error()));
+        }
+        if wait_for(XLB_STOP_TIMEOUT, || (!process_alive(pid)).then_some(())).is_some() {
+            return Ok(());
+        }
+        // SAFETY: as above.
+        let _ = unsafe { libc::kill(raw, libc::SIGKILL) };
+        Err(TestbedError::Timeout(format!("xlb {pid} still runs {XLB_STOP_TIMEOUT:?} after signal {sig} (killed)")))
+    }
+}
+
+impl Drop for DetachedXlb {
+    fn drop(&mut self) {
+        if self.running()
+            && let Err(e) = self.stop_pid(libc::SIGINT)
+        {
+            eprintln!("detached xlb: stop failed: {e}");
+        }
+    }
+}
+
+/// The pid of the process that listens on the Unix stream socket `path` (`SO_PEERCRED` of a
+/// connection to it, unix(7)); `None` when nothing listens there.
+#[must_use]
+pub fn socket_listener_pid(path: &Path) -> Option<u32> {
+    let c = std::os::unix::net::UnixStream::connect(path).ok()?;
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = libc::socklen_t::try_from(std::mem::size_of::<libc::ucred>()).ok()?;
+    // SAFETY: `cred` and `len` are live locals of the size passed; getsockopt writes at most
+    // `len` bytes into `cred` and the new length into `len`. The fd is open for the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            c.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            std::ptr::from_mut(&mut cred).cast::<libc::c_void>(),
+            &raw mut len,
+        )
+    };
+    if rc != 0 {
+        return None;
+    }
+    u32::try_from(cred.pid).ok().filter(|p| *p > 0)
+}
+
+/// The pid in the `--detach` process's log line `--detach: started the new xlb … pid=N`.
+fn detached_pid(log: &str) -> Option<u32> {
+    let line = log.lines().find(|l| l.contains("started the new xlb"))?;
+    line.split_whitespace().find_map(|w| w.strip_prefix("pid=")).and_then(|p| p.parse().ok())
+}
+
+impl Xlb {
+    /// [`Xlb::start_with_args`] with `env` added to xlb's environment (e.g. `NOTIFY_SOCKET`).
+    ///
+    /// # Errors
+    /// As [`Xlb::start`].
+    pub fn start_with_env<S: AsRef<OsStr>>(
+        tb: &Testbed,
+        config_yaml: &str,
+        extra: &[S],
+        env: &[(&str, &OsStr)],
+    ) -> Result<Self> {
+        let dir = tb.run_dir().join("xlb");
+        std::fs::create_dir_all(&dir).map_err(io_err(format!("cannot create {}", dir.display())))?;
+        let config = dir.join("xlb.yaml");
+        std::fs::write(&config, config_yaml).map_err(io_err(format!("cannot write {}", config.display())))?;
+        let socket = dir.join("admin.sock");
+        let _ = std::fs::remove_file(&socket);
+        let bin = xlb_binary()?;
+        let mut cmd = lb_xlb_run(tb, &bin, &config, &socket, extra);
+        cmd.envs(env.iter().map(|(k, v)| (k, v)));
+        let mut xlb = Self::spawn_command(cmd, &bin, &config, &socket, &dir.join("xlb.log"))?;
+        xlb.wait_ready()?;
+        Ok(xlb)
+    }
+
+    /// Starts a second xlb with `xlb run --takeover EXTRA...` on this one's config and admin
+    /// socket (log `xlb.N.log`) and waits (up to 10 s) until it serves (logs `xlb running`),
+    /// without waiting for this one to exit: this one may go on idling
+    /// (`--after-handover wait`).
+    ///
+    /// # Errors
+    /// When the new xlb cannot be started, exits early, or does not serve in time (the error
+    /// holds both logs).
+    pub fn take_over_keeping<S: AsRef<OsStr>>(&self, tb: &Testbed, extra: &[S]) -> Result<Self> {
+        let log = self.next_log(tb);
+        let mut cmd = lb_xlb_run(tb, &self.bin, &self.config, &self.socket, &["--takeover"]);
+        cmd.args(extra);
+        let mut new = Self::spawn_command(cmd, &self.bin, &self.config, &self.socket, &log)?;
+        let deadline = Instant::now() + XLB_READY_TIMEOUT;
+        loop {
+            if new.log().contains("xlb running") {
+                return Ok(new);
+            }
+            if let Some(child) = new.child.as_mut()
+                && let Some(status) = child.try_wait().map_err(io_err("waiting for xlb"))?
+            {
+                new.child = None;
+                return Err(TestbedError::Command {
+                    command: new.command.clone(),
+                    status,
+                    stdout: new.log(),
+                    stderr: self.log(),
+                });
+            }
+            if Instant::now() >= deadline {
+                return Err(TestbedError::Timeout(format!(
+                    "the new xlb did not serve within {XLB_READY_TIMEOUT:?}; its log:\n{}\nthe old one's:\n{}",
+                    new.log(),
+                    self.log()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Runs `xlb run --takeover --detach` on this one's config and admin socket with `env`
+    /// (log `xlb.N.log`, which the new xlb it starts writes too) and waits up to 20 s for it
+    /// to exit. Returns its exit status and the new xlb; dropping that stops it.
+    ///
+    /// # Errors
+    /// When it cannot be started, or does not exit in time (it is killed; the new xlb is
+    /// stopped if its pid was logged).
+    pub fn take_over_detached(&self, tb: &Testbed, env: &[(&str, &OsStr)]) -> Result<(ExitStatus, DetachedXlb)> {
+        let log = self.next_log(tb);
+        let mut cmd = lb_xlb_run(tb, &self.bin, &self.config, &self.socket, &["--takeover", "--detach"]);
+        cmd.envs(env.iter().map(|(k, v)| (k, v)));
+        let mut parent = Self::spawn_command(cmd, &self.bin, &self.config, &self.socket, &log)?;
+        let status = match parent.child.as_mut() {
+            Some(c) => wait_exit(c, DETACH_TIMEOUT)?,
+            None => None,
+        };
+        parent.child = None;
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let new = DetachedXlb { pid: detached_pid(&text), bin: self.bin.clone(), socket: self.socket.clone(), log };
+        let status = status.ok_or_else(|| {
+            TestbedError::Timeout(format!(
+                "`{}` did not exit within {DETACH_TIMEOUT:?} (killed); its log:\n{text}",
+                parent.command
+            ))
+        })?;
+        Ok((status, new))
+    }
+
+    /// Sends SIGTERM without waiting (a drain starts when `shutdownGracePeriod` is not 0).
+    ///
+    /// # Errors
+    /// When xlb is not running.
+    pub fn send_sigterm(&self) -> Result<()> {
+        self.signal(libc::SIGTERM)
+    }
+
+    /// Sends SIGINT (stop at once, no drain) and waits up to 5 s for xlb to exit.
+    ///
+    /// # Errors
+    /// When xlb is not running, does not exit in time (then it is killed), or waiting fails.
+    pub fn interrupt(mut self) -> Result<ExitStatus> {
+        self.signal(libc::SIGINT)?;
+        let Some(mut child) = self.child.take() else { return Err(not_running()) };
+        wait_exit(&mut child, XLB_STOP_TIMEOUT)?.ok_or_else(|| {
+            TestbedError::Timeout(format!("xlb did not exit within {XLB_STOP_TIMEOUT:?} of SIGINT (killed)"))
+        })
+    }
+
+    /// `Some(status)` once xlb has exited (it is reaped), `None` while it runs.
+    ///
+    /// # Errors
+    /// When xlb was already reaped or waiting fails.
+    pub fn try_exit_status(&mut self) -> Result<Option<ExitStatus>> {
+        let Some(child) = self.child.as_mut() else { return Err(not_running()) };
+        let status = child.try_wait().map_err(io_err("waiting for xlb"))?;
+        if status.is_some() {
+            self.child = None;
+        }
+        Ok(status)
+    }
+
+    /// Waits up to `timeout` for xlb to exit by itself and reaps it.
+    ///
+    /// # Errors
+    /// When xlb was already reaped, or does not exit in time (then it is killed).
+    pub fn wait_exit_within(&mut self, timeout: Duration) -> Result<ExitStatus> {
+        let Some(mut child) = self.child.take() else { return Err(not_running()) };
+        wait_exit(&mut child, timeout)?.ok_or_else(|| {
+            TestbedError::Timeout(format!("xlb did not exit within {timeout:?} (killed); its log:\n{}", self.log()))
+        })
+    }
+
+    /// The next free `<run dir>/xlb/xlb.N.log`, N from 2.
+    fn next_log(&self, tb: &Testbed) -> PathBuf {
+        let dir = tb.run_dir().join("xlb");
+        (2..).map(|n| dir.join(format!("xlb.{n}.log"))).find(|p| !p.exists()).unwrap_or_default()
+    }
+
+    /// Spawns `cmd` (an `ip netns exec … xlb run …` from [`lb_xlb_run`]) with its output in
+    /// `log`.
+    fn spawn_command(mut cmd: Command, bin: &Path, config: &Path, socket: &Path, log: &Path) -> Result<Self> {
+        let out = File::create(log).map_err(io_err(format!("cannot create {}", log.display())))?;
+        let err = out.try_clone().map_err(io_err(format!("cannot dup {}", log.display())))?;
+        cmd.stdin(Stdio::null()).stdout(out).stderr(err);
+        let command = command_line(&cmd);
+        // `ip netns exec` execs xlb, so the child's pid is xlb's
+        let child = cmd.spawn().map_err(io_err(format!("cannot run `{command}`")))?;
+        Ok(Self {
+            child: Some(child),
+            bin: bin.to_owned(),
+            command,
+            config: config.to_owned(),
+            socket: socket.to_owned(),
+            log: log.to_owned(),
+        })
+    }
+}
+
+/// `ip netns exec <lb> BIN run --config CONFIG --admin-socket SOCKET EXTRA...`.
+fn lb_xlb_run<S: AsRef<OsStr>>(tb: &Testbed, bin: &Path, config: &Path, socket: &Path, extra: &[S]) -> Command {
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec"])
+        .arg(tb.ns_name(Role::Lb))
+        .arg(bin)
+        .arg("run")
+        .arg("--config")
+        .arg(config)
+        .arg("--admin-socket")
+        .arg(socket)
+        .args(extra);
+    cmd
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1133,6 +1506,15 @@ mod tests {
         assert!("xe4194304t99999".len() <= 15);
         assert_eq!(Role::Backend(2).to_string(), "be2");
         assert_eq!(Role::all().len(), 7);
+    }
+
+    #[test]
+    fn finds_the_detached_pid_in_the_log() {
+        let log = "2026-11-25T10:00:00Z  INFO xlb::detach: --detach: started the new xlb; waiting until it serves pid=4242 binary=/x/xlb\n";
+        assert_eq!(detached_pid(log), Some(4242));
+        assert_eq!(detached_pid("nothing"), None);
+        assert!(notify_has("READY=1\nMAINPID=7\n", "MAINPID=7"));
+        assert!(!notify_has("READY=1\nMAINPID=70\n", "MAINPID=7"));
     }
 
     #[test]

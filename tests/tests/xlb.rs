@@ -1151,4 +1151,154 @@ mod xlb {
         assert_eq!(body, "be1\n");
         assert!(fetch(&tb, &format!("http://{WEB_VIP}/")).is_err(), "the VIP still answers without xlb");
     }
+
+    // ---- upgrades: --after-handover, --detach, sd_notify (issue 11) ------------------------
+
+    use xlb_e2e::{NotifySocket, notify_has, socket_listener_pid};
+
+    /// The testbed config with a 10 s drain after SIGTERM instead of none: an xlb that drains
+    /// takes 10 s to exit on SIGTERM, one that idles after a hand-over exits at once.
+    fn config_with_drain() -> String {
+        let c = CONFIG.replace("shutdownGracePeriod: 0s", "shutdownGracePeriod: 10s");
+        assert_ne!(c, CONFIG, "setup: the testbed config sets shutdownGracePeriod: 0s");
+        c
+    }
+
+    /// `--after-handover=wait` (what the DaemonSet runs): after handing over, the old xlb stays
+    /// alive but serves nothing; the new one serves the VIP and the old one's connections. On
+    /// SIGTERM the idle one exits 0 at once (no 10 s drain: it serves nothing), and the new one
+    /// goes on serving.
+    #[test]
+    fn after_handover_wait_keeps_the_old_xlb_idle_until_sigterm_and_the_new_one_serves() {
+        if skip_without_root("after_handover_wait_keeps_the_old_xlb_idle_until_sigterm_and_the_new_one_serves") {
+            return;
+        }
+        let tb = testbed();
+        let mut old = Xlb::start_with_args(&tb, &config_with_drain(), &["--after-handover=wait"]).expect("xlb start");
+        let mut conns = open_keepalive(&tb, SocketAddr::new(WEB_VIP.into(), HTTP_PORT), 4);
+        let new = old.take_over_keeping(&tb, &["--after-handover=wait"]).unwrap_or_else(|e| panic!("take-over: {e}"));
+        fetch(&tb, &format!("http://{WEB_VIP}/"))
+            .unwrap_or_else(|e| panic!("VIP after the take-over: {e}{}", evidence(&new)));
+        let bad = use_keepalive(&mut conns);
+        assert!(bad.is_empty(), "connections broken by the hand-over: {bad:?}{}", evidence(&new));
+
+        std::thread::sleep(Duration::from_secs(1));
+        let exited = old.try_exit_status().expect("the old xlb's child");
+        assert_eq!(exited, None, "the old xlb exited after the hand-over:\n{}", old.log());
+        assert!(old.log().contains("flows sent"), "old log:\n{}", old.log());
+        assert!(old.log().contains("idle until SIGTERM or SIGINT"), "old log:\n{}", old.log());
+
+        let old_log = old.log_path().to_path_buf();
+        let started = Instant::now();
+        let status = old.stop().unwrap_or_else(|e| panic!("the idle xlb stops on SIGTERM: {e}"));
+        let took = started.elapsed();
+        let log = std::fs::read_to_string(old_log).unwrap_or_default();
+        assert!(status.success(), "the idle xlb exits 0: {status}\n{log}");
+        assert!(
+            took < Duration::from_secs(3),
+            "the idle xlb took {took:?} to exit (a serving one drains 10 s):\n{log}"
+        );
+        assert!(log.contains("signal received while idle; exiting"), "old log:\n{log}");
+
+        fetch(&tb, &format!("http://{WEB_VIP}/"))
+            .unwrap_or_else(|e| panic!("VIP after the old xlb exited: {e}{}", evidence(&new)));
+        let bad = use_keepalive(&mut conns);
+        assert!(bad.is_empty(), "connections broken when the old xlb exited: {bad:?}{}", evidence(&new));
+        new.stats().unwrap_or_else(|e| panic!("the new xlb's admin socket: {e}"));
+        let status = new.interrupt().expect("the new xlb stops on SIGINT");
+        assert!(status.success(), "{status}");
+    }
+
+    /// A hand-over asked for while the old xlb drains after SIGTERM (a DaemonSet's old pod
+    /// deleted before the new xlb took over) happens, and then the old xlb exits, even with
+    /// `--after-handover=wait`: it was being stopped anyway. Its connections go on.
+    #[test]
+    fn handover_during_the_drain_after_sigterm_exits_instead_of_idling() {
+        if skip_without_root("handover_during_the_drain_after_sigterm_exits_instead_of_idling") {
+            return;
+        }
+        let tb = testbed();
+        let mut old = Xlb::start_with_args(&tb, &config_with_drain(), &["--after-handover=wait"]).expect("xlb start");
+        let mut conns = open_keepalive(&tb, SocketAddr::new(WEB_VIP.into(), HTTP_PORT), 4);
+        old.send_sigterm().expect("SIGTERM");
+        wait_for(Duration::from_secs(5), || old.log().contains("SIGTERM: draining").then_some(()))
+            .unwrap_or_else(|| panic!("no drain in the old log:\n{}", old.log()));
+
+        let (new, status) = old.take_over(&tb).unwrap_or_else(|e| panic!("take-over during the drain: {e}"));
+        assert!(status.success(), "the old xlb exits 0: {status}\n{}", old.log());
+        let log = old.log();
+        assert!(log.contains("flows sent"), "it handed over:\n{log}");
+        assert!(log.contains("during_drain=true") && log.contains("hand-over: done; exiting"), "old log:\n{log}");
+        assert!(!log.contains("idle until"), "old log:\n{log}");
+
+        let bad = use_keepalive(&mut conns);
+        assert!(bad.is_empty(), "connections broken by the hand-over: {bad:?}{}", evidence(&new));
+        fetch(&tb, &format!("http://{WEB_VIP}/"))
+            .unwrap_or_else(|e| panic!("VIP after the take-over: {e}{}", evidence(&new)));
+        let status = new.interrupt().expect("the new xlb stops on SIGINT");
+        assert!(status.success(), "{status}");
+    }
+
+    /// The systemd unit's reload: with `NOTIFY_SOCKET` set, xlb sends `READY=1` and its
+    /// `MAINPID=` once it serves. `xlb run --takeover --detach` (the unit's `ExecReload=`)
+    /// exits 0 once the new xlb it started serves; the new one, in its own session, announced
+    /// `MAINPID=` with its pid as soon as the old one stopped and then `READY=1`; nobody said
+    /// `STOPPING=1`; the old one exited 0; connections and the VIP go on. The new one sends
+    /// `STOPPING=1` when it stops.
+    #[test]
+    fn reload_by_detached_takeover_hands_over_and_announces_the_new_main_pid() {
+        if skip_without_root("reload_by_detached_takeover_hands_over_and_announces_the_new_main_pid") {
+            return;
+        }
+        let tb = testbed();
+        let notify = NotifySocket::bind(&tb).expect("notify socket");
+        let env = [("NOTIFY_SOCKET", notify.path().as_os_str())];
+        let mut old = Xlb::start_with_env(&tb, CONFIG, &[] as &[&str], &env).expect("xlb start");
+        let old_pid = old.pid().expect("the old xlb's pid");
+        let got = notify
+            .recv_until(Duration::from_secs(5), |m| notify_has(m, "READY=1"))
+            .unwrap_or_else(|e| panic!("READY=1 from the first xlb: {e}\n{}", old.log()));
+        let ready = got.last().map_or("", String::as_str);
+        assert!(notify_has(ready, &format!("MAINPID={old_pid}")), "{got:?}");
+
+        let mut conns = open_keepalive(&tb, SocketAddr::new(WEB_VIP.into(), HTTP_PORT), 4);
+        let (status, new) = old.take_over_detached(&tb, &env).unwrap_or_else(|e| panic!("--detach: {e}"));
+        assert!(
+            status.success(),
+            "`xlb run --takeover --detach` exits 0 once the new xlb serves: {status}\n{}",
+            new.log()
+        );
+        let new_pid = new.pid().unwrap_or_else(|| panic!("no pid of the new xlb in its log:\n{}", new.log()));
+        assert_ne!(new_pid, old_pid);
+        assert!(new.running(), "the new xlb runs after the --detach process exited:\n{}", new.log());
+        // It exited once the new one served: the admin socket was already the new xlb's.
+        assert_eq!(socket_listener_pid(old.admin_socket()), Some(new_pid), "{}", new.log());
+
+        let msgs = notify
+            .recv_until(Duration::from_secs(5), |m| notify_has(m, "READY=1"))
+            .unwrap_or_else(|e| panic!("READY=1 from the new xlb: {e}\n{}", new.log()));
+        let main_pid = format!("MAINPID={new_pid}");
+        assert!(msgs.last().is_some_and(|m| notify_has(m, &main_pid)), "READY=1 with {main_pid}: {msgs:?}");
+        assert!(msgs.len() >= 2 && notify_has(&msgs[0], &main_pid), "{main_pid} before READY=1: {msgs:?}");
+        assert!(!msgs.iter().any(|m| notify_has(m, "STOPPING=1")), "no STOPPING=1 on a hand-over: {msgs:?}");
+
+        let status = old.wait_exit_within(Duration::from_secs(10)).unwrap_or_else(|e| panic!("the old xlb: {e}"));
+        assert!(status.success(), "the old xlb exits 0 after handing over: {status}\n{}", old.log());
+        // setsid(2): its own session, so a terminal's hang-up or Ctrl-C does not reach it.
+        let stat = std::fs::read_to_string(format!("/proc/{new_pid}/stat")).expect("the new xlb's /proc stat");
+        let session = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(3)).map(str::to_owned);
+        assert_eq!(session, Some(new_pid.to_string()), "session of the new xlb: {stat}");
+
+        let bad = use_keepalive(&mut conns);
+        assert!(bad.is_empty(), "connections broken by the hand-over: {bad:?}\n{}", new.log());
+        fetch(&tb, &format!("http://{WEB_VIP}/"))
+            .unwrap_or_else(|e| panic!("VIP after the reload: {e}\n{}", new.log()));
+        let stats = XlbStats::parse(&new.admin("stats").expect("the new xlb's admin socket"));
+        assert!(stats.event("flow_imported") >= 4, "imported flows: {}\n{}", stats.event("flow_imported"), new.log());
+
+        new.interrupt().unwrap_or_else(|e| panic!("the new xlb stops on SIGINT: {e}"));
+        notify
+            .recv_until(Duration::from_secs(5), |m| notify_has(m, "STOPPING=1"))
+            .unwrap_or_else(|e| panic!("STOPPING=1 when the new xlb stops: {e}"));
+    }
 }
