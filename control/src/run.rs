@@ -16,7 +16,10 @@
 //! field, and the running tables stay), rebuild when a neighbour changes, ask the kernel to
 //! resolve unresolved next hops, and answer the admin socket. On exit the workers stop and every program and map is removed
 //! (the maps are not pinned, so closing them frees them); on a hand-over request the workers
-//! stop, their flows go to the new process, and the programs are detached when it is ready.
+//! stop, their flows go to the new process, and the programs are detached when it is ready;
+//! then the process exits, or idles until a signal (`--after-handover wait`). With
+//! `$NOTIFY_SOCKET` set, the service manager hears when it forwards and when it stops
+//! ([`crate::notify`]).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
