@@ -1,0 +1,371 @@
+//! The reliability suite of issue 11 (`make chaos`; docs/reliability.md): real clients stream
+//! through xlb on the namespace testbed while faults are injected, and each scenario prints
+//! one `chaos:` line — the load held, the faults, connections broken and requests failed,
+//! frames lost (TCP retransmissions counted by the client's and the backends' kernels), and
+//! xlb's memory before and after — then asserts what the issue asks.
+//!
+//! Two sizes: `XLB_CHAOS=full` (what `make chaos` runs: 20 hand-overs, 200 connections, 60 s
+//! of churn, a 10-minute soak ...) and, without it, a short form of every scenario that the
+//! test suite (CI) runs. The scenarios share the machine's two cores, so they take turns
+//! ([`serial`]).
+
+#[path = "../../control/tests/support/mod.rs"]
+mod support;
+
+#[cfg(test)]
+mod chaos {
+    use std::collections::BTreeMap;
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+    use std::sync::{Mutex, MutexGuard};
+    use std::time::{Duration, Instant};
+
+    use xlb_e2e::load::{EchoServer, StreamReport, Streams, Wrk, WrkReport, rss_kib, tcp_retransmissions};
+    use xlb_e2e::{BACKENDS, LB_CLIENT_SIDE_V4, Role, Testbed, Xlb, XlbStats, skip_without_root, xlb_binary};
+
+    /// The testbed's XlbConfiguration (first document of the demo config).
+    const DEMO: &str = include_str!("../../deploy/examples/testbed.yaml");
+    /// `chaos/stream`'s ClusterIP: echo 9100, HTTP 80, UDP 53 (the backends' reply service).
+    const STREAM_VIP: Ipv4Addr = Ipv4Addr::new(10, 250, 100, 30);
+    /// `chaos/stream-mh`'s ClusterIP (Maglev): echo 9100.
+    const MH_VIP: Ipv4Addr = Ipv4Addr::new(10, 250, 100, 33);
+    /// The echo port on the VIPs and the backends.
+    const ECHO_PORT: u16 = 9100;
+    /// `chaos/stream`'s node port for echo (masqueraded: eTP Cluster).
+    const ECHO_NODE_PORT: u16 = 30910;
+    /// Pause between two messages of a stream.
+    const PAUSE: Duration = Duration::from_millis(20);
+
+    /// The two sizes of the suite.
+    #[derive(Debug, Clone, Copy)]
+    struct Size {
+        full: bool,
+    }
+
+    impl Size {
+        fn get() -> Self {
+            Self { full: std::env::var("XLB_CHAOS").is_ok_and(|v| v == "full") }
+        }
+        /// `short` in the test suite, `full` under `make chaos`.
+        fn pick<T>(self, short: T, full: T) -> T {
+            if self.full { full } else { short }
+        }
+        fn name(self) -> &'static str {
+            self.pick("short", "full")
+        }
+    }
+
+    /// One scenario at a time: they measure gaps and losses on a 2-core machine.
+    fn serial() -> MutexGuard<'static, ()> {
+        static LOCK: Mutex<()> = Mutex::new(());
+        LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// What the generated config may vary.
+    #[derive(Debug, Clone, Copy)]
+    struct Opts {
+        /// Scheduler of `chaos/stream`.
+        scheduler: &'static str,
+        /// Whether be3 is in `chaos/stream`'s EndpointSlice.
+        be3: bool,
+        /// `conntrack.maxPerCore`.
+        max_per_core: u32,
+    }
+
+    impl Default for Opts {
+        fn default() -> Self {
+            Self { scheduler: "rr", be3: true, max_per_core: 65_536 }
+        }
+    }
+
+    /// The demo's XlbConfiguration with `chaos/stream` (NodePort, eTP Cluster: echo, HTTP and
+    /// UDP on be1..be3) and `chaos/stream-mh` (ClusterIP, `mh`: echo).
+    fn config(o: Opts) -> String {
+        let first = DEMO.split("\n---").next().expect("a first document");
+        assert!(first.contains("maxPerCore: 65536"), "the demo config changed: update chaos.rs");
+        let first = first.replace("maxPerCore: 65536", &format!("maxPerCore: {}", o.max_per_core));
+        let endpoints = |be3: bool| {
+            (1..=BACKENDS)
+                .filter(|&i| be3 || i != 3)
+                .map(|i| {
+                    format!("- {{addresses: [10.250.2.1{i}], conditions: {{ready: true}}, nodeName: node-b{i}}}\n")
+                })
+                .collect::<String>()
+        };
+        format!(
+            "{first}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: stream, namespace: chaos, annotations: {{xlb.dev/scheduler: {sched}}}}}
+spec:
+  type: NodePort
+  clusterIP: {STREAM_VIP}
+  clusterIPs: [{STREAM_VIP}]
+  externalTrafficPolicy: Cluster
+  ports:
+  - {{name: echo, port: {ECHO_PORT}, protocol: TCP, targetPort: {ECHO_PORT}, nodePort: {ECHO_NODE_PORT}}}
+  - {{name: http, port: 80, protocol: TCP, targetPort: 80, nodePort: 30911}}
+  - {{name: dns, port: 53, protocol: UDP, targetPort: 5353}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: stream-1, namespace: chaos, labels: {{kubernetes.io/service-name: stream}}}}
+addressType: IPv4
+endpoints:
+{eps}ports:
+- {{name: echo, port: {ECHO_PORT}, protocol: TCP}}
+- {{name: http, port: 80, protocol: TCP}}
+- {{name: dns, port: 5353, protocol: UDP}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: stream-mh, namespace: chaos, annotations: {{xlb.dev/scheduler: mh}}}}
+spec:
+  clusterIP: {MH_VIP}
+  clusterIPs: [{MH_VIP}]
+  ports:
+  - {{name: echo, port: {ECHO_PORT}, protocol: TCP, targetPort: {ECHO_PORT}}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: stream-mh-1, namespace: chaos, labels: {{kubernetes.io/service-name: stream-mh}}}}
+addressType: IPv4
+endpoints:
+{all}ports:
+- {{name: echo, port: {ECHO_PORT}, protocol: TCP}}
+",
+            sched = o.scheduler,
+            eps = endpoints(o.be3),
+            all = endpoints(true),
+        )
+    }
+
+    /// The binary first (so no build runs while a testbed waits), then a testbed (twice if
+    /// the first try fails on a starved machine: setup, not behaviour under test), with the
+    /// echo service on every backend.
+    fn testbed() -> (Testbed, EchoServer) {
+        xlb_binary().expect("xlb binary");
+        let tb = Testbed::up().unwrap_or_else(|e| {
+            eprintln!("testbed up failed, trying once more: {e}");
+            Testbed::up().expect("testbed up (second try)")
+        });
+        let echo = EchoServer::start(&tb, ECHO_PORT).expect("echo service on the backends");
+        (tb, echo)
+    }
+
+    /// TCP segments sent again by the client's and the backends' kernels so far.
+    fn retransmissions(tb: &Testbed) -> u64 {
+        std::iter::once(Role::Client)
+            .chain((1..=BACKENDS).map(Role::Backend))
+            .map(|r| tcp_retransmissions(tb, r).expect("read /proc/net/snmp"))
+            .sum()
+    }
+
+    /// xlb's resident memory in MiB.
+    fn rss_mib(xlb: &Xlb) -> f64 {
+        let pid = xlb.pid().expect("xlb runs");
+        #[expect(clippy::cast_precision_loss, reason = "KiB of a process fit an f64 exactly")]
+        let mib = rss_kib(pid).expect("VmRSS") as f64 / 1024.0;
+        mib
+    }
+
+    /// Broken streams, one line each.
+    fn broken(reports: &[StreamReport]) -> Vec<String> {
+        reports
+            .iter()
+            .filter_map(|r| {
+                let (at, why) = r.broken.as_ref()?;
+                Some(format!("stream {} to {} from :{} (be{}): {why} at {at:?}", r.id, r.dest, r.local_port, r.backend))
+            })
+            .collect()
+    }
+
+    fn longest_gap(reports: &[StreamReport]) -> Duration {
+        reports.iter().map(|r| r.max_gap).max().unwrap_or_default()
+    }
+
+    /// How many streams went to each backend.
+    fn spread(reports: &[StreamReport]) -> BTreeMap<u8, usize> {
+        let mut m = BTreeMap::new();
+        for r in reports {
+            *m.entry(r.backend).or_default() += 1;
+        }
+        m
+    }
+
+    fn evidence(xlb: &Xlb) -> String {
+        format!("\n--- xlb stats ---\n{}\n--- xlb log ---\n{}", xlb.stats().unwrap_or_default(), xlb.log())
+    }
+
+    fn echo_vip() -> SocketAddr {
+        SocketAddr::new(IpAddr::V4(STREAM_VIP), ECHO_PORT)
+    }
+
+    fn echo_node_port() -> SocketAddr {
+        SocketAddr::new(IpAddr::V4(LB_CLIENT_SIDE_V4), ECHO_NODE_PORT)
+    }
+
+    fn wrk_line(w: &WrkReport) -> String {
+        format!("wrk {} requests, {} failed", w.requests, w.failed())
+    }
+
+    /// Hand-over restarts under load: `n` long-lived connections stream through the
+    /// ClusterIP (DNAT, `rr`: a flow that lost its state would be picked up on another
+    /// backend and reset) and through the node port (SNAT: the backend would see another
+    /// port and reset), while wrk makes HTTP requests through the ClusterIP; xlb is replaced
+    /// by `xlb run --takeover` again and again. No connection breaks, no request fails.
+    #[test]
+    fn hand_over_restarts_under_streams_and_wrk_break_no_connection_and_fail_no_request() {
+        if skip_without_root("hand_over_restarts_under_streams_and_wrk_break_no_connection_and_fail_no_request") {
+            return;
+        }
+        let _turn = serial();
+        let size = Size::get();
+        let (restarts, streams, every) = size.pick((3, 40, Duration::from_secs(1)), (20, 200, Duration::from_secs(2)));
+        let (tb, _echo) = testbed();
+        let mut xlb = Xlb::start(&tb, &config(Opts::default())).expect("xlb start");
+        let (rss_before, retrans_before) = (rss_mib(&xlb), retransmissions(&tb));
+        let dnat = Streams::open(&tb, echo_vip(), streams / 2, PAUSE).expect("DNAT streams");
+        let snat = Streams::open(&tb, echo_node_port(), streams / 2, PAUSE).expect("SNAT streams");
+        // Long enough for every hand-over (each takes a second or two in a debug build);
+        // stopped early once they are done.
+        let wrk = Wrk::start(&tb, &format!("http://{STREAM_VIP}/"), 4, (every + Duration::from_secs(5)) * restarts)
+            .expect("wrk");
+        std::thread::sleep(Duration::from_secs(1));
+        let started = Instant::now();
+        let mut imported = Vec::new();
+        for k in 0..restarts {
+            let (new, status) = xlb.take_over(&tb).unwrap_or_else(|e| panic!("hand-over {k}: {e}"));
+            assert!(status.success(), "hand-over {k}: the old xlb exited with {status}\n{}", xlb.log());
+            xlb = new;
+            std::thread::sleep(every);
+            imported.push(XlbStats::parse(&xlb.stats().expect("stats")).event("flow_imported"));
+        }
+        let took = started.elapsed();
+        let w = wrk.finish().expect("wrk report");
+        let (dnat, snat) = (dnat.finish(), snat.finish());
+        let all: Vec<StreamReport> = dnat.iter().chain(&snat).cloned().collect();
+        let (rss_after, lost) = (rss_mib(&xlb), retransmissions(&tb) - retrans_before);
+        let bad = broken(&all);
+        println!(
+            "chaos: hand-over restarts ({}) | load: {} streams ({} DNAT rr spread {:?}, {} SNAT node port), wrk 4 connections | \
+             faults: {restarts} hand-overs in {took:.1?} | broken: {} of {} connections, {} | lost: {lost} TCP retransmissions | \
+             longest gap: {:.0?} | memory: {rss_before:.1} -> {rss_after:.1} MiB",
+            size.name(),
+            all.len(),
+            dnat.len(),
+            spread(&dnat),
+            snat.len(),
+            bad.len(),
+            all.len(),
+            wrk_line(&w),
+            longest_gap(&all),
+        );
+        println!("flows imported by each new xlb: {imported:?}");
+        assert!(bad.is_empty(), "connections broken by hand-overs: {bad:#?}{}", evidence(&xlb));
+        assert!(w.requests > 0, "wrk made no request: {}", w.text);
+        assert_eq!(w.failed(), 0, "requests failed during the hand-overs: {}", w.text);
+        assert!(all.iter().all(|r| r.echoes > 0), "a stream never got an echo");
+        assert!(
+            imported.iter().all(|&n| n >= u64::try_from(streams).unwrap_or(0)),
+            "every new xlb imports the streams' flows: {imported:?}"
+        );
+    }
+
+    /// `xlb services` without the connection counts: the frontends and their backends, with
+    /// forwarding method, weight and state.
+    fn tables(xlb: &Xlb) -> Vec<String> {
+        let text = xlb.services().expect("services");
+        text.lines()
+            .map(|l| {
+                if l.trim_start().starts_with("->") {
+                    l.split_whitespace().take(5).collect::<Vec<_>>().join(" ")
+                } else {
+                    l.to_owned()
+                }
+            })
+            .collect()
+    }
+
+    /// Config files that must be refused as a whole, each with the field its error must name.
+    fn bad_configs(good: &str) -> Vec<(String, &'static str)> {
+        let edit = |from: &str, to: &str| {
+            assert!(good.contains(from), "the chaos config changed: {from:?}");
+            good.replacen(from, to, 1)
+        };
+        vec![
+            (edit("scheduler: rr", "scheduler: fastest"), "ipvs.scheduler"),
+            (edit("- name: eth0", "- name: \"\""), "interfaces[0].name"),
+            (edit("maxPerCore: 65536", "maxPerCore: lots"), "conntrack.maxPerCore"),
+            (edit("tcpEstablishedTimeout: 900s", "tcpEstablishedTimeout: forever"), "conntrack.tcpEstablishedTimeout"),
+            (edit("snatAddresses:", "snatAdresses:"), "snatAdresses"),
+            (edit("forwardingMode: nat", "forwardingMode: teleport"), "forwardingMode"),
+            (edit("kind: XlbConfiguration", "kind: XlbConfig"), "field kind"),
+            (edit("{name: echo, port: 9100,", "{name: echo, port: ninety,"), "spec.ports[0].port"),
+            (edit("addressType: IPv4", "addressType: IPv5"), "addressType"),
+            (format!("{good}---\nkind: [unterminated\n"), "line"),
+        ]
+    }
+
+    /// Bad config reloads in a row (SIGHUP after each rewrite) under load: each one is
+    /// logged as an error naming what is wrong, the running tables stay, no connection
+    /// breaks and no request fails; then the good file is loaded again.
+    #[test]
+    fn bad_config_reloads_are_refused_one_by_one_and_the_last_good_tables_stay() {
+        if skip_without_root("bad_config_reloads_are_refused_one_by_one_and_the_last_good_tables_stay") {
+            return;
+        }
+        let _turn = serial();
+        let size = Size::get();
+        let reloads = size.pick(12, 100);
+        let (tb, _echo) = testbed();
+        let good = config(Opts::default());
+        let xlb = Xlb::start(&tb, &good).expect("xlb start");
+        let services_before = tables(&xlb);
+        let (rss_before, retrans_before) = (rss_mib(&xlb), retransmissions(&tb));
+        let streams = Streams::open(&tb, echo_vip(), 20, PAUSE).expect("streams");
+        let wrk = Wrk::start(&tb, &format!("http://{STREAM_VIP}/"), 4, Duration::from_secs(600)).expect("wrk");
+        let bad = bad_configs(&good);
+        let started = Instant::now();
+        let errors = |log: &str| log.lines().filter(|l| l.contains("keeping the running tables")).count();
+        for k in 0..reloads {
+            let (text, field) = &bad[k % bad.len()];
+            let before = errors(&xlb.log());
+            xlb.rewrite_config(text).expect("rewrite config");
+            let line = xlb_e2e::wait_for(Duration::from_secs(5), || {
+                let log = xlb.log();
+                (errors(&log) > before).then(|| {
+                    log.lines().rfind(|l| l.contains("keeping the running tables")).unwrap_or_default().to_owned()
+                })
+            })
+            .unwrap_or_else(|| panic!("bad reload {k} ({field}) was not reported{}", evidence(&xlb)));
+            assert!(
+                line.to_lowercase().contains(&field.to_lowercase()),
+                "bad reload {k}: the error does not name {field:?}: {line}"
+            );
+            assert_eq!(tables(&xlb), services_before, "bad reload {k} changed the tables");
+        }
+        let took = started.elapsed();
+        xlb.rewrite_config(&good).expect("rewrite the good config");
+        let reloaded = xlb_e2e::wait_for(Duration::from_secs(5), || {
+            xlb.log().lines().last().is_some_and(|l| l.contains("configuration reloaded")).then_some(())
+        });
+        let w = wrk.finish().expect("wrk report");
+        let reports = streams.finish();
+        let (rss_after, lost) = (rss_mib(&xlb), retransmissions(&tb) - retrans_before);
+        let bad_streams = broken(&reports);
+        println!(
+            "chaos: bad reloads ({}) | load: {} streams (DNAT rr), wrk 4 connections | faults: {reloads} bad files + SIGHUP in {took:.1?} \
+             | broken: {} of {} connections, {} | lost: {lost} TCP retransmissions | memory: {rss_before:.1} -> {rss_after:.1} MiB",
+            size.name(),
+            reports.len(),
+            bad_streams.len(),
+            reports.len(),
+            wrk_line(&w)
+        );
+        assert!(reloaded.is_some(), "the good file was not loaded again{}", evidence(&xlb));
+        assert!(bad_streams.is_empty(), "{bad_streams:#?}{}", evidence(&xlb));
+        assert!(w.requests > 0, "wrk made no request: {}", w.text);
+        assert_eq!(w.failed(), 0, "requests failed during bad reloads: {}", w.text);
+    }
+}
