@@ -333,6 +333,12 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource, tak
     for iface in &config.interfaces {
         steering.push(Steering::load(&iface.name, XdpMode::Native)?);
     }
+    if !takeover && std::os::unix::net::UnixStream::connect(&admin_socket).is_ok() {
+        bail!(
+            "an xlb is running on admin socket {} (stop it, or start this one with --takeover to take over its flows)",
+            admin_socket.display()
+        );
+    }
     if takeover {
         let started = Instant::now();
         match crate::handover::request(&admin_socket) {
@@ -450,7 +456,17 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource, tak
             p.release()?;
         }
         for st in &mut steering {
-            st.attach_loaded()?;
+            // A program left attached by an xlb that died (kill -9, OOM) is replaced in one
+            // step; meanwhile it dropped xlb's frames, so flows retransmit instead of
+            // reaching the kernel untranslated. No live xlb owns it: a running one answers
+            // on the admin socket, which was checked at start.
+            if let Some(old) = st.attach_replacing_leftover()? {
+                tracing::warn!(
+                    interface = st.ifname(),
+                    old_prog_id = old,
+                    "replaced the steering program a previous xlb left attached (it was not stopped cleanly)"
+                );
+            }
         }
         if !restore.is_empty() {
             tracing::warn!(

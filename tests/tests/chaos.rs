@@ -272,6 +272,99 @@ endpoints:
         );
     }
 
+    /// The backend (`ADDR:PORT`) and SNAT port of the flow from client port `sport` to
+    /// `dst`, from an `xlb conntrack` dump.
+    fn flow_of(conntrack: &str, sport: u16, dst: SocketAddr) -> Option<(String, Option<u16>)> {
+        let want = [format!("sport={sport}"), format!("dst={}", dst.ip()), format!("dport={}", dst.port())];
+        let line = conntrack.lines().find(|l| {
+            let fields: Vec<&str> = l.split_whitespace().collect();
+            want.iter().all(|w| fields.contains(&w.as_str()))
+        })?;
+        let field = |name: &str| line.split_whitespace().find_map(|f| f.strip_prefix(name)).map(str::to_owned);
+        Some((field("backend=")?, field("snat_port=").and_then(|p| p.parse().ok())))
+    }
+
+    /// Whether a stream's flow, as the restarted xlb tracks it, still reaches the connection
+    /// the stream opened: the same backend and, when masqueraded, the same SNAT port.
+    fn same_connection(r: &StreamReport, conntrack: &str) -> bool {
+        let Some((backend, snat_port)) = flow_of(conntrack, r.local_port, r.dest) else { return false };
+        let same_backend = backend == format!("10.250.2.1{}:{ECHO_PORT}", r.backend);
+        let same_source = match snat_port {
+            None => r.seen_as.ends_with(&format!(":{}", r.local_port)),
+            Some(p) => r.seen_as == format!("10.250.2.1:{p}"),
+        };
+        same_backend && same_source
+    }
+
+    /// Crash under load: `kill -9` while connections stream through a Maglev ClusterIP (`mh`,
+    /// DNAT), an `rr` ClusterIP (DNAT) and the `rr` node port (SNAT), then a fresh start. The
+    /// `mh` flows are picked up on their backends and all survive. Of the others, exactly those
+    /// break whose picked-up flow (`xlb conntrack` of the new process) reaches another
+    /// backend or, masqueraded, comes from another SNAT port than before.
+    #[test]
+    fn kill_9_under_streams_keeps_mh_flows_and_breaks_exactly_the_rr_and_snat_flows_that_moved() {
+        if skip_without_root("kill_9_under_streams_keeps_mh_flows_and_breaks_exactly_the_rr_and_snat_flows_that_moved")
+        {
+            return;
+        }
+        let _turn = serial();
+        let size = Size::get();
+        let n = size.pick(12, 50);
+        let (tb, _echo) = testbed();
+        let cfg = config(Opts::default());
+        let xlb = Xlb::start(&tb, &cfg).expect("xlb start");
+        let (rss_before, retrans_before) = (rss_mib(&xlb), retransmissions(&tb));
+        let mh = Streams::open(&tb, SocketAddr::new(IpAddr::V4(MH_VIP), ECHO_PORT), n, PAUSE).expect("mh streams");
+        let rr = Streams::open(&tb, echo_vip(), n, PAUSE).expect("rr streams");
+        let snat = Streams::open(&tb, echo_node_port(), n, PAUSE).expect("SNAT streams");
+        std::thread::sleep(Duration::from_secs(1));
+        let t = Instant::now();
+        let status = xlb.kill().expect("kill -9");
+        assert!(!status.success(), "killed: {status}");
+        let fresh = Xlb::start(&tb, &cfg).expect("xlb restart");
+        let outage = t.elapsed();
+        // Every stream sends about 100 messages after the restart: a moved flow is reset.
+        std::thread::sleep(Duration::from_secs(2));
+        let conntrack = fresh.conntrack().expect("conntrack");
+        let (mh, rr, snat) = (mh.finish(), rr.finish(), snat.finish());
+        let (rss_after, lost) = (rss_mib(&fresh), retransmissions(&tb) - retrans_before);
+        let stats = XlbStats::parse(&fresh.stats().expect("stats"));
+        let ids = |rs: &[StreamReport], broken: bool| -> Vec<usize> {
+            rs.iter().filter(|r| r.broken.is_some() == broken).map(|r| r.id).collect()
+        };
+        let moved = |rs: &[StreamReport]| -> Vec<usize> {
+            rs.iter().filter(|r| r.broken.is_some() || !same_connection(r, &conntrack)).map(|r| r.id).collect()
+        };
+        println!(
+            "chaos: kill -9 ({}) | load: {} streams each through mh DNAT, rr DNAT, rr SNAT node port | faults: kill -9, \
+             restarted and attached {outage:.0?} later | broken: mh {} of {n}, rr {} of {n} (predicted {}), SNAT {} of {n} \
+             (predicted {}) | lost: {lost} TCP retransmissions | picked up: {} | memory: {rss_before:.1} -> {rss_after:.1} MiB",
+            size.name(),
+            n,
+            ids(&mh, true).len(),
+            ids(&rr, true).len(),
+            rr.iter().filter(|r| !same_connection(r, &conntrack)).count(),
+            ids(&snat, true).len(),
+            snat.iter().filter(|r| !same_connection(r, &conntrack)).count(),
+            stats.event("flow_picked_up"),
+        );
+        for r in mh.iter().chain(&rr).chain(&snat) {
+            println!(
+                "  {} :{} be{} seen as {} broken {:?} -> {:?}",
+                r.dest,
+                r.local_port,
+                r.backend,
+                r.seen_as,
+                r.broken,
+                flow_of(&conntrack, r.local_port, r.dest)
+            );
+        }
+        assert!(ids(&mh, true).is_empty(), "mh flows broken by the crash: {:#?}{}", broken(&mh), evidence(&fresh));
+        // A flow that survived is tracked on its old backend and source; one that broke is not.
+        assert_eq!(ids(&rr, true), moved(&rr), "rr: the broken flows are the moved ones\n{conntrack}");
+        assert_eq!(ids(&snat, true), moved(&snat), "SNAT: the broken flows are the moved ones\n{conntrack}");
+    }
+
     /// `xlb services` without the connection counts: the frontends and their backends, with
     /// forwarding method, weight and state.
     fn tables(xlb: &Xlb) -> Vec<String> {
