@@ -365,6 +365,210 @@ endpoints:
         assert_eq!(ids(&snat, true), moved(&snat), "SNAT: the broken flows are the moved ones\n{conntrack}");
     }
 
+    /// One UDP reply: when it arrived and which backend sent it.
+    type UdpReply = (Instant, u8);
+
+    /// `socks` UDP sockets in the client each send a datagram to `dest` every 20 ms until
+    /// `stop`, and record who answered (the backends' reply service: `be<i> <peer>`).
+    fn udp_clients(
+        tb: &Testbed,
+        dest: SocketAddr,
+        socks: usize,
+        stop: &std::sync::atomic::AtomicBool,
+    ) -> Vec<Vec<UdpReply>> {
+        let sockets: Vec<std::net::UdpSocket> = tb
+            .in_ns(Role::Client, move || {
+                (0..socks)
+                    .map(|_| {
+                        let s = std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).expect("bind udp");
+                        s.set_read_timeout(Some(Duration::from_millis(20))).expect("timeout");
+                        s
+                    })
+                    .collect()
+            })
+            .expect("client namespace");
+        std::thread::scope(|sc| {
+            let hs: Vec<_> = sockets
+                .into_iter()
+                .map(|s| {
+                    sc.spawn(move || {
+                        let mut got = Vec::new();
+                        let mut buf = [0u8; 256];
+                        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                            let _ = s.send_to(b"who", dest);
+                            if let Ok((n, _)) = s.recv_from(&mut buf) {
+                                let text = String::from_utf8_lossy(&buf[..n]);
+                                if let Some(b) = text.split_whitespace().next().and_then(xlb_e2e::backend_of) {
+                                    got.push((Instant::now(), b));
+                                }
+                            }
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                        got
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().expect("udp client")).collect()
+        })
+    }
+
+    /// Endpoint churn: be3 leaves `chaos/stream`'s EndpointSlice and comes back every second
+    /// (file rewrite + SIGHUP) while connections stream through the ClusterIP and UDP clients
+    /// query it. No connection to a surviving backend (be1, be2) breaks; a connection to be3
+    /// is reset when be3 leaves (xlb's CT-03 behaviour, counted apart); a UDP flow on be3 is
+    /// answered by another backend at once (measured: the longest time from a removal to
+    /// the first answer from elsewhere).
+    #[test]
+    fn endpoint_churn_breaks_no_connection_to_a_surviving_backend_and_moves_udp_at_once() {
+        if skip_without_root("endpoint_churn_breaks_no_connection_to_a_surviving_backend_and_moves_udp_at_once") {
+            return;
+        }
+        let _turn = serial();
+        let size = Size::get();
+        let cycles = size.pick(4, 30);
+        let (tb, _echo) = testbed();
+        let with = config(Opts::default());
+        let without = config(Opts { be3: false, ..Opts::default() });
+        let xlb = Xlb::start(&tb, &with).expect("xlb start");
+        let (rss_before, retrans_before) = (rss_mib(&xlb), retransmissions(&tb));
+        let streams = Streams::open(&tb, echo_vip(), 30, PAUSE).expect("streams");
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let udp_dest = SocketAddr::new(IpAddr::V4(STREAM_VIP), 53);
+        let (removals, udp) = std::thread::scope(|sc| {
+            let udp = sc.spawn(|| udp_clients(&tb, udp_dest, 6, &stop));
+            std::thread::sleep(Duration::from_secs(1));
+            let mut removals = Vec::new();
+            for _ in 0..cycles {
+                removals.push(Instant::now());
+                xlb.rewrite_config(&without).expect("rewrite");
+                std::thread::sleep(Duration::from_secs(1));
+                xlb.rewrite_config(&with).expect("rewrite");
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            (removals, udp.join().expect("udp clients"))
+        });
+        let reports = streams.finish();
+        let (rss_after, lost) = (rss_mib(&xlb), retransmissions(&tb) - retrans_before);
+        let (to_be3, survivors): (Vec<&StreamReport>, Vec<&StreamReport>) =
+            reports.iter().partition(|r| r.backend == 3);
+        let broken_survivors: Vec<String> = broken(&survivors.iter().map(|r| (*r).clone()).collect::<Vec<_>>());
+        // UDP: for each removal and each socket that was on be3 just before it, the time to
+        // its first answer from another backend; and any answer from be3 while it was out
+        // (later than 500 ms after the rewrite, allowing for the reload).
+        let mut moved_after = Vec::new();
+        let mut late_be3 = Vec::new();
+        for &t in &removals {
+            for replies in &udp {
+                let before = replies.iter().rev().find(|(at, _)| *at < t);
+                if before.is_some_and(|(_, b)| *b == 3)
+                    && let Some((at, _)) = replies.iter().find(|(at, b)| *at > t && *b != 3)
+                {
+                    moved_after.push(*at - t);
+                }
+                late_be3.extend(
+                    replies
+                        .iter()
+                        .filter(|(at, b)| {
+                            *b == 3 && *at > t + Duration::from_millis(500) && *at < t + Duration::from_secs(1)
+                        })
+                        .map(|(at, _)| *at - t),
+                );
+            }
+        }
+        let udp_replies: usize = udp.iter().map(Vec::len).sum();
+        let slowest_move = moved_after.iter().max().copied().unwrap_or_default();
+        println!(
+            "chaos: endpoint churn ({}) | load: {} streams (DNAT rr), 6 UDP clients every 20 ms ({udp_replies} answers) | \
+             faults: be3 removed and re-added {cycles} times, 1 s apart | broken: {} of {} connections to be1/be2, \
+             {} of {} to be3 (reset when it leaves, by design) | UDP on be3 moved {} times, slowest {slowest_move:.0?} after \
+             the rewrite | lost: {lost} TCP retransmissions | memory: {rss_before:.1} -> {rss_after:.1} MiB",
+            size.name(),
+            reports.len(),
+            broken_survivors.len(),
+            survivors.len(),
+            to_be3.iter().filter(|r| r.broken.is_some()).count(),
+            to_be3.len(),
+            moved_after.len(),
+        );
+        assert!(broken_survivors.is_empty(), "{broken_survivors:#?}{}", evidence(&xlb));
+        assert!(!to_be3.is_empty() && !survivors.is_empty(), "setup: rr spreads the streams: {:?}", spread(&reports));
+        assert!(late_be3.is_empty(), "be3 answered UDP while out of the tables: {late_be3:?}");
+        assert!(!moved_after.is_empty(), "no UDP flow was on be3 at a removal: the test proves nothing");
+        assert!(slowest_move < Duration::from_millis(500), "a UDP flow stayed on be3 for {slowest_move:?}");
+        assert!(xlb.log().matches("configuration reloaded").count() >= 2 * cycles, "{}", xlb.log());
+    }
+
+    /// Soak: mixed traffic for a while (streams through the ClusterIP and the node port, wrk,
+    /// UDP clients). Every 5 s: xlb's resident memory and its frame accounting (every UMEM
+    /// frame found in the free list or a ring, `umem_frames_accounted == umem_frames`).
+    /// Memory must be flat over the second half (within 5% + 2 MiB: the first half includes
+    /// the flow tables' pages being touched for the first time).
+    #[test]
+    fn soak_of_mixed_traffic_keeps_memory_flat_and_every_umem_frame_accounted() {
+        if skip_without_root("soak_of_mixed_traffic_keeps_memory_flat_and_every_umem_frame_accounted") {
+            return;
+        }
+        let _turn = serial();
+        let size = Size::get();
+        let duration = size.pick(Duration::from_secs(20), Duration::from_secs(600));
+        let (tb, _echo) = testbed();
+        let xlb = Xlb::start(&tb, &config(Opts::default())).expect("xlb start");
+        let retrans_before = retransmissions(&tb);
+        let dnat = Streams::open(&tb, echo_vip(), 20, PAUSE).expect("DNAT streams");
+        let snat = Streams::open(&tb, echo_node_port(), 20, PAUSE).expect("SNAT streams");
+        let wrk = Wrk::start(&tb, &format!("http://{STREAM_VIP}/"), 4, duration).expect("wrk");
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let udp_dest = SocketAddr::new(IpAddr::V4(STREAM_VIP), 53);
+        let start = Instant::now();
+        let (samples, udp) = std::thread::scope(|sc| {
+            let udp = sc.spawn(|| udp_clients(&tb, udp_dest, 4, &stop));
+            let mut samples = Vec::new();
+            while start.elapsed() < duration {
+                std::thread::sleep(Duration::from_secs(5));
+                let st = XlbStats::parse(&xlb.stats().expect("stats"));
+                samples.push((
+                    start.elapsed(),
+                    rss_mib(&xlb),
+                    st.xsk("umem_frames"),
+                    st.xsk("umem_frames_accounted"),
+                    st.event("new_flow"),
+                ));
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            (samples, udp.join().expect("udp clients"))
+        });
+        let w = wrk.finish().expect("wrk report");
+        let all: Vec<StreamReport> = dnat.finish().into_iter().chain(snat.finish()).collect();
+        let lost = retransmissions(&tb) - retrans_before;
+        let bad = broken(&all);
+        let mid = samples.get(samples.len() / 2).map_or(0.0, |s| s.1);
+        let (first, last) = (samples.first().map_or(0.0, |s| s.1), samples.last().map_or(0.0, |s| s.1));
+        let peak = samples.iter().map(|s| s.1).fold(0.0, f64::max);
+        println!(
+            "chaos: soak ({}) | load: {} streams (20 DNAT, 20 SNAT), wrk 4 connections, 4 UDP clients ({} answers) for {duration:?} | \
+             faults: none | broken: {} of {} connections, {} | lost: {lost} TCP retransmissions | \
+             memory: {first:.1} (5 s) -> {mid:.1} (half) -> {last:.1} MiB (end), peak {peak:.1} | UMEM frames accounted at every sample: {}",
+            size.name(),
+            all.len(),
+            udp.iter().map(Vec::len).sum::<usize>(),
+            bad.len(),
+            all.len(),
+            wrk_line(&w),
+            samples.iter().all(|s| s.2 > 0 && s.2 == s.3),
+        );
+        for s in &samples {
+            println!("  t={:.0?} rss={:.1} MiB umem_frames={} accounted={} new_flows={}", s.0, s.1, s.2, s.3, s.4);
+        }
+        assert!(bad.is_empty(), "{bad:#?}{}", evidence(&xlb));
+        assert!(w.requests > 0, "wrk made no request: {}", w.text);
+        assert_eq!(w.failed(), 0, "{}", w.text);
+        for s in &samples {
+            assert!(s.2 > 0 && s.2 == s.3, "frames leaked at {:?}: {} of {} accounted", s.0, s.3, s.2);
+        }
+        assert!(last <= mid * 1.05 + 2.0, "memory grew in the second half: {mid:.1} -> {last:.1} MiB");
+    }
+
     /// `xlb services` without the connection counts: the frontends and their backends, with
     /// forwarding method, weight and state.
     fn tables(xlb: &Xlb) -> Vec<String> {
