@@ -569,6 +569,141 @@ endpoints:
         assert!(last <= mid * 1.05 + 2.0, "memory grew in the second half: {mid:.1} -> {last:.1} MiB");
     }
 
+    /// Runs a fake API server in the lb namespace on a thread with its own runtime, holding
+    /// `chaos/stream` (echo 9100 and HTTP 80 on be1..be3) and the node, until `down` says so;
+    /// dropping the runtime closes every connection, as a dead API server would. Sends its
+    /// address and resourceVersion on `up` once it serves, keeps `lists` at the number of
+    /// EndpointSlice lists it answered, and returns that and its watch count when it ends.
+    fn api_server(
+        tb: &Testbed,
+        at: SocketAddr,
+        first_rv: u64,
+        up: std::sync::mpsc::Sender<(SocketAddr, u64)>,
+        down: std::sync::mpsc::Receiver<()>,
+        lists: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    ) -> std::thread::JoinHandle<(usize, usize)> {
+        use crate::support::fake_apiserver::{FakeApiServer, Res};
+        tb.spawn_in(Role::Lb, "fake-apiserver", move || {
+            let rt = tokio::runtime::Runtime::new().expect("runtime");
+            let api = rt.block_on(FakeApiServer::start_at(at, first_rv));
+            api.apply(Res::Nodes, crate::support::node("xlb-node", "10.250.1.1"));
+            let svc = crate::support::service(
+                "chaos",
+                "stream",
+                &STREAM_VIP.to_string(),
+                &[("echo", 9100, 9100), ("http", 80, 80)],
+            );
+            api.apply(Res::Services, svc);
+            let eps: Vec<(String, bool, &str)> =
+                (1..=BACKENDS).map(|i| (format!("10.250.2.1{i}"), true, "node-b")).collect();
+            let eps: Vec<(&str, bool, &str)> = eps.iter().map(|(a, r, n)| (a.as_str(), *r, *n)).collect();
+            api.apply(
+                Res::EndpointSlices,
+                crate::support::slice("chaos", "stream-1", "stream", &eps, &[("echo", 9100), ("http", 80)]),
+            );
+            up.send((api.addr(), api.resource_version())).expect("send address");
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = down.recv_timeout(Duration::from_millis(100)) {
+                lists.store(api.list_count(Res::EndpointSlices), std::sync::atomic::Ordering::Relaxed);
+            }
+            let counts = (api.list_count(Res::EndpointSlices), api.watch_count(Res::EndpointSlices));
+            drop(api);
+            drop(rt);
+            counts
+        })
+        .expect("API server thread")
+    }
+
+    /// API server loss: xlb watches a fake API server (`--kubeconfig`); while streams and wrk
+    /// run through `chaos/stream`, the API server dies for a while, then comes back on the same
+    /// address with a new resourceVersion history, so xlb's watches get 410 Expired and it
+    /// lists again. The tables never go empty (`xlb services`, polled every 200 ms), no
+    /// connection breaks, no request fails.
+    #[test]
+    fn api_server_loss_and_a_new_history_keep_the_tables_and_every_connection() {
+        if skip_without_root("api_server_loss_and_a_new_history_keep_the_tables_and_every_connection") {
+            return;
+        }
+        let _turn = serial();
+        let size = Size::get();
+        let outage = size.pick(Duration::from_secs(5), Duration::from_secs(30));
+        let (tb, _echo) = testbed();
+        let (up_tx, up_rx) = std::sync::mpsc::channel();
+        let (down_tx, down_rx) = std::sync::mpsc::channel();
+        let lists = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let first = api_server(&tb, "127.0.0.1:0".parse().expect("addr"), 1, up_tx.clone(), down_rx, lists.clone());
+        let (addr, rv) = up_rx.recv_timeout(Duration::from_secs(20)).expect("API server up");
+        let kubeconfig = tb.run_dir().join("kubeconfig.yaml");
+        std::fs::write(&kubeconfig, crate::support::kubeconfig(&format!("http://{addr}"))).expect("kubeconfig");
+        let first_doc = DEMO.split("\n---").next().expect("a first document");
+        let xlb = Xlb::start_with_args(&tb, first_doc, &["--kubeconfig", kubeconfig.to_str().expect("utf-8")])
+            .expect("xlb start");
+        let has_table = || {
+            xlb.services().ok().is_some_and(|t| {
+                t.contains(&format!("{STREAM_VIP}:{ECHO_PORT}")) && t.matches(&format!(":{ECHO_PORT} ")).count() >= 3
+            })
+        };
+        assert!(
+            xlb_e2e::wait_for(Duration::from_secs(20), || has_table().then_some(())).is_some(),
+            "{}",
+            evidence(&xlb)
+        );
+        let (rss_before, retrans_before) = (rss_mib(&xlb), retransmissions(&tb));
+        let streams = Streams::open(&tb, echo_vip(), 30, PAUSE).expect("streams");
+        let wrk = Wrk::start(&tb, &format!("http://{STREAM_VIP}/"), 4, Duration::from_secs(600)).expect("wrk");
+        let (mut polls, mut empty) = (0u32, 0u32);
+        let mut poll_for = |d: Duration| {
+            let end = Instant::now() + d;
+            while Instant::now() < end {
+                polls += 1;
+                if !has_table() {
+                    empty += 1;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        };
+        poll_for(Duration::from_secs(1));
+        down_tx.send(()).expect("stop the API server");
+        let (lists_1, _) = first.join().expect("first API server");
+        poll_for(outage);
+        let (down2_tx, down2_rx) = std::sync::mpsc::channel();
+        lists.store(0, std::sync::atomic::Ordering::Relaxed);
+        let second = api_server(&tb, addr, rv + 1000, up_tx, down2_rx, lists.clone());
+        let _ = up_rx.recv_timeout(Duration::from_secs(20)).expect("second API server up");
+        // kube's watcher resumes a broken watch from its resourceVersion; only the 410 of the
+        // new history makes it list again.
+        let back = Instant::now();
+        let relisted = xlb_e2e::wait_for(Duration::from_secs(90), || {
+            poll_for(Duration::from_millis(200));
+            (lists.load(std::sync::atomic::Ordering::Relaxed) > 0).then(|| back.elapsed())
+        });
+        poll_for(Duration::from_secs(2));
+        down2_tx.send(()).expect("stop the second API server");
+        let (lists_2, watches_2) = second.join().expect("second API server");
+        let w = wrk.finish().expect("wrk report");
+        let reports = streams.finish();
+        let (rss_after, lost) = (rss_mib(&xlb), retransmissions(&tb) - retrans_before);
+        let bad = broken(&reports);
+        println!(
+            "chaos: API server loss ({}) | load: {} streams (DNAT rr), wrk 4 connections | faults: API server down {outage:?}, \
+             back with resourceVersions from {} (410 for xlb's watches), relisted {:.1?} later | broken: {} of {} connections, {} | tables empty in {empty} \
+             of {polls} polls | EndpointSlice lists: {lists_1} before, {lists_2} after (watches after: {watches_2}) | \
+             lost: {lost} TCP retransmissions | memory: {rss_before:.1} -> {rss_after:.1} MiB",
+            size.name(),
+            reports.len(),
+            rv + 1000,
+            relisted.unwrap_or_default(),
+            bad.len(),
+            reports.len(),
+            wrk_line(&w),
+        );
+        assert!(relisted.is_some(), "xlb never listed the new API server{}", evidence(&xlb));
+        assert!(lists_2 >= 1, "xlb did not list the new API server again");
+        assert_eq!(empty, 0, "the tables went empty in {empty} of {polls} polls{}", evidence(&xlb));
+        assert!(bad.is_empty(), "{bad:#?}{}", evidence(&xlb));
+        assert!(w.requests > 0, "wrk made no request: {}", w.text);
+        assert_eq!(w.failed(), 0, "{}", w.text);
+    }
+
     /// `xlb services` without the connection counts: the frontends and their backends, with
     /// forwarding method, weight and state.
     fn tables(xlb: &Xlb) -> Vec<String> {
