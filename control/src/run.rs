@@ -455,18 +455,30 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource, tak
         if let Some(p) = pending.take() {
             p.release()?;
         }
+        // `<admin socket>.xdp`: "IFNAME PROG_ID" per interface, written once attached and
+        // removed on a clean stop, so the next start recognises a dead xlb's program even
+        // without CAP_SYS_ADMIN (which reading program names needs).
+        let record_path = admin_socket.with_extension("xdp");
+        let recorded = std::fs::read_to_string(&record_path).unwrap_or_default();
+        let recorded_id = |ifname: &str| {
+            recorded.lines().find_map(|l| l.strip_prefix(ifname)?.strip_prefix(' ')?.trim().parse::<u32>().ok())
+        };
         for st in &mut steering {
             // A program left attached by an xlb that died (kill -9, OOM) is replaced in one
             // step; meanwhile it dropped xlb's frames, so flows retransmit instead of
             // reaching the kernel untranslated. No live xlb owns it: a running one answers
             // on the admin socket, which was checked at start.
-            if let Some(old) = st.attach_replacing_leftover()? {
+            if let Some(old) = st.attach_replacing_leftover(recorded_id(st.ifname()))? {
                 tracing::warn!(
                     interface = st.ifname(),
                     old_prog_id = old,
                     "replaced the steering program a previous xlb left attached (it was not stopped cleanly)"
                 );
             }
+        }
+        let record: String = steering.iter().map(|st| format!("{} {}\n", st.ifname(), st.prog_id())).collect();
+        if let Err(e) = std::fs::write(&record_path, record) {
+            tracing::warn!(path = %record_path.display(), error = %e, "cannot record the attached programs (a crash would leave them for `ip link set dev IF xdp off`)");
         }
         if !restore.is_empty() {
             tracing::warn!(
@@ -520,6 +532,7 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource, tak
         }
     }
     let _ = std::fs::remove_file(&admin_socket);
+    let _ = std::fs::remove_file(admin_socket.with_extension("xdp"));
     drop(punt_queues);
     let detach = |steering: Vec<Steering>| {
         for st in steering {

@@ -270,15 +270,21 @@ impl Steering {
     }
 
     /// The steering program a dead xlb left attached to this interface (see [`Steering`]):
-    /// the id of the attached program if it is named [`PROGRAM_NAME`] and is not this one.
-    /// `None` if no program or another one is attached.
+    /// the id of the attached program if it is `recorded` (the id the dead process wrote
+    /// down when it attached) or is named [`PROGRAM_NAME`], and is not this one. `None` if no
+    /// program or another one is attached. Reading program names needs CAP_SYS_ADMIN
+    /// (`BPF_PROG_GET_NEXT_ID`); without it only `recorded` identifies the program. Call it
+    /// from the interface's network namespace.
     ///
     /// # Errors
     /// [`NicError::UnknownInterface`], [`NicError::Netlink`].
-    pub fn leftover(&self) -> Result<Option<u32>, NicError> {
+    pub fn leftover(&self, recorded: Option<u32>) -> Result<Option<u32>, NicError> {
         let Some(a) = crate::iface::attached_xdp(&self.ifname)? else { return Ok(None) };
         if a.prog_id == self.prog_id {
             return Ok(None);
+        }
+        if recorded == Some(a.prog_id) {
+            return Ok(Some(a.prog_id));
         }
         let named_ours = aya::programs::loaded_programs()
             .filter_map(Result::ok)
@@ -287,15 +293,15 @@ impl Steering {
     }
 
     /// Attaches like [`Steering::attach_loaded`], but if a steering program of a dead xlb is
-    /// attached ([`Steering::leftover`]), replaces it in one step (the kernel swaps the
+    /// attached ([`Steering::leftover`] with `recorded`), replaces it in one step (the kernel swaps the
     /// programs; no frame meets neither) in the mode it ran in, and returns its id. The
     /// caller must know that no live xlb owns it (the running one on the admin socket would
     /// lose its interface).
     ///
     /// # Errors
     /// As [`Steering::attach`].
-    pub fn attach_replacing_leftover(&mut self) -> Result<Option<u32>, NicError> {
-        let Some(old) = self.leftover()? else {
+    pub fn attach_replacing_leftover(&mut self, recorded: Option<u32>) -> Result<Option<u32>, NicError> {
+        let Some(old) = self.leftover(recorded)? else {
             self.attach_inner(None)?;
             return Ok(None);
         };

@@ -214,10 +214,11 @@ mod tests {
         assert!(ping.status.success(), "the node answers: {}", String::from_utf8_lossy(&ping.stdout));
 
         let mut next = pair.lb.run_in(|| Steering::load(LB_IF, XdpMode::Native).expect("load"));
-        assert_eq!(pair.lb.run_in(|| next.leftover()).unwrap(), Some(old_id));
+        assert_eq!(pair.lb.run_in(|| next.leftover(None)).unwrap(), Some(old_id), "found by its name");
+        assert_eq!(pair.lb.run_in(|| next.leftover(Some(old_id))).unwrap(), Some(old_id), "found by its recorded id");
         let refused = pair.lb.run_in(|| next.attach_loaded());
         assert!(refused.is_err(), "a plain attach does not replace a program");
-        let replaced = pair.lb.run_in(|| next.attach_replacing_leftover()).expect("replace");
+        let replaced = pair.lb.run_in(|| next.attach_replacing_leftover(Some(old_id))).expect("replace");
         assert_eq!(replaced, Some(old_id));
         assert_eq!(pair.lb.run_in(|| interface_info(LB_IF).unwrap()).xdp_prog_id, Some(next.prog_id()));
         next.detach().unwrap();

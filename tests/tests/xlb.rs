@@ -1044,6 +1044,7 @@ mod xlb {
         let rules = || tb.exec_ok(Role::Lb, &["ip", "rule", "show"]).expect("ip rule").replace(" [detached]", "");
         let rules_before = rules();
         assert!(rules_before.contains("lookup 7892066"), "setup: a reply rule for the local pod: {rules_before}");
+        let record = xlb.admin_socket().with_extension("xdp");
         let status = xlb.kill().expect("kill -9");
         assert!(!status.success(), "killed: {status}");
         // The policy rules outlive the process (harmless: their table's routes went with the
@@ -1053,6 +1054,9 @@ mod xlb {
         let link = tb.exec_ok(Role::Lb, &["ip", "-d", "link", "show", "eth0"]).expect("ip link");
         assert!(link.contains("xlb_steer"), "the steering program stays attached after the crash: {link}");
         let left = xdp_prog_id(&link).expect("program id");
+        // What lets the next start know the program without CAP_SYS_ADMIN.
+        let recorded = std::fs::read_to_string(&record).unwrap_or_default();
+        assert_eq!(recorded.trim(), format!("eth0 {left}"), "{}", record.display());
         let ping =
             tb.exec(Role::Client, &["ping", "-c2", "-i0.2", "-W2", &LB_CLIENT_SIDE_V4.to_string()]).expect("ping");
         assert!(ping.status.success(), "the node answers while no xlb runs: {}", String::from_utf8_lossy(&ping.stdout));
