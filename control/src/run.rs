@@ -468,7 +468,14 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource, tak
             // step; meanwhile it dropped xlb's frames, so flows retransmit instead of
             // reaching the kernel untranslated. No live xlb owns it: a running one answers
             // on the admin socket, which was checked at start.
-            if let Some(old) = st.attach_replacing_leftover(recorded_id(st.ifname()))? {
+            let replaced = st.attach_replacing_leftover(recorded_id(st.ifname()))?;
+            if let (Some(old), Some(_)) = (replaced, handed_over_at) {
+                tracing::info!(
+                    interface = st.ifname(),
+                    old_prog_id = old,
+                    "hand-over: replaced the previous xlb's steering program in one step"
+                );
+            } else if let Some(old) = replaced {
                 tracing::warn!(
                     interface = st.ifname(),
                     old_prog_id = old,
@@ -532,7 +539,9 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource, tak
         }
     }
     let _ = std::fs::remove_file(&admin_socket);
-    let _ = std::fs::remove_file(admin_socket.with_extension("xdp"));
+    if !handing_over {
+        let _ = std::fs::remove_file(admin_socket.with_extension("xdp"));
+    }
     drop(punt_queues);
     let detach = |steering: Vec<Steering>| {
         for st in steering {
@@ -555,8 +564,18 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource, tak
             let sent_ms = stopping.elapsed().as_secs_f64() * 1e3;
             let ready = if sent.is_ok() { crate::handover::wait_attach(&stream) } else { Ok(()) };
             let waited_ms = stopping.elapsed().as_secs_f64() * 1e3;
-            detach(steering);
-            crate::handover::reply(&stream, crate::handover::DETACHED);
+            if sent.is_ok() && ready.is_ok() {
+                // The new process replaces them in one step (it finds their ids in the
+                // `.xdp` record, which stays): no frame between two programs.
+                for st in steering {
+                    st.leave_attached();
+                }
+                crate::handover::reply(&stream, crate::handover::RELEASED);
+            } else {
+                detach(steering);
+                let _ = std::fs::remove_file(admin_socket.with_extension("xdp"));
+                crate::handover::reply(&stream, crate::handover::DETACHED);
+            }
             sent.context("hand-over: sending the flows")?;
             if let Err(e) = ready {
                 tracing::error!(error = %format!("{e:#}"), "hand-over: detached without the new xlb's go-ahead");
@@ -564,8 +583,8 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource, tak
             tracing::info!(
                 flows = n,
                 sent_ms,
-                detached_ms = waited_ms,
-                "hand-over: workers stopped and flows sent, then programs detached when the new xlb was ready; exiting"
+                released_ms = waited_ms,
+                "hand-over: workers stopped and flows sent, then programs left for the new xlb to replace once it was ready; exiting"
             );
             Ok(())
         }

@@ -571,6 +571,14 @@ impl Steering {
         self.detach_inner()
     }
 
+    /// Closes this value's file descriptors but leaves the program attached (as a crash
+    /// would): the next xlb replaces it in one step ([`Steering::attach_replacing_leftover`]),
+    /// so no frame meets neither program. A hand-over ends with this on the old side.
+    pub fn leave_attached(mut self) {
+        self.attached = false;
+        info!(interface = %self.ifname, prog_id = self.prog_id, "XDP steering left attached for the next xlb to replace");
+    }
+
     fn detach_inner(&mut self) -> Result<(), NicError> {
         if !std::mem::replace(&mut self.attached, false) {
             return Ok(());
