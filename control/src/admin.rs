@@ -114,7 +114,7 @@ fn handle(
     }
     let out = match line.trim() {
         "services" => services(tables, workers),
-        "conntrack" => conntrack(workers),
+        "conntrack" => conntrack(tables, workers),
         "stats" => stats(tables, workers),
         other => format!("error: unknown command {other:?} (services, conntrack, stats)\n"),
     };
@@ -141,7 +141,10 @@ fn services(tables: &TablesHandle, workers: &[WorkerView]) -> String {
     xlb::show::render_with_connections(&t, &|r| sums.get(&r).copied().unwrap_or_default())
 }
 
-fn conntrack(workers: &[WorkerView]) -> String {
+/// One line per flow; `backend=ADDR:PORT` while the flow's backend is in the running tables,
+/// `backend=gone#REF` once it left them.
+fn conntrack(tables: &TablesHandle, workers: &[WorkerView]) -> String {
+    let t = tables.load();
     let mut out = String::new();
     for w in workers {
         let (tx, rx) = mpsc::channel();
@@ -165,7 +168,10 @@ fn conntrack(workers: &[WorkerView]) -> String {
                 f.cport,
                 f.vip,
                 f.vport,
-                f.backend.0,
+                t.backend(f.backend).map_or_else(
+                    || format!("gone#{}", f.backend.0),
+                    |b| std::net::SocketAddr::new(b.addr, b.port).to_string()
+                ),
                 f.expires_in_s,
                 f.snat_port.map(|p| format!(" snat_port={p}")).unwrap_or_default()
             );

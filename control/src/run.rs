@@ -419,6 +419,12 @@ fn serve(
     for iface in &config.interfaces {
         steering.push(Steering::load(&iface.name, XdpMode::Native)?);
     }
+    if !takeover && std::os::unix::net::UnixStream::connect(&admin_socket).is_ok() {
+        bail!(
+            "an xlb is running on admin socket {} (stop it, or start this one with --takeover to take over its flows)",
+            admin_socket.display()
+        );
+    }
     if takeover {
         let started = Instant::now();
         match crate::handover::request(&admin_socket) {
@@ -539,8 +545,37 @@ fn serve(
         if let Some(p) = pending.take() {
             p.release()?;
         }
+        // `<admin socket>.xdp`: "IFNAME PROG_ID" per interface, written once attached and
+        // removed on a clean stop, so the next start recognises a dead xlb's program even
+        // without CAP_SYS_ADMIN (which reading program names needs).
+        let record_path = admin_socket.with_extension("xdp");
+        let recorded = std::fs::read_to_string(&record_path).unwrap_or_default();
+        let recorded_id = |ifname: &str| {
+            recorded.lines().find_map(|l| l.strip_prefix(ifname)?.strip_prefix(' ')?.trim().parse::<u32>().ok())
+        };
         for st in &mut steering {
-            st.attach_loaded()?;
+            // A program left attached by an xlb that died (kill -9, OOM) is replaced in one
+            // step; meanwhile it dropped xlb's frames, so flows retransmit instead of
+            // reaching the kernel untranslated. No live xlb owns it: a running one answers
+            // on the admin socket, which was checked at start.
+            let replaced = st.attach_replacing_leftover(recorded_id(st.ifname()))?;
+            if let (Some(old), Some(_)) = (replaced, handed_over_at) {
+                tracing::info!(
+                    interface = st.ifname(),
+                    old_prog_id = old,
+                    "hand-over: replaced the previous xlb's steering program in one step"
+                );
+            } else if let Some(old) = replaced {
+                tracing::warn!(
+                    interface = st.ifname(),
+                    old_prog_id = old,
+                    "replaced the steering program a previous xlb left attached (it was not stopped cleanly)"
+                );
+            }
+        }
+        let record: String = steering.iter().map(|st| format!("{} {}\n", st.ifname(), st.prog_id())).collect();
+        if let Err(e) = std::fs::write(&record_path, record) {
+            tracing::warn!(path = %record_path.display(), error = %e, "cannot record the attached programs (a crash would leave them for `ip link set dev IF xdp off`)");
         }
         if !restore.is_empty() {
             tracing::warn!(
@@ -595,6 +630,9 @@ fn serve(
         }
     }
     let _ = std::fs::remove_file(&admin_socket);
+    if !handing_over {
+        let _ = std::fs::remove_file(admin_socket.with_extension("xdp"));
+    }
     drop(punt_queues);
     let detach = |steering: Vec<Steering>| {
         for st in steering {
@@ -617,8 +655,18 @@ fn serve(
             let sent_ms = stopping.elapsed().as_secs_f64() * 1e3;
             let ready = if sent.is_ok() { crate::handover::wait_attach(&stream) } else { Ok(()) };
             let waited_ms = stopping.elapsed().as_secs_f64() * 1e3;
-            detach(steering);
-            crate::handover::reply(&stream, crate::handover::DETACHED);
+            if sent.is_ok() && ready.is_ok() {
+                // The new process replaces them in one step (it finds their ids in the
+                // `.xdp` record, which stays): no frame between two programs.
+                for st in steering {
+                    st.leave_attached();
+                }
+                crate::handover::reply(&stream, crate::handover::RELEASED);
+            } else {
+                detach(steering);
+                let _ = std::fs::remove_file(admin_socket.with_extension("xdp"));
+                crate::handover::reply(&stream, crate::handover::DETACHED);
+            }
             sent.context("hand-over: sending the flows")?;
             if let Err(e) = ready {
                 tracing::error!(error = %format!("{e:#}"), "hand-over: detached without the new xlb's go-ahead");
@@ -626,8 +674,8 @@ fn serve(
             tracing::info!(
                 flows = n,
                 sent_ms,
-                detached_ms = waited_ms,
-                "hand-over: workers stopped and flows sent, then programs detached when the new xlb was ready"
+                released_ms = waited_ms,
+                "hand-over: workers stopped and flows sent, then programs left for the new xlb to replace once it was ready"
             );
             Ok(Ended::HandedOver { during_drain: shutdown.draining() })
         }

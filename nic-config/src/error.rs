@@ -40,6 +40,20 @@ pub enum NicError {
         #[source]
         source: Box<aya::programs::ProgramError>,
     },
+    /// Attaching the program to (or detaching it from) the interface through netlink failed
+    /// (`RTM_SETLINK` with `IFLA_XDP`; `EBUSY`/`EEXIST`: another program is attached).
+    #[error("XDP program on interface `{ifname}` ({mode}): {op}: {source}")]
+    Attach {
+        /// Interface the program was meant for.
+        ifname: String,
+        /// Attach mode tried.
+        mode: crate::XdpMode,
+        /// `attach`, `replace` or `detach`.
+        op: &'static str,
+        /// The kernel's answer.
+        #[source]
+        source: io::Error,
+    },
     /// A BPF map operation failed.
     #[error("BPF map `{map}` on interface `{ifname}`: {op}: {detail}")]
     Map {
@@ -147,7 +161,7 @@ impl NicError {
     #[must_use]
     pub fn raw_os_error(&self) -> Option<i32> {
         match self {
-            Self::Netlink { source, .. } => source.raw_os_error(),
+            Self::Netlink { source, .. } | Self::Attach { source, .. } => source.raw_os_error(),
             _ => None,
         }
     }

@@ -20,7 +20,7 @@ use netlink_packet_core::NLM_F_DUMP;
 use netlink_packet_route::{
     RouteNetlinkMessage,
     address::{AddressAttribute, AddressMessage},
-    link::{LinkAttribute, LinkMessage, LinkXdp},
+    link::{LinkAttribute, LinkMessage, LinkXdp, XdpAttached},
 };
 
 use crate::{NicError, nl::RouteSocket};
@@ -76,6 +76,71 @@ fn get_link(ifname: &str) -> Result<LinkMessage, NicError> {
             _ => None,
         })
         .ok_or_else(|| NicError::UnknownInterface { ifname: ifname.to_owned() })
+}
+
+/// `IFLA_XDP_FLAGS` bits (include/uapi/linux/if_link.h): fail if a program is attached.
+pub(crate) const XDP_FLAGS_UPDATE_IF_NOEXIST: u32 = 1 << 0;
+/// Generic (SKB) mode.
+pub(crate) const XDP_FLAGS_SKB_MODE: u32 = 1 << 1;
+/// Native (driver) mode.
+pub(crate) const XDP_FLAGS_DRV_MODE: u32 = 1 << 2;
+/// Act only if the program attached is the one `IFLA_XDP_EXPECTED_FD` names.
+pub(crate) const XDP_FLAGS_REPLACE: u32 = 1 << 4;
+
+/// An XDP program attached to an interface through netlink or a link (`IFLA_XDP`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct AttachedXdp {
+    /// Kernel id of the program.
+    pub(crate) prog_id: u32,
+    /// Whether it runs in generic (SKB) mode rather than in the driver.
+    pub(crate) skb_mode: bool,
+}
+
+/// The XDP program attached to `ifindex`, if any.
+pub(crate) fn attached_xdp(ifname: &str) -> Result<Option<AttachedXdp>, NicError> {
+    let link = get_link(ifname)?;
+    let mut prog_id = None;
+    let mut skb_mode = false;
+    for a in &link.attributes {
+        if let LinkAttribute::Xdp(x) = a {
+            for x in x {
+                match x {
+                    LinkXdp::ProgId(id) if *id != 0 => prog_id = Some(*id),
+                    LinkXdp::Attached(XdpAttached::SocketBuffer) => skb_mode = true,
+                    _ => {}
+                }
+            }
+        }
+    }
+    Ok(prog_id.map(|prog_id| AttachedXdp { prog_id, skb_mode }))
+}
+
+/// Attaches the program `fd` to interface `ifindex` with `flags` through netlink
+/// (`RTM_SETLINK` with `IFLA_XDP`, rtnetlink(7)); `fd` -1 detaches. With `expected` the
+/// kernel acts only if that program (an fd of it) is the one attached (`XDP_FLAGS_REPLACE`),
+/// else fails with `EEXIST`. A program attached this way stays attached when the process
+/// that attached it exits, until it is replaced or detached.
+///
+/// `sock` must be in the interface's network namespace: a netlink socket stays in the one it
+/// was created in, whichever thread uses it later.
+pub(crate) fn set_xdp(
+    sock: &mut RouteSocket,
+    ifindex: u32,
+    fd: i32,
+    flags: u32,
+    expected: Option<i32>,
+) -> io::Result<()> {
+    let mut msg = LinkMessage::default();
+    msg.header.index = ifindex;
+    let mut xdp = vec![LinkXdp::Fd(fd), LinkXdp::Flags(flags | expected.map_or(0, |_| XDP_FLAGS_REPLACE))];
+    if let Some(e) = expected {
+        xdp.push(LinkXdp::ExpectedFd(e.cast_unsigned()));
+    }
+    msg.attributes.push(LinkAttribute::Xdp(xdp));
+    match sock.request("RTM_SETLINK IFLA_XDP", RouteNetlinkMessage::SetLink(msg), 0) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(e.raw_os_error().map_or_else(|| io::Error::other(e.to_string()), io::Error::from_raw_os_error)),
+    }
 }
 
 /// Index of interface `ifname` in the calling thread's network namespace.

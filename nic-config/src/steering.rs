@@ -1,11 +1,15 @@
 //! The steering XDP program: load, attach, fill its maps, read its counters, detach.
 
-use std::{fmt, net::IpAddr, os::fd::AsRawFd};
+use std::{
+    fmt,
+    net::IpAddr,
+    os::fd::{AsFd as _, AsRawFd},
+};
 
 use aya::{
     Ebpf, EbpfLoader,
     maps::{HashMap, Map, MapData, MapError, PerCpuArray, XskMap},
-    programs::{Xdp, XdpMode as AyaXdpMode, xdp::XdpLinkId},
+    programs::{Xdp, XdpMode as AyaXdpMode},
 };
 use tracing::{info, warn};
 
@@ -93,10 +97,15 @@ pub struct SteeringStats {
 
 /// Our XDP steering program attached to one interface, with its maps.
 ///
-/// Created by [`Steering::attach`]. The program is attached through a BPF link (kernel ≥ 5.9),
-/// held by this value: dropping it, calling [`Steering::detach`], or the process dying closes
-/// the link and the map file descriptors, and the kernel removes the program and frees the maps.
-/// Nothing is pinned to bpffs, so nothing stays behind.
+/// Created by [`Steering::attach`]. The program is attached through netlink (`IFLA_XDP`, as
+/// `ip link set dev IF xdp` does), not a BPF link: dropping this value or calling
+/// [`Steering::detach`] detaches it (only if it is still the program attached) and closes the
+/// map file descriptors, and the kernel frees program and maps. If the process dies instead,
+/// the program stays attached with its maps: the kernel removes a closed AF_XDP socket from
+/// the `xsks` map, so the program then drops the frames that are xlb's (no socket to take
+/// them, counted `redirect_failed`) and passes the host's own traffic to the kernel, until a
+/// new xlb replaces it ([`Steering::attach_replacing_leftover`]) or `ip link set dev IF xdp
+/// off` removes it. Nothing is pinned to bpffs.
 ///
 /// All methods act on the kernel objects through file descriptors, so they work from any
 /// thread, whatever network namespace that thread is in; only `attach` resolves the interface
@@ -112,7 +121,11 @@ pub struct Steering {
     stats: PerCpuArray<MapData, u64>,
     /// What the last sync wrote to each map, so the next one writes only the difference.
     shadow: Shadows,
-    link: Option<XdpLinkId>,
+    /// Whether this value attached the program (and so detaches it).
+    attached: bool,
+    /// rtnetlink socket in the interface's network namespace (attach and detach work from
+    /// any thread).
+    nl: crate::nl::RouteSocket,
     ebpf: Ebpf,
     ifname: String,
     ifindex: u32,
@@ -153,7 +166,7 @@ impl fmt::Debug for Steering {
             .field("mode", &self.mode)
             .field("prog_id", &self.prog_id)
             .field("map_ids", &self.map_ids)
-            .field("attached", &self.link.is_some())
+            .field("attached", &self.attached)
             .finish_non_exhaustive()
     }
 }
@@ -226,7 +239,8 @@ impl Steering {
             endpoints,
             stats,
             shadow: Shadows::default(),
-            link: None,
+            attached: false,
+            nl: crate::nl::RouteSocket::new("RTM_SETLINK IFLA_XDP")?,
             ebpf,
             ifname: ifname.to_owned(),
             ifindex,
@@ -245,37 +259,98 @@ impl Steering {
             .map_err(|e| NicError::program(&ifname, mode, e))
     }
 
-    /// Attaches a program from [`Steering::load`] to its interface through a new BPF link
-    /// (native mode falling back to SKB mode as [`Steering::attach`] describes). Does nothing
-    /// if it is attached already.
+    /// Attaches a program from [`Steering::load`] to its interface (native mode falling back
+    /// to SKB mode as [`Steering::attach`] describes; refused with `EBUSY` if any program is
+    /// attached). Does nothing if it is attached already.
     ///
     /// # Errors
     /// As [`Steering::attach`].
     pub fn attach_loaded(&mut self) -> Result<(), NicError> {
-        if self.link.is_some() {
+        self.attach_inner(None)
+    }
+
+    /// The steering program a dead xlb left attached to this interface (see [`Steering`]):
+    /// the id of the attached program if it is `recorded` (the id the dead process wrote
+    /// down when it attached) or is named [`PROGRAM_NAME`], and is not this one. `None` if no
+    /// program or another one is attached. Reading program names needs CAP_SYS_ADMIN
+    /// (`BPF_PROG_GET_NEXT_ID`); without it only `recorded` identifies the program. Call it
+    /// from the interface's network namespace.
+    ///
+    /// # Errors
+    /// [`NicError::UnknownInterface`], [`NicError::Netlink`].
+    pub fn leftover(&self, recorded: Option<u32>) -> Result<Option<u32>, NicError> {
+        let Some(a) = crate::iface::attached_xdp(&self.ifname)? else { return Ok(None) };
+        if a.prog_id == self.prog_id {
+            return Ok(None);
+        }
+        if recorded == Some(a.prog_id) {
+            return Ok(Some(a.prog_id));
+        }
+        let named_ours = aya::programs::loaded_programs()
+            .filter_map(Result::ok)
+            .any(|p| p.id() == a.prog_id && p.name_as_str() == Some(PROGRAM_NAME));
+        Ok(named_ours.then_some(a.prog_id))
+    }
+
+    /// Attaches like [`Steering::attach_loaded`], but if a steering program of a dead xlb is
+    /// attached ([`Steering::leftover`] with `recorded`), replaces it in one step (the kernel swaps the
+    /// programs; no frame meets neither) in the mode it ran in, and returns its id. The
+    /// caller must know that no live xlb owns it (the running one on the admin socket would
+    /// lose its interface).
+    ///
+    /// # Errors
+    /// As [`Steering::attach`].
+    pub fn attach_replacing_leftover(&mut self, recorded: Option<u32>) -> Result<Option<u32>, NicError> {
+        let Some(old) = self.leftover(recorded)? else {
+            self.attach_inner(None)?;
+            return Ok(None);
+        };
+        let skb = crate::iface::attached_xdp(&self.ifname)?.is_some_and(|a| a.skb_mode);
+        self.attach_inner(Some(if skb { XdpMode::Skb } else { XdpMode::Native }))?;
+        Ok(Some(old))
+    }
+
+    /// `replace_in`: replace whatever program is attached, in that mode (no fallback).
+    fn attach_inner(&mut self, replace_in: Option<XdpMode>) -> Result<(), NicError> {
+        if self.attached {
             return Ok(());
         }
-        let (ifname, mode, prog_id, ifindex) = (self.ifname.clone(), self.mode, self.prog_id, self.ifindex);
-        let prog_err = |mode, e| NicError::program(&ifname, mode, e);
-        let program = self.program()?;
-        let (link, used_mode) = match program.attach(&ifname, mode.into()) {
-            Ok(link) => (link, mode),
-            Err(aya::programs::ProgramError::UnknownInterface { .. }) => {
-                return Err(NicError::UnknownInterface { ifname: ifname.clone() });
-            }
-            // EBUSY/EEXIST: another program is attached; SKB mode would not help.
-            Err(e) if mode == XdpMode::Native && !matches!(errno(&e), Some(nix::libc::EBUSY | nix::libc::EEXIST)) => {
-                warn!(
-                    interface = %ifname,
-                    error = %e,
-                    "native XDP attach failed; falling back to SKB (generic) mode"
-                );
-                let link = program.attach(&ifname, XdpMode::Skb.into()).map_err(|e| prog_err(XdpMode::Skb, e))?;
-                (link, XdpMode::Skb)
-            }
-            Err(e) => return Err(prog_err(mode, e)),
+        let (ifname, prog_id, ifindex, mode) = (self.ifname.clone(), self.prog_id, self.ifindex, self.mode);
+        let fd = self.program()?.fd().map_err(|e| NicError::program(&ifname, mode, e))?.as_fd().as_raw_fd();
+        let flags = |m: XdpMode| match m {
+            XdpMode::Native => crate::iface::XDP_FLAGS_DRV_MODE,
+            XdpMode::Skb => crate::iface::XDP_FLAGS_SKB_MODE,
         };
-        self.link = Some(link);
+        let attach_err = |mode, op, source| NicError::Attach { ifname: ifname.clone(), mode, op, source };
+        let used_mode = if let Some(mode) = replace_in {
+            crate::iface::set_xdp(&mut self.nl, ifindex, fd, flags(mode), None)
+                .map_err(|e| attach_err(mode, "replace", e))?;
+            mode
+        } else {
+            let noexist = crate::iface::XDP_FLAGS_UPDATE_IF_NOEXIST;
+            match crate::iface::set_xdp(&mut self.nl, ifindex, fd, flags(mode) | noexist, None) {
+                Ok(()) => mode,
+                Err(e) if e.raw_os_error() == Some(nix::libc::ENODEV) => {
+                    return Err(NicError::UnknownInterface { ifname: ifname.clone() });
+                }
+                // EBUSY/EEXIST: another program is attached; SKB mode would not help.
+                Err(e)
+                    if mode == XdpMode::Native
+                        && !matches!(e.raw_os_error(), Some(nix::libc::EBUSY | nix::libc::EEXIST)) =>
+                {
+                    warn!(
+                        interface = %ifname,
+                        error = %e,
+                        "native XDP attach failed; falling back to SKB (generic) mode"
+                    );
+                    crate::iface::set_xdp(&mut self.nl, ifindex, fd, flags(XdpMode::Skb) | noexist, None)
+                        .map_err(|e| attach_err(XdpMode::Skb, "attach", e))?;
+                    XdpMode::Skb
+                }
+                Err(e) => return Err(attach_err(mode, "attach", e)),
+            }
+        };
+        self.attached = true;
         self.mode = used_mode;
         info!(interface = %ifname, ifindex, mode = %used_mode, prog_id, "XDP steering attached");
         Ok(())
@@ -496,20 +571,32 @@ impl Steering {
         self.detach_inner()
     }
 
+    /// Closes this value's file descriptors but leaves the program attached (as a crash
+    /// would): the next xlb replaces it in one step ([`Steering::attach_replacing_leftover`]),
+    /// so no frame meets neither program. A hand-over ends with this on the old side.
+    pub fn leave_attached(mut self) {
+        self.attached = false;
+        info!(interface = %self.ifname, prog_id = self.prog_id, "XDP steering left attached for the next xlb to replace");
+    }
+
     fn detach_inner(&mut self) -> Result<(), NicError> {
-        let Some(link) = self.link.take() else {
+        if !std::mem::replace(&mut self.attached, false) {
             return Ok(());
+        }
+        let (mode, ifname, ifindex) = (self.mode, self.ifname.clone(), self.ifindex);
+        let fd = self.program()?.fd().map_err(|e| NicError::program(&ifname, mode, e))?.as_fd().as_raw_fd();
+        let flags = match mode {
+            XdpMode::Native => crate::iface::XDP_FLAGS_DRV_MODE,
+            XdpMode::Skb => crate::iface::XDP_FLAGS_SKB_MODE,
         };
-        let mode = self.mode;
-        let ifname = self.ifname.clone();
-        let program: &mut Xdp = self
-            .ebpf
-            .program_mut(PROGRAM_NAME)
-            .ok_or(NicError::MissingObject { kind: "program", name: PROGRAM_NAME })?
-            .try_into()
-            .map_err(|e| NicError::program(&ifname, mode, e))?;
-        program.detach(link).map_err(|e| NicError::program(&ifname, mode, e))?;
-        info!(interface = %ifname, prog_id = self.prog_id, "XDP steering detached");
+        // Only if ours is still the program attached: a newer xlb may have replaced it.
+        match crate::iface::set_xdp(&mut self.nl, ifindex, -1, flags, Some(fd)) {
+            Ok(()) => info!(interface = %ifname, prog_id = self.prog_id, "XDP steering detached"),
+            Err(e) if matches!(e.raw_os_error(), Some(nix::libc::EEXIST | nix::libc::ENODEV)) => {
+                info!(interface = %ifname, prog_id = self.prog_id, error = %e, "XDP steering no longer attached (replaced, or the interface is gone)");
+            }
+            Err(e) => return Err(NicError::Attach { ifname, mode, op: "detach", source: e }),
+        }
         Ok(())
     }
 }
@@ -520,18 +607,6 @@ impl Drop for Steering {
             warn!(interface = %self.ifname, error = %e, "detaching XDP steering failed");
         }
     }
-}
-
-/// The errno at the bottom of an aya error chain, if any.
-fn errno(e: &(dyn std::error::Error + 'static)) -> Option<i32> {
-    let mut cur = Some(e);
-    while let Some(err) = cur {
-        if let Some(io) = err.downcast_ref::<std::io::Error>() {
-            return io.raw_os_error();
-        }
-        cur = err.source();
-    }
-    None
 }
 
 fn check_queue(queue: u32) -> Result<(), NicError> {

@@ -188,6 +188,43 @@ mod tests {
         steering.detach().unwrap();
     }
 
+    /// What a crashed xlb leaves: its program stays attached (netlink attach) and, once its
+    /// socket is closed, drops frames that are xlb's while ping to the node passes; a plain
+    /// second attach is refused, and `attach_replacing_leftover` swaps it for the new one.
+    #[test]
+    fn a_program_left_by_a_dead_process_drops_xlb_frames_and_the_next_one_replaces_it() {
+        if !common::can_run("a_program_left_by_a_dead_process_drops_xlb_frames_and_the_next_one_replaces_it") {
+            return;
+        }
+        let pair = Pair::new(1);
+        let (mut steering, xsk) = attach_with_xsk(&pair);
+        let svc = ServiceKey { addr: VIP_V4.into(), proto: IPPROTO_UDP, port: 7777 };
+        steering.sync_services(&[svc]).unwrap();
+        steering.sync_vip_addrs(&[VIP_V4.into()]).unwrap();
+        let old_id = steering.prog_id();
+        // A process that dies runs no Drop: its program stays attached. (Forgetting it here
+        // leaks its fds until the test process exits; the socket is closed for real.)
+        std::mem::forget(steering);
+        drop(xsk);
+        let kernel = lb_udp(&pair.lb, SocketAddr::new(VIP_V4.into(), 7777));
+        assert_eq!(pair.lb.run_in(|| interface_info(LB_IF).unwrap()).xdp_prog_id, Some(old_id));
+        client_send_udp(&pair.client, SocketAddr::new(VIP_V4.into(), 7777), b"while-dead");
+        assert_eq!(kernel_got(&kernel), None, "xlb's frames are dropped, not given to the kernel");
+        let ping = pair.client.exec(&["ping", "-c", "2", "-i", "0.2", "-W", "2", &LB_V4.to_string()]);
+        assert!(ping.status.success(), "the node answers: {}", String::from_utf8_lossy(&ping.stdout));
+
+        let mut next = pair.lb.run_in(|| Steering::load(LB_IF, XdpMode::Native).expect("load"));
+        assert_eq!(pair.lb.run_in(|| next.leftover(None)).unwrap(), Some(old_id), "found by its name");
+        assert_eq!(pair.lb.run_in(|| next.leftover(Some(old_id))).unwrap(), Some(old_id), "found by its recorded id");
+        let refused = pair.lb.run_in(|| next.attach_loaded());
+        assert!(refused.is_err(), "a plain attach does not replace a program");
+        let replaced = pair.lb.run_in(|| next.attach_replacing_leftover(Some(old_id))).expect("replace");
+        assert_eq!(replaced, Some(old_id));
+        assert_eq!(pair.lb.run_in(|| interface_info(LB_IF).unwrap()).xdp_prog_id, Some(next.prog_id()));
+        next.detach().unwrap();
+        assert_eq!(pair.lb.run_in(|| interface_info(LB_IF).unwrap()).xdp_prog_id, None);
+    }
+
     #[test]
     fn frame_to_a_vip_on_an_unlisted_port_passes_to_the_kernel() {
         if !common::can_run("frame_to_a_vip_on_an_unlisted_port_passes_to_the_kernel") {

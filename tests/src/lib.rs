@@ -31,6 +31,8 @@ use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+pub mod load;
+
 /// The client's IPv4 address (on its `eth0`).
 pub const CLIENT_V4: Ipv4Addr = Ipv4Addr::new(10, 250, 1, 2);
 /// The client's IPv6 address (on its `eth0`).
@@ -488,6 +490,33 @@ impl Testbed {
             });
             handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))
         })
+    }
+
+    /// Starts a thread named `name` in `role`'s network namespace running `f` (a server
+    /// that outlives the call, e.g. [`load::EchoServer`]); its result comes back through the
+    /// handle.
+    ///
+    /// # Errors
+    /// When the namespace file cannot be opened or the thread cannot be spawned; a failing
+    /// setns(2) panics the thread (its join returns the panic).
+    pub fn spawn_in<T, F>(&self, role: Role, name: &str, f: F) -> Result<std::thread::JoinHandle<T>>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        let path = Path::new(NETNS_DIR).join(self.ns_name(role));
+        let ns = File::open(&path).map_err(io_err(format!("cannot open {}", path.display())))?;
+        std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(move || {
+                // SAFETY: `ns` is an open file of a network namespace, owned by this closure for
+                // the call; setns only moves this (fresh) thread into it.
+                let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
+                assert!(rc == 0, "setns({}): {}", path.display(), std::io::Error::last_os_error());
+                drop(ns);
+                f()
+            })
+            .map_err(io_err(format!("cannot spawn {name}")))
     }
 
     /// Fetches `url` with curl from `from`'s namespace (5 s limit, no proxy, IPv6 literals

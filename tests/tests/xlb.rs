@@ -1023,15 +1023,18 @@ mod xlb {
         assert_eq!(stats.event("flow_imported"), 0, "{}", evidence(&fresh));
     }
 
-    /// Crash safety (issue 11): after `kill -9` nothing of xlb stays attached (eth0 has no XDP
-    /// program: it lived only as long as the process's BPF link), the node's own address
-    /// answers ping, and the next `xlb run` starts, adopts the policy rules the dead one left
-    /// (no duplicates) and serves. Established connections to a
+    /// Crash safety (issue 11): after `kill -9` the steering program stays attached to eth0
+    /// (attached through netlink, it outlives the process) and, with no socket left in its
+    /// map, drops xlb's frames while the node's own address answers ping; the next `xlb run`
+    /// starts, replaces the leftover program in one step (a new program id), adopts the policy
+    /// rules the dead one left (no duplicates) and serves. Established connections to a
     /// Maglev service (`demo/sticky`, `mh`) that were idle through the crash survive it: their
     /// next segments are picked up (`flow_picked_up`) on the same backend.
     #[test]
-    fn after_kill_9_nothing_stays_attached_and_mh_connections_are_picked_up() {
-        if skip_without_root("after_kill_9_nothing_stays_attached_and_mh_connections_are_picked_up") {
+    fn after_kill_9_the_program_stays_until_the_next_start_replaces_it_and_mh_connections_are_picked_up() {
+        if skip_without_root(
+            "after_kill_9_the_program_stays_until_the_next_start_replaces_it_and_mh_connections_are_picked_up",
+        ) {
             return;
         }
         let tb = testbed();
@@ -1041,6 +1044,7 @@ mod xlb {
         let rules = || tb.exec_ok(Role::Lb, &["ip", "rule", "show"]).expect("ip rule").replace(" [detached]", "");
         let rules_before = rules();
         assert!(rules_before.contains("lookup 7892066"), "setup: a reply rule for the local pod: {rules_before}");
+        let record = xlb.admin_socket().with_extension("xdp");
         let status = xlb.kill().expect("kill -9");
         assert!(!status.success(), "killed: {status}");
         // The policy rules outlive the process (harmless: their table's routes went with the
@@ -1048,12 +1052,20 @@ mod xlb {
         assert_eq!(rules(), rules_before, "rules left by the killed xlb");
 
         let link = tb.exec_ok(Role::Lb, &["ip", "-d", "link", "show", "eth0"]).expect("ip link");
-        assert!(!link.contains("xlb_steer") && !link.contains("prog/xdp"), "no XDP program after the crash: {link}");
+        assert!(link.contains("xlb_steer"), "the steering program stays attached after the crash: {link}");
+        let left = xdp_prog_id(&link).expect("program id");
+        // What lets the next start know the program without CAP_SYS_ADMIN.
+        let recorded = std::fs::read_to_string(&record).unwrap_or_default();
+        assert_eq!(recorded.trim(), format!("eth0 {left}"), "{}", record.display());
         let ping =
             tb.exec(Role::Client, &["ping", "-c2", "-i0.2", "-W2", &LB_CLIENT_SIDE_V4.to_string()]).expect("ping");
         assert!(ping.status.success(), "the node answers while no xlb runs: {}", String::from_utf8_lossy(&ping.stdout));
 
         let fresh = start_xlb(&tb);
+        let link = tb.exec_ok(Role::Lb, &["ip", "-d", "link", "show", "eth0"]).expect("ip link");
+        let now = xdp_prog_id(&link).expect("program id");
+        assert_ne!(now, left, "the restarted xlb replaced the leftover program: {link}");
+        assert!(fresh.log().contains("left attached"), "{}", fresh.log());
         assert_eq!(rules(), rules_before, "the restarted xlb keeps one set of rules");
         let bad = use_keepalive(&mut conns);
         assert!(bad.is_empty(), "mh connections broken by the crash: {bad:?}{}", evidence(&fresh));

@@ -127,9 +127,18 @@ fn status(code: u16, reason: &str, message: &str) -> Value {
 impl FakeApiServer {
     /// Starts on 127.0.0.1:0; bookmarks every 500 ms on watches that allow them.
     pub(crate) async fn start() -> Self {
+        Self::start_at("127.0.0.1:0".parse().expect("address"), 1).await
+    }
+
+    /// Starts on `addr` (`SO_REUSEADDR`, so a restarted server can take its predecessor's
+    /// port) with its resourceVersion counter at `first_rv`. With `first_rv > 1` the history
+    /// before it counts as compacted: a watch from an older resourceVersion (a client of a
+    /// previous server) gets an in-stream ERROR 410 Expired, as after an etcd restore.
+    pub(crate) async fn start_at(addr: SocketAddr, first_rv: u64) -> Self {
         let (events, _) = broadcast::channel(4096);
+        let compacted = if first_rv > 1 { first_rv } else { 0 };
         let inner = Arc::new(Inner {
-            state: Mutex::new(State0 { rv: 1, ..Default::default() }),
+            state: Mutex::new(State0 { rv: first_rv, compacted, ..Default::default() }),
             events,
             kill: watch::channel(0).0,
             held: watch::channel(HashSet::new()).0,
@@ -141,12 +150,25 @@ impl FakeApiServer {
             .route("/api/v1/nodes", get(|s, q| handle(s, q, Res::Nodes)))
             .fallback(|| async { (StatusCode::NOT_FOUND, status(404, "NotFound", "not served").to_string()) })
             .with_state(inner.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind fake apiserver");
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.set_reuseaddr(true).expect("SO_REUSEADDR");
+        socket.bind(addr).expect("bind fake apiserver");
+        let listener = socket.listen(1024).expect("listen");
         let addr = listener.local_addr().expect("local addr");
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
         Self { addr, inner, task }
+    }
+
+    /// The address it listens on.
+    pub(crate) fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The current resourceVersion (the last change's).
+    pub(crate) fn resource_version(&self) -> u64 {
+        self.inner.lock().rv
     }
 
     /// `http://127.0.0.1:PORT`.
