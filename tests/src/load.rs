@@ -3,7 +3,8 @@
 //!
 //! - [`EchoServer`]: a TCP echo service on every backend; each connection first gets one
 //!   greeting line `be<i> <peer>` (which backend, and the client address it sees: the client's
-//!   own for DNAT, the SNAT address and port for masqueraded traffic).
+//!   own for DNAT, the SNAT address and port for masqueraded traffic). On the same UDP port,
+//!   every datagram is answered at once with that line.
 //! - [`Streams`]: long-lived client connections that each send a numbered message every
 //!   interval and check that the same bytes come back; a connection that is reset, closed,
 //!   silent for [`STREAM_TIMEOUT`] or echoes wrong bytes is broken.
@@ -29,7 +30,8 @@ pub const STREAM_TIMEOUT: Duration = Duration::from_secs(20);
 /// Bytes of one stream message (newline included).
 const MESSAGE_LEN: usize = 64;
 
-/// A TCP echo service on `0.0.0.0:port` of every backend (`be1`..`be3`). Stops accepting when
+/// A TCP echo service on `0.0.0.0:port` of every backend (`be1`..`be3`), and a UDP service on
+/// the same port that answers each datagram with `be<i> <peer>`. Stops accepting when
 /// dropped; its connections end when their clients close them.
 #[derive(Debug)]
 pub struct EchoServer {
@@ -47,8 +49,9 @@ impl EchoServer {
         let mut threads = Vec::new();
         for i in 1..=BACKENDS {
             let (tx, rx) = std::sync::mpsc::channel();
-            let stop = stop.clone();
+            let stop_tcp = stop.clone();
             threads.push(tb.spawn_in(Role::Backend(i), &format!("echo-be{i}"), move || {
+                let stop = stop_tcp;
                 let listener = match TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)) {
                     Ok(l) => l,
                     Err(e) => {
@@ -76,6 +79,28 @@ impl EchoServer {
             rx.recv_timeout(Duration::from_secs(5))
                 .map_err(|_| TestbedError::Timeout(format!("echo server on be{i} did not start")))?
                 .map_err(io_err(format!("echo server on be{i}: bind port {port}")))?;
+            let (tx, rx) = std::sync::mpsc::channel();
+            let stop_udp = stop.clone();
+            threads.push(tb.spawn_in(Role::Backend(i), &format!("udp-echo-be{i}"), move || {
+                let sock = match std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, port)) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
+                };
+                let _ = sock.set_read_timeout(Some(Duration::from_millis(100)));
+                let _ = tx.send(Ok(()));
+                let mut buf = [0u8; 2048];
+                while !stop_udp.load(Ordering::Relaxed) {
+                    if let Ok((_, peer)) = sock.recv_from(&mut buf) {
+                        let _ = sock.send_to(format!("be{i} {peer}\n").as_bytes(), peer);
+                    }
+                }
+            })?);
+            rx.recv_timeout(Duration::from_secs(5))
+                .map_err(|_| TestbedError::Timeout(format!("UDP echo server on be{i} did not start")))?
+                .map_err(io_err(format!("UDP echo server on be{i}: bind port {port}")))?;
         }
         Ok(Self { stop, threads })
     }
