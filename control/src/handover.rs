@@ -19,8 +19,13 @@
 //!    new one replaces each of them with its own in one netlink request. (`detached`, from an
 //!    old process that detached first, is accepted too.) A snapshot the new
 //!    process cannot read is logged and it starts without flows (TCP flows of `mh`/`sh`
-//!    services are then picked up mid-stream). If the new process goes away before `attach`,
-//!    the old one detaches and exits after [`WAIT`].
+//!    services are then picked up mid-stream).
+//! 4. If the new process fails after the flows arrived, it frees its ports, sockets and punt
+//!    device and sends `abort WHY`. On that, on a closed connection (it crashed) or when no
+//!    `attach` comes within [`WAIT`], the old process answers `resumed`, logs why, and serves
+//!    again as a start would (binding, workers, replacing its own left-attached programs)
+//!    with its flows and its own config (the settings that only a start applies as its
+//!    workers ran them); a late new process that reads `resumed` exits without attaching.
 //!
 //! Frames that are xlb's are dropped from the old workers' last batch to the new program's
 //! attach (docs/reliability.md has the gap as measured); they never reach the kernel, which
@@ -65,13 +70,18 @@ impl Pending {
     /// no longer its own (or gone) and this process may attach its own, replacing any it left.
     /// A connection closed without an answer means the same: the old process closes it only
     /// after letting go, or it died (e.g. SIGKILL at the end of a pod's termination grace
-    /// period), leaving its programs for this process to replace; logged.
+    /// period), leaving its programs for this process to replace; logged. `Err` if the old
+    /// process answers [`RESUMED`] (it gave up waiting and serves again) or anything else.
     pub(crate) fn release(self) -> Result<()> {
         let mut c = self.0;
         let mut line = String::new();
-        let answer = c
-            .write_all(b"attach\n")
-            .and_then(|()| std::io::BufRead::read_line(&mut std::io::BufReader::new(&c), &mut line));
+        // A write to a peer that has closed fails, but an answer it wrote before closing
+        // (`resumed`) is still there to read.
+        let wrote = c.write_all(b"attach\n");
+        let answer = std::io::BufRead::read_line(&mut std::io::BufReader::new(&c), &mut line);
+        if let Err(e) = &wrote {
+            tracing::debug!(error = %e, "hand-over: writing attach");
+        }
         match answer {
             Ok(0) => {
                 tracing::warn!("hand-over: the previous xlb went away without answering; attaching");
@@ -84,12 +94,32 @@ impl Pending {
             Err(e) => return Err(e).context("hand-over: asking the previous xlb to let go of its programs"),
             Ok(_) => {}
         }
+        if line == RESUMED {
+            bail!(
+                "hand-over: the previous xlb stopped waiting for this one (after {}s) and serves again; not attaching",
+                WAIT.as_secs()
+            );
+        }
         if line != RELEASED && line != DETACHED {
             bail!("hand-over: the previous xlb answered {:?} instead of released", line.trim());
         }
         Ok(())
     }
 }
+
+impl Pending {
+    /// Tells the old process that this one failed after the flows arrived (`abort WHY`), so
+    /// that it serves again at once with them and logs `why`; the caller has already freed
+    /// what the old process will take back (HTTP ports, AF_XDP sockets, punt device). A
+    /// connection merely closed has the same effect, without the reason.
+    pub(crate) fn abort(self, why: &str) {
+        let line = format!("{ABORT} {}\n", why.replace(['\n', '\r'], " "));
+        let _ = (&self.0).write_all(line.as_bytes());
+    }
+}
+
+/// The new process's word when it fails after the flows arrived: `abort WHY`.
+const ABORT: &str = "abort";
 
 /// The new process's side: asks the xlb on `admin_socket` to hand over and returns its
 /// workers' flows and the connection to release it with. `Ok(Err(Refused))` before the old
@@ -168,30 +198,44 @@ pub(crate) fn send(c: &UnixStream, snaps: &[FlowSnapshot]) -> Result<()> {
 }
 
 /// The old process's side, after [`send`]: waits (up to [`WAIT`]) for the new process's
-/// `attach`. `Err` if it does not come; the caller detaches all the same.
+/// `attach`. `Err` with the new process's reason if it sends `abort WHY`, and `Err` if it
+/// goes away or says nothing in time; the caller then serves again with its flows.
 pub(crate) fn wait_attach(c: &UnixStream) -> Result<()> {
     c.set_read_timeout(Some(WAIT))?;
     let mut line = String::new();
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(c), &mut line).context("waiting for the new xlb")?;
-    if line.trim() != "attach" {
-        bail!("the new xlb sent {:?} instead of attach (it failed or went away)", line.trim());
+    let n = std::io::BufRead::read_line(&mut std::io::BufReader::new(c), &mut line)
+        .with_context(|| format!("no go-ahead from the new xlb within {}s", WAIT.as_secs()))?;
+    let line = line.trim();
+    if line == "attach" {
+        return Ok(());
     }
-    Ok(())
+    if let Some(why) = line.strip_prefix(ABORT) {
+        bail!("the new xlb failed: {}", why.trim());
+    }
+    if n == 0 {
+        bail!("the new xlb went away without a word (it crashed or was killed)");
+    }
+    bail!("the new xlb sent {line:?} instead of attach");
 }
 
-/// The old process's answers that need no descriptor: a refusal (`error …`), or `detached`
-/// ([`DETACHED`]), its last word. A peer that went away is not an error here.
+/// The old process's answers that need no descriptor: a refusal (`error …`), or its last
+/// word ([`RELEASED`], [`RESUMED`]). A peer that went away is not an error here.
 pub(crate) fn reply(mut c: &UnixStream, answer: &str) {
     let _ = c.write_all(answer.as_bytes());
 }
 
-/// The old process's last answer: its programs are detached.
+/// The answer of an old process that detached its programs before the new one attached (an
+/// xlb before [`RELEASED`] existed); accepted by [`Pending::release`].
 pub(crate) const DETACHED: &str = "detached\n";
+
+/// The old process's last word when the hand-over failed on the new side (`abort`, closed
+/// connection, or no `attach` within [`WAIT`]): it serves again with its flows, and a new
+/// process that reads this must not attach.
+pub(crate) const RESUMED: &str = "resumed\n";
 
 /// The old process's answer to `attach`: its programs stay attached and the new process
 /// replaces them in one netlink request each, so no frame meets neither program. A new
-/// process also accepts [`DETACHED`] (an xlb before this answer existed, or one whose new
-/// process failed, detaches first).
+/// process also accepts [`DETACHED`].
 pub(crate) const RELEASED: &str = "released\n";
 
 #[cfg(test)]
@@ -249,6 +293,40 @@ mod tests {
         release_against(None).unwrap_or_else(|e| panic!("closed: {e:#}"));
         let e = release_against(Some("error: busy\n")).err().map(|e| format!("{e:#}")).unwrap_or_default();
         assert!(e.contains("instead of released"), "{e}");
+    }
+
+    #[test]
+    fn release_refuses_to_attach_when_the_old_process_answered_resumed_before_closing() {
+        // The old side gave up waiting, wrote `resumed` and closed before `attach` came.
+        let (a, b) = UnixStream::pair().unwrap_or_else(|e| panic!("socketpair: {e}"));
+        reply(&b, RESUMED);
+        drop(b);
+        let e = Pending(a).release().err().map(|e| format!("{e:#}")).unwrap_or_default();
+        assert!(e.contains("serves again"), "{e}");
+    }
+
+    /// The old side's `wait_attach` against a new side that does `new` on its end.
+    fn wait_attach_against(new: impl FnOnce(UnixStream) + Send + 'static) -> Result<()> {
+        let (a, b) = UnixStream::pair()?;
+        let t = std::thread::spawn(move || new(b));
+        let r = wait_attach(&a);
+        t.join().unwrap_or_else(|_| panic!("new side"));
+        r
+    }
+
+    #[test]
+    fn wait_attach_fails_with_the_new_process_reason_on_abort_and_on_a_closed_connection() {
+        wait_attach_against(|c| {
+            let _ = (&c).write_all(b"attach\n");
+        })
+        .unwrap_or_else(|e| panic!("attach: {e:#}"));
+        let e = wait_attach_against(|c| Pending(c).abort("binding worker 0:\nzero-copy not supported"))
+            .err()
+            .map(|e| format!("{e:#}"))
+            .unwrap_or_default();
+        assert!(e.contains("the new xlb failed: binding worker 0: zero-copy not supported"), "{e}");
+        let e = wait_attach_against(drop).err().map(|e| format!("{e:#}")).unwrap_or_default();
+        assert!(e.contains("went away"), "{e}");
     }
 
     fn read_answer_for_test(mut c: UnixStream) -> Result<Vec<FlowSnapshot>> {

@@ -77,16 +77,62 @@ pub(crate) struct Options {
 }
 
 /// How [`serve`] ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 enum Ended {
     /// Stopped (a signal, and the drain after SIGTERM) or never started forwarding.
     Stopped,
-    /// Handed over to a new xlb and detached its programs; `during_drain`: after SIGTERM.
+    /// Handed over to a new xlb and left it its programs; `during_drain`: after SIGTERM.
     HandedOver {
         /// The hand-over came while the process drained after SIGTERM.
         during_drain: bool,
     },
+    /// The new xlb failed (or went away) after this one had stopped its workers and sent
+    /// its flows: serve again with them ([`Start::Resume`]).
+    Resume(Box<Resume>),
 }
+
+/// How [`serve`] starts.
+#[derive(Debug)]
+enum Start {
+    /// Load the config file; refuse if an xlb answers on the admin socket.
+    Fresh,
+    /// `--takeover`: load the config file and take the running xlb's flows.
+    Takeover,
+    /// Serve again after a failed hand-over, with what the stopped incarnation had.
+    Resume(Box<Resume>),
+}
+
+/// What a process whose hand-over failed serves again with: its own config and cluster state
+/// (not the file's: the file may hold the config the new xlb failed with) and the flows its
+/// workers exported.
+#[derive(Debug)]
+struct Resume {
+    /// The config last loaded, with the settings that only a start applies (interfaces,
+    /// cores, `afXdp`, `puntDevice`) as the stopped workers ran them ([`resume_config`]).
+    config: xlb::config::Config,
+    /// The cluster state last built from (standalone: the file's objects as last loaded).
+    cluster: ClusterState,
+    /// Every worker's flows, as exported for the new xlb.
+    flows: Vec<dataplane::process::snapshot::FlowSnapshot>,
+}
+
+/// The config a process resumes with after a failed hand-over: `latest` (the last reload),
+/// except the settings that take effect only at a start, which stay as `started` (what the
+/// workers ran with): a reload accepted them without applying them, and the new xlb may have
+/// failed on exactly those (e.g. `afXdp.zeroCopy: zerocopy` on a NIC without it).
+fn resume_config(latest: xlb::config::Config, started: &xlb::config::Config) -> xlb::config::Config {
+    xlb::config::Config {
+        interfaces: started.interfaces.clone(),
+        cores: started.cores.clone(),
+        af_xdp: started.af_xdp.clone(),
+        punt_device: started.punt_device.clone(),
+        ..latest
+    }
+}
+
+/// How often, and how many times, a resuming process tries to bind its HTTP ports: the
+/// failed new xlb may still be closing its listeners.
+const RESUME_BIND_TRIES: (u32, Duration) = (25, Duration::from_millis(200));
 
 /// What survives from one table build to the next: the translation cache and the builder's
 /// backend slots and Maglev tables, so a change redoes only the Services it touches (SYNC-03).
@@ -312,8 +358,17 @@ const IDLE_TICK: Duration = Duration::from_millis(50);
 /// with `--after-handover wait`, idles until a signal).
 pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource, opts: Options) -> Result<()> {
     let shutdown = Shutdown::register()?;
-    let ended = serve(path, admin_socket, source, opts.takeover, &shutdown)?;
-    // Everything of the serving process is gone by now (workers, sockets, runtime, tables).
+    let reload = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, reload.clone())?;
+    let mut start = if opts.takeover { Start::Takeover } else { Start::Fresh };
+    let ended = loop {
+        // Everything of the serving incarnation is gone when it returns (workers, sockets,
+        // runtime, tables); after a failed hand-over only its flows and config remain.
+        match serve(&path, &admin_socket, &source, start, &shutdown, &reload)? {
+            Ended::Resume(r) => start = Start::Resume(r),
+            ended => break ended,
+        }
+    };
     match ended {
         Ended::HandedOver { during_drain: false } if opts.after_handover == AfterHandover::Wait => {
             tracing::info!(
@@ -323,27 +378,40 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource, opt
             tracing::info!("hand-over: signal received while idle; exiting");
         }
         Ended::HandedOver { during_drain } => tracing::info!(during_drain, "hand-over: done; exiting"),
-        Ended::Stopped => {}
+        Ended::Stopped | Ended::Resume(_) => {}
     }
     Ok(())
 }
 
 /// Serves until SIGINT, or SIGTERM and the drain after it, or a hand-over.
 fn serve(
-    path: PathBuf,
-    admin_socket: PathBuf,
-    source: StateSource,
-    takeover: bool,
+    path: &Path,
+    admin_socket: &Path,
+    source: &StateSource,
+    start: Start,
     shutdown: &Shutdown,
+    reload: &AtomicBool,
 ) -> Result<Ended> {
-    let reload = Arc::new(AtomicBool::new(false));
-    signal_hook::flag::register(signal_hook::consts::SIGHUP, reload.clone())?;
-
-    let loaded = crate::load_config(&path)?;
-    for n in &loaded.notes {
-        tracing::info!("{n}");
-    }
-    let config = loaded.config;
+    let path = path.to_owned();
+    let admin_socket = admin_socket.to_owned();
+    let takeover = matches!(start, Start::Takeover);
+    let (config, file_cluster, mut restore, resuming) = match start {
+        Start::Resume(r) => {
+            let Resume { config, cluster, flows } = *r;
+            tracing::info!(
+                flows = flows.iter().map(|w| w.len()).sum::<usize>(),
+                "hand-over failed: serving again with this process's config and flows"
+            );
+            (config, cluster, flows, true)
+        }
+        Start::Fresh | Start::Takeover => {
+            let loaded = crate::load_config(&path)?;
+            for n in &loaded.notes {
+                tracing::info!("{n}");
+            }
+            (loaded.config, loaded.cluster, Vec::new(), false)
+        }
+    };
     if config.interfaces.is_empty() {
         bail!("{}: `interfaces` is empty: xlb needs at least one interface to attach to", path.display());
     }
@@ -358,7 +426,7 @@ fn serve(
     let mut k8s = match &source {
         StateSource::File => None,
         StateSource::Kubernetes { kubeconfig } => {
-            if !loaded.cluster.services.is_empty() || !loaded.cluster.endpoint_slices.is_empty() {
+            if !resuming && (!file_cluster.services.is_empty() || !file_cluster.endpoint_slices.is_empty()) {
                 tracing::warn!(config = %path.display(), "Service and EndpointSlice objects in the file are ignored: they come from the API server");
             }
             let client = rt.block_on(xlb::k8s::client(kubeconfig.as_deref()))?;
@@ -372,7 +440,7 @@ fn serve(
     };
     // Nothing is programmed before the first consistent state (no empty-table blip).
     let mut cluster = match &mut k8s {
-        None => loaded.cluster,
+        None => file_cluster,
         Some((src, _, _)) => {
             let snap = loop {
                 if shutdown.requested() {
@@ -410,7 +478,6 @@ fn serve(
 
     // A hand-over: the running xlb stops its workers and sends their flows; its programs then
     // drop xlb's frames until this process is ready and attaches its own.
-    let mut restore: Vec<dataplane::process::snapshot::FlowSnapshot> = Vec::new();
     let mut handed_over_at: Option<Instant> = None;
     let mut pending: Option<crate::handover::Pending> = None;
     // Programs are loaded now and attached once their maps and sockets are in place (after a
@@ -455,9 +522,24 @@ fn serve(
         }
     }
     // The HTTP servers and healthCheckNodePorts bind now: before a hand-over the previous
-    // xlb held their ports.
-    let _healthz = rt.block_on(xlb::http::serve_healthz(config.healthz_bind_address, telemetry.clone()))?;
-    let _metrics = rt.block_on(xlb::http::serve_metrics(config.metrics_bind_address, telemetry.metrics.clone()))?;
+    // xlb held their ports (and after a failed one, the new xlb may still be closing them).
+    let mut tries = if resuming { RESUME_BIND_TRIES.0 } else { 1 };
+    let (_healthz, _metrics) = loop {
+        tries -= 1;
+        let bound = rt.block_on(async {
+            let h = xlb::http::serve_healthz(config.healthz_bind_address, telemetry.clone()).await?;
+            let m = xlb::http::serve_metrics(config.metrics_bind_address, telemetry.metrics.clone()).await?;
+            Ok::<_, xlb::http::HttpError>((h, m))
+        });
+        match bound {
+            Ok(b) => break b,
+            Err(e) if tries > 0 => {
+                tracing::debug!(error = %e, "HTTP ports still taken; trying again");
+                std::thread::sleep(RESUME_BIND_TRIES.1);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
     if let Some((_, hc, node)) = &mut k8s {
         for e in rt.block_on(hc.sync(&xlb::k8s::health_check_services(&cluster, node))) {
             tracing::warn!("{e}");
@@ -500,7 +582,7 @@ fn serve(
     let wstop = Arc::new(AtomicBool::new(false));
     let mut workers: Vec<WorkerHandle> = Vec::new();
     let (handover_tx, handover_rx) = std::sync::mpsc::channel();
-    let result = (|| -> Result<Option<std::os::unix::net::UnixStream>> {
+    let result = (|| -> Result<Option<(std::os::unix::net::UnixStream, xlb::config::Config)>> {
         for w in 0..nworkers {
             let ports: Vec<(String, u32)> = config
                 .interfaces
@@ -565,6 +647,12 @@ fn serve(
                     old_prog_id = old,
                     "hand-over: replaced the previous xlb's steering program in one step"
                 );
+            } else if let (Some(old), true) = (replaced, resuming) {
+                tracing::info!(
+                    interface = st.ifname(),
+                    old_prog_id = old,
+                    "hand-over failed: replaced this process's own steering program, left attached for the new xlb, in one step"
+                );
             } else if let Some(old) = replaced {
                 tracing::warn!(
                     interface = st.ifname(),
@@ -609,9 +697,9 @@ fn serve(
             punt: !punt_queues.is_empty(),
             handover: handover_rx,
         };
-        let handover = sup.run(&mut cluster, k8s.as_mut(), shutdown, &reload)?;
+        let handover = sup.run(&mut cluster, k8s.as_mut(), shutdown, reload)?;
         drop(admin);
-        Ok(handover)
+        Ok(handover.map(|stream| (stream, sup.config.clone())))
     })();
     let stopping = Instant::now();
     wstop.store(true, Ordering::Relaxed);
@@ -643,7 +731,7 @@ fn serve(
         }
     };
     match result {
-        Ok(Some(stream)) => {
+        Ok(Some((stream, latest))) => {
             // The new process binds the same HTTP ports and healthCheckNodePorts: close them
             // (the runtime's drop waits until its tasks, and their listeners, are gone).
             drop((_healthz, _metrics, k8s));
@@ -651,33 +739,39 @@ fn serve(
             let n: usize = flows.iter().map(dataplane::process::snapshot::FlowSnapshot::len).sum();
             // The programs stay attached until the new process is ready: meanwhile they drop
             // xlb's frames (no socket), so the kernel does not forward them untranslated.
-            let sent = crate::handover::send(&stream, &flows);
-            let sent_ms = stopping.elapsed().as_secs_f64() * 1e3;
-            let ready = if sent.is_ok() { crate::handover::wait_attach(&stream) } else { Ok(()) };
+            let ready = crate::handover::send(&stream, &flows)
+                .context("hand-over: sending the flows")
+                .map(|()| stopping.elapsed().as_secs_f64() * 1e3)
+                .and_then(|sent_ms| crate::handover::wait_attach(&stream).map(|()| sent_ms));
             let waited_ms = stopping.elapsed().as_secs_f64() * 1e3;
-            if sent.is_ok() && ready.is_ok() {
-                // The new process replaces them in one step (it finds their ids in the
-                // `.xdp` record, which stays): no frame between two programs.
-                for st in steering {
-                    st.leave_attached();
+            // Either way the programs stay: the new process replaces them, or this one does
+            // when it serves again (it finds their ids in the `.xdp` record, which stays).
+            for st in steering {
+                st.leave_attached();
+            }
+            match ready {
+                Ok(sent_ms) => {
+                    crate::handover::reply(&stream, crate::handover::RELEASED);
+                    tracing::info!(
+                        flows = n,
+                        sent_ms,
+                        released_ms = waited_ms,
+                        "hand-over: workers stopped and flows sent, then programs left for the new xlb to replace once it was ready"
+                    );
+                    Ok(Ended::HandedOver { during_drain: shutdown.draining() })
                 }
-                crate::handover::reply(&stream, crate::handover::RELEASED);
-            } else {
-                detach(steering);
-                let _ = std::fs::remove_file(admin_socket.with_extension("xdp"));
-                crate::handover::reply(&stream, crate::handover::DETACHED);
+                Err(e) => {
+                    // Tell a new process that is merely late not to attach after all.
+                    crate::handover::reply(&stream, crate::handover::RESUMED);
+                    tracing::error!(
+                        error = %format!("{e:#}"),
+                        flows = n,
+                        ms = waited_ms,
+                        "hand-over failed after this xlb stopped its workers: it serves again with its flows"
+                    );
+                    Ok(Ended::Resume(Box::new(Resume { config: resume_config(latest, &config), cluster, flows })))
+                }
             }
-            sent.context("hand-over: sending the flows")?;
-            if let Err(e) = ready {
-                tracing::error!(error = %format!("{e:#}"), "hand-over: detached without the new xlb's go-ahead");
-            }
-            tracing::info!(
-                flows = n,
-                sent_ms,
-                released_ms = waited_ms,
-                "hand-over: workers stopped and flows sent, then programs left for the new xlb to replace once it was ready"
-            );
-            Ok(Ended::HandedOver { during_drain: shutdown.draining() })
         }
         Ok(None) => {
             detach(steering);
@@ -686,6 +780,13 @@ fn serve(
         }
         Err(e) => {
             detach(steering);
+            if let Some(p) = pending.take() {
+                // The previous xlb stopped for this one and serves again once it hears this:
+                // free the ports it will bind first.
+                drop((_healthz, _metrics, k8s));
+                drop(rt);
+                p.abort(&format!("{e:#}"));
+            }
             Err(e)
         }
     }

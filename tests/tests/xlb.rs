@@ -1221,6 +1221,68 @@ mod xlb {
         assert!(status.success(), "{status}");
     }
 
+    /// A hand-over whose new xlb fails after the old one stopped (issue 11: "if anything
+    /// fails, the old process keeps serving and says why"): the config file is rewritten with
+    /// `afXdp.zeroCopy: zerocopy`, which veth cannot do, so the new xlb's AF_XDP bind fails
+    /// after the flows arrived. It tells the old one why and exits non-zero; the old one logs
+    /// the reason, serves again with its own settings (copy mode) and its flows (imported,
+    /// none new), replaces its own left-attached programs, and every DNAT and SNAT
+    /// connection goes on on its backend.
+    #[test]
+    fn a_new_xlb_that_fails_after_the_flows_arrived_leaves_the_old_one_serving_with_its_flows() {
+        if skip_without_root("a_new_xlb_that_fails_after_the_flows_arrived_leaves_the_old_one_serving_with_its_flows") {
+            return;
+        }
+        let tb = testbed();
+        let old = start_xlb(&tb);
+        let mut dnat = open_keepalive(&tb, SocketAddr::new(WEB_VIP.into(), HTTP_PORT), 8);
+        let mut snat = open_keepalive(&tb, SocketAddr::new(LB_CLIENT_SIDE_V4.into(), 30080), 8);
+        let eth0_prog = || xdp_prog_id(&tb.exec_ok(Role::Lb, &["ip", "-d", "link", "show", "eth0"]).expect("ip link"));
+        let prog_before = eth0_prog();
+        let bad_config =
+            CONFIG.replacen("kind: XlbConfiguration\n", "kind: XlbConfiguration\nafXdp:\n  zeroCopy: zerocopy\n", 1);
+        assert_ne!(bad_config, CONFIG, "setup: the zeroCopy line went in");
+        std::fs::write(old.config_path(), &bad_config).expect("rewrite the config");
+        // The running xlb takes the file (a setting it applies only at a start).
+        wait_for(Duration::from_secs(5), || old.log().contains("configuration reloaded").then_some(()))
+            .unwrap_or_else(|| panic!("no reload in the old log:\n{}", old.log()));
+
+        let err = old.take_over_keeping::<&str>(&tb, &[]).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("exit status") || err.contains("exited"), "the new xlb fails: {err}");
+        assert!(
+            err.contains("zero-copy") || err.contains("zerocopy") || err.contains("ZEROCOPY"),
+            "it says why: {err}"
+        );
+        wait_for(Duration::from_secs(10), || (old.log().matches("xlb running").count() == 2).then_some(()))
+            .unwrap_or_else(|| panic!("the old xlb does not serve again:\n{}", old.log()));
+        let log = old.log();
+        assert!(log.contains("hand-over failed after this xlb stopped its workers"), "old log:\n{log}");
+        assert!(log.contains("the new xlb failed:"), "the old log gives the new one's reason:\n{log}");
+        for l in log.lines().filter(|l| l.contains("hand-over") || l.contains("xlb running")) {
+            println!("{l}");
+        }
+        let prog_after = eth0_prog();
+        assert!(
+            prog_after.is_some() && prog_after != prog_before,
+            "its program replaced: {prog_before:?} -> {prog_after:?}"
+        );
+
+        let bad: Vec<String> = use_keepalive(&mut dnat).into_iter().chain(use_keepalive(&mut snat)).collect();
+        assert!(bad.is_empty(), "connections broken by the failed hand-over: {bad:?}{}", evidence(&old));
+        let stats = XlbStats::parse(&old.stats().expect("stats"));
+        assert!(
+            stats.event("flow_imported") >= 16,
+            "imported flows (8 DNAT, 8 SNAT): {}{}",
+            stats.event("flow_imported"),
+            evidence(&old)
+        );
+        assert_eq!(stats.event("new_flow"), 0, "no connection became a new flow{}", evidence(&old));
+        fetch(&tb, &format!("http://{WEB_VIP}/"))
+            .unwrap_or_else(|e| panic!("VIP after resuming: {e}{}", evidence(&old)));
+        let status = old.interrupt().expect("the old xlb stops on SIGINT");
+        assert!(status.success(), "{status}");
+    }
+
     /// A hand-over asked for while the old xlb drains after SIGTERM (a DaemonSet's old pod
     /// deleted before the new xlb took over) happens, and then the old xlb exits, even with
     /// `--after-handover=wait`: it was being stopped anyway. Its connections go on.
