@@ -63,14 +63,16 @@ bench-cp:
 
 ## The reliability suite (issue 11): every scenario of tests/tests/chaos.rs in its full size
 ## (20 hand-overs under 200 streams and wrk, kill -9 under streams, 60 s of endpoint churn,
-## 100 bad reloads, a 10-minute soak), one after another; about 15 minutes, needs root. The
+## a 60 s SYN flood from a release build of xlb-pktgen into full conntrack tables, 100 bad
+## reloads, a 10-minute soak), one after another; about 17 minutes, needs root. The
 ## test suite runs the same scenarios in a short form. Each prints one `chaos:` line, collected
 ## in $(BENCH_TARGET)/xlb-chaos/results.txt (docs/reliability.md).
 .PHONY: chaos
 chaos:
 	bash scripts/install-deps.sh test
 	$(CARGO) build -p xlb
+	$(CARGO) build --release -p xlb-perf --bin xlb-pktgen
 	mkdir -p $(BENCH_TARGET)/xlb-chaos
-	set -o pipefail; XLB_CHAOS=full $(CARGO) test -p xlb-e2e --test chaos -- --test-threads=1 --nocapture 2>&1 \
+	set -o pipefail; XLB_CHAOS=full XLB_PKTGEN=$(abspath $(BENCH_TARGET))/release/xlb-pktgen $(CARGO) test -p xlb-e2e --test chaos -- --test-threads=1 --nocapture 2>&1 \
 		| tee $(BENCH_TARGET)/xlb-chaos/log.txt
 	grep '^chaos:' $(BENCH_TARGET)/xlb-chaos/log.txt | tee $(BENCH_TARGET)/xlb-chaos/results.txt

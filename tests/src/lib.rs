@@ -734,6 +734,52 @@ pub fn xlb_binary() -> Result<PathBuf> {
     .map_err(|e| io_err("cannot find or build the xlb binary")(std::io::Error::other(e)))
 }
 
+/// The traffic generator (`perf`'s `xlb-pktgen`): `$XLB_PKTGEN` if set (`make chaos` sets a
+/// release build: the generator's rate is what a SYN flood scenario offers), else
+/// `xlb-pktgen` next to the xlb binary ([`xlb_binary`]), built once with `cargo build -p
+/// xlb-perf --bin xlb-pktgen` into the same target directory when missing.
+///
+/// # Errors
+/// When `$XLB_PKTGEN` names a missing file, or the build fails.
+pub fn pktgen_binary() -> Result<PathBuf> {
+    static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    if let Some(bin) = std::env::var_os("XLB_PKTGEN").filter(|b| !b.is_empty()) {
+        let bin = PathBuf::from(bin);
+        return if bin.is_file() {
+            Ok(bin)
+        } else {
+            Err(io_err(format!("XLB_PKTGEN={}", bin.display()))(std::io::ErrorKind::NotFound.into()))
+        };
+    }
+    let next_to_xlb = xlb_binary()?.with_file_name("xlb-pktgen");
+    BIN.get_or_init(|| {
+        if next_to_xlb.is_file() {
+            return Ok(next_to_xlb.clone());
+        }
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "-p", "xlb-perf", "--bin", "xlb-pktgen"]).current_dir(repo_root()).stdin(Stdio::null());
+        if let Some(target) = next_to_xlb.parent().and_then(Path::parent) {
+            cmd.arg("--target-dir").arg(target);
+        }
+        if next_to_xlb.parent().and_then(Path::file_name).is_some_and(|p| p == "release") {
+            cmd.arg("--release");
+        }
+        let _ = writeln!(std::io::stderr(), "xlb-pktgen missing: running `{}`", command_line(&cmd));
+        run_ok(&mut cmd).map_err(|e| e.to_string())?;
+        if next_to_xlb.is_file() {
+            Ok(next_to_xlb.clone())
+        } else {
+            Err(format!(
+                "`cargo build -p xlb-perf --bin xlb-pktgen` succeeded but {} does not exist",
+                next_to_xlb.display()
+            ))
+        }
+    })
+    .clone()
+    .map_err(|e| io_err("cannot find or build xlb-pktgen")(std::io::Error::other(e)))
+}
+
 /// `xlb run` in a testbed's lb namespace, started by [`Xlb::start`]. Dropping it stops xlb
 /// like [`Xlb::stop`] (SIGTERM, SIGKILL after 5 s) without reporting.
 ///
@@ -1046,6 +1092,19 @@ impl XlbStats {
                 _ => None,
             })
             .sum()
+    }
+
+    /// Each worker's flow-table entries (`worker N rx .. conntrack_entries V`), in worker order.
+    #[must_use]
+    pub fn conntrack_entries(&self) -> Vec<u64> {
+        self.lines
+            .iter()
+            .filter(|w| w.first().is_some_and(|x| x == "worker"))
+            .filter_map(|w| {
+                let i = w.iter().position(|x| x == "conntrack_entries")?;
+                w.get(i + 1)?.parse().ok()
+            })
+            .collect()
     }
 
     /// The sum over workers of `worker N event <name> V` (0 when no worker reports it).

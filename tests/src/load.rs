@@ -397,6 +397,100 @@ impl Drop for Wrk {
     }
 }
 
+/// A SYN flood from the client namespace: `xlb-pktgen run --proto syn --rate 0 --no-rx`
+/// on the client's `eth0` (an AF_XDP socket that only transmits: no XDP program on the
+/// interface, so the client's own connections are untouched), every frame a new flow from
+/// one of 2^24 tuples (source ports of 280 addresses from `src`) to `dst`, as fast as the
+/// generator can send.
+#[derive(Debug)]
+pub struct SynFlood(Option<Child>);
+
+/// What a [`SynFlood`] sent (its JSON report).
+#[derive(Debug, Clone, Copy)]
+pub struct FloodReport {
+    /// Frames sent, warmup included.
+    pub packets: u64,
+    /// Seconds it sent for.
+    pub seconds: f64,
+}
+
+impl FloodReport {
+    /// Average rate, packets per second.
+    #[must_use]
+    pub fn pps(&self) -> f64 {
+        if self.seconds > 0.0 { self.packets as f64 / self.seconds } else { 0.0 }
+    }
+}
+
+impl SynFlood {
+    /// Starts the flood for `duration` from source addresses at `src` to `dst` (through
+    /// the xlb node's `eth0`, [`crate::LB_MAC`]); `cpu` pins the generator.
+    ///
+    /// # Errors
+    /// When xlb-pktgen cannot be found, built or started.
+    pub fn start(tb: &Testbed, src: Ipv4Addr, dst: SocketAddr, duration: Duration, cpu: Option<usize>) -> Result<Self> {
+        let bin = crate::pktgen_binary()?;
+        let mac = |m: [u8; 6]| m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":");
+        let mut cmd = Command::new(bin);
+        cmd.args(["run", "--tx-netns", &tb.ns_name(Role::Client), "--tx-iface", "eth0", "--no-rx", "--proto", "syn"])
+            .args(["--src-mac", &mac(crate::CLIENT_MAC), "--dst-mac", &mac(crate::LB_MAC)])
+            .args(["--src-ip", &src.to_string(), "--dst-ip", &dst.ip().to_string()])
+            .args(["--dst-port", &dst.port().to_string(), "--rate", "0", "--warmup", "0", "--json"])
+            .arg("--duration")
+            .arg(format!("{:.1}", duration.as_secs_f64()));
+        if let Some(c) = cpu {
+            cmd.arg("--cpu").arg(c.to_string());
+        }
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(io_err("cannot run xlb-pktgen"))?;
+        Ok(Self(Some(child)))
+    }
+
+    /// Waits for the flood to end (SIGINT first if `stop`: the generator stops and reports
+    /// what it sent) and reads its report.
+    ///
+    /// # Errors
+    /// When it fails or its report cannot be read.
+    pub fn finish(mut self, stop: bool) -> Result<FloodReport> {
+        let Some(mut child) = self.0.take() else {
+            return Err(io_err("xlb-pktgen")(std::io::Error::other("already finished")));
+        };
+        if stop && child.try_wait().map_err(io_err("xlb-pktgen"))?.is_none() {
+            Command::new("kill").args(["-INT", &child.id().to_string()]).status().map_err(io_err("kill -INT"))?;
+        }
+        let out = child.wait_with_output().map_err(io_err("waiting for xlb-pktgen"))?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let parse_err = || TestbedError::Command {
+            command: "xlb-pktgen run --proto syn".into(),
+            status: out.status,
+            stdout: text.clone(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        };
+        let v: serde_json::Value = serde_json::from_str(text.trim()).map_err(|_| parse_err())?;
+        let n = |k: &str| v.get(k).and_then(serde_json::Value::as_u64);
+        let f = |k: &str| v.get(k).and_then(serde_json::Value::as_f64);
+        match (n("tx_packets"), n("tx_warmup"), f("duration_s"), f("warmup_s")) {
+            (Some(p), Some(w), Some(d), Some(ws)) if out.status.success() => {
+                Ok(FloodReport { packets: p + w, seconds: d + ws })
+            }
+            _ => Err(parse_err()),
+        }
+    }
+}
+
+impl Drop for SynFlood {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// Resident memory of process `pid` in KiB (`VmRSS` of /proc/PID/status).
 #[must_use]
 pub fn rss_kib(pid: u32) -> Option<u64> {

@@ -5,7 +5,8 @@
 //! xlb's memory before and after — then asserts what the issue asks.
 //!
 //! Two sizes: `XLB_CHAOS=full` (what `make chaos` runs: 20 hand-overs, 200 connections, 60 s
-//! of churn, a 10-minute soak ...) and, without it, a short form of every scenario that the
+//! of churn, a 60 s SYN flood, a 10-minute soak ...) and, without it, a short form of every
+//! scenario that the
 //! test suite (CI) runs. The scenarios share the machine's two cores, so they take turns
 //! ([`serial`]).
 
@@ -19,7 +20,7 @@ mod chaos {
     use std::sync::{Mutex, MutexGuard};
     use std::time::{Duration, Instant};
 
-    use xlb_e2e::load::{EchoServer, StreamReport, Streams, Wrk, WrkReport, rss_kib, tcp_retransmissions};
+    use xlb_e2e::load::{EchoServer, StreamReport, Streams, SynFlood, Wrk, WrkReport, rss_kib, tcp_retransmissions};
     use xlb_e2e::{BACKENDS, LB_CLIENT_SIDE_V4, Role, Testbed, Xlb, XlbStats, skip_without_root, xlb_binary};
 
     /// The testbed's XlbConfiguration (first document of the demo config).
@@ -78,7 +79,8 @@ mod chaos {
     }
 
     /// The demo's XlbConfiguration with `chaos/stream` (NodePort, eTP Cluster: echo, HTTP and
-    /// UDP on be1..be3) and `chaos/stream-mh` (ClusterIP, `mh`: echo).
+    /// UDP on be1..be3), `chaos/flood` (ClusterIP: TCP 9999 on be1..be3) and `chaos/stream-mh`
+    /// (ClusterIP, `mh`: echo).
     fn config(o: Opts) -> String {
         let first = DEMO.split("\n---").next().expect("a first document");
         assert!(first.contains("maxPerCore: 65536"), "the demo config changed: update chaos.rs");
@@ -116,6 +118,23 @@ endpoints:
 - {{name: echo, port: {ECHO_PORT}, protocol: TCP}}
 - {{name: http, port: 80, protocol: TCP}}
 - {{name: dns, port: {ECHO_PORT}, protocol: UDP}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: flood, namespace: chaos}}
+spec:
+  clusterIP: {FLOOD_VIP}
+  clusterIPs: [{FLOOD_VIP}]
+  ports:
+  - {{name: flood, port: {FLOOD_PORT}, protocol: TCP, targetPort: {FLOOD_PORT}}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: flood-1, namespace: chaos, labels: {{kubernetes.io/service-name: flood}}}}
+addressType: IPv4
+endpoints:
+{all}ports:
+- {{name: flood, port: {FLOOD_PORT}, protocol: TCP}}
 ---
 apiVersion: v1
 kind: Service
@@ -604,6 +623,103 @@ endpoints:
         for s in &samples {
             assert!(s.2 > 0 && s.2 == s.3, "frames leaked at {:?}: {} of {} accounted", s.0, s.3, s.2);
         }
+        assert!(last <= mid * 1.05 + 2.0, "memory grew in the second half: {mid:.1} -> {last:.1} MiB");
+    }
+
+    /// `chaos/flood`'s ClusterIP: TCP 9999 on be1..be3, where an nftables rule in each
+    /// backend drops it (the flood's SYNs cost the backends' kernels nothing more).
+    const FLOOD_VIP: Ipv4Addr = Ipv4Addr::new(10, 250, 100, 34);
+    /// `chaos/flood`'s port.
+    const FLOOD_PORT: u16 = 9999;
+
+    /// SYN flood into a full conntrack table (issue 11): streams are established first (half
+    /// DNAT, half SNAT), then `xlb-pktgen --proto syn` sends at its maximum rate, every frame
+    /// a new flow to `chaos/flood`, with `maxPerCore` small (4,096) so the table of the
+    /// flood's worker is full within a second. A new flow in a full table takes the place of
+    /// the oldest not-yet-established flow of its bucket (`conntrack_evicted`), never an
+    /// established one: no stream breaks. xlb's memory is sampled every 2 s and must not grow
+    /// in the second half.
+    #[test]
+    fn syn_flood_into_a_full_conntrack_table_breaks_no_established_connection_and_keeps_memory_flat() {
+        if skip_without_root(
+            "syn_flood_into_a_full_conntrack_table_breaks_no_established_connection_and_keeps_memory_flat",
+        ) {
+            return;
+        }
+        let _turn = serial();
+        let size = Size::get();
+        let (streams, duration) = size.pick((40, Duration::from_secs(10)), (200, Duration::from_secs(60)));
+        let max_per_core = 4096;
+        let (tb, _echo) = testbed();
+        for i in 1..=BACKENDS {
+            let role = Role::Backend(i);
+            let nft = format!(
+                "add table ip xlbflood\nadd chain ip xlbflood pre {{ type filter hook prerouting priority -400; }}\n\
+                 add rule ip xlbflood pre tcp dport {FLOOD_PORT} drop\n"
+            );
+            tb.exec_with_input(role, &["nft", "-f", "-"], nft.as_bytes()).expect("nft drop rule in a backend");
+        }
+        let xlb = Xlb::start(&tb, &config(Opts { max_per_core, ..Opts::default() })).expect("xlb start");
+        let retrans_before = retransmissions(&tb);
+        let dnat = Streams::open(&tb, echo_vip(), streams / 2, PAUSE).expect("DNAT streams");
+        let snat = Streams::open(&tb, echo_node_port(), streams / 2, PAUSE).expect("SNAT streams");
+        std::thread::sleep(Duration::from_secs(1));
+        let before = XlbStats::parse(&xlb.stats().expect("stats"));
+        let rss_before = rss_mib(&xlb);
+        let flood = SynFlood::start(
+            &tb,
+            Ipv4Addr::new(10, 251, 0, 1),
+            SocketAddr::new(IpAddr::V4(FLOOD_VIP), FLOOD_PORT),
+            duration,
+            None,
+        )
+        .expect("xlb-pktgen");
+        let start = Instant::now();
+        let mut samples = Vec::new();
+        while start.elapsed() < duration {
+            std::thread::sleep(Duration::from_secs(2));
+            let st = XlbStats::parse(&xlb.stats().expect("stats"));
+            samples.push((start.elapsed(), rss_mib(&xlb), st.conntrack_entries(), st.event("conntrack_evicted")));
+        }
+        let sent = flood.finish(false).expect("flood report");
+        // The streams go on for a moment after the flood, so a segment lost at its end is seen.
+        std::thread::sleep(Duration::from_secs(1));
+        let after = XlbStats::parse(&xlb.stats().expect("stats"));
+        let all: Vec<StreamReport> = dnat.finish().into_iter().chain(snat.finish()).collect();
+        let lost = retransmissions(&tb) - retrans_before;
+        let bad = broken(&all);
+        let evicted = after.event("conntrack_evicted") - before.event("conntrack_evicted");
+        let new_flows = after.event("new_flow") - before.event("new_flow");
+        let full = after.drops("conntrack_full") - before.drops("conntrack_full");
+        let fullest = samples.iter().flat_map(|s| s.2.iter().copied()).max().unwrap_or(0);
+        let mid = samples.get(samples.len() / 2).map_or(0.0, |s| s.1);
+        let last = samples.last().map_or(0.0, |s| s.1);
+        println!(
+            "chaos: SYN flood ({}) | load: {} streams ({} DNAT, {} SNAT node port) | faults: xlb-pktgen --proto syn at its maximum rate, \
+             {} SYNs in {:.1} s ({:.0} pps), maxPerCore {max_per_core} | broken: {} of {} connections | lost: {lost} TCP retransmissions | \
+             conntrack: fullest worker {fullest} entries, {new_flows} new flows, {evicted} evicted, {full} dropped as full | \
+             memory: {rss_before:.1} -> {mid:.1} (half) -> {last:.1} MiB",
+            size.name(),
+            all.len(),
+            streams / 2,
+            streams / 2,
+            sent.packets,
+            sent.seconds,
+            sent.pps(),
+            bad.len(),
+            all.len(),
+        );
+        for s in &samples {
+            println!("  t={:.0?} rss={:.1} MiB conntrack_entries={:?} evicted={}", s.0, s.1, s.2, s.3);
+        }
+        assert!(bad.is_empty(), "connections broken by the SYN flood: {bad:#?}{}", evidence(&xlb));
+        assert!(all.iter().all(|r| r.echoes > 0), "a stream never got an echo");
+        assert!(
+            fullest * 10 >= u64::from(max_per_core) * 9,
+            "the flood did not fill a worker's table (fullest {fullest} of {max_per_core}){}",
+            evidence(&xlb)
+        );
+        assert!(evicted > 0, "a full table evicted nothing{}", evidence(&xlb));
         assert!(last <= mid * 1.05 + 2.0, "memory grew in the second half: {mid:.1} -> {last:.1} MiB");
     }
 
