@@ -6,8 +6,9 @@
 //!    (V = [`snapshot::VERSION`], the flow snapshot format it reads).
 //! 2. If V is not the old process's version, the old one answers `error …` and keeps serving;
 //!    the new process exits with that error. Otherwise the old process stops its workers
-//!    (each finishes its batch and closes its AF_XDP sockets), exports every worker's flows,
-//!    removes its policy rules, punt device and admin socket, writes the snapshot into a
+//!    (each finishes its batch and closes its AF_XDP sockets), exports every worker's flows
+//!    and the affinity records, removes its policy rules, punt device and admin socket,
+//!    writes the snapshot into a
 //!    memfd and sends `ok BYTES` with the memfd's descriptor attached (`SCM_RIGHTS`,
 //!    unix(7)). Its steering programs stay attached: with no socket in their queue's slot they
 //!    drop the frames that are xlb's (counted `redirect_failed`) instead of letting the kernel
@@ -40,7 +41,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use dataplane::process::snapshot::{self, FlowSnapshot};
+use dataplane::process::snapshot::{self, Snapshot};
 use rustix::net::{
     RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer, SendAncillaryMessage, SendFlags,
 };
@@ -124,7 +125,7 @@ const ABORT: &str = "abort";
 /// The new process's side: asks the xlb on `admin_socket` to hand over and returns its
 /// workers' flows and the connection to release it with. `Ok(Err(Refused))` before the old
 /// process stopped; `Err` after it stopped (then nothing serves until this process starts).
-pub(crate) fn request(admin_socket: &Path) -> Result<std::result::Result<(Vec<FlowSnapshot>, Pending), Refused>> {
+pub(crate) fn request(admin_socket: &Path) -> Result<std::result::Result<(Snapshot, Pending), Refused>> {
     let mut c = match UnixStream::connect(admin_socket) {
         Ok(c) => c,
         Err(e) => return Ok(Err(Refused::NoPeer(e))),
@@ -135,7 +136,7 @@ pub(crate) fn request(admin_socket: &Path) -> Result<std::result::Result<(Vec<Fl
 }
 
 /// Reads the old process's answer to `handover V` on `c`.
-fn answer(c: &UnixStream) -> Result<std::result::Result<Vec<FlowSnapshot>, Refused>> {
+fn answer(c: &UnixStream) -> Result<std::result::Result<Snapshot, Refused>> {
     let mut buf = [0u8; 256];
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
     let mut cmsg = RecvAncillaryBuffer::new(&mut space);
@@ -180,9 +181,9 @@ pub(crate) fn check_command(line: &str) -> Option<std::result::Result<(), String
     })
 }
 
-/// The old process's side, once its workers stopped and it detached: sends `snaps` in a memfd.
-pub(crate) fn send(c: &UnixStream, snaps: &[FlowSnapshot]) -> Result<()> {
-    let bytes = snapshot::encode(snaps);
+/// The old process's side, once its workers stopped: sends `snap` in a memfd.
+pub(crate) fn send(c: &UnixStream, snap: &Snapshot) -> Result<()> {
+    let bytes = snapshot::encode(snap);
     let fd = rustix::fs::memfd_create("xlb-flows", rustix::fs::MemfdFlags::CLOEXEC).context("memfd_create")?;
     let mut f = std::fs::File::from(fd);
     f.write_all(&bytes).context("writing the flow snapshot")?;
@@ -254,7 +255,15 @@ mod tests {
     #[test]
     fn snapshot_sent_in_a_memfd_arrives_whole() {
         let (a, b) = UnixStream::pair().unwrap_or_else(|e| panic!("socketpair: {e}"));
-        let snaps = vec![FlowSnapshot { worker_id: 3, workers: 4, snat_ports: (61000, 65535), ..Default::default() }];
+        let snaps = Snapshot {
+            workers: vec![snapshot::FlowSnapshot {
+                worker_id: 3,
+                workers: 4,
+                snat_ports: (61000, 65535),
+                ..Default::default()
+            }],
+            affinity: vec![],
+        };
         let t = std::thread::spawn(move || {
             // The new side's request line, then the answer.
             let mut line = [0u8; 64];
@@ -265,8 +274,8 @@ mod tests {
         // `request` connects by path; its reading half runs here on the pair.
         let got = read_answer_for_test(a).unwrap_or_else(|e| panic!("request: {e:#}"));
         t.join().unwrap_or_else(|_| panic!("sender thread"));
-        assert_eq!(got.len(), 1);
-        assert_eq!((got[0].worker_id, got[0].workers), (3, 4));
+        assert_eq!(got.workers.len(), 1);
+        assert_eq!((got.workers[0].worker_id, got.workers[0].workers), (3, 4));
     }
 
     /// The old side of `release` over a socket pair: reads `attach`, then answers `answer`
@@ -329,7 +338,7 @@ mod tests {
         assert!(e.contains("went away"), "{e}");
     }
 
-    fn read_answer_for_test(mut c: UnixStream) -> Result<Vec<FlowSnapshot>> {
+    fn read_answer_for_test(mut c: UnixStream) -> Result<Snapshot> {
         c.write_all(format!("{COMMAND} {}\n", snapshot::VERSION).as_bytes())?;
         match answer(&c)? {
             Ok(s) => Ok(s),

@@ -33,6 +33,7 @@ use dataplane::addr::Cidr;
 use dataplane::affinity::AffinityTable;
 use dataplane::conntrack::Timeouts;
 use dataplane::process::PipelineConfig;
+use dataplane::process::snapshot::Snapshot;
 use dataplane::tables::{KernelRouteSpec, NeighbourSpec, TableBuilder, Tables, TablesHandle, TablesSpec, VipAddrKind};
 use dataplane::worker::{self, Fabric, PuntPort, WorkerHandle, WorkerSpec};
 use dataplane::xsk::{BusyPoll, CopyMode, XskConfig};
@@ -112,8 +113,8 @@ struct Resume {
     config: xlb::config::Config,
     /// The cluster state last built from (standalone: the file's objects as last loaded).
     cluster: ClusterState,
-    /// Every worker's flows, as exported for the new xlb.
-    flows: Vec<dataplane::process::snapshot::FlowSnapshot>,
+    /// Every worker's flows and the affinity records, as exported for the new xlb.
+    flows: Snapshot,
 }
 
 /// The config a process resumes with after a failed hand-over: `latest` (the last reload),
@@ -399,7 +400,8 @@ fn serve(
         Start::Resume(r) => {
             let Resume { config, cluster, flows } = *r;
             tracing::info!(
-                flows = flows.iter().map(|w| w.len()).sum::<usize>(),
+                flows = flows.flows(),
+                affinity = flows.affinity.len(),
                 "hand-over failed: serving again with this process's config and flows"
             );
             (config, cluster, flows, true)
@@ -409,7 +411,7 @@ fn serve(
             for n in &loaded.notes {
                 tracing::info!("{n}");
             }
-            (loaded.config, loaded.cluster, Vec::new(), false)
+            (loaded.config, loaded.cluster, Snapshot::default(), false)
         }
     };
     if config.interfaces.is_empty() {
@@ -501,8 +503,9 @@ fn serve(
                 crate::notify::main_pid();
                 pending = Some(p);
                 tracing::info!(
-                    workers = s.len(),
-                    flows = s.iter().map(|w| w.len()).sum::<usize>(),
+                    workers = s.workers.len(),
+                    flows = s.flows(),
+                    affinity = s.affinity.len(),
                     ms = started.elapsed().as_secs_f64() * 1e3,
                     "hand-over: the previous xlb stopped and sent its flows"
                 );
@@ -579,6 +582,10 @@ fn serve(
     };
     let fabric = Fabric::new(nworkers);
     let affinity = Arc::new(AffinityTable::new(1 << 16));
+    if !restore.affinity.is_empty() {
+        let (imported, gone) = affinity.import(&handle.load(), &restore.affinity, worker::clock_s());
+        tracing::info!(imported, gone, "hand-over: ClientIP affinity records taken over");
+    }
     let wstop = Arc::new(AtomicBool::new(false));
     let mut workers: Vec<WorkerHandle> = Vec::new();
     let (handover_tx, handover_rx) = std::sync::mpsc::channel();
@@ -613,7 +620,7 @@ fn serve(
                 realtime: config.af_xdp.realtime_workers,
                 affinity: affinity.clone(),
                 punt: punt_queues.get(w).cloned(),
-                restore: restore.iter().position(|r| r.worker_id == id).map(|i| restore.swap_remove(i)),
+                restore: restore.workers.iter().position(|r| r.worker_id == id).map(|i| restore.workers.swap_remove(i)),
             };
             let h = worker::spawn(spec, handle.clone(), fabric.clone(), wstop.clone())?;
             for (st, ((_, queue), fd)) in steering.iter_mut().zip(ports.iter().zip(&h.fds)) {
@@ -665,9 +672,9 @@ fn serve(
         if let Err(e) = std::fs::write(&record_path, record) {
             tracing::warn!(path = %record_path.display(), error = %e, "cannot record the attached programs (a crash would leave them for `ip link set dev IF xdp off`)");
         }
-        if !restore.is_empty() {
+        if !restore.workers.is_empty() {
             tracing::warn!(
-                workers = restore.len(),
+                workers = restore.workers.len(),
                 "hand-over: flows of workers this process does not have are dropped (fewer workers than before)"
             );
         }
@@ -704,12 +711,15 @@ fn serve(
     let stopping = Instant::now();
     wstop.store(true, Ordering::Relaxed);
     let handing_over = matches!(result, Ok(Some(_)));
-    let mut flows = Vec::new();
+    let mut flows = Snapshot::default();
     for w in workers {
         let p = w.join();
         if handing_over && let Some(p) = p {
-            flows.push(p.export_flows());
+            flows.workers.push(p.export_flows());
         }
+    }
+    if handing_over {
+        flows.affinity = affinity.export(&handle.load(), worker::clock_s());
     }
     if !punt_queues.is_empty() {
         sync_reply_rules(true, &Tables::empty());
@@ -736,7 +746,7 @@ fn serve(
             // (the runtime's drop waits until its tasks, and their listeners, are gone).
             drop((_healthz, _metrics, k8s));
             drop(rt);
-            let n: usize = flows.iter().map(dataplane::process::snapshot::FlowSnapshot::len).sum();
+            let (n, n_affinity) = (flows.flows(), flows.affinity.len());
             // The programs stay attached until the new process is ready: meanwhile they drop
             // xlb's frames (no socket), so the kernel does not forward them untranslated.
             let ready = crate::handover::send(&stream, &flows)
@@ -754,6 +764,7 @@ fn serve(
                     crate::handover::reply(&stream, crate::handover::RELEASED);
                     tracing::info!(
                         flows = n,
+                        affinity = n_affinity,
                         sent_ms,
                         released_ms = waited_ms,
                         "hand-over: workers stopped and flows sent, then programs left for the new xlb to replace once it was ready"

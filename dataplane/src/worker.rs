@@ -122,6 +122,14 @@ fn epoch() -> Instant {
     *EPOCH.get_or_init(Instant::now)
 }
 
+/// The workers' clock in seconds, as [`crate::process::Pipeline::begin_batch`] derives it
+/// from the process-wide origin: the time base of shared tables (affinity expiry) for code
+/// outside the workers, e.g. exporting and importing affinity records at a hand-over.
+#[must_use]
+pub fn clock_s() -> u32 {
+    u32::try_from(epoch().elapsed().as_millis() / 1000).unwrap_or(u32::MAX).saturating_add(1)
+}
+
 /// How often a worker reads its sockets' `XDP_STATISTICS` (ms).
 const SOCKET_STATS_EVERY_MS: u64 = 1000;
 

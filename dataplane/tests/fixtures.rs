@@ -1412,8 +1412,11 @@ fn flows_handed_over_to_a_new_pipeline_continue_byte_for_byte() {
         let want = run_frames(&mut old, &t_old, &later);
         assert!(want.iter().all(|(v, _)| *v == Verdict::Tx { port: 0 }), "{want:?}");
 
-        let bytes = dataplane::process::snapshot::encode(&[snap]);
-        let got_snaps = dataplane::process::snapshot::decode(&bytes).unwrap();
+        let bytes = dataplane::process::snapshot::encode(&dataplane::process::snapshot::Snapshot {
+            workers: vec![snap],
+            affinity: vec![],
+        });
+        let got_snaps = dataplane::process::snapshot::decode(&bytes).unwrap().workers;
         let mut new = Pipeline::new(cfg.clone(), 12345);
         let rep = new.import_flows(&t_new, &got_snaps[0], 5_000);
         assert_eq!(rep.imported, 2, "{rep:?}");

@@ -941,8 +941,11 @@ mod xlb {
     /// round robin: a picked-up flow would mostly land on another backend, which resets it)
     /// and 16 through the masqueraded NodePort (SNAT: without the flow's SNAT port the backend
     /// resets it). Each makes a request before and after; all succeed, on the same backend, and
-    /// the new xlb counts the flows as imported, not new. Then the control: a plain restart
-    /// (stop, start) of the same xlb breaks the SNAT connections, so the test can tell.
+    /// the new xlb counts the flows as imported, not new. The client's ClientIP affinity
+    /// record for `demo/sticky` (`mh` with the port, so without the record new connections
+    /// spread) is carried too: 8 new connections after the hand-over all reach its backend.
+    /// Then the control: a plain restart (stop, start) of the same xlb breaks the SNAT
+    /// connections, so the test can tell.
     #[test]
     fn handover_to_a_new_xlb_keeps_established_dnat_and_snat_connections() {
         if skip_without_root("handover_to_a_new_xlb_keeps_established_dnat_and_snat_connections") {
@@ -954,6 +957,8 @@ mod xlb {
         let mut snat = open_keepalive(&tb, SocketAddr::new(LB_CLIENT_SIDE_V4.into(), 30080), 16);
         let spread: BTreeSet<u8> = dnat.iter().map(|(_, b)| *b).collect();
         assert!(spread.len() > 1, "setup: round robin spreads the connections: {spread:?}");
+        let sticky_url = format!("http://{STICKY_VIP}/");
+        let sticky = fetch(&tb, &sticky_url).unwrap_or_else(|e| panic!("sticky: {e}")).backend;
 
         // One more connection makes a request every 2 ms through the take-over; the longest
         // wait between two answers (less the 2 ms) is the forwarding gap as a client sees it (a
@@ -1003,6 +1008,13 @@ mod xlb {
         );
         assert_eq!(stats.event("new_flow"), 0, "no connection became a new flow{}", evidence(&new));
         assert_eq!(stats.event("flow_picked_up"), 0, "{}", evidence(&new));
+        assert!(new.log().contains("affinity records taken over imported=1 gone=0"), "{}", new.log());
+        let after = per_backend(&fetch_n(&tb, &sticky_url, 8));
+        assert_eq!(
+            after.keys().copied().collect::<Vec<_>>(),
+            [sticky],
+            "affinity kept across the hand-over: {after:?}"
+        );
 
         // The control: a restart without hand-over loses the flows; their next packets are
         // picked up and SNAT connections break. (Each worker hands out SNAT ports in order from

@@ -1,7 +1,11 @@
-//! A worker's flows as one xlb process hands them to the next (`xlb run --takeover`,
-//! docs/architecture.md "Hand-over"): the conntrack records of both families and the SNAT
-//! port cursor, exported when the worker has stopped and imported before the new worker
-//! forwards its first frame.
+//! What one xlb process hands the next (`xlb run --takeover`, docs/architecture.md
+//! "Hand-over"): per worker, the conntrack records of both families and the SNAT port cursor,
+//! exported when the worker has stopped and imported before the new worker forwards its
+//! first frame; and the node's ClientIP affinity records ([`crate::affinity::AffinityRecord`]),
+//! imported before the workers start. Fragment records are not carried: they live for
+//! seconds and serve fragments that follow their first by microseconds, which the hand-over's
+//! window (frames dropped from the old workers' stop to the new program's attach) loses
+//! whether or not the record survives.
 //!
 //! The byte format ([`encode`], [`decode`]) is the records themselves
 //! ([`crate::conntrack::FlowRecord`] is `Pod`, native byte order: both processes run on the
@@ -19,15 +23,19 @@
 //! whose frontend or backend the new tables lack, or whose SNAT address changed, is not
 //! imported (counted in [`ImportReport`]).
 
+use std::net::IpAddr;
+
 use crate::addr::{V4, V6};
+use crate::affinity::AffinityRecord;
 use crate::conntrack::{CtFamily, Rec, flow_flags};
 use crate::counters::Event;
 
 use super::{Fam, FamState, Pipeline};
 use crate::tables::Tables;
 
-/// Format version of [`encode`] / [`decode`] (see the module docs for the rule).
-pub const VERSION: u32 = 1;
+/// Format version of [`encode`] / [`decode`] (see the module docs for the rule). 2: the
+/// affinity section.
+pub const VERSION: u32 = 2;
 
 /// First bytes of an encoded snapshot.
 const MAGIC: [u8; 8] = *b"XLBFLOWS";
@@ -60,6 +68,23 @@ impl FlowSnapshot {
     #[must_use]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// Everything a process hands over: its workers' flows and the node's affinity records.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    /// One entry per worker.
+    pub workers: Vec<FlowSnapshot>,
+    /// ClientIP affinity records (shared by the workers).
+    pub affinity: Vec<AffinityRecord>,
+}
+
+impl Snapshot {
+    /// Flows of every worker.
+    #[must_use]
+    pub fn flows(&self) -> usize {
+        self.workers.iter().map(FlowSnapshot::len).sum()
     }
 }
 
@@ -103,6 +128,10 @@ pub enum SnapshotError {
     /// The CRC-32C does not match.
     #[error("flow snapshot checksum mismatch")]
     Checksum,
+    /// An affinity record's service name is not UTF-8 or its address family byte is not 4
+    /// or 6.
+    #[error("flow snapshot: affinity record at byte {0} is malformed")]
+    Affinity(usize),
 }
 
 fn rec_sizes() -> (u32, u32) {
@@ -110,14 +139,18 @@ fn rec_sizes() -> (u32, u32) {
     (s(size_of::<Rec<V4>>()), s(size_of::<Rec<V6>>()))
 }
 
-/// Encodes the snapshots of a process's workers.
+/// Encodes what a process hands over.
 ///
 /// Layout (integers little-endian): magic (8 bytes), version (u32), IPv4 and IPv6 record sizes
 /// (u32 each), worker count (u32); per worker: worker id, workers, SNAT low, SNAT high, SNAT
 /// cursor (u16 each), 6 zero bytes, IPv4 and IPv6 flow counts (u64 each), the IPv4 records,
-/// the IPv6 records; then the CRC-32C of all of the above (u32).
+/// the IPv6 records; then the affinity record count (u64) and per record: service name length
+/// (u16) and bytes (UTF-8), client (16 bytes, IPv4 mapped), backend family (1 byte: 4 or 6)
+/// and address (16 bytes, IPv4 mapped), backend port (u16), seconds left (u32); then the
+/// CRC-32C of all of the above (u32).
 #[must_use]
-pub fn encode(snaps: &[FlowSnapshot]) -> Vec<u8> {
+pub fn encode(snap: &Snapshot) -> Vec<u8> {
+    let snaps = &snap.workers;
     let (s4, s6) = rec_sizes();
     let body: usize = snaps.iter().map(|s| 32 + s.v4.len() * s4 as usize + s.v6.len() * s6 as usize).sum();
     let mut out = Vec::with_capacity(24 + body + 4);
@@ -134,6 +167,22 @@ pub fn encode(snaps: &[FlowSnapshot]) -> Vec<u8> {
         out.extend_from_slice(&(s.v6.len() as u64).to_le_bytes());
         out.extend_from_slice(bytemuck::cast_slice(&s.v4));
         out.extend_from_slice(bytemuck::cast_slice(&s.v6));
+    }
+    out.extend_from_slice(&(snap.affinity.len() as u64).to_le_bytes());
+    for a in &snap.affinity {
+        let name = a.service.as_bytes();
+        let name = name.get(..usize::from(u16::MAX)).unwrap_or(name);
+        out.extend_from_slice(&u16::try_from(name.len()).unwrap_or(u16::MAX).to_le_bytes());
+        out.extend_from_slice(name);
+        out.extend_from_slice(&a.client);
+        let (fam, addr) = match a.backend {
+            IpAddr::V4(x) => (4u8, x.to_ipv6_mapped().octets()),
+            IpAddr::V6(x) => (6u8, x.octets()),
+        };
+        out.push(fam);
+        out.extend_from_slice(&addr);
+        out.extend_from_slice(&a.port.to_le_bytes());
+        out.extend_from_slice(&a.left_s.to_le_bytes());
     }
     let crc = crc32c::crc32c(&out);
     out.extend_from_slice(&crc.to_le_bytes());
@@ -179,10 +228,11 @@ impl<'a> Reader<'a> {
 /// Decodes what [`encode`] wrote.
 ///
 /// # Errors
-/// [`SnapshotError`]: not a snapshot, another version or record layout, truncated, or a
-/// checksum mismatch. Record contents are not trusted beyond that: [`Pipeline::import_flows`]
-/// checks what it uses.
-pub fn decode(b: &[u8]) -> Result<Vec<FlowSnapshot>, SnapshotError> {
+/// [`SnapshotError`]: not a snapshot, another version or record layout, truncated, a malformed
+/// affinity record, or a checksum mismatch. Record contents are not trusted beyond that:
+/// [`Pipeline::import_flows`] and [`crate::affinity::AffinityTable::import`] check what they
+/// use.
+pub fn decode(b: &[u8]) -> Result<Snapshot, SnapshotError> {
     let body_len = b.len().checked_sub(4).ok_or(SnapshotError::Truncated(b.len()))?;
     let mut r = Reader { b, at: 0 };
     if r.take(8)? != MAGIC {
@@ -211,10 +261,27 @@ pub fn decode(b: &[u8]) -> Result<Vec<FlowSnapshot>, SnapshotError> {
         let v6 = r.records::<V6>(n6)?;
         out.push(FlowSnapshot { worker_id, workers, snat_ports: (lo, hi), snat_cursor, v4, v6 });
     }
+    let n = r.u64()?;
+    let mut affinity = Vec::new();
+    for _ in 0..n {
+        let at = r.at;
+        let len = r.u16()?;
+        let service = std::str::from_utf8(r.take(usize::from(len))?).map_err(|_| SnapshotError::Affinity(at))?.into();
+        let client = r.array::<16>()?;
+        let fam = r.array::<1>()?;
+        let addr = std::net::Ipv6Addr::from(r.array::<16>()?);
+        let backend = match fam {
+            [4] => IpAddr::V4(addr.to_ipv4_mapped().ok_or(SnapshotError::Affinity(at))?),
+            [6] => IpAddr::V6(addr),
+            _ => return Err(SnapshotError::Affinity(at)),
+        };
+        let (port, left_s) = (r.u16()?, r.u32()?);
+        affinity.push(AffinityRecord { service, client, backend, port, left_s });
+    }
     if r.at != body.len() {
         return Err(SnapshotError::Truncated(r.at));
     }
-    Ok(out)
+    Ok(Snapshot { workers: out, affinity })
 }
 
 impl Pipeline {
@@ -335,7 +402,30 @@ mod tests {
         r
     }
 
-    fn sample() -> Vec<FlowSnapshot> {
+    fn sample() -> Snapshot {
+        Snapshot { workers: sample_workers(), affinity: sample_affinity() }
+    }
+
+    fn sample_affinity() -> Vec<AffinityRecord> {
+        vec![
+            AffinityRecord {
+                service: "demo/sticky:http".into(),
+                client: [9; 16],
+                backend: IpAddr::from([10, 250, 2, 11]),
+                port: 80,
+                left_s: 10_800,
+            },
+            AffinityRecord {
+                service: "demo/web6:http".into(),
+                client: [7; 16],
+                backend: "fd00::11".parse().unwrap(),
+                port: 8080,
+                left_s: 1,
+            },
+        ]
+    }
+
+    fn sample_workers() -> Vec<FlowSnapshot> {
         vec![
             FlowSnapshot {
                 worker_id: 0,
@@ -358,25 +448,41 @@ mod tests {
     #[test]
     fn encoded_snapshot_decodes_to_the_same_flows() {
         let b = encode(&sample());
-        let d = decode(&b).unwrap();
+        let got = decode(&b).unwrap();
+        let d = &got.workers;
         assert_eq!(d.len(), 2);
         assert_eq!((d[0].worker_id, d[0].workers, d[0].snat_ports, d[0].snat_cursor), (0, 2, (61000, 65535), 61007));
         assert_eq!(d[0].v4.len(), 2);
-        assert_eq!(bytemuck::cast_slice::<_, u8>(&d[0].v4), bytemuck::cast_slice::<_, u8>(&sample()[0].v4));
+        assert_eq!(bytemuck::cast_slice::<_, u8>(&d[0].v4), bytemuck::cast_slice::<_, u8>(&sample_workers()[0].v4));
         assert_eq!((d[1].worker_id, d[1].snat_cursor, d[1].len()), (1, 63300, 0));
+        assert_eq!(got.affinity, sample_affinity());
     }
 
     #[test]
     fn snapshot_of_another_version_or_layout_is_refused() {
         let mut b = encode(&sample());
-        b[8] = 2; // version 2
-        assert_eq!(decode(&b).unwrap_err(), SnapshotError::Version { found: 2 });
+        b[8] = 1; // version 1, before the affinity section
+        assert_eq!(decode(&b).unwrap_err(), SnapshotError::Version { found: 1 });
         let mut b = encode(&sample());
         b[12] = b[12].wrapping_add(1); // IPv4 record size
         assert!(matches!(decode(&b).unwrap_err(), SnapshotError::RecordSize { .. }));
         let mut b = encode(&sample());
         b[0] = b'Y';
         assert_eq!(decode(&b).unwrap_err(), SnapshotError::Magic);
+    }
+
+    #[test]
+    fn affinity_record_with_an_unknown_address_family_is_refused() {
+        let b = encode(&Snapshot { workers: vec![], affinity: sample_affinity()[..1].to_vec() });
+        // Header 24 bytes, the worker count says 0, then the affinity count (8 bytes), name
+        // length (2), name, client (16): the family byte.
+        let fam_at = 24 + 8 + 2 + "demo/sticky:http".len() + 16;
+        assert_eq!(b[fam_at], 4);
+        let mut bad = b[..b.len() - 4].to_vec();
+        bad[fam_at] = 5;
+        let crc = crc32c::crc32c(&bad);
+        bad.extend_from_slice(&crc.to_le_bytes());
+        assert_eq!(decode(&bad).unwrap_err(), SnapshotError::Affinity(24 + 8));
     }
 
     #[test]
