@@ -168,6 +168,8 @@ pub struct StreamReport {
 pub struct Streams {
     stop: Arc<AtomicBool>,
     broken: Arc<AtomicUsize>,
+    /// Echoes so far, per connection.
+    echoes: Arc<[std::sync::atomic::AtomicU64]>,
     threads: Vec<JoinHandle<StreamReport>>,
 }
 
@@ -179,6 +181,23 @@ impl Streams {
     /// When the client namespace cannot be entered, a connection cannot be made, or its
     /// greeting is not `be<i> <peer>`.
     pub fn open(tb: &Testbed, dest: SocketAddr, n: usize, pause: Duration) -> Result<Self> {
+        Self::open_with_timeout(tb, dest, n, pause, STREAM_TIMEOUT)
+    }
+
+    /// [`Streams::open`] with `timeout` instead of [`STREAM_TIMEOUT`] as the silence after
+    /// which a connection counts as broken: for faults that saturate the machine, where TCP's
+    /// retransmission backoff (up to 120 s between tries, `TCP_RTO_MAX`) can keep a live
+    /// connection silent for longer.
+    ///
+    /// # Errors
+    /// As [`Streams::open`].
+    pub fn open_with_timeout(
+        tb: &Testbed,
+        dest: SocketAddr,
+        n: usize,
+        pause: Duration,
+        timeout: Duration,
+    ) -> Result<Self> {
         let conns = tb.in_ns(Role::Client, move || -> Result<Vec<(TcpStream, u8, String)>> {
             (0..n)
                 .map(|k| {
@@ -197,10 +216,12 @@ impl Streams {
         })??;
         let stop = Arc::new(AtomicBool::new(false));
         let broken = Arc::new(AtomicUsize::new(0));
+        let echoes: Arc<[std::sync::atomic::AtomicU64]> =
+            (0..conns.len()).map(|_| std::sync::atomic::AtomicU64::new(0)).collect();
         let start = Instant::now();
         let mut threads = Vec::new();
         for (id, (c, backend, seen_as)) in conns.into_iter().enumerate() {
-            let (stop, broken) = (stop.clone(), broken.clone());
+            let (stop, broken, echoes) = (stop.clone(), broken.clone(), echoes.clone());
             let local_port = c.local_addr().map(|a| a.port()).unwrap_or(0);
             let report = StreamReport {
                 id,
@@ -215,11 +236,20 @@ impl Streams {
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("stream-{id}"))
-                    .spawn(move || stream(c, report, pause, start, &stop, &broken))
+                    .spawn(move || {
+                        let live = Live { stop: &stop, broken: &broken, echoes: echoes.get(id), timeout };
+                        stream(c, report, pause, start, &live)
+                    })
                     .map_err(io_err("spawn a stream thread"))?,
             );
         }
-        Ok(Self { stop, broken, threads })
+        Ok(Self { stop, broken, echoes, threads })
+    }
+
+    /// Echoes each connection has had so far, in the order they were opened.
+    #[must_use]
+    pub fn echoes(&self) -> Vec<u64> {
+        self.echoes.iter().map(|e| e.load(Ordering::Relaxed)).collect()
     }
 
     /// Connections broken so far.
@@ -251,16 +281,18 @@ fn read_line(c: &mut TcpStream) -> std::io::Result<String> {
     Err(std::io::Error::other("greeting longer than 256 bytes"))
 }
 
+/// What a stream's thread shares with its [`Streams`].
+struct Live<'a> {
+    stop: &'a AtomicBool,
+    broken: &'a AtomicUsize,
+    echoes: Option<&'a std::sync::atomic::AtomicU64>,
+    timeout: Duration,
+}
+
 /// One stream's thread: message, echo, check, pause, until `stop` or the connection breaks.
-fn stream(
-    mut c: TcpStream,
-    mut r: StreamReport,
-    pause: Duration,
-    start: Instant,
-    stop: &AtomicBool,
-    broken: &AtomicUsize,
-) -> StreamReport {
-    if let Err(e) = c.set_read_timeout(Some(STREAM_TIMEOUT)).and_then(|()| c.set_write_timeout(Some(STREAM_TIMEOUT))) {
+fn stream(mut c: TcpStream, mut r: StreamReport, pause: Duration, start: Instant, live: &Live<'_>) -> StreamReport {
+    let (stop, broken) = (live.stop, live.broken);
+    if let Err(e) = c.set_read_timeout(Some(live.timeout)).and_then(|()| c.set_write_timeout(Some(live.timeout))) {
         r.broken = Some((start.elapsed(), format!("set timeouts: {e}")));
         broken.fetch_add(1, Ordering::Relaxed);
         return r;
@@ -286,6 +318,9 @@ fn stream(
             return r;
         }
         r.echoes += 1;
+        if let Some(e) = live.echoes {
+            e.store(r.echoes, Ordering::Relaxed);
+        }
         r.max_gap = r.max_gap.max(last.elapsed().saturating_sub(pause));
         seq += 1;
         std::thread::sleep(pause);
