@@ -29,7 +29,9 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Validate a config file without touching the network and print the tables it would
-    /// program, in the layout of `ipvsadm -Ln`.
+    /// program, in the layout of `ipvsadm -Ln`, then each Maglev lookup table's size and
+    /// checksum (the `xlb_maglev_table_checksum` metric), so two hosts' tables compare with
+    /// `diff`.
     ///
     /// Exits 0 when every object was programmed, 1 when the file cannot be loaded, the tables
     /// cannot be built, or some object (or part of one) had to be skipped (listed on stderr).
@@ -192,6 +194,7 @@ fn check(path: &std::path::Path) -> anyhow::Result<ExitCode> {
         .build(&spec)
         .map_err(|e| anyhow::anyhow!("{}: the tables cannot be built: {e}", path.display()))?;
     print!("{}", xlb::show::render(&tables));
+    print!("{}", xlb::show::render_maglev(&tables));
     if !tables.unresolved.is_empty() {
         let list: Vec<String> = tables.unresolved.iter().map(ToString::to_string).collect();
         eprintln!(

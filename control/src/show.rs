@@ -90,6 +90,29 @@ pub fn render_with_connections(tables: &Tables, conns: &dyn Fn(BackendRef) -> (u
     render_inner(tables, Some(conns))
 }
 
+/// The Maglev lookup tables of `tables`, one line per Service table scheduled with `mh` or
+/// `mh-noport` that has one (Service tables without eligible backends have none): name,
+/// `M` (slots) and [`dataplane::maglev::MaglevTable::checksum`] in hex, in table-name order,
+/// under a header line; an empty string when there are none. `xlb check` prints it after the
+/// ipvsadm layout, so the tables two hosts would build from one file can be compared with
+/// `diff`; `/metrics` exports the same checksums as `xlb_maglev_table_checksum`.
+pub fn render_maglev(tables: &Tables) -> String {
+    let mut rows: Vec<(&str, u32, u64)> = tables
+        .services
+        .iter()
+        .filter_map(|s| s.maglev.as_ref().map(|m| (s.name.as_ref(), m.size(), m.checksum())))
+        .collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    rows.sort_unstable();
+    let mut out = String::from("Maglev Table                               Slots   Checksum\n");
+    for (name, size, sum) in rows {
+        let _ = writeln!(out, "{name:<42} {size:<7} {sum:#018x}");
+    }
+    out
+}
+
 fn render_inner(tables: &Tables, conns: Option<&dyn Fn(BackendRef) -> (u64, u64)>) -> String {
     let mut out = String::new();
     out.push_str("Prot LocalAddress:Port Scheduler Flags\n");
@@ -201,6 +224,21 @@ mod tests {
             lines[6],
             "UDP  198.51.100.7:53 rr persistent 10800 snat drop-when-empty from 192.0.2.0/24 (default/web:http LoadBalancer)"
         );
+    }
+
+    #[test]
+    fn maglev_section_lists_mh_tables_with_size_and_checksum_only() {
+        let t = TableBuilder::new().build(&spec()).unwrap();
+        assert_eq!(render_maglev(&t), "", "rr has no Maglev table");
+        let mut mh = spec();
+        let s = std::sync::Arc::get_mut(&mut mh.services[0]).unwrap();
+        s.scheduler = Scheduler::Maglev { port: true };
+        let t = TableBuilder::new().build(&mh).unwrap();
+        let m = t.services[0].maglev.as_ref().expect("mh table");
+        let text = render_maglev(&t);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert_eq!(lines[1], format!("{:<42} {:<7} {:#018x}", "default/web:http", 251, m.checksum()));
     }
 
     #[test]

@@ -143,3 +143,71 @@ fn run_without_config_is_a_usage_error() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--config"));
 }
+
+/// An xlb file with one `mh` Service whose endpoints are split over two EndpointSlices,
+/// listed in the order `slices` gives (each slice's endpoints in the order given).
+fn maglev_file(slices: &[(&str, &[&str])]) -> String {
+    let mut text = String::from(
+        "apiVersion: xlb.dev/v1alpha1\nkind: XlbConfiguration\nnodeName: node-a\nnodeAddresses: [192.168.1.10]\n\
+         ipvs: {scheduler: mh}\ninterfaces: [{name: eth0, queues: [0]}]\ncores: [0]\n\
+         neighbours: [{address: 10.244.0.1, mac: \"02:00:00:00:01:01\", port: eth0}]\n\
+         routes: [{dst: 10.244.0.0/16, via: 10.244.0.1}]\n\
+         ---\napiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: shop}\n\
+         spec: {clusterIP: 10.96.0.20, clusterIPs: [10.96.0.20], ports: [{name: http, port: 80, protocol: TCP, targetPort: 8080}]}\n",
+    );
+    for (name, addrs) in slices {
+        text.push_str(&format!(
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+             metadata: {{name: {name}, namespace: shop, labels: {{kubernetes.io/service-name: web}}}}\n\
+             addressType: IPv4\nports: [{{name: http, port: 8080, protocol: TCP}}]\nendpoints:\n"
+        ));
+        for a in *addrs {
+            text.push_str(&format!("- {{addresses: [{a}], conditions: {{ready: true}}}}\n"));
+        }
+    }
+    text
+}
+
+/// The `xlb check` section that lists the Maglev tables.
+fn maglev_section(stdout: &str) -> String {
+    let at = stdout.find("Maglev Table").unwrap_or_else(|| panic!("no Maglev section in\n{stdout}"));
+    stdout[at..].to_owned()
+}
+
+#[test]
+fn separate_processes_given_the_same_endpoints_in_any_order_build_identical_maglev_tables() {
+    // Every xlb node behind one ECMP group must send a flow to the same backend (issue 12):
+    // two `xlb check` processes (each with its own randomly seeded hash maps) read the same
+    // endpoints, listed in a different order and split differently over the slices.
+    let a = scratch(
+        "maglev-a.yaml",
+        &maglev_file(&[
+            ("web-1", &["10.244.0.11", "10.244.0.12", "10.244.0.13"]),
+            ("web-2", &["10.244.1.21", "10.244.1.22"]),
+        ]),
+    );
+    let b = scratch(
+        "maglev-b.yaml",
+        &maglev_file(&[
+            ("web-9", &["10.244.1.22", "10.244.0.13"]),
+            ("web-8", &["10.244.0.12", "10.244.1.21", "10.244.0.11"]),
+        ]),
+    );
+    let fewer = scratch(
+        "maglev-fewer.yaml",
+        &maglev_file(&[("web-1", &["10.244.0.11", "10.244.0.12", "10.244.0.13"]), ("web-2", &["10.244.1.21"])]),
+    );
+    let (ca, out_a, err_a) = check(&a);
+    let (cb, out_b, err_b) = check(&b);
+    let (cf, out_f, err_f) = check(&fewer);
+    for p in [&a, &b, &fewer] {
+        let _ = std::fs::remove_file(p);
+    }
+    assert_eq!((ca, cb, cf), (0, 0, 0), "{err_a}\n{err_b}\n{err_f}");
+    let (sa, sb, sf) = (maglev_section(&out_a), maglev_section(&out_b), maglev_section(&out_f));
+    assert!(sa.contains("shop/web:http"), "{sa}");
+    // 5 backends: M is the smallest listed prime >= 500.
+    assert!(sa.lines().nth(1).is_some_and(|l| l.split_whitespace().nth(1) == Some("509")), "{sa}");
+    assert_eq!(sa, sb, "same endpoints, different order: the tables must be identical");
+    assert_ne!(sa, sf, "one endpoint fewer must change the checksum");
+}

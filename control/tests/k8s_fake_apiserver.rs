@@ -387,7 +387,12 @@ impl DataplaneView for FakeDataplane {
             .collect()
     }
     fn services(&self) -> Vec<ServiceStats> {
-        vec![ServiceStats { service: "default/web:http".into(), packets: 555, new_flows: 5 }]
+        vec![ServiceStats {
+            service: "default/web:http".into(),
+            packets: 555,
+            new_flows: 5,
+            maglev_checksum: Some(1 << 11),
+        }]
     }
     fn backends(&self) -> Vec<BackendStats> {
         vec![BackendStats {
@@ -444,6 +449,7 @@ async fn metrics_have_kube_proxy_names_and_the_dataplane_view() {
         "xlb_conntrack_evictions_total{worker=\"1\"} 2",
         "xlb_service_packets_total{service=\"default/web:http\"} 555",
         "xlb_service_new_flows_total{service=\"default/web:http\"} 5",
+        "xlb_maglev_table_checksum{service=\"default/web:http\"} 1\n",
         "xlb_backend_packets_total{service=\"default/web:http\",backend=\"10.244.1.5:8080\"} 444",
         "xlb_backend_new_flows_total{service=\"default/web:http\",backend=\"10.244.1.5:8080\"} 4",
         "# TYPE xlb_drops_total counter",

@@ -112,6 +112,19 @@ pub struct ServiceStats {
     pub packets: u64,
     /// New flows (`xlb_service_new_flows_total`).
     pub new_flows: u64,
+    /// The table's [`dataplane::maglev::MaglevTable::checksum`] for a Service scheduled
+    /// with Maglev (`mh`) that has a table; `None` otherwise. Exported as
+    /// `xlb_maglev_table_checksum` (its top 53 bits).
+    pub maglev_checksum: Option<u64>,
+}
+
+/// The value `xlb_maglev_table_checksum` exports for a Maglev table checksum: its top 53
+/// bits, an integer a Prometheus sample (an IEEE 754 double) holds exactly, so two nodes'
+/// samples are equal exactly when those bits are (a false match between different tables
+/// has probability 2^-53).
+#[must_use]
+pub(super) fn maglev_checksum_value(checksum: u64) -> u64 {
+    checksum >> 11
 }
 
 /// One backend's counters, summed over workers.
@@ -206,6 +219,7 @@ impl DataplaneView for CountersView {
                     service: s.name.to_string(),
                     packets: sum(|c| &c.objects.service_packets),
                     new_flows: sum(|c| &c.objects.service_flows),
+                    maglev_checksum: s.maglev.as_ref().map(|m| m.checksum()),
                 }
             })
             .collect()
@@ -361,6 +375,13 @@ impl Collector for DataplaneCollector {
             "New flows per Service table.",
             C,
             services.iter().map(|s| (sl(s), s.new_flows)),
+        )?;
+        family(
+            e,
+            "xlb_maglev_table_checksum",
+            "Digest (top 53 bits of xxh3-64) of the Service table's Maglev lookup table: backends, weights and the backend of every slot. Every xlb node given the same EndpointSlices exports the same value; a difference between nodes behind one ECMP group means they send some flows to different backends.",
+            G,
+            services.iter().filter_map(|s| Some((sl(s), maglev_checksum_value(s.maglev_checksum?)))),
         )?;
         let backends = view.backends();
         let bl = |b: &BackendStats| [("service", b.service.clone()), ("backend", b.backend.clone())];
