@@ -2,7 +2,8 @@
 //!
 //! Subcommands: `check` validates a config file and prints the tables it would program;
 //! `run` runs the load balancer; `services`, `conntrack` and `stats` ask a running one over
-//! its admin socket.
+//! its admin socket; `completions` and `man` print a shell completion script and the man
+//! page, both generated from these clap definitions.
 #![forbid(unsafe_code)]
 
 mod admin;
@@ -14,13 +15,21 @@ mod run;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use dataplane::tables::TableBuilder;
 use xlb::translate::Severity;
 
+/// `xlb --version`: the crate version and the commit it was built from (`build.rs`).
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("XLB_COMMIT"), ")");
+
 /// xlb: userspace AF_XDP L4 load balancer with kube-proxy semantics.
 #[derive(Debug, Parser)]
-#[command(name = "xlb", version, about, long_about = None)]
+#[command(
+    name = "xlb",
+    version = VERSION,
+    about = "A userspace AF_XDP L4 load balancer with kube-proxy's Service semantics",
+    long_about = None
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -100,6 +109,19 @@ enum Command {
         #[arg(long, value_name = "PATH", default_value = admin::DEFAULT_SOCKET)]
         admin_socket: PathBuf,
     },
+    /// Print a completion script for SHELL to stdout, e.g.
+    /// `xlb completions bash > /usr/share/bash-completion/completions/xlb`.
+    Completions {
+        /// bash, elvish, fish, powershell or zsh.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page xlb(1) (roff) to stdout, or with --dir write it and one page per
+    /// subcommand (xlb-check(1), xlb-run(1), ...) into DIR.
+    Man {
+        /// Directory to write xlb.1 and xlb-SUBCOMMAND.1 into, e.g. /usr/share/man/man1.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -132,9 +154,42 @@ fn main() -> ExitCode {
             };
             report(run::run(config, admin_socket, source, run::Options { takeover, after_handover }))
         }
+        Command::Completions { shell } => {
+            // Into memory first: `generate` panics when its writer fails (a closed pipe).
+            let mut out = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "xlb", &mut out);
+            write_stdout(&out)
+        }
+        Command::Man { dir: Some(dir) } => match clap_mangen::generate_to(Cli::command(), &dir) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: cannot write the man pages into {}: {e}", dir.display());
+                ExitCode::from(1)
+            }
+        },
+        Command::Man { dir: None } => {
+            let mut out = Vec::new();
+            match clap_mangen::Man::new(Cli::command()).render(&mut out) {
+                Ok(()) => write_stdout(&out),
+                Err(e) => {
+                    eprintln!("error: cannot render the man page: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
         Command::Services { admin_socket } => ask(&admin_socket, "services"),
         Command::Conntrack { admin_socket } => ask(&admin_socket, "conntrack"),
         Command::Stats { admin_socket } => ask(&admin_socket, "stats"),
+    }
+}
+
+/// Writes `bytes` to stdout; exit code 1 if it cannot (e.g. the reader went away).
+fn write_stdout(bytes: &[u8]) -> ExitCode {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(_) => ExitCode::from(1),
     }
 }
 
