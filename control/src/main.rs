@@ -2,7 +2,8 @@
 //!
 //! Subcommands: `check` validates a config file and prints the tables it would program;
 //! `run` runs the load balancer; `services`, `conntrack` and `stats` ask a running one over
-//! its admin socket; `completions` and `man` print a shell completion script and the man
+//! its admin socket; `trace` runs a capture (or one flow) through the pipeline offline;
+//! `completions` and `man` print a shell completion script and the man
 //! page, both generated from these clap definitions.
 #![forbid(unsafe_code)]
 
@@ -11,6 +12,7 @@ mod detach;
 mod handover;
 mod notify;
 mod run;
+mod trace;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -33,6 +35,24 @@ const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("XLB_
 struct Cli {
     #[command(subcommand)]
     command: Command,
+}
+
+/// `xlb trace` subcommands.
+#[derive(Debug, Subcommand)]
+enum TraceWhat {
+    /// Which backend a new flow gets (its first packet through a fresh pipeline).
+    Flow {
+        /// Client `ADDRESS:PORT` (IPv6 in brackets).
+        src: std::net::SocketAddr,
+        /// Frontend `ADDRESS:PORT/PROTO`, PROTO tcp, udp or sctp.
+        dst: String,
+        /// Multi-document YAML, as for `check`.
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
+        /// A JSON object instead of a line.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -109,6 +129,38 @@ enum Command {
         #[arg(long, value_name = "PATH", default_value = admin::DEFAULT_SOCKET)]
         admin_socket: PathBuf,
     },
+    /// Run every frame of a capture through the real pipeline, offline, over the tables of a
+    /// config file (as `check` builds them), conntrack carried from frame to frame and the
+    /// clock taken from the capture. Prints one line per frame: 5-tuple, frontend, conntrack
+    /// (hit, new, miss), backend, action (dnat, snat, dsr, reply, reject, rst, icmp, pass,
+    /// drop + reason) and events. `xlb trace flow SRC:PORT DST:PORT/PROTO --config FILE`
+    /// answers which backend a new flow gets.
+    #[command(args_conflicts_with_subcommands = true)]
+    Trace {
+        #[command(subcommand)]
+        what: Option<TraceWhat>,
+        /// Multi-document YAML, as for `check`.
+        #[arg(long, value_name = "FILE", required = true)]
+        config: Option<PathBuf>,
+        /// The capture: pcap or pcapng, Ethernet frames.
+        #[arg(long = "in", value_name = "IN.pcap[ng]", required = true)]
+        input: Option<PathBuf>,
+        /// Write the frames as the pipeline left them (the input for pass and drop) here, as
+        /// pcapng with each frame's verdict as its packet comment.
+        #[arg(long, value_name = "OUT.pcapng")]
+        out: Option<PathBuf>,
+        /// One JSON object per frame instead of a line.
+        #[arg(long)]
+        json: bool,
+        /// Seed of the pipeline's random choices (the `random` scheduler, hash keys), so a
+        /// trace is reproducible.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// MAC of every interface, the source MAC of transmitted frames (`xlb run` reads the
+        /// interface's own).
+        #[arg(long, value_name = "MAC", default_value = "00:00:00:00:00:00", value_parser = trace::parse_mac)]
+        mac: [u8; 6],
+    },
     /// Print a completion script for SHELL to stdout, e.g.
     /// `xlb completions bash > /usr/share/bash-completion/completions/xlb`.
     Completions {
@@ -154,6 +206,21 @@ fn main() -> ExitCode {
             };
             report(run::run(config, admin_socket, source, run::Options { takeover, after_handover }))
         }
+        Command::Trace { what: Some(TraceWhat::Flow { src, dst, config, json }), .. } => {
+            let parsed = dst.rsplit_once('/').and_then(|(a, p)| Some((a.parse::<std::net::SocketAddr>().ok()?, p)));
+            let Some((dst, proto)) = parsed else {
+                eprintln!("error: {dst:?}: expected ADDRESS:PORT/PROTO, e.g. 10.96.0.10:80/tcp or [fd00::10]:53/udp");
+                return ExitCode::from(2);
+            };
+            report(trace::run_flow(&config, src, dst, proto, json))
+        }
+        Command::Trace { what: None, config, input, out, json, seed, mac } => match (config, input) {
+            (Some(config), Some(input)) => report(trace::run_capture(&config, &input, out.as_deref(), json, seed, mac)),
+            _ => {
+                eprintln!("error: xlb trace needs --config and --in (or: xlb trace flow ...)");
+                ExitCode::from(2)
+            }
+        },
         Command::Completions { shell } => {
             // Into memory first: `generate` panics when its writer fails (a closed pipe).
             let mut out = Vec::new();

@@ -198,7 +198,7 @@ fn complete_spec(spec: &mut TablesSpec, cfg: &xlb::config::Config, routes: &[Ker
     Ok(())
 }
 
-fn pipeline_config(cfg: &xlb::config::Config, id: u16, workers: u16) -> PipelineConfig {
+pub(crate) fn pipeline_config(cfg: &xlb::config::Config, id: u16, workers: u16) -> PipelineConfig {
     let secs = |d: Duration| u32::try_from(d.as_secs()).unwrap_or(u32::MAX).max(1);
     PipelineConfig {
         worker_id: id,

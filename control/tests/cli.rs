@@ -64,16 +64,20 @@ fn man_pages_cover_the_command_and_every_subcommand() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     names.sort();
-    let want = [
-        "xlb-check.1",
-        "xlb-completions.1",
-        "xlb-conntrack.1",
-        "xlb-man.1",
-        "xlb-run.1",
-        "xlb-services.1",
-        "xlb-stats.1",
-        "xlb.1",
-    ];
+    // One page per subcommand that `xlb --help` lists, nested ones included.
+    let help = stdout_of(&["--help"]);
+    let mut want: Vec<String> = help
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .map(|c| format!("xlb-{c}.1"))
+        .chain(["xlb.1".to_owned(), "xlb-trace-flow.1".to_owned()])
+        .collect();
+    want.sort();
+    assert!(want.len() >= 10, "subcommands from --help: {want:?}\n{help}");
     assert_eq!(names, want);
     assert!(check.contains("\\-\\-config"), "xlb-check(1) documents --config: {check}");
     let missing = xlb(&["man", "--dir", "/nonexistent/xlb-man"]);
