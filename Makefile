@@ -76,3 +76,19 @@ chaos:
 	set -o pipefail; XLB_CHAOS=full XLB_PKTGEN=$(abspath $(BENCH_TARGET))/release/xlb-pktgen $(CARGO) test -p xlb-e2e --test chaos -- --test-threads=1 --nocapture 2>&1 \
 		| tee $(BENCH_TARGET)/xlb-chaos/log.txt
 	grep '^chaos:' $(BENCH_TARGET)/xlb-chaos/log.txt | tee $(BENCH_TARGET)/xlb-chaos/results.txt
+
+## Fuzzing (issues 2 and 11): FUZZ_RUNS executions (default 10 million, about 25-50 minutes on
+## one core of the 2-core VM) of the `pipeline` target of dataplane/fuzz, which checks the
+## pipeline's invariants after every packet (docs/benchmarks.md, "Fuzzing"); new inputs go
+## to $(BENCH_TARGET)/xlb-fuzz/pipeline, then the ones that add coverage are merged into the
+## checked-in corpus. Installs the nightly toolchain and cargo-fuzz if they are missing.
+FUZZ_RUNS ?= 10000000
+.PHONY: fuzz
+fuzz:
+	bash scripts/install-deps.sh test
+	rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
+	$(CARGO) +nightly fuzz --version >/dev/null 2>&1 || $(CARGO) install cargo-fuzz --locked
+	mkdir -p $(abspath $(BENCH_TARGET))/xlb-fuzz/pipeline
+	cd dataplane/fuzz && $(CARGO) +nightly fuzz run -s none pipeline $(abspath $(BENCH_TARGET))/xlb-fuzz/pipeline corpus/pipeline -- \
+		-max_len=2048 -runs=$(FUZZ_RUNS) -print_final_stats=1
+	cd dataplane/fuzz && $(CARGO) +nightly fuzz run -s none pipeline corpus/pipeline $(abspath $(BENCH_TARGET))/xlb-fuzz/pipeline -- -merge=1 -max_len=2048
