@@ -100,16 +100,20 @@ pub struct Config {
     /// override it with the annotation `xlb.dev/forwarding-mode`.
     #[serde(deserialize_with = "de_forwarding_mode")]
     pub forwarding_mode: ForwardingMode,
-    /// The `spec.loadBalancerClass` xlb would provision and announce addresses for (SVC-08).
-    /// It does not limit forwarding: like kube-proxy (`pkg/proxy/serviceport.go`), xlb
-    /// programs the `status.loadBalancer.ingress[].ip` of every LoadBalancer Service, whatever
-    /// its class. xlb has no address announcer yet, so today this field is validated and
-    /// otherwise unused.
+    /// The `spec.loadBalancerClass` xlb provisions addresses for (SVC-08; from
+    /// [`Config::address_pools`], [`crate::ipam`]). It does not limit forwarding: like
+    /// kube-proxy (`pkg/proxy/serviceport.go`), xlb programs the
+    /// `status.loadBalancer.ingress[].ip` of every LoadBalancer Service, whatever its class.
     pub load_balancer_class: Option<String>,
     /// Also provision and announce LoadBalancer Services with no `loadBalancerClass` (default
-    /// true). Like [`Config::load_balancer_class`], it does not limit forwarding and is unused
-    /// until xlb announces addresses.
+    /// true). Like [`Config::load_balancer_class`], it does not limit forwarding.
     pub handle_default_load_balancer_class: bool,
+    /// Address pools for the LoadBalancer Services of xlb's class (`addressPools`: a list of
+    /// `{name, addresses, autoAssign, avoidBuggyIPs, serviceAllocation}`, the fields of
+    /// MetalLB's IPAddressPool; see [`crate::ipam`]). In standalone mode the Services of the
+    /// file that have no `status.loadBalancer.ingress` get their addresses from these pools
+    /// when the file is loaded. Names must be unique and pools must not overlap. Default none.
+    pub address_pools: Vec<crate::ipam::AddressPool>,
     /// Static next hops for standalone mode (the kernel's neighbour table replaces them when
     /// running on a real interface).
     pub neighbours: Vec<NeighbourConfig>,
@@ -201,6 +205,7 @@ impl Default for Config {
             forwarding_mode: ForwardingMode::Nat,
             load_balancer_class: None,
             handle_default_load_balancer_class: true,
+            address_pools: Vec::new(),
             neighbours: Vec::new(),
             routes: Vec::new(),
             route_tables: vec![254],
@@ -482,7 +487,35 @@ impl Config {
         {
             return Err(field_err("loadBalancerClass", "must not be empty (omit it instead)"));
         }
+        let mut pools: Vec<(usize, crate::ipam::Pool)> = Vec::new();
+        for (i, p) in self.address_pools.iter().enumerate() {
+            let pool = crate::ipam::Pool::new(&p.name, &p.spec)
+                .map_err(|e| field_err(format!("addressPools[{i}].{}", e.field), e.message))?;
+            if let Some((j, _)) = pools.iter().find(|(_, q)| q.name == pool.name) {
+                return Err(field_err(
+                    format!("addressPools[{i}].name"),
+                    format!("{:?} is already addressPools[{j}]", pool.name),
+                ));
+            }
+            for (k, entry) in p.spec.addresses.iter().enumerate() {
+                let r = crate::ipam::parse_addresses_entry(entry)
+                    .map_err(|m| field_err(format!("addressPools[{i}].addresses[{k}]"), m))?;
+                if let Some((j, q)) = pools.iter().find(|(_, q)| q.ranges.iter().any(|o| o.overlaps(&r))) {
+                    return Err(field_err(
+                        format!("addressPools[{i}].addresses[{k}]"),
+                        format!("{r} overlaps pool {:?} (addressPools[{j}])", q.name),
+                    ));
+                }
+            }
+            pools.push((i, pool));
+        }
         Ok(())
+    }
+
+    /// The pools of [`Config::address_pools`] (valid after [`Config::validate`]; a pool that
+    /// is not is left out).
+    pub fn pool_set(&self) -> crate::ipam::PoolSet {
+        crate::ipam::PoolSet::build(self.address_pools.iter().map(|p| (p.name.as_str(), &p.spec))).0
     }
 }
 
@@ -1058,16 +1091,14 @@ pub fn load_str_for_node(text: &str, source_name: &str, fallback_node_name: Opti
     if ignored > 0 && node.is_some() {
         notes.push(format!("{ignored} Node object(s) other than this node's are ignored"));
     }
-    Ok(Loaded {
-        config,
-        cluster: ClusterState {
-            services: c.services.into_iter().map(Arc::new).collect(),
-            endpoint_slices: c.slices.into_iter().map(Arc::new).collect(),
-            node,
-            local_addresses: Vec::new(),
-        },
-        notes,
-    })
+    let mut cluster = ClusterState {
+        services: c.services.into_iter().map(Arc::new).collect(),
+        endpoint_slices: c.slices.into_iter().map(Arc::new).collect(),
+        node,
+        local_addresses: Vec::new(),
+    };
+    notes.extend(crate::ipam::assign_standalone(&config, &mut cluster));
+    Ok(Loaded { config, cluster, notes })
 }
 
 /// The YAML error message without its location suffix: the line it gives counts from the
@@ -1297,6 +1328,144 @@ routes: [{{dst: 10.0.0.0/8, via: 192.168.1.1}}]\n"
         ));
         assert_eq!(e[0].field.as_deref(), Some("addressType"), "{}", e[0]);
         assert_eq!(e[0].object.as_deref(), Some("EndpointSlice default/x"));
+    }
+
+    const POOLS: &str = "addressPools:\n\
+- name: public\n  addresses: [198.51.100.0/30, \"2001:db8:100::-2001:db8:100::3\"]\n\
+- name: shop\n  addresses: [203.0.113.8-203.0.113.9]\n  autoAssign: false\n  avoidBuggyIPs: true\n\x20 \
+serviceAllocation: {priority: 1, namespaces: [shop], serviceSelectors: [{matchLabels: {tier: web}, matchExpressions: [{key: env, operator: NotIn, values: [dev]}]}]}\n";
+
+    #[test]
+    fn address_pools_parse_with_metallb_field_names() {
+        let c = load(&format!("{HEAD}{POOLS}")).unwrap().config;
+        assert_eq!(c.address_pools.len(), 2);
+        let shop = &c.address_pools[1];
+        assert_eq!(shop.name, "shop");
+        assert!(!shop.spec.auto_assign && shop.spec.avoid_buggy_ips);
+        let sa = shop.spec.service_allocation.as_ref().unwrap();
+        assert_eq!((sa.priority, sa.namespaces.as_slice()), (Some(1), ["shop".to_owned()].as_slice()));
+        assert_eq!(sa.service_selectors[0].match_expressions[0].operator, crate::ipam::SelectorOperator::NotIn);
+        assert!(c.address_pools[0].spec.auto_assign, "autoAssign defaults to true");
+        let set = c.pool_set();
+        assert_eq!(set.pools().len(), 2);
+        assert!(set.by_name("public").unwrap().contains("2001:db8:100::2".parse().unwrap()));
+    }
+
+    #[test]
+    fn address_pool_errors_name_the_field() {
+        let e = errors(&format!("{HEAD}addressPools: [{{name: a, addresses: [10.0.0.1/24]}}]\n"));
+        assert_eq!(e[0].field.as_deref(), Some("addressPools[0].addresses[0]"), "{}", e[0]);
+        assert!(e[0].message.contains("10.0.0.0/24"), "{}", e[0]);
+        let e = errors(&format!(
+            "{HEAD}addressPools: [{{name: a, addresses: [10.0.0.0/24]}}, {{name: b, addresses: [10.1.0.0/24, 10.0.0.7-10.0.0.9]}}]\n"
+        ));
+        assert_eq!(e[0].field.as_deref(), Some("addressPools[1].addresses[1]"), "{}", e[0]);
+        assert!(e[0].message.contains("overlaps pool \"a\""), "{}", e[0]);
+        let e = errors(&format!(
+            "{HEAD}addressPools: [{{name: a, addresses: [10.0.0.0/24]}}, {{name: a, addresses: [10.1.0.0/24]}}]\n"
+        ));
+        assert_eq!(e[0].field.as_deref(), Some("addressPools[1].name"), "{}", e[0]);
+        let e = errors(&format!("{HEAD}addressPools: [{{name: a, adresses: [10.0.0.0/24]}}]\n"));
+        assert_eq!(e[0].field.as_deref(), Some("addressPools[0]"), "{}", e[0]);
+        assert!(e[0].message.contains("adresses"), "{}", e[0]);
+        let e = errors(&format!(
+            "{HEAD}addressPools: [{{name: a, addresses: [10.0.0.0/24], serviceAllocation: {{namespace: [x]}}}}]\n"
+        ));
+        assert!(e[0].message.contains("serviceAllocation") && e[0].message.contains("namespace"), "{}", e[0]);
+        let e = errors(&format!("{HEAD}addressPools: [{{addresses: [10.0.0.0/24]}}]\n"));
+        assert!(e[0].message.contains("name"), "{}", e[0]);
+        let e = errors(&format!("{HEAD}addressPools: [{{name: a, addresses: []}}]\n"));
+        assert_eq!(e[0].field.as_deref(), Some("addressPools[0].addresses"), "{}", e[0]);
+    }
+
+    fn lb_service(name: &str, extra_spec: &str, status: &str) -> String {
+        format!(
+            "---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: shop, labels: {{tier: web}}}}\n\
+spec: {{type: LoadBalancer, clusterIP: 10.96.0.{n}, clusterIPs: [10.96.0.{n}], ports: [{{port: 80}}]{extra_spec}}}\n{status}",
+            n = name.bytes().map(u32::from).sum::<u32>() % 250
+        )
+    }
+
+    #[test]
+    fn standalone_load_balancer_services_get_addresses_from_the_pools_and_become_vips() {
+        let text = format!(
+            "{HEAD}{POOLS}{}{}{}{}{}",
+            lb_service("auto", "", ""),
+            lb_service("static", ", loadBalancerIP: 192.0.2.77", ""),
+            lb_service("written", "", "status: {loadBalancer: {ingress: [{ip: 198.51.100.3}]}}\n"),
+            lb_service("pinned", "", "")
+                .replace("labels: {tier: web}", "labels: {tier: web}, annotations: {xlb.dev/address-pool: shop}"),
+            lb_service("other", ", loadBalancerClass: example.com/lb", ""),
+        );
+        let l = load(&text).unwrap();
+        let (spec, report) = crate::translate::build_spec(&l.cluster, &l.config).unwrap();
+        assert!(!report.has_errors(), "{:?}", report.issues);
+        let lb_vips: Vec<String> = spec
+            .services
+            .iter()
+            .flat_map(|s| {
+                s.frontends
+                    .iter()
+                    .filter(|f| f.kind == dataplane::tables::FrontendKind::LoadBalancer)
+                    .map(move |f| format!("{} {}", s.name, f.addr))
+            })
+            .collect();
+        assert_eq!(
+            lb_vips,
+            [
+                "shop/auto:80 198.51.100.0",
+                "shop/pinned:80 203.0.113.8",
+                "shop/static:80 192.0.2.77",
+                "shop/written:80 198.51.100.3",
+            ],
+            "notes: {:?}",
+            l.notes
+        );
+        assert!(
+            l.notes.iter().any(|n| n == "Service shop/auto: LoadBalancer address 198.51.100.0 from pool \"public\""),
+            "{:?}",
+            l.notes
+        );
+        assert!(l.notes.iter().any(|n| n.contains("shop/static") && n.contains("outside the pools")), "{:?}", l.notes);
+        assert!(!l.notes.iter().any(|n| n.contains("shop/written") || n.contains("shop/other")), "{:?}", l.notes);
+    }
+
+    #[test]
+    fn standalone_services_that_cannot_get_an_address_are_noted_and_get_no_vip() {
+        let text = format!(
+            "{HEAD}addressPools: [{{name: one, addresses: [198.51.100.1/32]}}]\n{}{}{}",
+            lb_service("first", "", ""),
+            lb_service("second", "", ""),
+            lb_service(
+                "clash",
+                ", loadBalancerIP: 198.51.100.1",
+                "status: {loadBalancer: {ingress: [{ip: 198.51.100.9}]}}\n"
+            ),
+        );
+        let l = load(&text).unwrap();
+        let (spec, _) = crate::translate::build_spec(&l.cluster, &l.config).unwrap();
+        let lb: Vec<String> = spec
+            .services
+            .iter()
+            .flat_map(|s| {
+                s.frontends
+                    .iter()
+                    .filter(|f| f.kind == dataplane::tables::FrontendKind::LoadBalancer)
+                    .map(move |f| format!("{} {}", s.name, f.addr))
+            })
+            .collect();
+        assert_eq!(lb, ["shop/clash:80 198.51.100.1"], "the request is served first; {:?}", l.notes);
+        assert!(
+            l.notes
+                .iter()
+                .any(|n| n == "Service shop/first: no LoadBalancer address: no free address in address pool(s) one"),
+            "{:?}",
+            l.notes
+        );
+        // Without pools, a Service that asks for nothing stays without an address, silently.
+        let l = load(&format!("{HEAD}{}", lb_service("plain", "", ""))).unwrap();
+        assert!(l.notes.is_empty(), "{:?}", l.notes);
+        assert!(crate::ipam::ingress_ips(&l.cluster.services[0]).is_empty());
     }
 
     #[test]

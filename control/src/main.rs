@@ -1,7 +1,7 @@
 //! `xlb`: a userspace AF_XDP L4 load balancer that replaces kube-proxy.
 //!
 //! Subcommands: `check` validates a config file and prints the tables it would program;
-//! `run` runs the load balancer; `services`, `conntrack` and `stats` ask a running one over
+//! `run` runs the load balancer; `crd` prints the CRD of the XlbIPPool address pools; `services`, `conntrack` and `stats` ask a running one over
 //! its admin socket.
 #![forbid(unsafe_code)]
 
@@ -79,6 +79,9 @@ enum Command {
         #[arg(long, requires = "takeover")]
         detach: bool,
     },
+    /// Print the CustomResourceDefinition of the XlbIPPool address pools (YAML), generated
+    /// from xlb's own type; `deploy/kubernetes/crd-xlbippools.yaml` is this output.
+    Crd,
     /// Print the running tables with active/inactive connections, like `ipvsadm -Ln`.
     Services {
         /// Admin socket path.
@@ -130,6 +133,16 @@ fn main() -> ExitCode {
             };
             report(run::run(config, admin_socket, source, run::Options { takeover, after_handover }))
         }
+        Command::Crd => match xlb::ipam::crd_yaml() {
+            Ok(y) => {
+                print!("{y}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(1)
+            }
+        },
         Command::Services { admin_socket } => ask(&admin_socket, "services"),
         Command::Conntrack { admin_socket } => ask(&admin_socket, "conntrack"),
         Command::Stats { admin_socket } => ask(&admin_socket, "stats"),

@@ -18,6 +18,7 @@ use std::process::Command;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Container, EnvVar, Namespace, PodSpec, Probe, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -135,6 +136,7 @@ fn every_manifest_round_trips_through_its_k8s_openapi_type_without_losing_a_fiel
             ("apps/v1", "DaemonSet") => round_trip::<DaemonSet>(&doc),
             ("rbac.authorization.k8s.io/v1", "ClusterRole") => round_trip::<ClusterRole>(&doc),
             ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => round_trip::<ClusterRoleBinding>(&doc),
+            ("apiextensions.k8s.io/v1", "CustomResourceDefinition") => round_trip::<CustomResourceDefinition>(&doc),
             _ => Err(format!("{}: {api_version}/{kind} has no k8s-openapi type in this test", doc.place)),
         };
         kinds.insert(kind.to_owned());
@@ -157,6 +159,24 @@ fn round_trip_check_catches_a_misspelt_field() {
     });
     let err = round_trip::<ServiceAccount>(&Doc { place: "inline#1".into(), value }).unwrap_err();
     assert!(err.contains(".automountServiceAcountToken: lost"), "{err}");
+}
+
+#[test]
+fn checked_in_crd_is_the_one_xlb_generates() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(xlb::ipam::CRD_PATH);
+    let checked_in = std::fs::read_to_string(&path).expect("the CRD file is checked in");
+    let generated = xlb::ipam::crd_yaml().expect("the CRD serialises");
+    assert!(
+        checked_in == generated,
+        "{} differs from `xlb crd`; regenerate it with: cargo run -p xlb -- crd > {}",
+        path.display(),
+        xlb::ipam::CRD_PATH
+    );
+    let crd: CustomResourceDefinition = one("CustomResourceDefinition");
+    assert_eq!(crd.spec.scope, "Cluster");
+    assert_eq!(crd.metadata.name.as_deref(), Some("xlbippools.xlb.dev"));
+    let v = &crd.spec.versions;
+    assert_eq!((v.len(), v[0].name.as_str(), v[0].served, v[0].storage), (1, "v1alpha1", true, true));
 }
 
 #[test]

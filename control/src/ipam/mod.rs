@@ -42,7 +42,7 @@ pub use alloc::{
     Outcome, ServiceKey, apply_to_service, assign, ingress_ips, is_ours,
 };
 
-/// The spec of an address pool: the body of an [`XlbIPPool`] custom resource and of each
+/// The spec of an address pool: the body of an `XlbIPPool` custom resource and of each
 /// config `addressPools[]` entry (there with a `name` beside it).
 ///
 /// Field names and meanings follow MetalLB's `IPAddressPoolSpec` (metallb.io/v1beta1).
@@ -263,7 +263,8 @@ impl AddrRange {
     pub fn contains(&self, a: IpAddr) -> bool {
         Family::of(a) == self.family && (self.first..=self.last).contains(&addr_to_u128(a))
     }
-    fn overlaps(&self, o: &Self) -> bool {
+    /// Whether the two ranges share an address.
+    pub fn overlaps(&self, o: &Self) -> bool {
         self.family == o.family && self.first <= o.last && o.first <= self.last
     }
 }
@@ -523,4 +524,62 @@ impl PoolSet {
     pub fn by_name(&self, name: &str) -> Option<&Pool> {
         self.pools.iter().find(|p| p.name == name)
     }
+}
+
+/// Path of the checked-in CRD, relative to the repository root.
+pub const CRD_PATH: &str = "deploy/kubernetes/crd-xlbippools.yaml";
+
+/// The `CustomResourceDefinition` of [`XlbIPPool`] (`xlbippools.xlb.dev`, cluster-scoped,
+/// version `v1alpha1`) as YAML, generated from [`PoolSpec`] by kube's `CustomResource`
+/// derive (schemars). `xlb crd` prints it; [`CRD_PATH`] holds a copy that a test compares
+/// with this.
+///
+/// # Errors
+/// Only if the YAML serialiser fails, which it does not for this fixed object.
+pub fn crd_yaml() -> Result<String, serde_saphyr::SerializeError> {
+    use kube::CustomResourceExt;
+    let body = serde_saphyr::to_string(&XlbIPPool::crd())?;
+    Ok(format!(
+        "# Generated from control/src/ipam/mod.rs (PoolSpec) by `xlb crd`; do not edit.\n\
+         # Regenerate: cargo run -p xlb -- crd > {CRD_PATH}\n{body}"
+    ))
+}
+
+/// Standalone mode: assigns addresses from the config's pools to the file's LoadBalancer
+/// Services of xlb's class and writes them into each Service's in-memory
+/// `status.loadBalancer.ingress`, which the translation programs as VIPs. An address the file
+/// gives itself (status, `spec.loadBalancerIP`, annotation) is kept even outside the pools
+/// ([`Options::keep_addresses_outside_pools`]). A Service that gets no address keeps an empty
+/// status. Returns one note per Service assigned afresh or left without an address (with the
+/// reason); with no pools configured, Services that ask for nothing are left silently
+/// without an address, as before pools existed.
+pub fn assign_standalone(cfg: &crate::config::Config, cluster: &mut crate::translate::ClusterState) -> Vec<String> {
+    let pools = cfg.pool_set();
+    let opts = Options { keep_addresses_outside_pools: true };
+    let assignment = assign(&pools, &cluster.services, &ClassFilter::from_config(cfg), opts);
+    let mut notes = Vec::new();
+    for svc in &mut cluster.services {
+        let key = ServiceKey::of(svc);
+        let Some(outcome) = assignment.services.get(&key) else { continue };
+        match outcome {
+            Outcome::Assigned(a) if a.kept => {}
+            Outcome::Assigned(a) => {
+                let list: Vec<String> = a.addresses.iter().map(ToString::to_string).collect();
+                let from = a
+                    .pool
+                    .as_deref()
+                    .map_or_else(|| "as given (outside the pools)".to_owned(), |p| format!("from pool {p:?}"));
+                notes.push(format!("Service {key}: LoadBalancer address {} {from}", list.join(", ")));
+                apply_to_service(std::sync::Arc::make_mut(svc), &a.addresses);
+            }
+            Outcome::Failed(AssignError::NoPool { .. }) if pools.is_empty() => {}
+            Outcome::Failed(e) => {
+                notes.push(format!("Service {key}: no LoadBalancer address: {e}"));
+                if !ingress_ips(svc).is_empty() {
+                    apply_to_service(std::sync::Arc::make_mut(svc), &[]);
+                }
+            }
+        }
+    }
+    notes
 }
