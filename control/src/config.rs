@@ -1017,6 +1017,35 @@ pub fn load_str(text: &str, source_name: &str) -> Result<Loaded, LoadError> {
 /// # Errors
 /// As [`load_str`].
 pub fn load_str_for_node(text: &str, source_name: &str, fallback_node_name: Option<&str>) -> Result<Loaded, LoadError> {
+    load_str_after(text, source_name, fallback_node_name, None)
+}
+
+/// [`load_file_for_node`] for a reload: `previous` is the cluster state built from the file
+/// before, whose pool addresses the file's LoadBalancer Services keep
+/// ([`crate::ipam::assign_standalone`]).
+///
+/// # Errors
+/// As [`load_file`].
+pub fn reload_file_for_node(
+    path: &Path,
+    fallback_node_name: Option<&str>,
+    previous: &ClusterState,
+) -> Result<Loaded, LoadError> {
+    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read { path: path.to_owned(), source })?;
+    load_str_after(&text, &path.display().to_string(), fallback_node_name, Some(previous))
+}
+
+/// [`load_str_for_node`], keeping the pool addresses of `previous` (see
+/// [`reload_file_for_node`]).
+///
+/// # Errors
+/// As [`load_str`].
+pub fn load_str_after(
+    text: &str,
+    source_name: &str,
+    fallback_node_name: Option<&str>,
+    previous: Option<&ClusterState>,
+) -> Result<Loaded, LoadError> {
     let mut c = Collector::default();
     // YAML 1.2 booleans only: `name: y` or `zone: no` stay strings, as in Kubernetes.
     let options = serde_saphyr::options! { with_snippet: false, strict_booleans: true };
@@ -1097,7 +1126,7 @@ pub fn load_str_for_node(text: &str, source_name: &str, fallback_node_name: Opti
         node,
         local_addresses: Vec::new(),
     };
-    notes.extend(crate::ipam::assign_standalone(&config, &mut cluster));
+    notes.extend(crate::ipam::assign_standalone(&config, &mut cluster, previous));
     Ok(Loaded { config, cluster, notes })
 }
 
@@ -1428,6 +1457,34 @@ spec: {{type: LoadBalancer, clusterIP: 10.96.0.{n}, clusterIPs: [10.96.0.{n}], p
         );
         assert!(l.notes.iter().any(|n| n.contains("shop/static") && n.contains("outside the pools")), "{:?}", l.notes);
         assert!(!l.notes.iter().any(|n| n.contains("shop/written") || n.contains("shop/other")), "{:?}", l.notes);
+    }
+
+    #[test]
+    fn a_reload_keeps_the_pool_addresses_the_running_file_gave() {
+        let pools = "addressPools: [{name: p, addresses: [198.51.100.0/30]}]\n";
+        let first = load(&format!("{HEAD}{pools}{}", lb_service("web", "", ""))).unwrap();
+        assert_eq!(crate::ipam::ingress_ips(&first.cluster.services[0]), ["198.51.100.0".parse::<IpAddr>().unwrap()]);
+        // A Service added before it in the order would take 198.51.100.0 on a fresh load ...
+        let text = format!("{HEAD}{pools}{}{}", lb_service("api", "", ""), lb_service("web", "", ""));
+        let fresh = load(&text).unwrap();
+        let ips = |l: &Loaded| -> Vec<String> {
+            l.cluster
+                .services
+                .iter()
+                .map(|s| format!("{}={:?}", s.metadata.name.as_deref().unwrap(), crate::ipam::ingress_ips(s)))
+                .collect()
+        };
+        assert_eq!(ips(&fresh), ["api=[198.51.100.0]", "web=[198.51.100.1]"]);
+        // ... but a reload keeps web's address and gives api the next one.
+        let reloaded = load_str_after(&text, "test.yaml", None, Some(&first.cluster)).unwrap();
+        assert_eq!(ips(&reloaded), ["api=[198.51.100.1]", "web=[198.51.100.0]"]);
+        assert!(!reloaded.notes.iter().any(|n| n.contains("shop/web")), "kept silently: {:?}", reloaded.notes);
+        // An address outside the pools (a static one the file no longer gives) is not carried.
+        let stat = load(&format!("{HEAD}{pools}{}", lb_service("web", ", loadBalancerIP: 192.0.2.1", ""))).unwrap();
+        let again =
+            load_str_after(&format!("{HEAD}{pools}{}", lb_service("web", "", "")), "t", None, Some(&stat.cluster))
+                .unwrap();
+        assert_eq!(ips(&again), ["web=[198.51.100.0]"]);
     }
 
     #[test]

@@ -178,6 +178,16 @@ pub(crate) fn load_config(path: &std::path::Path) -> Result<xlb::config::Loaded,
     xlb::config::load_file_for_node(path, env.as_deref())
 }
 
+/// Reloads the config file (as [`load_config`]); the file's LoadBalancer Services keep the
+/// pool addresses they hold in `previous`.
+pub(crate) fn reload_config(
+    path: &std::path::Path,
+    previous: &xlb::translate::ClusterState,
+) -> Result<xlb::config::Loaded, xlb::config::LoadError> {
+    let env = std::env::var(xlb::config::NODE_NAME_ENV).ok();
+    xlb::config::reload_file_for_node(path, env.as_deref(), previous)
+}
+
 /// `xlb check`: load, translate, build, print.
 fn check(path: &std::path::Path) -> anyhow::Result<ExitCode> {
     let loaded = load_config(path)?;

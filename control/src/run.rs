@@ -905,8 +905,11 @@ impl Supervisor<'_> {
             let m = mtime(self.path);
             if reload.swap(false, Ordering::Relaxed) || m != last_mtime {
                 last_mtime = m;
-                match crate::load_config(self.path) {
+                match crate::reload_config(self.path, cluster) {
                     Ok(l) => {
+                        for n in &l.notes {
+                            tracing::info!("{n}");
+                        }
                         self.config = l.config;
                         // The interfaces may have changed, and with them which routes lead
                         // through the kernel.

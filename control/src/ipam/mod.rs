@@ -553,10 +553,38 @@ pub fn crd_yaml() -> Result<String, serde_saphyr::SerializeError> {
 /// status. Returns one note per Service assigned afresh or left without an address (with the
 /// reason); with no pools configured, Services that ask for nothing are left silently
 /// without an address, as before pools existed.
-pub fn assign_standalone(cfg: &crate::config::Config, cluster: &mut crate::translate::ClusterState) -> Vec<String> {
+///
+/// `previous` is the state the running process built from the file before a reload: a
+/// Service that the file gives no status keeps the pool addresses it held there (the file
+/// has no status to remember them by), so adding a Service to the file never moves another
+/// one's VIP. Addresses outside every pool (static ones the file no longer gives) are not
+/// carried over.
+pub fn assign_standalone(
+    cfg: &crate::config::Config,
+    cluster: &mut crate::translate::ClusterState,
+    previous: Option<&crate::translate::ClusterState>,
+) -> Vec<String> {
     let pools = cfg.pool_set();
+    let filter = ClassFilter::from_config(cfg);
+    if let Some(prev) = previous {
+        let before: BTreeMap<ServiceKey, Vec<IpAddr>> = prev
+            .services
+            .iter()
+            .filter(|s| is_ours(s, &filter))
+            .map(|s| (ServiceKey::of(s), ingress_ips(s)))
+            .filter(|(_, a)| !a.is_empty() && a.iter().all(|a| pools.pool_of(*a).is_some()))
+            .collect();
+        for svc in &mut cluster.services {
+            if is_ours(svc, &filter)
+                && ingress_ips(svc).is_empty()
+                && let Some(addrs) = before.get(&ServiceKey::of(svc))
+            {
+                apply_to_service(std::sync::Arc::make_mut(svc), addrs);
+            }
+        }
+    }
     let opts = Options { keep_addresses_outside_pools: true };
-    let assignment = assign(&pools, &cluster.services, &ClassFilter::from_config(cfg), opts);
+    let assignment = assign(&pools, &cluster.services, &filter, opts);
     let mut notes = Vec::new();
     for svc in &mut cluster.services {
         let key = ServiceKey::of(svc);
