@@ -114,6 +114,9 @@ pub struct Config {
     /// file that have no `status.loadBalancer.ingress` get their addresses from these pools
     /// when the file is loaded. Names must be unique and pools must not overlap. Default none.
     pub address_pools: Vec<crate::ipam::AddressPool>,
+    /// Kubernetes mode: assign LoadBalancer addresses from the `XlbIPPool` objects and write
+    /// the Services' status (`addressAssignment`; off by default). See [`AddressAssignment`].
+    pub address_assignment: AddressAssignment,
     /// Static next hops for standalone mode (the kernel's neighbour table replaces them when
     /// running on a real interface).
     pub neighbours: Vec<NeighbourConfig>,
@@ -206,6 +209,7 @@ impl Default for Config {
             load_balancer_class: None,
             handle_default_load_balancer_class: true,
             address_pools: Vec::new(),
+            address_assignment: AddressAssignment::default(),
             neighbours: Vec::new(),
             routes: Vec::new(),
             route_tables: vec![254],
@@ -222,6 +226,38 @@ pub enum NodePortAddress {
     Primary,
     /// Node addresses inside this prefix (NPA-01; `0.0.0.0/0` = every IPv4 address, NPA-03).
     Cidr(Cidr),
+}
+
+/// `addressAssignment` block (Kubernetes mode only): one xlb at a time, the holder of a
+/// `coordination.k8s.io/v1` Lease, gives the LoadBalancer Services of xlb's class their
+/// addresses from the `XlbIPPool` objects and writes `status.loadBalancer.ingress`
+/// ([`crate::k8s::Assigner`]). Needs the CRD and the RBAC of `deploy/kubernetes`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct AddressAssignment {
+    /// Run the assigner (default false: with another LoadBalancer controller, e.g. MetalLB,
+    /// for the same class, leave it off).
+    pub enabled: bool,
+    /// Namespace of the Lease (default `kube-system`, where the DaemonSet runs).
+    pub lease_namespace: String,
+    /// Name of the Lease (default `xlb-address-assignment`).
+    pub lease_name: String,
+    /// `leaseDurationSeconds` (Go duration, whole seconds, at least 3s; default 15s, as
+    /// client-go's leader election). A holder that dies is replaced within about this long;
+    /// the holder stops acting 2/3 of it after its last renewal, and renews every 2/15 of it.
+    #[serde(deserialize_with = "crate::duration::deserialize")]
+    pub lease_duration: Duration,
+}
+
+impl Default for AddressAssignment {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            lease_namespace: "kube-system".into(),
+            lease_name: "xlb-address-assignment".into(),
+            lease_duration: Duration::from_secs(15),
+        }
+    }
 }
 
 /// `conntrack` block: flow-table timeouts and size.
@@ -486,6 +522,16 @@ impl Config {
             && c.trim().is_empty()
         {
             return Err(field_err("loadBalancerClass", "must not be empty (omit it instead)"));
+        }
+        let aa = &self.address_assignment;
+        if aa.lease_duration < Duration::from_secs(3) || aa.lease_duration.subsec_nanos() != 0 {
+            return Err(field_err("addressAssignment.leaseDuration", "want whole seconds, at least 3s"));
+        }
+        if aa.lease_namespace.trim().is_empty() {
+            return Err(field_err("addressAssignment.leaseNamespace", "must not be empty"));
+        }
+        if aa.lease_name.trim().is_empty() {
+            return Err(field_err("addressAssignment.leaseName", "must not be empty"));
         }
         let mut pools: Vec<(usize, crate::ipam::Pool)> = Vec::new();
         for (i, p) in self.address_pools.iter().enumerate() {
@@ -1378,6 +1424,26 @@ serviceAllocation: {priority: 1, namespaces: [shop], serviceSelectors: [{matchLa
         let set = c.pool_set();
         assert_eq!(set.pools().len(), 2);
         assert!(set.by_name("public").unwrap().contains("2001:db8:100::2".parse().unwrap()));
+    }
+
+    #[test]
+    fn address_assignment_is_off_by_default_and_its_lease_settings_are_checked() {
+        let d = load(HEAD).unwrap().config.address_assignment;
+        assert!(!d.enabled);
+        assert_eq!((d.lease_namespace.as_str(), d.lease_name.as_str()), ("kube-system", "xlb-address-assignment"));
+        assert_eq!(d.lease_duration, Duration::from_secs(15));
+        let c = load(&format!("{HEAD}addressAssignment: {{enabled: true, leaseName: lb, leaseDuration: 30s}}\n"))
+            .unwrap()
+            .config;
+        assert!(c.address_assignment.enabled);
+        assert_eq!(c.address_assignment.lease_name, "lb");
+        assert_eq!(c.address_assignment.lease_duration, Duration::from_secs(30));
+        let e = errors(&format!("{HEAD}addressAssignment: {{leaseDuration: 1s}}\n"));
+        assert_eq!(e[0].field.as_deref(), Some("addressAssignment.leaseDuration"), "{}", e[0]);
+        let e = errors(&format!("{HEAD}addressAssignment: {{leaseName: ''}}\n"));
+        assert_eq!(e[0].field.as_deref(), Some("addressAssignment.leaseName"), "{}", e[0]);
+        let e = errors(&format!("{HEAD}addressAssignment: {{enable: true}}\n"));
+        assert!(e[0].message.contains("enable"), "{}", e[0]);
     }
 
     #[test]
