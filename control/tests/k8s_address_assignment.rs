@@ -90,8 +90,10 @@ async fn lease_one_candidate_leads_and_another_takes_over_after_release_or_expir
 
     // A holder that stops renewing is replaced once the Lease expires (2 s after the other
     // candidate first saw its last renewal), not before.
-    assert!(!a.try_acquire_or_renew().await.unwrap());
+    // `seen` is taken before the round in which `a` first sees b's record, so the takeover
+    // cannot come less than the lease duration after it.
     let seen = Instant::now();
+    assert!(!a.try_acquire_or_renew().await.unwrap());
     let end = seen + Duration::from_secs(10);
     while !a.try_acquire_or_renew().await.unwrap() {
         assert!(Instant::now() < end, "the expired Lease was never taken over");
