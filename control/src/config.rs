@@ -100,16 +100,23 @@ pub struct Config {
     /// override it with the annotation `xlb.dev/forwarding-mode`.
     #[serde(deserialize_with = "de_forwarding_mode")]
     pub forwarding_mode: ForwardingMode,
-    /// The `spec.loadBalancerClass` xlb would provision and announce addresses for (SVC-08).
-    /// It does not limit forwarding: like kube-proxy (`pkg/proxy/serviceport.go`), xlb
-    /// programs the `status.loadBalancer.ingress[].ip` of every LoadBalancer Service, whatever
-    /// its class. xlb has no address announcer yet, so today this field is validated and
-    /// otherwise unused.
+    /// The `spec.loadBalancerClass` xlb provisions addresses for (SVC-08; from
+    /// [`Config::address_pools`], [`crate::ipam`]). It does not limit forwarding: like
+    /// kube-proxy (`pkg/proxy/serviceport.go`), xlb programs the
+    /// `status.loadBalancer.ingress[].ip` of every LoadBalancer Service, whatever its class.
     pub load_balancer_class: Option<String>,
     /// Also provision and announce LoadBalancer Services with no `loadBalancerClass` (default
-    /// true). Like [`Config::load_balancer_class`], it does not limit forwarding and is unused
-    /// until xlb announces addresses.
+    /// true). Like [`Config::load_balancer_class`], it does not limit forwarding.
     pub handle_default_load_balancer_class: bool,
+    /// Address pools for the LoadBalancer Services of xlb's class (`addressPools`: a list of
+    /// `{name, addresses, autoAssign, avoidBuggyIPs, serviceAllocation}`, the fields of
+    /// MetalLB's IPAddressPool; see [`crate::ipam`]). In standalone mode the Services of the
+    /// file that have no `status.loadBalancer.ingress` get their addresses from these pools
+    /// when the file is loaded. Names must be unique and pools must not overlap. Default none.
+    pub address_pools: Vec<crate::ipam::AddressPool>,
+    /// Kubernetes mode: assign LoadBalancer addresses from the `XlbIPPool` objects and write
+    /// the Services' status (`addressAssignment`; off by default). See [`AddressAssignment`].
+    pub address_assignment: AddressAssignment,
     /// Static next hops for standalone mode (the kernel's neighbour table replaces them when
     /// running on a real interface).
     pub neighbours: Vec<NeighbourConfig>,
@@ -201,6 +208,8 @@ impl Default for Config {
             forwarding_mode: ForwardingMode::Nat,
             load_balancer_class: None,
             handle_default_load_balancer_class: true,
+            address_pools: Vec::new(),
+            address_assignment: AddressAssignment::default(),
             neighbours: Vec::new(),
             routes: Vec::new(),
             route_tables: vec![254],
@@ -217,6 +226,38 @@ pub enum NodePortAddress {
     Primary,
     /// Node addresses inside this prefix (NPA-01; `0.0.0.0/0` = every IPv4 address, NPA-03).
     Cidr(Cidr),
+}
+
+/// `addressAssignment` block (Kubernetes mode only): one xlb at a time, the holder of a
+/// `coordination.k8s.io/v1` Lease, gives the LoadBalancer Services of xlb's class their
+/// addresses from the `XlbIPPool` objects and writes `status.loadBalancer.ingress`
+/// ([`crate::k8s::Assigner`]). Needs the CRD and the RBAC of `deploy/kubernetes`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct AddressAssignment {
+    /// Run the assigner (default false: with another LoadBalancer controller, e.g. MetalLB,
+    /// for the same class, leave it off).
+    pub enabled: bool,
+    /// Namespace of the Lease (default `kube-system`, where the DaemonSet runs).
+    pub lease_namespace: String,
+    /// Name of the Lease (default `xlb-address-assignment`).
+    pub lease_name: String,
+    /// `leaseDurationSeconds` (Go duration, whole seconds, at least 3s; default 15s, as
+    /// client-go's leader election). A holder that dies is replaced within about this long;
+    /// the holder stops acting 2/3 of it after its last renewal, and renews every 2/15 of it.
+    #[serde(deserialize_with = "crate::duration::deserialize")]
+    pub lease_duration: Duration,
+}
+
+impl Default for AddressAssignment {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            lease_namespace: "kube-system".into(),
+            lease_name: "xlb-address-assignment".into(),
+            lease_duration: Duration::from_secs(15),
+        }
+    }
 }
 
 /// `conntrack` block: flow-table timeouts and size.
@@ -482,7 +523,45 @@ impl Config {
         {
             return Err(field_err("loadBalancerClass", "must not be empty (omit it instead)"));
         }
+        let aa = &self.address_assignment;
+        if aa.lease_duration < Duration::from_secs(3) || aa.lease_duration.subsec_nanos() != 0 {
+            return Err(field_err("addressAssignment.leaseDuration", "want whole seconds, at least 3s"));
+        }
+        if aa.lease_namespace.trim().is_empty() {
+            return Err(field_err("addressAssignment.leaseNamespace", "must not be empty"));
+        }
+        if aa.lease_name.trim().is_empty() {
+            return Err(field_err("addressAssignment.leaseName", "must not be empty"));
+        }
+        let mut pools: Vec<(usize, crate::ipam::Pool)> = Vec::new();
+        for (i, p) in self.address_pools.iter().enumerate() {
+            let pool = crate::ipam::Pool::new(&p.name, &p.spec)
+                .map_err(|e| field_err(format!("addressPools[{i}].{}", e.field), e.message))?;
+            if let Some((j, _)) = pools.iter().find(|(_, q)| q.name == pool.name) {
+                return Err(field_err(
+                    format!("addressPools[{i}].name"),
+                    format!("{:?} is already addressPools[{j}]", pool.name),
+                ));
+            }
+            for (k, entry) in p.spec.addresses.iter().enumerate() {
+                let r = crate::ipam::parse_addresses_entry(entry)
+                    .map_err(|m| field_err(format!("addressPools[{i}].addresses[{k}]"), m))?;
+                if let Some((j, q)) = pools.iter().find(|(_, q)| q.ranges.iter().any(|o| o.overlaps(&r))) {
+                    return Err(field_err(
+                        format!("addressPools[{i}].addresses[{k}]"),
+                        format!("{r} overlaps pool {:?} (addressPools[{j}])", q.name),
+                    ));
+                }
+            }
+            pools.push((i, pool));
+        }
         Ok(())
+    }
+
+    /// The pools of [`Config::address_pools`] (valid after [`Config::validate`]; a pool that
+    /// is not is left out).
+    pub fn pool_set(&self) -> crate::ipam::PoolSet {
+        crate::ipam::PoolSet::build(self.address_pools.iter().map(|p| (p.name.as_str(), &p.spec))).0
     }
 }
 
@@ -984,6 +1063,35 @@ pub fn load_str(text: &str, source_name: &str) -> Result<Loaded, LoadError> {
 /// # Errors
 /// As [`load_str`].
 pub fn load_str_for_node(text: &str, source_name: &str, fallback_node_name: Option<&str>) -> Result<Loaded, LoadError> {
+    load_str_after(text, source_name, fallback_node_name, None)
+}
+
+/// [`load_file_for_node`] for a reload: `previous` is the cluster state built from the file
+/// before, whose pool addresses the file's LoadBalancer Services keep
+/// ([`crate::ipam::assign_standalone`]).
+///
+/// # Errors
+/// As [`load_file`].
+pub fn reload_file_for_node(
+    path: &Path,
+    fallback_node_name: Option<&str>,
+    previous: &ClusterState,
+) -> Result<Loaded, LoadError> {
+    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read { path: path.to_owned(), source })?;
+    load_str_after(&text, &path.display().to_string(), fallback_node_name, Some(previous))
+}
+
+/// [`load_str_for_node`], keeping the pool addresses of `previous` (see
+/// [`reload_file_for_node`]).
+///
+/// # Errors
+/// As [`load_str`].
+pub fn load_str_after(
+    text: &str,
+    source_name: &str,
+    fallback_node_name: Option<&str>,
+    previous: Option<&ClusterState>,
+) -> Result<Loaded, LoadError> {
     let mut c = Collector::default();
     // YAML 1.2 booleans only: `name: y` or `zone: no` stay strings, as in Kubernetes.
     let options = serde_saphyr::options! { with_snippet: false, strict_booleans: true };
@@ -1058,16 +1166,14 @@ pub fn load_str_for_node(text: &str, source_name: &str, fallback_node_name: Opti
     if ignored > 0 && node.is_some() {
         notes.push(format!("{ignored} Node object(s) other than this node's are ignored"));
     }
-    Ok(Loaded {
-        config,
-        cluster: ClusterState {
-            services: c.services.into_iter().map(Arc::new).collect(),
-            endpoint_slices: c.slices.into_iter().map(Arc::new).collect(),
-            node,
-            local_addresses: Vec::new(),
-        },
-        notes,
-    })
+    let mut cluster = ClusterState {
+        services: c.services.into_iter().map(Arc::new).collect(),
+        endpoint_slices: c.slices.into_iter().map(Arc::new).collect(),
+        node,
+        local_addresses: Vec::new(),
+    };
+    notes.extend(crate::ipam::assign_standalone(&config, &mut cluster, previous));
+    Ok(Loaded { config, cluster, notes })
 }
 
 /// The YAML error message without its location suffix: the line it gives counts from the
@@ -1297,6 +1403,192 @@ routes: [{{dst: 10.0.0.0/8, via: 192.168.1.1}}]\n"
         ));
         assert_eq!(e[0].field.as_deref(), Some("addressType"), "{}", e[0]);
         assert_eq!(e[0].object.as_deref(), Some("EndpointSlice default/x"));
+    }
+
+    const POOLS: &str = "addressPools:\n\
+- name: public\n  addresses: [198.51.100.0/30, \"2001:db8:100::-2001:db8:100::3\"]\n\
+- name: shop\n  addresses: [203.0.113.8-203.0.113.9]\n  autoAssign: false\n  avoidBuggyIPs: true\n\x20 \
+serviceAllocation: {priority: 1, namespaces: [shop], serviceSelectors: [{matchLabels: {tier: web}, matchExpressions: [{key: env, operator: NotIn, values: [dev]}]}]}\n";
+
+    #[test]
+    fn address_pools_parse_with_metallb_field_names() {
+        let c = load(&format!("{HEAD}{POOLS}")).unwrap().config;
+        assert_eq!(c.address_pools.len(), 2);
+        let shop = &c.address_pools[1];
+        assert_eq!(shop.name, "shop");
+        assert!(!shop.spec.auto_assign && shop.spec.avoid_buggy_ips);
+        let sa = shop.spec.service_allocation.as_ref().unwrap();
+        assert_eq!((sa.priority, sa.namespaces.as_slice()), (Some(1), ["shop".to_owned()].as_slice()));
+        assert_eq!(sa.service_selectors[0].match_expressions[0].operator, crate::ipam::SelectorOperator::NotIn);
+        assert!(c.address_pools[0].spec.auto_assign, "autoAssign defaults to true");
+        let set = c.pool_set();
+        assert_eq!(set.pools().len(), 2);
+        assert!(set.by_name("public").unwrap().contains("2001:db8:100::2".parse().unwrap()));
+    }
+
+    #[test]
+    fn address_assignment_is_off_by_default_and_its_lease_settings_are_checked() {
+        let d = load(HEAD).unwrap().config.address_assignment;
+        assert!(!d.enabled);
+        assert_eq!((d.lease_namespace.as_str(), d.lease_name.as_str()), ("kube-system", "xlb-address-assignment"));
+        assert_eq!(d.lease_duration, Duration::from_secs(15));
+        let c = load(&format!("{HEAD}addressAssignment: {{enabled: true, leaseName: lb, leaseDuration: 30s}}\n"))
+            .unwrap()
+            .config;
+        assert!(c.address_assignment.enabled);
+        assert_eq!(c.address_assignment.lease_name, "lb");
+        assert_eq!(c.address_assignment.lease_duration, Duration::from_secs(30));
+        let e = errors(&format!("{HEAD}addressAssignment: {{leaseDuration: 1s}}\n"));
+        assert_eq!(e[0].field.as_deref(), Some("addressAssignment.leaseDuration"), "{}", e[0]);
+        let e = errors(&format!("{HEAD}addressAssignment: {{leaseName: ''}}\n"));
+        assert_eq!(e[0].field.as_deref(), Some("addressAssignment.leaseName"), "{}", e[0]);
+        let e = errors(&format!("{HEAD}addressAssignment: {{enable: true}}\n"));
+        assert!(e[0].message.contains("enable"), "{}", e[0]);
+    }
+
+    #[test]
+    fn address_pool_errors_name_the_field() {
+        let e = errors(&format!("{HEAD}addressPools: [{{name: a, addresses: [10.0.0.1/24]}}]\n"));
+        assert_eq!(e[0].field.as_deref(), Some("addressPools[0].addresses[0]"), "{}", e[0]);
+        assert!(e[0].message.contains("10.0.0.0/24"), "{}", e[0]);
+        let e = errors(&format!(
+            "{HEAD}addressPools: [{{name: a, addresses: [10.0.0.0/24]}}, {{name: b, addresses: [10.1.0.0/24, 10.0.0.7-10.0.0.9]}}]\n"
+        ));
+        assert_eq!(e[0].field.as_deref(), Some("addressPools[1].addresses[1]"), "{}", e[0]);
+        assert!(e[0].message.contains("overlaps pool \"a\""), "{}", e[0]);
+        let e = errors(&format!(
+            "{HEAD}addressPools: [{{name: a, addresses: [10.0.0.0/24]}}, {{name: a, addresses: [10.1.0.0/24]}}]\n"
+        ));
+        assert_eq!(e[0].field.as_deref(), Some("addressPools[1].name"), "{}", e[0]);
+        let e = errors(&format!("{HEAD}addressPools: [{{name: a, adresses: [10.0.0.0/24]}}]\n"));
+        assert_eq!(e[0].field.as_deref(), Some("addressPools[0]"), "{}", e[0]);
+        assert!(e[0].message.contains("adresses"), "{}", e[0]);
+        let e = errors(&format!(
+            "{HEAD}addressPools: [{{name: a, addresses: [10.0.0.0/24], serviceAllocation: {{namespace: [x]}}}}]\n"
+        ));
+        assert!(e[0].message.contains("serviceAllocation") && e[0].message.contains("namespace"), "{}", e[0]);
+        let e = errors(&format!("{HEAD}addressPools: [{{addresses: [10.0.0.0/24]}}]\n"));
+        assert!(e[0].message.contains("name"), "{}", e[0]);
+        let e = errors(&format!("{HEAD}addressPools: [{{name: a, addresses: []}}]\n"));
+        assert_eq!(e[0].field.as_deref(), Some("addressPools[0].addresses"), "{}", e[0]);
+    }
+
+    fn lb_service(name: &str, extra_spec: &str, status: &str) -> String {
+        format!(
+            "---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: shop, labels: {{tier: web}}}}\n\
+spec: {{type: LoadBalancer, clusterIP: 10.96.0.{n}, clusterIPs: [10.96.0.{n}], ports: [{{port: 80}}]{extra_spec}}}\n{status}",
+            n = name.bytes().map(u32::from).sum::<u32>() % 250
+        )
+    }
+
+    #[test]
+    fn standalone_load_balancer_services_get_addresses_from_the_pools_and_become_vips() {
+        let text = format!(
+            "{HEAD}{POOLS}{}{}{}{}{}",
+            lb_service("auto", "", ""),
+            lb_service("static", ", loadBalancerIP: 192.0.2.77", ""),
+            lb_service("written", "", "status: {loadBalancer: {ingress: [{ip: 198.51.100.3}]}}\n"),
+            lb_service("pinned", "", "")
+                .replace("labels: {tier: web}", "labels: {tier: web}, annotations: {xlb.dev/address-pool: shop}"),
+            lb_service("other", ", loadBalancerClass: example.com/lb", ""),
+        );
+        let l = load(&text).unwrap();
+        let (spec, report) = crate::translate::build_spec(&l.cluster, &l.config).unwrap();
+        assert!(!report.has_errors(), "{:?}", report.issues);
+        let lb_vips: Vec<String> = spec
+            .services
+            .iter()
+            .flat_map(|s| {
+                s.frontends
+                    .iter()
+                    .filter(|f| f.kind == dataplane::tables::FrontendKind::LoadBalancer)
+                    .map(move |f| format!("{} {}", s.name, f.addr))
+            })
+            .collect();
+        assert_eq!(
+            lb_vips,
+            [
+                "shop/auto:80 198.51.100.0",
+                "shop/pinned:80 203.0.113.8",
+                "shop/static:80 192.0.2.77",
+                "shop/written:80 198.51.100.3",
+            ],
+            "notes: {:?}",
+            l.notes
+        );
+        assert!(
+            l.notes.iter().any(|n| n == "Service shop/auto: LoadBalancer address 198.51.100.0 from pool \"public\""),
+            "{:?}",
+            l.notes
+        );
+        assert!(l.notes.iter().any(|n| n.contains("shop/static") && n.contains("outside the pools")), "{:?}", l.notes);
+        assert!(!l.notes.iter().any(|n| n.contains("shop/written") || n.contains("shop/other")), "{:?}", l.notes);
+    }
+
+    #[test]
+    fn a_reload_keeps_the_pool_addresses_the_running_file_gave() {
+        let pools = "addressPools: [{name: p, addresses: [198.51.100.0/30]}]\n";
+        let first = load(&format!("{HEAD}{pools}{}", lb_service("web", "", ""))).unwrap();
+        assert_eq!(crate::ipam::ingress_ips(&first.cluster.services[0]), ["198.51.100.0".parse::<IpAddr>().unwrap()]);
+        // A Service added before it in the order would take 198.51.100.0 on a fresh load ...
+        let text = format!("{HEAD}{pools}{}{}", lb_service("api", "", ""), lb_service("web", "", ""));
+        let fresh = load(&text).unwrap();
+        let ips = |l: &Loaded| -> Vec<String> {
+            l.cluster
+                .services
+                .iter()
+                .map(|s| format!("{}={:?}", s.metadata.name.as_deref().unwrap(), crate::ipam::ingress_ips(s)))
+                .collect()
+        };
+        assert_eq!(ips(&fresh), ["api=[198.51.100.0]", "web=[198.51.100.1]"]);
+        // ... but a reload keeps web's address and gives api the next one.
+        let reloaded = load_str_after(&text, "test.yaml", None, Some(&first.cluster)).unwrap();
+        assert_eq!(ips(&reloaded), ["api=[198.51.100.1]", "web=[198.51.100.0]"]);
+        assert!(!reloaded.notes.iter().any(|n| n.contains("shop/web")), "kept silently: {:?}", reloaded.notes);
+        // An address outside the pools (a static one the file no longer gives) is not carried.
+        let stat = load(&format!("{HEAD}{pools}{}", lb_service("web", ", loadBalancerIP: 192.0.2.1", ""))).unwrap();
+        let again =
+            load_str_after(&format!("{HEAD}{pools}{}", lb_service("web", "", "")), "t", None, Some(&stat.cluster))
+                .unwrap();
+        assert_eq!(ips(&again), ["web=[198.51.100.0]"]);
+    }
+
+    #[test]
+    fn standalone_services_that_cannot_get_an_address_are_noted_and_get_no_vip() {
+        let text = format!(
+            "{HEAD}addressPools: [{{name: one, addresses: [198.51.100.1/32]}}]\n{}{}{}",
+            lb_service("first", "", ""),
+            lb_service("second", "", ""),
+            lb_service(
+                "clash",
+                ", loadBalancerIP: 198.51.100.1",
+                "status: {loadBalancer: {ingress: [{ip: 198.51.100.9}]}}\n"
+            ),
+        );
+        let l = load(&text).unwrap();
+        let (spec, _) = crate::translate::build_spec(&l.cluster, &l.config).unwrap();
+        let lb: Vec<String> = spec
+            .services
+            .iter()
+            .flat_map(|s| {
+                s.frontends
+                    .iter()
+                    .filter(|f| f.kind == dataplane::tables::FrontendKind::LoadBalancer)
+                    .map(move |f| format!("{} {}", s.name, f.addr))
+            })
+            .collect();
+        assert_eq!(lb, ["shop/clash:80 198.51.100.1"], "the request is served first; {:?}", l.notes);
+        assert!(
+            l.notes
+                .iter()
+                .any(|n| n == "Service shop/first: no LoadBalancer address: no free address in address pool(s) one"),
+            "{:?}",
+            l.notes
+        );
+        // Without pools, a Service that asks for nothing stays without an address, silently.
+        let l = load(&format!("{HEAD}{}", lb_service("plain", "", ""))).unwrap();
+        assert!(l.notes.is_empty(), "{:?}", l.notes);
+        assert!(crate::ipam::ingress_ips(&l.cluster.services[0]).is_empty());
     }
 
     #[test]

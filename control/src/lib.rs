@@ -6,6 +6,7 @@
 pub mod config;
 pub mod duration;
 pub mod http;
+pub mod ipam;
 pub mod k8s;
 pub mod show;
 pub mod translate;

@@ -1,10 +1,10 @@
 //! `xlb`: a userspace AF_XDP L4 load balancer that replaces kube-proxy.
 //!
 //! Subcommands: `check` validates a config file and prints the tables it would program;
-//! `run` runs the load balancer; `services`, `conntrack` and `stats` ask a running one over
-//! its admin socket; `trace` runs a capture (or one flow) through the pipeline offline;
-//! `completions` and `man` print a shell completion script and the man
-//! page, both generated from these clap definitions.
+//! `run` runs the load balancer; `crd` prints the CRD of the XlbIPPool address pools;
+//! `services`, `conntrack` and `stats` ask a running one over its admin socket; `trace` runs
+//! a capture (or one flow) through the pipeline offline; `completions` and `man` print a shell
+//! completion script and the man page, both generated from these clap definitions.
 #![forbid(unsafe_code)]
 
 mod admin;
@@ -110,6 +110,9 @@ enum Command {
         #[arg(long, requires = "takeover")]
         detach: bool,
     },
+    /// Print the CustomResourceDefinition of the XlbIPPool address pools (YAML), generated
+    /// from xlb's own type; `deploy/kubernetes/crd-xlbippools.yaml` is this output.
+    Crd,
     /// Print the running tables with active/inactive connections, like `ipvsadm -Ln`.
     Services {
         /// Admin socket path.
@@ -244,6 +247,16 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Crd => match xlb::ipam::crd_yaml() {
+            Ok(y) => {
+                print!("{y}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(1)
+            }
+        },
         Command::Services { admin_socket } => ask(&admin_socket, "services"),
         Command::Conntrack { admin_socket } => ask(&admin_socket, "conntrack"),
         Command::Stats { admin_socket } => ask(&admin_socket, "stats"),
@@ -287,6 +300,16 @@ fn ask(path: &std::path::Path, cmd: &str) -> ExitCode {
 pub(crate) fn load_config(path: &std::path::Path) -> Result<xlb::config::Loaded, xlb::config::LoadError> {
     let env = std::env::var(xlb::config::NODE_NAME_ENV).ok();
     xlb::config::load_file_for_node(path, env.as_deref())
+}
+
+/// Reloads the config file (as [`load_config`]); the file's LoadBalancer Services keep the
+/// pool addresses they hold in `previous`.
+pub(crate) fn reload_config(
+    path: &std::path::Path,
+    previous: &xlb::translate::ClusterState,
+) -> Result<xlb::config::Loaded, xlb::config::LoadError> {
+    let env = std::env::var(xlb::config::NODE_NAME_ENV).ok();
+    xlb::config::reload_file_for_node(path, env.as_deref(), previous)
 }
 
 /// `xlb check`: load, translate, build, print.

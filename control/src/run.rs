@@ -425,6 +425,7 @@ fn serve(
         .enable_all()
         .build()?;
     let telemetry = xlb::http::Telemetry::new(config.sync_period);
+    let mut assigner = None;
     let mut k8s = match &source {
         StateSource::File => None,
         StateSource::Kubernetes { kubeconfig } => {
@@ -435,6 +436,11 @@ fn serve(
             let scfg = xlb::k8s::SourceConfig::from_config(&config)?;
             let node = scfg.node_name.clone();
             let _guard = rt.enter();
+            if config.address_assignment.enabled {
+                let acfg = xlb::k8s::AssignerConfig::from_config(&config, &node);
+                tracing::info!(lease = %acfg.lease.name, namespace = %acfg.lease.namespace, identity = %acfg.lease.identity, "assigning LoadBalancer addresses while holding the lease");
+                assigner = Some(xlb::k8s::Assigner::start(client.clone(), acfg));
+            }
             let src = xlb::k8s::Source::start(client, scfg, telemetry.clone());
             let hc = xlb::http::HealthCheckServers::new(IpAddr::from([0, 0, 0, 0]), telemetry.health.clone());
             Some((src, hc, node))
@@ -709,6 +715,11 @@ fn serve(
         Ok(handover.map(|stream| (stream, sup.config.clone())))
     })();
     let stopping = Instant::now();
+    if let Some(a) = assigner.take() {
+        // Release the Lease so that another xlb (the new one of a hand-over) takes over at
+        // once; an API server that does not answer does not hold the stop up for long.
+        let _ = rt.block_on(async { tokio::time::timeout(Duration::from_secs(2), a.stop()).await });
+    }
     wstop.store(true, Ordering::Relaxed);
     let handing_over = matches!(result, Ok(Some(_)));
     let mut flows = Snapshot::default();
@@ -905,8 +916,11 @@ impl Supervisor<'_> {
             let m = mtime(self.path);
             if reload.swap(false, Ordering::Relaxed) || m != last_mtime {
                 last_mtime = m;
-                match crate::load_config(self.path) {
+                match crate::reload_config(self.path, cluster) {
                     Ok(l) => {
+                        for n in &l.notes {
+                            tracing::info!("{n}");
+                        }
                         self.config = l.config;
                         // The interfaces may have changed, and with them which routes lead
                         // through the kernel.

@@ -211,3 +211,27 @@ fn separate_processes_given_the_same_endpoints_in_any_order_build_identical_magl
     assert_eq!(sa, sb, "same endpoints, different order: the tables must be identical");
     assert_ne!(sa, sf, "one endpoint fewer must change the checksum");
 }
+
+#[test]
+fn check_assigns_pool_addresses_to_the_address_pools_example() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/address-pools.yaml");
+    let (code, stdout, stderr) = check(&path);
+    assert_eq!(code, 0, "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let lb: Vec<&str> = stdout.lines().filter(|l| l.ends_with(" LoadBalancer)")).collect();
+    assert_eq!(
+        lb,
+        [
+            "TCP  198.51.100.1:80 random snat (demo/dual:http LoadBalancer)",
+            "TCP  [2001:db8:100::]:80 random snat (demo/dual:http/ipv6 LoadBalancer)",
+            "UDP  192.0.2.50:53 random snat (demo/fixed:dns LoadBalancer)",
+            "TCP  198.51.100.2:80 random snat (demo/web:http LoadBalancer)",
+            "TCP  203.0.113.8:443 random snat (shop/checkout:https LoadBalancer)",
+        ],
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains("note: Service shop/checkout: LoadBalancer address 203.0.113.8 from pool \"shop\""),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("demo/elsewhere"), "another class is left alone: {stderr}");
+}

@@ -3,7 +3,8 @@
 //! - every object parses into its k8s-openapi type and serialises back to the same JSON.
 //!   k8s-openapi ignores unknown fields, so a misspelt or misplaced field disappears in the
 //!   round trip and the test names it;
-//! - the RBAC is read-only on exactly what xlb watches;
+//! - the RBAC reads exactly what xlb watches and writes only the Services' status
+//!   subresource (patch, update) and, in its own namespace, its Lease (get, create, update);
 //! - the DaemonSet runs on the host network with kube-proxy's probe and metrics ports, the
 //!   capabilities xlb needs and nothing more, and the API server's own address;
 //! - its rolling update starts the new pod beside the old one, which hands over through the
@@ -17,7 +18,8 @@ use std::process::Command;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Container, EnvVar, Namespace, PodSpec, Probe, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -135,6 +137,9 @@ fn every_manifest_round_trips_through_its_k8s_openapi_type_without_losing_a_fiel
             ("apps/v1", "DaemonSet") => round_trip::<DaemonSet>(&doc),
             ("rbac.authorization.k8s.io/v1", "ClusterRole") => round_trip::<ClusterRole>(&doc),
             ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => round_trip::<ClusterRoleBinding>(&doc),
+            ("rbac.authorization.k8s.io/v1", "Role") => round_trip::<Role>(&doc),
+            ("rbac.authorization.k8s.io/v1", "RoleBinding") => round_trip::<RoleBinding>(&doc),
+            ("apiextensions.k8s.io/v1", "CustomResourceDefinition") => round_trip::<CustomResourceDefinition>(&doc),
             _ => Err(format!("{}: {api_version}/{kind} has no k8s-openapi type in this test", doc.place)),
         };
         kinds.insert(kind.to_owned());
@@ -160,6 +165,46 @@ fn round_trip_check_catches_a_misspelt_field() {
 }
 
 #[test]
+fn lease_role_grants_get_create_update_on_leases_in_xlbs_namespace_only() {
+    let role: Role = one("Role");
+    let account: ServiceAccount = one("ServiceAccount");
+    assert_eq!(role.metadata.namespace, account.metadata.namespace, "the Lease lives in xlb's namespace");
+    let want = set_of(&[("coordination.k8s.io", "leases", &["get", "create", "update"])]);
+    assert_eq!(grants(role.rules.as_deref().unwrap_or_default()), want);
+    let binding: RoleBinding = one("RoleBinding");
+    assert_eq!(binding.metadata.namespace, role.metadata.namespace);
+    assert_eq!((binding.role_ref.kind.as_str(), Some(&binding.role_ref.name)), ("Role", role.metadata.name.as_ref()));
+    let subjects = binding.subjects.unwrap_or_default();
+    assert_eq!(subjects.len(), 1, "{subjects:?}");
+    assert_eq!(
+        (subjects[0].kind.as_str(), Some(&subjects[0].name)),
+        ("ServiceAccount", account.metadata.name.as_ref())
+    );
+    assert_eq!(subjects[0].namespace, account.metadata.namespace);
+    // The config's default Lease namespace is the one the Role grants.
+    let d = xlb::config::AddressAssignment::default();
+    assert_eq!(Some(&d.lease_namespace), role.metadata.namespace.as_ref());
+}
+
+#[test]
+fn checked_in_crd_is_the_one_xlb_generates() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(xlb::ipam::CRD_PATH);
+    let checked_in = std::fs::read_to_string(&path).expect("the CRD file is checked in");
+    let generated = xlb::ipam::crd_yaml().expect("the CRD serialises");
+    assert!(
+        checked_in == generated,
+        "{} differs from `xlb crd`; regenerate it with: cargo run -p xlb -- crd > {}",
+        path.display(),
+        xlb::ipam::CRD_PATH
+    );
+    let crd: CustomResourceDefinition = one("CustomResourceDefinition");
+    assert_eq!(crd.spec.scope, "Cluster");
+    assert_eq!(crd.metadata.name.as_deref(), Some("xlbippools.xlb.dev"));
+    let v = &crd.spec.versions;
+    assert_eq!((v.len(), v[0].name.as_str(), v[0].served, v[0].storage), (1, "v1alpha1", true, true));
+}
+
+#[test]
 fn kustomization_lists_exactly_the_manifest_files() {
     let path = manifest_dir().join("kustomization.yaml");
     let docs = parse_documents(&path);
@@ -177,28 +222,46 @@ fn kustomization_lists_exactly_the_manifest_files() {
     assert_eq!(listed_set, files, "kustomization.yaml resources vs the manifest files beside it");
 }
 
-#[test]
-fn cluster_role_grants_only_get_list_watch_on_services_endpointslices_and_nodes() {
-    let role: ClusterRole = one("ClusterRole");
-    assert!(role.aggregation_rule.is_none(), "an aggregated role can grow beyond its rules");
+/// Every (apiGroup, resource, verb) a list of rules grants; rules naming resource names or
+/// non-resource URLs fail the test.
+fn grants(rules: &[PolicyRule]) -> BTreeSet<(String, String, String)> {
     let mut granted = BTreeSet::new();
-    for rule in role.rules.as_deref().unwrap_or_default() {
+    for rule in rules {
         assert!(rule.resource_names.is_none() && rule.non_resource_urls.is_none(), "unexpected rule shape: {rule:?}");
         for group in rule.api_groups.as_deref().unwrap_or_default() {
             for resource in rule.resources.as_deref().unwrap_or_default() {
                 for verb in &rule.verbs {
-                    granted.insert((group.as_str(), resource.as_str(), verb.as_str()));
+                    granted.insert((group.clone(), resource.clone(), verb.clone()));
                 }
             }
         }
     }
+    granted
+}
+
+fn set_of(items: &[(&str, &str, &[&str])]) -> BTreeSet<(String, String, String)> {
     let mut want = BTreeSet::new();
-    for (group, resource) in [("", "services"), ("", "nodes"), ("discovery.k8s.io", "endpointslices")] {
-        for verb in ["get", "list", "watch"] {
-            want.insert((group, resource, verb));
+    for (group, resource, verbs) in items {
+        for verb in *verbs {
+            want.insert(((*group).to_owned(), (*resource).to_owned(), (*verb).to_owned()));
         }
     }
-    assert_eq!(granted, want);
+    want
+}
+
+#[test]
+fn cluster_role_reads_what_xlb_watches_and_writes_only_service_status() {
+    let role: ClusterRole = one("ClusterRole");
+    assert!(role.aggregation_rule.is_none(), "an aggregated role can grow beyond its rules");
+    let read: &[&str] = &["get", "list", "watch"];
+    let want = set_of(&[
+        ("", "services", read),
+        ("", "nodes", read),
+        ("discovery.k8s.io", "endpointslices", read),
+        ("xlb.dev", "xlbippools", read),
+        ("", "services/status", &["patch", "update"]),
+    ]);
+    assert_eq!(grants(role.rules.as_deref().unwrap_or_default()), want);
 
     let binding: ClusterRoleBinding = one("ClusterRoleBinding");
     let account: ServiceAccount = one("ServiceAccount");

@@ -2,7 +2,9 @@
 //! fake API server, inside a network namespace this test creates (the API server, xlb, its
 //! XDP program and its HTTP servers all live there; nothing touches the root namespace).
 //! Asserts the published tables through `xlb services` and the health and metrics endpoints,
-//! across Service and EndpointSlice changes. Needs root (CI is root); skips with a message
+//! across Service and EndpointSlice changes; and, with `addressAssignment` on, that it takes
+//! the Lease, writes a pool address into a LoadBalancer Service's status, programs it as the
+//! VIP and releases the Lease on stop. Needs root (CI is root); skips with a message
 //! otherwise.
 
 mod support;
@@ -161,6 +163,122 @@ fn xlb_with_a_kubeconfig_programs_what_the_api_server_holds_and_follows_changes(
     drop(xlb);
     let link = sh(&["ip", "-n", &ns, "-d", "link", "show", "xk0"]);
     assert!(!link.contains("xdp"), "XDP program left on xk0 after xlb stopped:\n{link}");
+    let _ = server_thread.join();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+type Query = Box<dyn FnOnce(&FakeApiServer) -> String + Send>;
+
+#[test]
+fn xlb_with_address_assignment_writes_a_pool_address_and_programs_it_as_a_vip() {
+    if skip_without_root("xlb_with_address_assignment_writes_a_pool_address_and_programs_it_as_a_vip") {
+        return;
+    }
+    let guard = Netns::new("xa");
+    let ns = guard.name().to_owned();
+    sh(&["ip", "link", "add", "xa0", "netns", &ns, "type", "veth", "peer", "name", "xa1", "netns", &ns]);
+    sh(&["ip", "-n", &ns, "addr", "add", "10.251.1.1/24", "dev", "xa0"]);
+    sh(&["ip", "-n", &ns, "link", "set", "xa0", "up"]);
+    sh(&["ip", "-n", &ns, "link", "set", "xa1", "up"]);
+
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (query_tx, query_rx) = std::sync::mpsc::channel::<(Query, std::sync::mpsc::Sender<String>)>();
+    let ns2 = ns.clone();
+    let server_thread = std::thread::spawn(move || {
+        let f = std::fs::File::open(format!("/run/netns/{ns2}")).expect("netns file");
+        nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let server = rt.block_on(FakeApiServer::start());
+        server.apply(Res::Nodes, node(NODE, "10.251.1.1"));
+        server.apply(
+            Res::Pools,
+            serde_json::json!({"metadata": {"name": "public"}, "spec": {"addresses": ["198.51.100.8/29"]}}),
+        );
+        let mut web = service("shop", "web", "10.96.0.10", &[("http", 80, 8080)]);
+        web["spec"]["type"] = serde_json::json!("LoadBalancer");
+        web["spec"]["ports"][0]["nodePort"] = serde_json::json!(30080);
+        server.apply(Res::Services, web);
+        server.apply(
+            Res::EndpointSlices,
+            slice("shop", "web-1", "web", &[("10.251.1.2", true, NODE)], &[("http", 8080)]),
+        );
+        tx.send(server.url()).expect("send url");
+        for (q, reply) in query_rx {
+            let _ = reply.send(q(&server));
+        }
+        drop(rt);
+    });
+    let url = rx.recv_timeout(Duration::from_secs(20)).expect("fake API server url");
+    let ask = |q: Query| {
+        let (rtx, rrx) = std::sync::mpsc::channel();
+        query_tx.send((q, rtx)).expect("query");
+        rrx.recv_timeout(Duration::from_secs(5)).expect("answer")
+    };
+
+    let dir = PathBuf::from(format!("/tmp/xlb-assign-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let kubeconfig = dir.join("kubeconfig.yaml");
+    std::fs::write(&kubeconfig, kubeconfig_for(&url)).expect("write kubeconfig");
+    let config = dir.join("xlb.yaml");
+    std::fs::write(
+        &config,
+        "apiVersion: xlb.dev/v1alpha1\nkind: XlbConfiguration\nnodeName: node-a\nminSyncPeriod: 200ms\nsyncPeriod: 30s\n\
+         shutdownGracePeriod: 0s\n\
+         healthzBindAddress: 127.0.0.1:10256\nmetricsBindAddress: 127.0.0.1:10249\n\
+         interfaces: [{name: xa0, queues: [0]}]\ncores: [0]\nsnatAddresses: {ipv4: 10.251.1.1}\n\
+         addressAssignment: {enabled: true, leaseDuration: 3s}\n",
+    )
+    .expect("write config");
+    let sock = dir.join("xlb.sock");
+    let log = std::fs::File::create(dir.join("xlb.log")).expect("log");
+    let child = Command::new("ip")
+        .args(["netns", "exec", &ns, env!("CARGO_BIN_EXE_xlb"), "run", "--config"])
+        .arg(&config)
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .arg("--admin-socket")
+        .arg(&sock)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start xlb");
+    let mut xlb = ChildGuard::graceful(child, Duration::from_secs(5));
+    let read_log = || std::fs::read_to_string(dir.join("xlb.log")).unwrap_or_default();
+
+    // xlb takes the Lease, writes the first pool address into the Service's status, sees the
+    // status come back through its watch and programs it as the LoadBalancer VIP.
+    let table = wait_until("the assigned VIP in the tables", || {
+        let s = services(&ns, &sock);
+        s.contains("198.51.100.8:80").then_some(s)
+    });
+    assert!(table.contains("-> 10.251.1.2:8080"), "{table}\n{}", read_log());
+    let status = ask(Box::new(|s| s.get(Res::Services, "shop", "web").expect("web")["status"].to_string()));
+    assert_eq!(status, r#"{"loadBalancer":{"ingress":[{"ip":"198.51.100.8"}]}}"#);
+    let holder = ask(Box::new(|s| {
+        s.get(Res::Leases, "kube-system", "xlb-address-assignment").expect("the lease")["spec"]["holderIdentity"]
+            .to_string()
+    }));
+    assert!(holder.starts_with("\"node-a/"), "{holder}");
+    assert!(read_log().contains("LoadBalancer status written"), "{}", read_log());
+
+    // A clean stop releases the Lease.
+    sh(&["kill", "-TERM", &xlb.id().to_string()]);
+    let stopped = Instant::now();
+    let status = loop {
+        if let Some(st) = xlb.child().try_wait().expect("wait") {
+            break st;
+        }
+        assert!(stopped.elapsed() < Duration::from_secs(10), "xlb did not stop:\n{}", read_log());
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "xlb exited with {status}:\n{}", read_log());
+    let holder = ask(Box::new(|s| {
+        s.get(Res::Leases, "kube-system", "xlb-address-assignment").expect("the lease")["spec"]["holderIdentity"]
+            .to_string()
+    }));
+    assert_eq!(holder, "null", "the Lease is released on stop");
+    drop(query_tx);
+    drop(xlb);
     let _ = server_thread.join();
     let _ = std::fs::remove_dir_all(&dir);
 }

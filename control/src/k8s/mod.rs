@@ -73,15 +73,24 @@
 //! sides), and a `TableBuilder`, which rebuilds only the Maglev tables and backend slot maps of
 //! services whose backends changed. The snapshot holds the watch caches' own objects (`Arc`s).
 //! Figures: `docs/benchmarks.md`, "Control-plane scale".
+//!
+//! # Assigning LoadBalancer addresses
+//! With config `addressAssignment.enabled`, [`Assigner`] gives the LoadBalancer Services of
+//! xlb's class their addresses from the `XlbIPPool` objects and writes their status, one xlb
+//! at a time ([`LeaseLock`], a `coordination.k8s.io` Lease).
 
+mod assigner;
 mod changes;
 mod hcnp;
+mod lease;
 mod source;
 
 use std::path::{Path, PathBuf};
 
+pub use assigner::{Assigner, AssignerConfig, AssignerStats, FIELD_MANAGER};
 pub use changes::{Changes, ServiceRef};
 pub use hcnp::health_check_services;
+pub use lease::{LeaseConfig, LeaseLock};
 pub use source::{ANNOTATION_LAST_CHANGE_TRIGGER_TIME, Snapshot, Source, SourceConfig, SyncReason};
 
 /// Errors of the Kubernetes source.

@@ -7,6 +7,12 @@
 //! with an error, so the client sees a broken stream), failing requests (500), and lists
 //! that are held back until released.
 //!
+//! Also: cluster-scoped `XlbIPPool` objects (list/watch), `coordination.k8s.io/v1` Leases
+//! (get, create, update with the `resourceVersion` precondition: 409 Conflict when stale,
+//! 409 AlreadyExists on a second create), and JSON merge patches of the `services/status`
+//! subresource (only `status` is taken from the patch; a `metadata.resourceVersion` in the
+//! patch is a precondition, 409 Conflict when stale), each recorded with its `fieldManager`.
+//!
 //! One global resourceVersion counter across kinds, like etcd.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -16,10 +22,11 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
+use axum::extract::Path;
 use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, patch, post};
 use futures::SinkExt;
 use serde_json::{Value, json};
 use tokio::sync::{broadcast, watch};
@@ -30,6 +37,8 @@ pub(crate) enum Res {
     Services,
     EndpointSlices,
     Nodes,
+    Pools,
+    Leases,
 }
 
 impl Res {
@@ -37,6 +46,8 @@ impl Res {
         match self {
             Self::Services | Self::Nodes => "v1",
             Self::EndpointSlices => "discovery.k8s.io/v1",
+            Self::Pools => "xlb.dev/v1alpha1",
+            Self::Leases => "coordination.k8s.io/v1",
         }
     }
     fn kind(self) -> &'static str {
@@ -44,6 +55,8 @@ impl Res {
             Self::Services => "Service",
             Self::EndpointSlices => "EndpointSlice",
             Self::Nodes => "Node",
+            Self::Pools => "XlbIPPool",
+            Self::Leases => "Lease",
         }
     }
 }
@@ -65,6 +78,10 @@ struct State0 {
     failing: bool,
     lists: HashMap<Res, usize>,
     watches: HashMap<Res, usize>,
+    /// Accepted `services/status` patches: (`namespace/name`, fieldManager, patch body).
+    status_patches: Vec<(String, String, Value)>,
+    /// Lease writes (create and update) accepted.
+    lease_writes: usize,
 }
 
 #[derive(Debug)]
@@ -148,6 +165,10 @@ impl FakeApiServer {
             .route("/api/v1/services", get(|s, q| handle(s, q, Res::Services)))
             .route("/apis/discovery.k8s.io/v1/endpointslices", get(|s, q| handle(s, q, Res::EndpointSlices)))
             .route("/api/v1/nodes", get(|s, q| handle(s, q, Res::Nodes)))
+            .route("/apis/xlb.dev/v1alpha1/xlbippools", get(|s, q| handle(s, q, Res::Pools)))
+            .route("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", post(lease_create))
+            .route("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}", get(lease_get).put(lease_update))
+            .route("/api/v1/namespaces/{ns}/services/{name}/status", patch(service_status_patch))
             .fallback(|| async { (StatusCode::NOT_FOUND, status(404, "NotFound", "not served").to_string()) })
             .with_state(inner.clone());
         let socket = tokio::net::TcpSocket::new_v4().expect("socket");
@@ -183,19 +204,10 @@ impl FakeApiServer {
     }
 
     /// Creates or replaces an object (ADDED or MODIFIED); returns its resourceVersion.
-    pub(crate) fn apply(&self, res: Res, mut obj: Value) -> u64 {
+    pub(crate) fn apply(&self, res: Res, obj: Value) -> u64 {
         let mut st = self.inner.lock();
-        st.rv += 1;
-        let rv = st.rv;
-        obj["apiVersion"] = json!(res.api_version());
-        obj["kind"] = json!(res.kind());
-        obj["metadata"]["resourceVersion"] = json!(rv.to_string());
-        let key = key_of(res, &obj);
-        let ty = if st.objects.insert(key, obj.clone()).is_some() { "MODIFIED" } else { "ADDED" };
-        let ev = Ev { rv, res, ty, obj };
-        st.history.push(ev.clone());
-        let _ = self.inner.events.send(ev);
-        rv
+        store(&self.inner, &mut st, res, obj);
+        st.rv
     }
 
     /// Deletes an object (DELETED, seen by watchers, also after a reconnect from an older
@@ -254,6 +266,21 @@ impl FakeApiServer {
     /// List requests served for `res` (pages count one each).
     pub(crate) fn list_count(&self, res: Res) -> usize {
         self.inner.lock().lists.get(&res).copied().unwrap_or(0)
+    }
+
+    /// The stored object, if any.
+    pub(crate) fn get(&self, res: Res, ns: &str, name: &str) -> Option<Value> {
+        self.inner.lock().objects.get(&(res, ns.to_owned(), name.to_owned())).cloned()
+    }
+
+    /// The `services/status` patches accepted so far: (`namespace/name`, fieldManager, body).
+    pub(crate) fn status_patches(&self) -> Vec<(String, String, Value)> {
+        self.inner.lock().status_patches.clone()
+    }
+
+    /// Lease creates and updates accepted so far.
+    pub(crate) fn lease_writes(&self) -> usize {
+        self.inner.lock().lease_writes
     }
 
     /// Watch requests started for `res`.
@@ -378,4 +405,141 @@ fn watch_response(inner: Arc<Inner>, q: HashMap<String, String>, res: Res) -> Re
         }
     });
     ([(header::CONTENT_TYPE, "application/json")], Body::from_stream(rx)).into_response()
+}
+
+/// Stores `obj` under the next resourceVersion and tells the watchers (ADDED or MODIFIED).
+fn store(inner: &Inner, st: &mut State0, res: Res, mut obj: Value) -> Value {
+    st.rv += 1;
+    let rv = st.rv;
+    obj["apiVersion"] = json!(res.api_version());
+    obj["kind"] = json!(res.kind());
+    obj["metadata"]["resourceVersion"] = json!(rv.to_string());
+    let key = key_of(res, &obj);
+    let ty = if st.objects.insert(key, obj.clone()).is_some() { "MODIFIED" } else { "ADDED" };
+    let ev = Ev { rv, res, ty, obj: obj.clone() };
+    st.history.push(ev.clone());
+    let _ = inner.events.send(ev);
+    obj
+}
+
+fn answer(code: StatusCode, v: &Value) -> Response {
+    (code, [(header::CONTENT_TYPE, "application/json")], v.to_string()).into_response()
+}
+
+fn not_found(what: &str) -> Response {
+    answer(StatusCode::NOT_FOUND, &status(404, "NotFound", &format!("{what} not found")))
+}
+
+fn conflict(reason: &str, message: &str) -> Response {
+    answer(StatusCode::CONFLICT, &status(409, reason, message))
+}
+
+async fn lease_get(State(inner): State<Arc<Inner>>, Path((ns, name)): Path<(String, String)>) -> Response {
+    let st = inner.lock();
+    if st.failing {
+        return failure();
+    }
+    match st.objects.get(&(Res::Leases, ns, name.clone())) {
+        Some(o) => json_ok(o),
+        None => not_found(&format!("leases.coordination.k8s.io {name:?}")),
+    }
+}
+
+async fn lease_create(State(inner): State<Arc<Inner>>, Path(ns): Path<String>, body: Bytes) -> Response {
+    let Ok(mut obj) = serde_json::from_slice::<Value>(&body) else {
+        return answer(StatusCode::BAD_REQUEST, &status(400, "BadRequest", "not JSON"));
+    };
+    let mut st = inner.lock();
+    if st.failing {
+        return failure();
+    }
+    obj["metadata"]["namespace"] = json!(ns);
+    let key = key_of(Res::Leases, &obj);
+    if st.objects.contains_key(&key) {
+        return conflict("AlreadyExists", &format!("leases.coordination.k8s.io {:?} already exists", key.2));
+    }
+    st.lease_writes += 1;
+    let stored = store(&inner, &mut st, Res::Leases, obj);
+    answer(StatusCode::CREATED, &stored)
+}
+
+async fn lease_update(
+    State(inner): State<Arc<Inner>>,
+    Path((ns, name)): Path<(String, String)>,
+    body: Bytes,
+) -> Response {
+    let Ok(mut obj) = serde_json::from_slice::<Value>(&body) else {
+        return answer(StatusCode::BAD_REQUEST, &status(400, "BadRequest", "not JSON"));
+    };
+    let mut st = inner.lock();
+    if st.failing {
+        return failure();
+    }
+    let key = (Res::Leases, ns.clone(), name.clone());
+    let Some(current) = st.objects.get(&key) else { return not_found(&format!("leases.coordination.k8s.io {name:?}")) };
+    if obj["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"] {
+        return conflict("Conflict", "the object has been modified; please apply your changes to the latest version");
+    }
+    obj["metadata"]["namespace"] = json!(ns);
+    obj["metadata"]["name"] = json!(name);
+    st.lease_writes += 1;
+    let stored = store(&inner, &mut st, Res::Leases, obj);
+    json_ok(&stored)
+}
+
+/// RFC 7386 JSON merge patch.
+fn merge_patch(target: &mut Value, patch: &Value) {
+    let Value::Object(p) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    let t = target.as_object_mut().expect("an object");
+    for (k, v) in p {
+        if v.is_null() {
+            t.remove(k);
+        } else {
+            merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
+        }
+    }
+}
+
+async fn service_status_patch(
+    State(inner): State<Arc<Inner>>,
+    Path((ns, name)): Path<(String, String)>,
+    Query(q): Query<HashMap<String, String>>,
+    headers: axum::http::HeaderMap,
+    body: Bytes,
+) -> Response {
+    let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    if ct != "application/merge-patch+json" {
+        return answer(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            &status(415, "UnsupportedMediaType", &format!("this fake takes merge patches only, not {ct:?}")),
+        );
+    }
+    let Ok(p) = serde_json::from_slice::<Value>(&body) else {
+        return answer(StatusCode::BAD_REQUEST, &status(400, "BadRequest", "not JSON"));
+    };
+    let mut st = inner.lock();
+    if st.failing {
+        return failure();
+    }
+    let key = (Res::Services, ns.clone(), name.clone());
+    let Some(current) = st.objects.get(&key).cloned() else { return not_found(&format!("services {name:?}")) };
+    if let Some(rv) = p["metadata"]["resourceVersion"].as_str()
+        && Some(rv) != current["metadata"]["resourceVersion"].as_str()
+    {
+        return conflict("Conflict", "the object has been modified; please apply your changes to the latest version");
+    }
+    let mut obj = current;
+    if let Some(s) = p.get("status") {
+        merge_patch(&mut obj["status"], s);
+    }
+    let manager = q.get("fieldManager").cloned().unwrap_or_default();
+    st.status_patches.push((format!("{ns}/{name}"), manager, p));
+    let stored = store(&inner, &mut st, Res::Services, obj);
+    json_ok(&stored)
 }
