@@ -25,6 +25,12 @@ build-release:
 demo: build-release
 	bash deploy/demo.sh
 
+## Scale-out: one VIP behind three xlb nodes, each announcing it over BGP through its own
+## BIRD 2; a router spreads the client's flows over them with ECMP (needs root).
+.PHONY: demo-ecmp
+demo-ecmp: build-release
+	bash deploy/demo-ecmp.sh
+
 ## Pipeline benchmarks (issue 2): criterion (1,000 VIPs, 10,000 backends, 1,000,000 flows),
 ## then instructions per packet under callgrind; ends with one `NAME VALUE UNIT` line per
 ## figure. About 3 minutes on the 2-core VM. See docs/benchmarks.md.

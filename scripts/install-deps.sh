@@ -16,7 +16,11 @@ case "$what" in
     # testbed and end-to-end tests: namespaces, veth, offloads, servers and clients
     pkgs+=(iproute2 ethtool iputils-ping curl nftables nginx-light socat wrk valgrind)
     # perf/cpbench's tests load the generated kube-proxy rulesets with nft and iptables-restore
-    pkgs+=(iptables) ;;
+    pkgs+=(iptables)
+    # tests/tests/bird.rs and the ECMP testbed: BIRD 2 daemons (bird, birdc) in namespaces.
+    # The package also enables a system `bird` service; the tests run their own daemons with
+    # their own sockets and never use or stop it.
+    pkgs+=(bird2) ;;
   *) echo "unknown target: $what" >&2; exit 2 ;;
 esac
 # make bench: trafgen (netsniff-ng), jq for the raw results, conntrack -F between paths, the

@@ -101,8 +101,10 @@ pub struct Config {
     #[serde(deserialize_with = "de_forwarding_mode")]
     pub forwarding_mode: ForwardingMode,
     /// The `spec.loadBalancerClass` xlb provisions addresses for (SVC-08; from
-    /// [`Config::address_pools`], [`crate::ipam`]). It does not limit forwarding: like
-    /// kube-proxy (`pkg/proxy/serviceport.go`), xlb programs the
+    /// [`Config::address_pools`], [`crate::ipam`]) and announces ([`Config::announce`]: only
+    /// the ingress IPs of Services of this class and, with
+    /// [`Config::handle_default_load_balancer_class`], of Services without one). It does not
+    /// limit forwarding: like kube-proxy (`pkg/proxy/serviceport.go`), xlb programs the
     /// `status.loadBalancer.ingress[].ip` of every LoadBalancer Service, whatever its class.
     pub load_balancer_class: Option<String>,
     /// Also provision and announce LoadBalancer Services with no `loadBalancerClass` (default
@@ -138,6 +140,80 @@ pub struct Config {
     /// not on a reload); it disappears when xlb exits. See docs/architecture.md, "Data flow",
     /// steps 6 and 7.
     pub punt_device: String,
+    /// How this node tells the network about the VIPs it serves (`announce`; default mode
+    /// `none`). See [`AnnounceConfig`] and docs/operations.md, "Announcing VIPs over BGP".
+    pub announce: AnnounceConfig,
+}
+
+/// `announce` block: which VIPs this node announces to its routers, and through what.
+///
+/// A LoadBalancer Service's `status.loadBalancer.ingress[].ip` is announced while this node is
+/// healthy (`/healthz` would answer 200) and the Service has a usable endpoint for its external
+/// traffic (`crate::announce::announced`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct AnnounceConfig {
+    /// `none` (default: xlb announces nothing) or `bgp` (through the BIRD 2 daemon the
+    /// operator runs, [`BirdConfig`]).
+    pub mode: AnnounceMode,
+    /// Also announce `spec.externalIPs` (of Services of any type; default false). Off by
+    /// default because whoever may create a Service may set any external IP (CVE-2020-8554):
+    /// announcing them would let them draw any address's traffic to this node.
+    #[serde(rename = "externalIPs")]
+    pub external_ips: bool,
+    /// Where the BGP mode writes the prefixes and which BIRD it reconfigures.
+    pub bird: BirdConfig,
+}
+
+impl Default for AnnounceConfig {
+    fn default() -> Self {
+        Self { mode: AnnounceMode::None, external_ips: false, bird: BirdConfig::default() }
+    }
+}
+
+/// `announce.mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AnnounceMode {
+    /// Announce nothing (another component announces the VIPs, or they are routed statically).
+    None,
+    /// BGP through BIRD 2: xlb writes `route` lines into the files [`BirdConfig`] names, which
+    /// the operator's BIRD config includes, and runs `birdc configure`.
+    Bgp,
+}
+
+/// `announce.bird` block (BIRD 2; BIRD User's Guide, chapter 4 "Remote control" and
+/// section 3.1 "Global options", `include`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct BirdConfig {
+    /// The file of IPv4 `route PREFIX/32 blackhole;` lines, included by an `ipv4` static
+    /// protocol (default `/run/xlb/bird-vips4.conf`). Absolute path; written atomically
+    /// (temporary file in the same directory, fsync, rename).
+    pub ipv4_file: PathBuf,
+    /// The file of IPv6 `route PREFIX/128 blackhole;` lines, included by an `ipv6` static
+    /// protocol (default `/run/xlb/bird-vips6.conf`). Absolute path, not `ipv4File`.
+    pub ipv6_file: PathBuf,
+    /// BIRD's control socket (`bird -s`; default `/run/bird/bird.ctl`, Debian's).
+    pub socket: PathBuf,
+    /// The `birdc` program (default `birdc`, found through `$PATH`).
+    pub birdc: PathBuf,
+    /// How long `birdc configure` may take before it is killed and the change counts as
+    /// failed (Go duration; default 10s).
+    #[serde(deserialize_with = "crate::duration::deserialize")]
+    pub timeout: Duration,
+}
+
+impl Default for BirdConfig {
+    fn default() -> Self {
+        Self {
+            ipv4_file: PathBuf::from("/run/xlb/bird-vips4.conf"),
+            ipv6_file: PathBuf::from("/run/xlb/bird-vips6.conf"),
+            socket: PathBuf::from("/run/bird/bird.ctl"),
+            birdc: PathBuf::from("birdc"),
+            timeout: Duration::from_secs(10),
+        }
+    }
 }
 
 /// `afXdp` block: how the workers use AF_XDP (kernel doc networking/af_xdp.rst).
@@ -215,6 +291,7 @@ impl Default for Config {
             route_tables: vec![254],
             af_xdp: AfXdpConfig::default(),
             punt_device: "xlb0".into(),
+            announce: AnnounceConfig::default(),
         }
     }
 }
@@ -555,13 +632,58 @@ impl Config {
             }
             pools.push((i, pool));
         }
-        Ok(())
+        self.announce.validate()
     }
 
     /// The pools of [`Config::address_pools`] (valid after [`Config::validate`]; a pool that
     /// is not is left out).
     pub fn pool_set(&self) -> crate::ipam::PoolSet {
         crate::ipam::PoolSet::build(self.address_pools.iter().map(|p| (p.name.as_str(), &p.spec))).0
+    }
+}
+
+impl AnnounceConfig {
+    /// Checks the `announce` block (the `bird` block only matters, and is only checked, in
+    /// mode `bgp`).
+    ///
+    /// # Errors
+    /// The first [`ConfigFieldError`] found, naming the field (e.g. `announce.bird.ipv4File`).
+    pub fn validate(&self) -> Result<(), ConfigFieldError> {
+        if self.mode != AnnounceMode::Bgp {
+            return Ok(());
+        }
+        let b = &self.bird;
+        for (field, path) in [("announce.bird.ipv4File", &b.ipv4_file), ("announce.bird.ipv6File", &b.ipv6_file)] {
+            if !path.is_absolute() || path.file_name().is_none() {
+                return Err(field_err(field, format!("{}: want the absolute path of a file", path.display())));
+            }
+            // BIRD's include statement takes the name in double quotes, without escapes.
+            if path.to_string_lossy().contains(['"', '\n']) {
+                return Err(field_err(
+                    field,
+                    format!("{}: BIRD cannot include a name with '\"' or a newline", path.display()),
+                ));
+            }
+        }
+        if b.ipv4_file == b.ipv6_file {
+            return Err(field_err(
+                "announce.bird.ipv6File",
+                format!(
+                    "{} is also ipv4File: IPv4 and IPv6 routes go to different static protocols",
+                    b.ipv6_file.display()
+                ),
+            ));
+        }
+        if b.socket.as_os_str().is_empty() {
+            return Err(field_err("announce.bird.socket", "must not be empty"));
+        }
+        if b.birdc.as_os_str().is_empty() {
+            return Err(field_err("announce.bird.birdc", "must not be empty"));
+        }
+        if b.timeout.is_zero() {
+            return Err(field_err("announce.bird.timeout", "must be greater than 0"));
+        }
+        Ok(())
     }
 }
 
@@ -1598,5 +1720,49 @@ spec: {{type: LoadBalancer, clusterIP: 10.96.0.{n}, clusterIPs: [10.96.0.{n}], p
         assert_eq!(d[0].content_line, 3);
         assert_eq!(d[1].content_line, 8);
         assert_eq!(split_documents("--- {a: 1}\n").len(), 1);
+    }
+
+    #[test]
+    fn announce_is_off_by_default_and_the_bgp_block_parses_in_camel_case() {
+        let d = load(HEAD).unwrap().config.announce;
+        assert_eq!(d.mode, AnnounceMode::None);
+        assert!(!d.external_ips);
+        assert_eq!(d.bird.ipv4_file, PathBuf::from("/run/xlb/bird-vips4.conf"));
+        assert_eq!(d.bird.socket, PathBuf::from("/run/bird/bird.ctl"));
+        let c = load(&format!(
+            "{HEAD}announce:\n  mode: bgp\n  externalIPs: true\n  bird:\n    ipv4File: /run/x/v4.conf\n    \
+             ipv6File: /run/x/v6.conf\n    socket: /run/b.ctl\n    birdc: /usr/sbin/birdc\n    timeout: 3s\n"
+        ))
+        .unwrap()
+        .config
+        .announce;
+        assert_eq!(c.mode, AnnounceMode::Bgp);
+        assert!(c.external_ips);
+        assert_eq!(
+            c.bird,
+            BirdConfig {
+                ipv4_file: "/run/x/v4.conf".into(),
+                ipv6_file: "/run/x/v6.conf".into(),
+                socket: "/run/b.ctl".into(),
+                birdc: "/usr/sbin/birdc".into(),
+                timeout: Duration::from_secs(3),
+            }
+        );
+    }
+
+    #[test]
+    fn bad_announce_settings_are_errors_naming_the_field() {
+        let e = errors(&format!("{HEAD}announce: {{mode: ospf}}\n"));
+        assert_eq!(e[0].field.as_deref(), Some("announce.mode"), "{}", e[0]);
+        let e = errors(&format!("{HEAD}announce: {{mode: bgp, bird: {{file: /run/x.conf}}}}\n"));
+        assert!(e[0].to_string().contains("file"), "unknown field: {}", e[0]);
+        let e = errors(&format!("{HEAD}announce: {{mode: bgp, bird: {{ipv4File: vips.conf}}}}\n"));
+        assert_eq!(e[0].field.as_deref(), Some("announce.bird.ipv4File"), "{}", e[0]);
+        let e = errors(&format!("{HEAD}announce: {{mode: bgp, bird: {{ipv6File: /run/xlb/bird-vips4.conf}}}}\n"));
+        assert_eq!(e[0].field.as_deref(), Some("announce.bird.ipv6File"), "{}", e[0]);
+        let e = errors(&format!("{HEAD}announce: {{mode: bgp, bird: {{timeout: 0s}}}}\n"));
+        assert_eq!(e[0].field.as_deref(), Some("announce.bird.timeout"), "{}", e[0]);
+        // The bird block is only checked when it is used.
+        assert!(load(&format!("{HEAD}announce: {{mode: none, bird: {{timeout: 0s}}}}\n")).is_ok());
     }
 }

@@ -3,6 +3,7 @@
 //! the Kubernetes source will call the same [`translate::build_spec`].
 #![forbid(unsafe_code)]
 
+pub mod announce;
 pub mod config;
 pub mod duration;
 pub mod http;

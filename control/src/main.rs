@@ -349,6 +349,10 @@ fn check(path: &std::path::Path) -> anyhow::Result<ExitCode> {
             list.join(", ")
         );
     }
+    if loaded.config.announce.mode != xlb::config::AnnounceMode::None {
+        let vips = xlb::announce::announced(&loaded.cluster, &spec, &xlb::announce::Scope::from_config(&loaded.config));
+        eprintln!("note: announced while this node is healthy (announce.mode bgp): {vips}");
+    }
     let errors = report.issues.iter().filter(|i| i.severity == Severity::Error).count();
     if errors > 0 {
         eprintln!("{}: {errors} object error(s); the objects named above are not (fully) programmed", path.display());

@@ -38,6 +38,7 @@ use dataplane::tables::{KernelRouteSpec, NeighbourSpec, TableBuilder, Tables, Ta
 use dataplane::worker::{self, Fabric, PuntPort, WorkerHandle, WorkerSpec};
 use dataplane::xsk::{BusyPoll, CopyMode, XskConfig};
 use nic_config::{ServiceKey, Steering, XdpMode, neighbours};
+use xlb::announce::{Announcement, Applied, PrefixSet};
 use xlb::translate::ClusterState;
 
 use crate::admin;
@@ -146,16 +147,21 @@ struct Builders {
     routes: Vec<KernelRouteSpec>,
 }
 
+/// What a build gives besides the tables: the translation's report and the VIPs this node
+/// announces while it is healthy ([`xlb::announce::announced`]).
+type Built = (Tables, xlb::translate::TranslateReport, PrefixSet);
+
 /// Translates and builds tables for a cluster state.
-fn build(
-    cluster: &ClusterState,
-    config: &xlb::config::Config,
-    b: &mut Builders,
-) -> Result<(Tables, xlb::translate::TranslateReport)> {
+fn build(cluster: &ClusterState, config: &xlb::config::Config, b: &mut Builders) -> Result<Built> {
     let (mut spec, report) = b.translator.build(cluster, config)?;
     for i in &report.issues {
         tracing::warn!("{i}");
     }
+    let vips = if config.announce.mode == xlb::config::AnnounceMode::None {
+        PrefixSet::new()
+    } else {
+        xlb::announce::announced(cluster, &spec, &xlb::announce::Scope::from_config(config))
+    };
     complete_spec(&mut spec, config, &b.routes)?;
     let t = b.tables.build(&spec).map_err(|e| anyhow::anyhow!("the tables cannot be built: {e}"))?;
     let (tr, mg) = (b.translator.stats(), b.tables.maglev_stats());
@@ -166,7 +172,7 @@ fn build(
         maglev_reused = mg.reused,
         "tables built"
     );
-    Ok((t, report))
+    Ok((t, report, vips))
 }
 
 /// Fills in what the file cannot know: interface MACs and MTUs, the kernel's neighbours and
@@ -466,7 +472,7 @@ fn serve(
     };
     cluster.local_addresses = host_addresses().unwrap_or_default();
     let mut builder = Builders { routes: kernel_routes(&config).unwrap_or_default(), ..Builders::default() };
-    let (tables, report) = build(&cluster, &config, &mut builder).with_context(|| path.display().to_string())?;
+    let (tables, report, vips) = build(&cluster, &config, &mut builder).with_context(|| path.display().to_string())?;
     telemetry.metrics.set_no_local_endpoints(report.no_local_endpoints);
     telemetry.health.updated(SystemTime::now());
     let handle = TablesHandle::new(tables);
@@ -709,6 +715,8 @@ fn serve(
             last_verify: Instant::now(),
             punt: !punt_queues.is_empty(),
             handover: handover_rx,
+            announcement: announcement(&config),
+            vips,
         };
         let handover = sup.run(&mut cluster, k8s.as_mut(), shutdown, reload)?;
         drop(admin);
@@ -830,6 +838,10 @@ struct Supervisor<'a> {
     punt: bool,
     /// Hand-over requests from the admin socket ([`crate::handover`]).
     handover: std::sync::mpsc::Receiver<std::os::unix::net::UnixStream>,
+    /// The VIP announcer (`announce.mode` other than `none`).
+    announcement: Option<Announcement>,
+    /// The VIPs to announce while healthy, from the last successful build.
+    vips: PrefixSet,
 }
 
 type K8s = (xlb::k8s::Source, xlb::http::HealthCheckServers, String);
@@ -839,9 +851,10 @@ impl Supervisor<'_> {
     fn rebuild(&mut self, cluster: &ClusterState) -> Option<xlb::translate::TranslateReport> {
         let started = Instant::now();
         match build(cluster, &self.config, self.builder) {
-            Ok((t, report)) => {
+            Ok((t, report, vips)) => {
                 let unresolved = t.unresolved.clone();
                 self.handle.publish(t);
+                self.vips = vips;
                 if self.last_verify.elapsed() >= self.config.sync_period {
                     // SYNC-04: the periodic resync also repairs outside changes to the maps.
                     self.last_verify = Instant::now();
@@ -905,8 +918,13 @@ impl Supervisor<'_> {
         let mut last_addrs = Instant::now();
         while !shutdown.due(&self.telemetry.health, self.config.shutdown_grace_period) {
             if let Ok(stream) = self.handover.try_recv() {
+                // The prefix files stay as they are: the new xlb announces the same VIPs, and
+                // BIRD keeps announcing them meanwhile.
                 return Ok(Some(stream));
             }
+            // First thing in every tick: the drain after SIGTERM (health 503) withdraws the
+            // VIPs at once, before the grace period's forwarding-only time.
+            self.sync_announcement();
             // Neighbour changes (blocks up to 100 ms: part of the loop's tick).
             match watcher.recv_timeout(Duration::from_millis(100)) {
                 Ok(Some(_)) => dirty = true,
@@ -920,6 +938,11 @@ impl Supervisor<'_> {
                     Ok(l) => {
                         for n in &l.notes {
                             tracing::info!("{n}");
+                        }
+                        if l.config.announce != self.config.announce {
+                            // Withdraw through the old settings (other files, another BIRD).
+                            self.withdraw("the announce settings changed");
+                            self.announcement = announcement(&l.config);
                         }
                         self.config = l.config;
                         // The interfaces may have changed, and with them which routes lead
@@ -1011,7 +1034,64 @@ impl Supervisor<'_> {
         }
         // A hand-over asked for while the drain ran out is still served: the new xlb has
         // stopped nothing yet, and stopping now would make it fail instead of taking over.
-        Ok(self.handover.try_recv().ok())
+        let handover = self.handover.try_recv().ok();
+        if handover.is_none() {
+            // Stopping: withdraw before the workers stop (already done if a drain ran).
+            self.withdraw("xlb stops");
+        }
+        Ok(handover)
+    }
+
+    /// Announces [`Supervisor::vips`] while this node is healthy (what `/healthz` answers:
+    /// synced recently, Node not being deleted, not draining), nothing otherwise. Calls the
+    /// announcer only on a change, or to retry a failure.
+    fn sync_announcement(&mut self) {
+        let healthy = self.telemetry.health.healthz().healthy;
+        let Some(a) = self.announcement.as_mut() else { return };
+        let none = PrefixSet::new();
+        let want = if healthy { &self.vips } else { &none };
+        if let Some(r) = a.sync(want, Instant::now()) {
+            log_announced(a, want, healthy, &r);
+        }
+    }
+
+    /// Withdraws every VIP now (stop, or a change of the announce settings); logged.
+    fn withdraw(&mut self, why: &str) {
+        let Some(a) = self.announcement.as_mut() else { return };
+        let none = PrefixSet::new();
+        if let Some(r) = a.sync_now(&none, Instant::now()) {
+            tracing::info!(why, "withdrawing the announced VIPs");
+            log_announced(a, &none, false, &r);
+        }
+    }
+}
+
+/// How long after a failed announcement the same set is tried again.
+const ANNOUNCE_RETRY: Duration = Duration::from_secs(5);
+
+/// The announcer `config.announce` asks for.
+fn announcement(config: &xlb::config::Config) -> Option<Announcement> {
+    let a = xlb::announce::from_config(config)?;
+    tracing::info!(announcer = %a.describe(), "VIPs are announced while this node is healthy and they have endpoints");
+    Some(Announcement::new(a, ANNOUNCE_RETRY))
+}
+
+fn log_announced(a: &Announcement, want: &PrefixSet, healthy: bool, r: &Result<Applied, xlb::announce::AnnounceError>) {
+    match r {
+        Ok(Applied::Reconfigured { written, reply }) => tracing::info!(
+            vips = %want,
+            healthy,
+            written,
+            reply = %reply.replace('\n', " | "),
+            "announced VIPs"
+        ),
+        Ok(Applied::Unchanged) => tracing::debug!(vips = %want, "announced VIPs unchanged"),
+        Err(e) => tracing::error!(
+            announcer = %a.announcer().describe(),
+            vips = %want,
+            error = %e,
+            "announcing VIPs failed; the routing daemon keeps what it announced before (retried in 5 s)"
+        ),
     }
 }
 
