@@ -98,3 +98,13 @@ fuzz:
 	cd dataplane/fuzz && $(CARGO) +nightly fuzz run -s none pipeline $(abspath $(BENCH_TARGET))/xlb-fuzz/pipeline corpus/pipeline -- \
 		-max_len=2048 -runs=$(FUZZ_RUNS) -print_final_stats=1
 	cd dataplane/fuzz && $(CARGO) +nightly fuzz run -s none pipeline corpus/pipeline $(abspath $(BENCH_TARGET))/xlb-fuzz/pipeline -- -merge=1 -max_len=2048
+
+## Container image (issue 13): deploy/Containerfile built with podman from Debian 12 root
+## filesystems made by mmdebstrap (no registry), then `xlb --version` and `xlb check` run
+## inside it. Builds xlb in release inside the build stage: about 10 minutes on the 2-core VM
+## the first time (2026-11-25), less later (cache mounts for the registry and target/).
+## Tag: $$XLB_IMAGE, default localhost/xlb:<version>. docs/operations.md.
+.PHONY: image
+image:
+	bash scripts/install-deps.sh image
+	bash deploy/image/build.sh

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs every Debian package the build, the tests and the demo need.
 # Idempotent: packages already present are skipped by apt-get.
-# Usage: scripts/install-deps.sh [build|test|demo|bench]   (default: test)
+# Usage: scripts/install-deps.sh [build|test|demo|bench|image]   (default: test)
 set -euo pipefail
 what=${1:-test}
 export DEBIAN_FRONTEND=noninteractive
@@ -12,6 +12,9 @@ pkgs=(clang llvm libelf-dev zlib1g-dev pkg-config m4 make gcc libclang-dev)
 pkgs+=(libpcap-dev)
 case "$what" in
   build) ;;
+  # make image: root filesystems from the Debian mirror, podman to build and run the image
+  # (runc: Debian 12's crun refuses hosts with hybrid cgroups)
+  image) pkgs+=(mmdebstrap podman runc) ;;
   test|demo|bench)
     # testbed and end-to-end tests: namespaces, veth, offloads, servers and clients
     pkgs+=(iproute2 ethtool iputils-ping curl nftables nginx-light socat wrk valgrind)
@@ -30,9 +33,9 @@ esac
 # PMD (Debian 12: dpdk-testpmd is in dpdk-dev, the PMD in librte-net-af-xdp23)
 [ "$what" = bench ] && pkgs+=(dpdk-dev librte-net-af-xdp23)
 # nic-config tests: bpftool shows that no XDP program or map of ours remains after detach
-[ "$what" != build ] && pkgs+=(bpftool)
+[ "$what" != build ] && [ "$what" != image ] && pkgs+=(bpftool)
 # deploy/testbed.sh: sysctl (procps), tc/ss (iproute2), uapi headers for its BPF DSR decap
-[ "$what" != build ] && pkgs+=(procps linux-libc-dev)
+[ "$what" != build ] && [ "$what" != image ] && pkgs+=(procps linux-libc-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
