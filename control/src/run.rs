@@ -951,6 +951,12 @@ impl Supervisor<'_> {
                             self.builder.routes = r;
                         }
                         if k8s.is_none() {
+                            let m = &self.telemetry.metrics;
+                            m.count_service_changes(xlb::k8s::object_changes(&cluster.services, &l.cluster.services));
+                            m.count_endpoint_changes(xlb::k8s::object_changes(
+                                &cluster.endpoint_slices,
+                                &l.cluster.endpoint_slices,
+                            ));
                             let local = std::mem::take(&mut cluster.local_addresses);
                             *cluster = l.cluster;
                             cluster.local_addresses = local;

@@ -12,7 +12,9 @@ use dataplane::tables::{TableBuilder, TablesSpec};
 use serde_json::json;
 use support::fake_apiserver::{FakeApiServer, Res};
 use support::{NODE, http_get, http_get_with, node, service, slice};
-use xlb::http::{BackendStats, DataplaneView, HealthCheckServers, ServiceStats, Telemetry, WorkerStats};
+use xlb::http::{
+    BackendStats, DataplaneView, EndpointCounts, HealthCheckServers, ServiceStats, Telemetry, WorkerStats,
+};
 use xlb::k8s::{Changes, ServiceRef, Snapshot, Source, SourceConfig, SyncReason};
 
 fn source_cfg(min_sync_ms: u64, sync_ms: u64) -> SourceConfig {
@@ -382,6 +384,9 @@ impl DataplaneView for FakeDataplane {
                 events: vec![("new_flow", 42)],
                 conntrack_entries: 11,
                 conntrack_evictions: 2,
+                conntrack_capacity: 32768,
+                busy_ns: 1_500_000_000,
+                busy_loops: 77,
                 xsk: None,
             })
             .collect()
@@ -392,6 +397,7 @@ impl DataplaneView for FakeDataplane {
             packets: 555,
             new_flows: 5,
             maglev_checksum: Some(1 << 11),
+            endpoints: EndpointCounts { total: 3, ready: 2, serving: 3, terminating: 1, eligible: 2 },
         }]
     }
     fn backends(&self) -> Vec<BackendStats> {
@@ -400,6 +406,7 @@ impl DataplaneView for FakeDataplane {
             backend: "10.244.1.5:8080".into(),
             packets: 444,
             new_flows: 4,
+            weight: 1,
         }]
     }
 }
@@ -455,6 +462,19 @@ async fn metrics_have_kube_proxy_names_and_the_dataplane_view() {
         "# TYPE xlb_drops_total counter",
         "# TYPE kubeproxy_proxy_healthz_total counter",
         "# TYPE kubeproxy_sync_proxy_rules_no_local_endpoints_total gauge",
+        "xlb_conntrack_capacity{worker=\"1\"} 32768",
+        "# TYPE xlb_worker_busy_seconds_total counter",
+        "xlb_worker_busy_seconds_total{worker=\"0\"} 1.5\n",
+        "xlb_worker_busy_loops_total{worker=\"1\"} 77",
+        "xlb_service_endpoints{service=\"default/web:http\",state=\"total\"} 3",
+        "xlb_service_endpoints{service=\"default/web:http\",state=\"terminating\"} 1",
+        "xlb_service_endpoints{service=\"default/web:http\",state=\"eligible\"} 2",
+        "xlb_backend_weight{service=\"default/web:http\",backend=\"10.244.1.5:8080\"} 1",
+        // One EndpointSlice applied after the initial list; no Service changed.
+        "# TYPE kubeproxy_sync_proxy_rules_endpoint_changes_total counter",
+        "kubeproxy_sync_proxy_rules_endpoint_changes_total 1\n",
+        "kubeproxy_sync_proxy_rules_service_changes_total 0\n",
+        "xlb_watch_errors_total{resource=\"nodes\"} 0",
     ] {
         assert!(text.contains(name), "missing {name:?} in\n{text}");
     }

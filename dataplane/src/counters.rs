@@ -227,6 +227,17 @@ pub struct WorkerCounters {
     pub events: [Counter; Event::COUNT],
     /// Conntrack forward entries (gauge), IPv4 + IPv6.
     pub ct_entries: Counter,
+    /// Flows each family's conntrack table holds at most (gauge, set once when the pipeline
+    /// is made): `conntrack.maxPerCore`. The IPv4 and IPv6 tables each have this capacity, so
+    /// [`ct_entries`](Self::ct_entries) (both families) may exceed it on a dual-stack node.
+    pub ct_capacity: Counter,
+    /// Nanoseconds the worker spent in loop iterations that found work (frames received,
+    /// read from the punt device or handed over), measured once per iteration by the worker
+    /// loop from the iteration's start to its end; idle iterations and `poll(2)` waits are
+    /// not counted. Its rate over time is the busy fraction of the worker's core.
+    pub busy_ns: Counter,
+    /// Loop iterations that found work (the iterations [`busy_ns`](Self::busy_ns) counts).
+    pub busy_loops: Counter,
     /// Per-service and per-backend counters.
     pub objects: ObjectCounters,
 }
@@ -242,6 +253,9 @@ impl WorkerCounters {
             drops: core::array::from_fn(|_| Counter::default()),
             events: core::array::from_fn(|_| Counter::default()),
             ct_entries: Counter::default(),
+            ct_capacity: Counter::default(),
+            busy_ns: Counter::default(),
+            busy_loops: Counter::default(),
             objects: ObjectCounters {
                 service_packets: mk(services),
                 service_flows: mk(services),

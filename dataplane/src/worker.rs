@@ -329,7 +329,8 @@ fn run(
     while !stop.load(Ordering::Relaxed) {
         // One relaxed pointer check per loop; a new snapshot only after a publication.
         let t: &Tables = reader.load();
-        let now_ms = u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let started = epoch.elapsed();
+        let now_ms = u64::try_from(started.as_millis()).unwrap_or(u64::MAX);
         if now_ms >= next_socket_stats_ms {
             next_socket_stats_ms = now_ms.saturating_add(SOCKET_STATS_EVERY_MS);
             refresh_socket_stats(&xsk, xc);
@@ -435,6 +436,11 @@ fn run(
             }
         } else {
             idle_rounds = 0;
+            // Busy time: one more clock read per iteration that found work (per batch, not
+            // per frame); idle iterations pay nothing.
+            let busy = epoch.elapsed().saturating_sub(started);
+            counters.busy_ns.add(u64::try_from(busy.as_nanos()).unwrap_or(u64::MAX));
+            counters.busy_loops.inc();
         }
     }
     // Drain what is still queued so nothing is lost at shutdown.

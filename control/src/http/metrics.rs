@@ -44,6 +44,14 @@ pub struct WorkerStats {
     pub conntrack_entries: u64,
     /// Flow-table entries evicted before expiry (`xlb_conntrack_evictions_total`).
     pub conntrack_evictions: u64,
+    /// Flows each family's flow table holds at most (`xlb_conntrack_capacity`, gauge):
+    /// `conntrack.maxPerCore`; the IPv4 and IPv6 tables each have this capacity.
+    pub conntrack_capacity: u64,
+    /// Nanoseconds the worker spent in loop iterations that found work
+    /// (`xlb_worker_busy_seconds_total`, exported in seconds).
+    pub busy_ns: u64,
+    /// Loop iterations that found work (`xlb_worker_busy_loops_total`).
+    pub busy_loops: u64,
     /// AF_XDP ring and socket counters (`xlb_xsk_*`); `None` when the view has none.
     pub xsk: Option<XskStats>,
 }
@@ -98,6 +106,9 @@ impl WorkerStats {
             events: Event::ALL.iter().map(|e| (e.name(), c.events_of(*e))).collect(),
             conntrack_entries: c.ct_entries.get(),
             conntrack_evictions: c.events_of(Event::ConntrackEvicted),
+            conntrack_capacity: c.ct_capacity.get(),
+            busy_ns: c.busy_ns.get(),
+            busy_loops: c.busy_loops.get(),
             xsk: None,
         }
     }
@@ -116,6 +127,39 @@ pub struct ServiceStats {
     /// with Maglev (`mh`) that has a table; `None` otherwise. Exported as
     /// `xlb_maglev_table_checksum` (its top 53 bits).
     pub maglev_checksum: Option<u64>,
+    /// The table's endpoints by state (`xlb_service_endpoints{state}`).
+    pub endpoints: EndpointCounts,
+}
+
+/// A Service table's endpoints (the backends in the published table: what the translation
+/// kept of the EndpointSlices for this table's traffic class), counted by state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EndpointCounts {
+    /// Every backend in the table (`state="total"`).
+    pub total: u64,
+    /// With `conditions.ready` (`state="ready"`).
+    pub ready: u64,
+    /// With `conditions.serving` (`state="serving"`).
+    pub serving: u64,
+    /// With `conditions.terminating` (`state="terminating"`).
+    pub terminating: u64,
+    /// Taking new flows: eligible and weight above 0 (`state="eligible"`); the others only
+    /// keep their existing flows.
+    pub eligible: u64,
+}
+
+impl EndpointCounts {
+    /// `(state label, count)` for every state, in a fixed order.
+    #[must_use]
+    pub fn by_state(&self) -> [(&'static str, u64); 5] {
+        [
+            ("total", self.total),
+            ("ready", self.ready),
+            ("serving", self.serving),
+            ("terminating", self.terminating),
+            ("eligible", self.eligible),
+        ]
+    }
 }
 
 /// The value `xlb_maglev_table_checksum` exports for a Maglev table checksum: its top 53
@@ -138,6 +182,9 @@ pub struct BackendStats {
     pub packets: u64,
     /// New flows (`xlb_backend_new_flows_total`).
     pub new_flows: u64,
+    /// Weight for new flows (`xlb_backend_weight`): the table's weight while the backend is
+    /// eligible, 0 while it only keeps its existing flows (draining).
+    pub weight: u64,
 }
 
 /// What the dataplane shows to `/metrics`; called on every scrape, from a Tokio worker
@@ -215,11 +262,20 @@ impl DataplaneView for CountersView {
                 let sum = |f: fn(&WorkerCounters) -> &[dataplane::counters::Counter]| -> u64 {
                     self.workers.iter().map(|(_, c)| f(c).get(i).map_or(0, |c| c.get())).sum()
                 };
+                let mut endpoints = EndpointCounts::default();
+                for b in s.members.iter().filter_map(|r| t.backends.get(r.index())?.as_ref()) {
+                    endpoints.total += 1;
+                    endpoints.ready += u64::from(b.conditions.ready);
+                    endpoints.serving += u64::from(b.conditions.serving);
+                    endpoints.terminating += u64::from(b.conditions.terminating);
+                    endpoints.eligible += u64::from(b.eligible && b.weight > 0);
+                }
                 ServiceStats {
                     service: s.name.to_string(),
                     packets: sum(|c| &c.objects.service_packets),
                     new_flows: sum(|c| &c.objects.service_flows),
                     maglev_checksum: s.maglev.as_ref().map(|m| m.checksum()),
+                    endpoints,
                 }
             })
             .collect()
@@ -240,6 +296,7 @@ impl DataplaneView for CountersView {
                     backend: std::net::SocketAddr::new(b.addr, b.port).to_string(),
                     packets: sum(|c| &c.objects.backend_packets),
                     new_flows: sum(|c| &c.objects.backend_flows),
+                    weight: if b.eligible { u64::from(b.weight) } else { 0 },
                 }
             })
             .collect()
@@ -337,6 +394,34 @@ impl Collector for DataplaneCollector {
             C,
             workers.iter().map(|s| (w(s), s.conntrack_evictions)),
         )?;
+        family(
+            e,
+            "xlb_conntrack_capacity",
+            "Flows each family's flow table of the worker holds at most (conntrack.maxPerCore; the IPv4 and IPv6 tables each have this capacity, xlb_conntrack_entries counts both).",
+            G,
+            workers.iter().map(|s| (w(s), s.conntrack_capacity)),
+        )?;
+        {
+            let mut m = e.encode_descriptor(
+                "xlb_worker_busy_seconds",
+                "Time the worker spent in loop iterations that found work (frames received, from the punt device or handed over), in seconds; its rate is the busy fraction of the worker's core.",
+                None,
+                C,
+            )?;
+            for s in &workers {
+                // Exact below 2^53 ns (104 days of busy time); beyond, within 1 ns per 2^53.
+                #[expect(clippy::cast_precision_loss, reason = "nanoseconds to seconds for export")]
+                let secs = s.busy_ns as f64 / 1e9;
+                ConstCounter::new(secs).encode(m.encode_family(&w(s))?)?;
+            }
+        }
+        family(
+            e,
+            "xlb_worker_busy_loops",
+            "Loop iterations of the worker that found work (those xlb_worker_busy_seconds_total counts).",
+            C,
+            workers.iter().map(|s| (w(s), s.busy_loops)),
+        )?;
         let xsk: Vec<(_, &XskStats)> = workers.iter().filter_map(|s| Some((w(s), s.xsk.as_ref()?))).collect();
         if !xsk.is_empty() {
             for c in XskCounter::ALL {
@@ -383,15 +468,34 @@ impl Collector for DataplaneCollector {
             G,
             services.iter().filter_map(|s| Some((sl(s), maglev_checksum_value(s.maglev_checksum?)))),
         )?;
+        family(
+            e,
+            "xlb_service_endpoints",
+            "Endpoints in the Service table's published backends, by state: total, ready, serving, terminating (EndpointSlice conditions), eligible (taking new flows).",
+            G,
+            services.iter().flat_map(|s| {
+                s.endpoints.by_state().map(|(st, v)| ([("service", s.service.clone()), ("state", st.to_owned())], v))
+            }),
+        )?;
         let backends = view.backends();
         let bl = |b: &BackendStats| [("service", b.service.clone()), ("backend", b.backend.clone())];
         family(e, "xlb_backend_packets", "Packets per backend.", C, backends.iter().map(|b| (bl(b), b.packets)))?;
         family(e, "xlb_backend_new_flows", "New flows per backend.", C, backends.iter().map(|b| (bl(b), b.new_flows)))?;
+        family(
+            e,
+            "xlb_backend_weight",
+            "Weight of the backend for new flows in its Service table (1 for Kubernetes endpoints); 0 while it only keeps its existing flows (terminating, draining).",
+            G,
+            backends.iter().map(|b| (bl(b), b.weight)),
+        )?;
         Ok(())
     }
 }
 
 type Label1 = [(&'static str, &'static str); 1];
+
+/// The `resource` values of `xlb_watch_errors_total`; each series exists from the start at 0.
+pub const WATCHED_RESOURCES: &[&str] = &["services", "endpointslices", "nodes"];
 
 /// kube-proxy's `SyncProxyRulesLatency` buckets: `ExponentialBuckets(0.001, 2, 15)`.
 fn sync_buckets() -> impl Iterator<Item = f64> {
@@ -422,6 +526,8 @@ fn unix_seconds(t: SystemTime) -> f64 {
 /// - `kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds` gauge (MET-02);
 /// - `kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy}` gauge (MET-04);
 /// - `kubeproxy_proxy_healthz_total{code}`, `kubeproxy_proxy_livez_total{code}` (MET-05);
+/// - `kubeproxy_sync_proxy_rules_service_changes_total`,
+///   `kubeproxy_sync_proxy_rules_endpoint_changes_total` counters;
 /// - `xlb_watch_errors_total{resource}` (API watch errors, cf. MET-08);
 /// - the `xlb_*` dataplane families of the [`DataplaneView`], if one is set.
 pub struct ProxyMetrics {
@@ -434,6 +540,8 @@ pub struct ProxyMetrics {
     healthz: Family<Label1, Counter>,
     livez: Family<Label1, Counter>,
     watch_errors: Family<[(&'static str, String); 1], Counter>,
+    service_changes: Counter,
+    endpoint_changes: Counter,
     view: SharedView,
 }
 
@@ -462,6 +570,8 @@ impl ProxyMetrics {
         let healthz = Family::<Label1, Counter>::default();
         let livez = Family::<Label1, Counter>::default();
         let watch_errors = Family::<[(&'static str, String); 1], Counter>::default();
+        let service_changes = Counter::default();
+        let endpoint_changes = Counter::default();
         registry.register(
             "kubeproxy_sync_proxy_rules_duration_seconds",
             "SyncProxyRules latency in seconds: from taking a snapshot to publishing its tables.",
@@ -490,6 +600,16 @@ impl ProxyMetrics {
         registry.register("kubeproxy_proxy_healthz", "Answers of /healthz by HTTP code.", healthz.clone());
         registry.register("kubeproxy_proxy_livez", "Answers of /livez by HTTP code.", livez.clone());
         registry.register("xlb_watch_errors", "Kubernetes watch errors by resource.", watch_errors.clone());
+        registry.register(
+            "kubeproxy_sync_proxy_rules_service_changes",
+            "Cumulative proxy rules Service changes: Service add, update and delete events after the initial list (a config file reload: Services added, changed or removed).",
+            service_changes.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_endpoint_changes",
+            "Cumulative proxy rules Endpoint changes: EndpointSlice add, update and delete events after the initial list (a config file reload: EndpointSlices added, changed or removed).",
+            endpoint_changes.clone(),
+        );
         let view: SharedView = Arc::new(RwLock::new(None));
         registry.register_collector(Box::new(DataplaneCollector { view: view.clone() }));
         for p in ["internal", "external"] {
@@ -498,6 +618,9 @@ impl ProxyMetrics {
         for c in ["200", "503"] {
             let _ = healthz.get_or_create(&[("code", c)]);
             let _ = livez.get_or_create(&[("code", c)]);
+        }
+        for r in WATCHED_RESOURCES {
+            let _ = watch_errors.get_or_create(&[("resource", (*r).to_owned())]);
         }
         Self {
             registry,
@@ -509,6 +632,8 @@ impl ProxyMetrics {
             healthz,
             livez,
             watch_errors,
+            service_changes,
+            endpoint_changes,
             view,
         }
     }
@@ -558,6 +683,16 @@ impl ProxyMetrics {
     /// Counts one watch error of `resource` (`services`, `endpointslices`, `nodes`).
     pub fn count_watch_error(&self, resource: &'static str) {
         self.watch_errors.get_or_create(&[("resource", resource.to_owned())]).inc();
+    }
+
+    /// Counts `n` Service changes (`kubeproxy_sync_proxy_rules_service_changes_total`).
+    pub fn count_service_changes(&self, n: u64) {
+        self.service_changes.inc_by(n);
+    }
+
+    /// Counts `n` EndpointSlice changes (`kubeproxy_sync_proxy_rules_endpoint_changes_total`).
+    pub fn count_endpoint_changes(&self, n: u64) {
+        self.endpoint_changes.inc_by(n);
     }
 
     /// The whole exposition, OpenMetrics text ([`OPENMETRICS_CONTENT_TYPE`]).

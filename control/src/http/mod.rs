@@ -29,8 +29,9 @@ use tokio::task::JoinHandle;
 pub use hcnp::{HealthCheckServers, HealthCheckService};
 pub use health::{HealthStatus, ProxyHealth, go_time};
 pub use metrics::{
-    BackendStats, CountersView, DataplaneView, InterfaceStats, InterfaceStatsCell, OPENMETRICS_CONTENT_TYPE,
-    PROMETHEUS_CONTENT_TYPE, ProxyMetrics, ServiceStats, WorkerStats, XskStats, openmetrics_to_prometheus,
+    BackendStats, CountersView, DataplaneView, EndpointCounts, InterfaceStats, InterfaceStatsCell,
+    OPENMETRICS_CONTENT_TYPE, PROMETHEUS_CONTENT_TYPE, ProxyMetrics, ServiceStats, WATCHED_RESOURCES, WorkerStats,
+    XskStats, openmetrics_to_prometheus,
 };
 
 /// Errors of the HTTP servers.

@@ -10,6 +10,7 @@ use std::fmt;
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::translate::LABEL_SERVICE_NAME;
 
@@ -114,11 +115,42 @@ impl Changes {
     }
 }
 
+/// Objects added, changed or removed between two sets, matched by namespace and name (what a
+/// watch would have reported as add, update and delete events): kube-proxy's change counts for
+/// a config file reload (`kubeproxy_sync_proxy_rules_service_changes_total`,
+/// `..._endpoint_changes_total`).
+pub fn object_changes<T: k8s_openapi::Metadata<Ty = ObjectMeta> + PartialEq>(
+    old: &[std::sync::Arc<T>],
+    new: &[std::sync::Arc<T>],
+) -> u64 {
+    use std::collections::BTreeMap;
+    let key = |o: &std::sync::Arc<T>| {
+        let m = o.metadata();
+        (m.namespace.clone().unwrap_or_default(), m.name.clone().unwrap_or_default())
+    };
+    let before: BTreeMap<_, _> = old.iter().map(|o| (key(o), o)).collect();
+    let after: BTreeMap<_, _> = new.iter().map(|o| (key(o), o)).collect();
+    let changed_or_added = after.iter().filter(|(k, o)| before.get(*k).is_none_or(|b| b != *o)).count();
+    let removed = before.keys().filter(|k| !after.contains_key(*k)).count();
+    (changed_or_added + removed) as u64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use std::sync::Arc;
+
+    #[test]
+    fn object_changes_count_adds_updates_and_deletes() {
+        let a = [slice("a", "x", Some("web")), slice("a", "y", Some("web")), slice("b", "x", Some("db"))];
+        assert_eq!(object_changes(&a, &a), 0);
+        let mut changed = slice("a", "y", Some("web"));
+        Arc::make_mut(&mut changed).address_type = "IPv6".into();
+        // a/y changed, b/x removed, c/z added; a/x the same.
+        let b = [slice("a", "x", Some("web")), changed, slice("c", "z", None)];
+        assert_eq!(object_changes(&a, &b), 3);
+        assert_eq!(object_changes(&[], &b), 3);
+    }
 
     fn slice(ns: &str, name: &str, svc: Option<&str>) -> Arc<EndpointSlice> {
         Arc::new(EndpointSlice {

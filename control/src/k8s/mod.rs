@@ -88,7 +88,7 @@ mod source;
 use std::path::{Path, PathBuf};
 
 pub use assigner::{Assigner, AssignerConfig, AssignerStats, FIELD_MANAGER};
-pub use changes::{Changes, ServiceRef};
+pub use changes::{Changes, ServiceRef, object_changes};
 pub use hcnp::health_check_services;
 pub use lease::{LeaseConfig, LeaseLock};
 pub use source::{ANNOTATION_LAST_CHANGE_TRIGGER_TIME, Snapshot, Source, SourceConfig, SyncReason};

@@ -193,6 +193,7 @@ impl Shared {
     }
 
     fn service_event(&self, s: &Service) {
+        self.telemetry.metrics.count_service_changes(1);
         let mut p = self.lock();
         p.changes.add(ServiceRef::of_service(s));
         self.queue(&mut p, None);
@@ -203,6 +204,7 @@ impl Shared {
     fn slice_event(&self, s: &EndpointSlice, deleted: bool) {
         // A slice without the service-name label is not used by the translation.
         let Some(r) = ServiceRef::of_slice(s) else { return };
+        self.telemetry.metrics.count_endpoint_changes(1);
         let trigger = if deleted { None } else { trigger_time(s) };
         let mut p = self.lock();
         p.changes.add(r);

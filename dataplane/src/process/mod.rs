@@ -507,8 +507,10 @@ impl Pipeline {
     /// A pipeline that shares `affinity` with the node's other workers.
     pub fn with_affinity(cfg: PipelineConfig, seed: u64, affinity: Arc<AffinityTable>) -> Self {
         let counters = Arc::new(WorkerCounters::new(cfg.max_services, cfg.max_backends));
+        let fam = Families { v4: FamState::new(&cfg), v6: FamState::new(&cfg) };
+        counters.ct_capacity.set(fam.v4.ct.capacity() as u64);
         Self {
-            fam: Families { v4: FamState::new(&cfg), v6: FamState::new(&cfg) },
+            fam,
             c: Common {
                 snat_cursor: cfg.own_snat_ports().0,
                 own_snat: cfg.own_snat_ports(),
