@@ -26,6 +26,9 @@ case "$what" in
     pkgs+=(bird2) ;;
   *) echo "unknown target: $what" >&2; exit 2 ;;
 esac
+# tests/tests/dashboard.rs: promtool checks and unit-tests deploy/prometheus/, and the test's
+# own prometheus (never the package's service, which it neither needs nor touches) scrapes xlb
+[ "$what" = test ] && pkgs+=(prometheus)
 # make bench: trafgen (netsniff-ng), jq for the raw results, conntrack -F between paths, the
 # report's font (plotters draws its text with DejaVu Sans), perf for profiles
 [ "$what" = bench ] && pkgs+=(netsniff-ng linux-perf jq conntrack fonts-dejavu-core)
