@@ -765,6 +765,54 @@ mod tests {
     }
 
     #[test]
+    fn counters_view_counts_endpoints_by_state_and_exports_weights() {
+        use dataplane::tables::{
+            BackendSpec, Conditions, EmptyAction, ForwardingMode, Frontend, FrontendKind, L4Proto, Scheduler,
+            ServiceSpec, TableBuilder, TablesSpec,
+        };
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        let mut heavy = BackendSpec::ready(ip("10.0.0.2"), 80);
+        heavy.weight = 3;
+        let mut draining = BackendSpec::ready(ip("10.0.0.3"), 80);
+        draining.eligible = false;
+        draining.conditions = Conditions { ready: false, serving: true, terminating: true };
+        let spec = TablesSpec {
+            services: vec![Arc::new(ServiceSpec {
+                name: "default/web:http".into(),
+                frontends: vec![Frontend::new(ip("10.96.0.1"), L4Proto::Tcp, 80, FrontendKind::ClusterIp, false)],
+                scheduler: Scheduler::Random,
+                affinity_timeout_s: None,
+                mode: ForwardingMode::Nat,
+                when_empty: EmptyAction::Reject,
+                backends: vec![BackendSpec::ready(ip("10.0.0.1"), 80), heavy, draining],
+            })],
+            ..TablesSpec::default()
+        };
+        let tables = TableBuilder::new().build(&spec).unwrap();
+        let view = CountersView::new(TablesHandle::new(tables), vec![(0, Arc::new(WorkerCounters::new(4, 4)))]);
+        let s = view.services();
+        assert_eq!(s.len(), 1);
+        assert_eq!(s[0].endpoints, EndpointCounts { total: 3, ready: 2, serving: 3, terminating: 1, eligible: 2 });
+        let mut weights: Vec<(String, u64)> = view.backends().into_iter().map(|b| (b.backend, b.weight)).collect();
+        weights.sort();
+        assert_eq!(
+            weights,
+            [("10.0.0.1:80".to_owned(), 1), ("10.0.0.2:80".to_owned(), 3), ("10.0.0.3:80".to_owned(), 0)]
+        );
+        let m = ProxyMetrics::new();
+        m.set_dataplane(Arc::new(view));
+        let text = m.encode().unwrap();
+        for line in [
+            "xlb_service_endpoints{service=\"default/web:http\",state=\"serving\"} 3",
+            "xlb_service_endpoints{service=\"default/web:http\",state=\"ready\"} 2",
+            "xlb_backend_weight{service=\"default/web:http\",backend=\"10.0.0.2:80\"} 3",
+            "xlb_backend_weight{service=\"default/web:http\",backend=\"10.0.0.3:80\"} 0",
+        ] {
+            assert!(text.contains(line), "{line}: {text}");
+        }
+    }
+
+    #[test]
     fn counters_view_reads_worker_counters() {
         let c = WorkerCounters::new(4, 4);
         c.rx.add(5);

@@ -900,4 +900,11 @@ mod tests {
         let t = crate::tables::Tables::empty();
         assert_eq!(super::super::gen32(&t), 0);
     }
+
+    #[test]
+    fn pipeline_exports_its_conntrack_capacity() {
+        use super::super::{Pipeline, PipelineConfig};
+        let p = Pipeline::new(PipelineConfig { conntrack_capacity: 1000, ..PipelineConfig::default() }, 1);
+        assert_eq!(p.counters().ct_capacity.get(), 1000);
+    }
 }
