@@ -3,7 +3,8 @@
 //! inactive connections summed over workers), `conntrack` (the flow table) and `stats`
 //! (per-worker counters: rx/tx, drops by reason, events, AF_XDP frame accounting, and packets
 //! per backend). `handover V` is the new process's request of a hand-over
-//! ([`crate::handover`]).
+//! ([`crate::handover`]). `monitor drops [SAMPLE]` streams the frames the workers drop
+//! ([`crate::monitor`]) until the client goes away.
 
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Write};
@@ -29,6 +30,7 @@ struct WorkerView {
     counters: Arc<WorkerCounters>,
     xsk: Arc<XskCounters>,
     requests: mpsc::Sender<dataplane::worker::Request>,
+    tap: Arc<dataplane::tap::DropTap>,
 }
 
 /// The running server; dropping it stops the thread and removes the socket.
@@ -71,6 +73,7 @@ pub(crate) fn serve(
             counters: w.counters.clone(),
             xsk: w.xsk.clone(),
             requests: w.requests.clone(),
+            tap: w.tap.clone(),
         })
         .collect();
     let stop = Arc::new(AtomicBool::new(false));
@@ -112,11 +115,25 @@ fn handle(
         }
         None => {}
     }
+    if let Some(rest) = line.trim().strip_prefix("monitor drops") {
+        let Ok(sample) = (if rest.trim().is_empty() { Ok(1) } else { rest.trim().parse::<u32>() }) else {
+            (&c).write_all(b"error: monitor drops [SAMPLE]: SAMPLE is a whole number\n")?;
+            return Ok(());
+        };
+        // Its own thread: the stream lasts until the client goes, and the admin socket must
+        // keep answering (a hand-over among others) meanwhile.
+        let taps: Vec<_> = workers.iter().map(|w| (w.id, w.tap.clone())).collect();
+        c.set_read_timeout(None)?;
+        std::thread::Builder::new()
+            .name("xlb-monitor".into())
+            .spawn(move || crate::monitor::serve(c, &taps, sample))?;
+        return Ok(());
+    }
     let out = match line.trim() {
         "services" => services(tables, workers),
         "conntrack" => conntrack(tables, workers),
         "stats" => stats(tables, workers),
-        other => format!("error: unknown command {other:?} (services, conntrack, stats)\n"),
+        other => format!("error: unknown command {other:?} (services, conntrack, stats, monitor drops)\n"),
     };
     (&c).write_all(out.as_bytes())?;
     Ok(())

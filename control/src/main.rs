@@ -2,7 +2,7 @@
 //!
 //! Subcommands: `check` validates a config file and prints the tables it would program;
 //! `run` runs the load balancer; `crd` prints the CRD of the XlbIPPool address pools;
-//! `services`, `conntrack` and `stats` ask a running one over its admin socket; `trace` runs
+//! `services`, `conntrack`, `stats` and `monitor` ask a running one over its admin socket; `trace` runs
 //! a capture (or one flow) through the pipeline offline; `completions` and `man` print a shell
 //! completion script and the man page, both generated from these clap definitions.
 #![forbid(unsafe_code)]
@@ -10,6 +10,7 @@
 mod admin;
 mod detach;
 mod handover;
+mod monitor;
 mod notify;
 mod run;
 mod trace;
@@ -164,6 +165,31 @@ enum Command {
         #[arg(long, value_name = "MAC", default_value = "00:00:00:00:00:00", value_parser = trace::parse_mac)]
         mac: [u8; 6],
     },
+    /// Show the frames the running xlb drops, live, with their drop reason, until interrupted
+    /// (or --count frames). While no monitor runs, the workers' only cost is one flag checked
+    /// per dropped frame; while one does, each dropped frame's first 256 bytes are copied to
+    /// a bounded queue per worker (full: the copy is skipped and counted), and at most 10,000
+    /// frames a second are sent.
+    Monitor {
+        /// Dropped frames (the only kind so far; required).
+        #[arg(long, required = true)]
+        drops: bool,
+        /// Copy one dropped frame in N.
+        #[arg(long, value_name = "N", default_value_t = 1)]
+        sample: u32,
+        /// Only frames to this VIP (and port): ADDRESS/PORT or ADDRESS.
+        #[arg(long, value_name = "VIP/PORT", value_parser = monitor::parse_filter)]
+        filter: Option<monitor::Filter>,
+        /// Also write the frames to this pcapng file, each with its reason as packet comment.
+        #[arg(short = 'w', value_name = "FILE.pcapng")]
+        write: Option<PathBuf>,
+        /// Stop after this many frames (0: never).
+        #[arg(long, default_value_t = 0)]
+        count: u64,
+        /// Admin socket path.
+        #[arg(long, value_name = "PATH", default_value = admin::DEFAULT_SOCKET)]
+        admin_socket: PathBuf,
+    },
     /// Print a completion script for SHELL to stdout, e.g.
     /// `xlb completions bash > /usr/share/bash-completion/completions/xlb`.
     Completions {
@@ -224,6 +250,9 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        Command::Monitor { drops: _, sample, filter, write, count, admin_socket } => {
+            report(monitor::run(&admin_socket, sample, filter, write.as_deref(), count))
+        }
         Command::Completions { shell } => {
             // Into memory first: `generate` panics when its writer fails (a closed pipe).
             let mut out = Vec::new();

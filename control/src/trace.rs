@@ -180,7 +180,7 @@ impl Tracer {
         self.frames += 1;
         let len = data.len().min(BUF - HEADROOM);
         let before = Snapshot::of(self.pipe.counters());
-        let info = Info::of(data, &self.tables);
+        let info = Info::of(data, Some(&self.tables));
         let tracked_before = info.key.as_ref().is_some_and(|k| self.flow_of(k).is_some());
         self.pipe.begin_batch(&self.tables, u64::try_from(ts.as_millis()).unwrap_or(u64::MAX));
         self.buf.fill(0);
@@ -285,7 +285,7 @@ struct Info {
 }
 
 impl Info {
-    fn of(f: &[u8], t: &Tables) -> Self {
+    fn of(f: &[u8], t: Option<&Tables>) -> Self {
         let mut info = Self { proto: "malformed".into(), src: None, dst: None, frontend: None, key: None };
         let Ok((l3, at)) = wire::ethernet(f) else { return info };
         let parsed = match l3 {
@@ -316,7 +316,7 @@ impl Info {
             IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
             IpAddr::V6(a) => a.octets(),
         };
-        info.frontend = t.frontend(mapped, p.proto, p.dport).and_then(|fe| {
+        info.frontend = t.and_then(|t| t.frontend(mapped, p.proto, p.dport).map(|fe| (t, fe))).and_then(|(t, fe)| {
             let s = t.services.get(usize::try_from(fe.service).ok()?)?;
             Some(format!("{} {}", s.name, fe.kind.name()))
         });
@@ -341,6 +341,13 @@ impl Info {
         }
         info
     }
+}
+
+/// A frame's protocol name and source and destination `address:port` (as [`Traced`] shows
+/// them; `None` for frames that are not IP), for `xlb monitor`.
+pub(crate) fn describe(f: &[u8]) -> (String, Option<SocketAddr>, Option<SocketAddr>) {
+    let i = Info::of(f, None);
+    (i.proto, i.src, i.dst)
 }
 
 fn addr<A: Family>(f: &[u8], at: usize) -> Option<IpAddr> {

@@ -24,6 +24,7 @@ pub mod nat;
 pub mod process;
 pub mod sched;
 pub mod tables;
+pub mod tap;
 pub mod wire;
 pub mod worker;
 pub mod xsk;

@@ -22,6 +22,7 @@ use crate::nat::Packet;
 use crate::process::snapshot::FlowSnapshot;
 use crate::process::{FlowDump, Pipeline, PipelineConfig, Verdict};
 use crate::tables::{BackendRef, KERNEL_PORT, Tables, TablesHandle};
+use crate::tap::DropTap;
 use crate::wire::ETH_LEN;
 use crate::xsk::{OwnedFrame, SocketStats, Xsk, XskConfig, XskError};
 
@@ -203,6 +204,8 @@ pub struct WorkerHandle {
     pub xsk: Arc<XskCounters>,
     /// Requests to the worker.
     pub requests: mpsc::Sender<Request>,
+    /// Copies of the frames this worker drops, while a monitor listens (`xlb monitor --drops`).
+    pub tap: Arc<DropTap>,
     thread: Option<JoinHandle<Option<Pipeline>>>,
 }
 
@@ -245,6 +248,8 @@ pub fn spawn(
     let id = spec.id;
     let (ready_tx, ready_rx) = mpsc::channel::<Result<(Vec<i32>, Arc<WorkerCounters>, Arc<XskCounters>), XskError>>();
     let (req_tx, req_rx) = mpsc::channel::<Request>();
+    let tap = Arc::new(DropTap::default());
+    let worker_tap = tap.clone();
     let thread = std::thread::Builder::new()
         .name(format!("xlb-worker-{id}"))
         .spawn(move || {
@@ -287,12 +292,12 @@ pub fn spawn(
             xc.counter(XskCounter::ZeroCopy).set(u64::from(xsk.zero_copy(0)));
             xc.counter(XskCounter::UmemHugePages).set(u64::from(xsk.huge_pages()));
             let _ = ready_tx.send(Ok((xsk.fds(), pipeline.counters().clone(), xc.clone())));
-            Some(run(spec, xsk, pipeline, tables, fabric, stop, req_rx, &xc))
+            Some(run(spec, xsk, pipeline, tables, fabric, stop, req_rx, &xc, &worker_tap))
         })
         .map_err(|_| WorkerError::Thread(id))?;
     match ready_rx.recv() {
         Ok(Ok((fds, counters, xsk))) => {
-            Ok(WorkerHandle { id, fds, counters, xsk, requests: req_tx, thread: Some(thread) })
+            Ok(WorkerHandle { id, fds, counters, xsk, requests: req_tx, tap, thread: Some(thread) })
         }
         Ok(Err(source)) => {
             let _ = thread.join();
@@ -312,6 +317,7 @@ fn run(
     stop: Arc<AtomicBool>,
     requests: mpsc::Receiver<Request>,
     xc: &XskCounters,
+    tap: &DropTap,
 ) -> Pipeline {
     let id = spec.id;
     let nports = xsk.port_count();
@@ -325,7 +331,7 @@ fn run(
     let mut idle_rounds = 0u32;
     let counters = pipeline.counters().clone();
     let mut next_socket_stats_ms = 0u64;
-    let route = Route { fabric: &fabric, me: id, workers: spec.pipeline.workers, punt: spec.punt.as_ref() };
+    let route = Route { fabric: &fabric, me: id, workers: spec.pipeline.workers, punt: spec.punt.as_ref(), tap };
     while !stop.load(Ordering::Relaxed) {
         // One relaxed pointer check per loop; a new snapshot only after a publication.
         let t: &Tables = reader.load();
@@ -515,6 +521,8 @@ struct Route<'a> {
     workers: u16,
     /// This worker's punt queue.
     punt: Option<&'a PuntPort>,
+    /// This worker's drop tap.
+    tap: &'a DropTap,
 }
 
 impl Route<'_> {
@@ -532,7 +540,7 @@ impl Route<'_> {
         scratch: &mut Vec<u8>,
         tally: &mut Tally,
     ) {
-        let Self { fabric, me, workers, punt: punt_port } = *self;
+        let Self { fabric, me, workers, punt: punt_port, tap } = *self;
         // `release` refuses only frames of another UMEM, and every frame here came from `xsk`.
         let mut f = f;
         if in_port == KERNEL_PORT && v == Verdict::Pass {
@@ -563,7 +571,16 @@ impl Route<'_> {
                 }
                 drop(xsk.release(f));
             }
-            Verdict::Drop(_) => drop(xsk.release(f)),
+            Verdict::Drop(reason) => {
+                // A monitor listens: a copy of the frame's first bytes (module `tap`).
+                if tap.is_on() {
+                    let _ = xsk.with_buffer(&mut f, |buf, len| {
+                        tap.offer(reason, buf.get(..len).unwrap_or(buf));
+                        (len, ())
+                    });
+                }
+                drop(xsk.release(f));
+            }
             Verdict::Handoff { worker } => {
                 if hops + 1 >= workers || worker == me {
                     // Every worker looked: nobody has a flow for this reply. It is direct traffic

@@ -1,0 +1,95 @@
+//! `xlb monitor --drops` against xlb on the namespace testbed: frames xlb drops show up with
+//! their reason, on stdout and in the pcapng file, while the admin socket keeps answering;
+//! the workers' taps are turned off when the monitor goes.
+
+#[cfg(test)]
+mod monitor {
+    use std::process::{Command, Stdio};
+    use std::time::Duration;
+
+    use pcap_file::pcapng::blocks::enhanced_packet::EnhancedPacketOption;
+    use pcap_file::pcapng::{Block, PcapNgReader};
+    use xlb_e2e::{Role, Testbed, Xlb, skip_without_root, wait_for, xlb_binary};
+
+    const CONFIG: &str = include_str!("../../deploy/examples/testbed.yaml");
+
+    #[test]
+    fn dropped_frames_reach_the_monitor_with_their_reason_and_the_admin_socket_stays_usable() {
+        if skip_without_root("dropped_frames_reach_the_monitor_with_their_reason_and_the_admin_socket_stays_usable") {
+            return;
+        }
+        let bin = xlb_binary().expect("xlb binary");
+        let tb = Testbed::up().unwrap_or_else(|e| {
+            eprintln!("testbed up failed, trying once more: {e}");
+            Testbed::up().expect("testbed up (second try)")
+        });
+        let xlb = Xlb::start(&tb, CONFIG).expect("xlb start");
+        let pcap = std::env::temp_dir().join(format!("xlb-monitor-{}.pcapng", std::process::id()));
+        let mut monitor = Command::new(&bin)
+            .args(["monitor", "--drops", "--count", "2", "--filter", "10.250.100.1/80", "-w"])
+            .arg(&pcap)
+            .arg("--admin-socket")
+            .arg(xlb.admin_socket())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("xlb monitor runs");
+        wait_for(Duration::from_secs(10), || xlb.log().contains("drop monitor started").then_some(()))
+            .unwrap_or_else(|| panic!("the monitor never connected:\n{}", xlb.log()));
+        // The admin socket keeps answering while a monitor streams.
+        let services = xlb.services().expect("xlb services while a monitor runs");
+        assert!(services.contains("10.250.100.1:80"), "{services}");
+        // SYNs with TTL 1 to the web VIP: xlb must not forward them (ttl_exceeded); the
+        // namespace-wide default TTL is the client's own (its namespace goes with the testbed).
+        tb.exec_ok(Role::Client, &["sysctl", "-qw", "net.ipv4.ip_default_ttl=1"]).expect("sysctl");
+        let _ = tb.exec(Role::Client, &["curl", "-sS", "--noproxy", "*", "--max-time", "3", "http://10.250.100.1/"]);
+        // A drop to another address, which the filter must hide.
+        let _ = tb.exec(Role::Client, &["curl", "-sS", "--noproxy", "*", "--max-time", "1", "http://10.250.100.4/"]);
+        let done = wait_for(Duration::from_secs(10), || monitor.try_wait().ok().flatten());
+        if done.is_none() {
+            let _ = monitor.kill();
+        }
+        let out = monitor.wait_with_output().expect("monitor output");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let frames = read_pcapng(&pcap);
+        let _ = std::fs::remove_file(&pcap);
+        assert!(done.is_some_and(|s| s.success()), "monitor: {stdout}{}", String::from_utf8_lossy(&out.stderr));
+        print!("xlb monitor printed:\n{stdout}");
+        let lines: Vec<&str> = stdout.lines().collect();
+        assert_eq!(lines.len(), 2, "{stdout}");
+        for l in &lines {
+            assert!(l.contains(" drop ttl_exceeded tcp ") && l.contains(" -> 10.250.100.1:80 "), "{l}");
+        }
+        assert_eq!(frames.len(), 2);
+        for (frame, comment) in &frames {
+            assert!(comment.starts_with("xlb: drop ttl_exceeded worker "), "{comment}");
+            // IPv4 destination (offset 30) is the VIP, TTL (offset 22) is 1.
+            assert_eq!(&frame[30..34], &[10, 250, 100, 1]);
+            assert_eq!(frame[22], 1);
+        }
+        // The client is gone: the server notices (at its next tick) and turns the taps off.
+        wait_for(Duration::from_secs(5), || xlb.log().contains("drop monitor stopped").then_some(()))
+            .unwrap_or_else(|| panic!("the monitor was not stopped:\n{}", xlb.log()));
+    }
+
+    /// (frame, comment) of each Enhanced Packet Block.
+    fn read_pcapng(path: &std::path::Path) -> Vec<(Vec<u8>, String)> {
+        let data = std::fs::read(path).unwrap_or_default();
+        let Ok(mut r) = PcapNgReader::new(data.as_slice()) else { return Vec::new() };
+        let mut out = Vec::new();
+        while let Some(Ok(b)) = r.next_block() {
+            if let Block::EnhancedPacket(p) = b {
+                let comment = p
+                    .options
+                    .iter()
+                    .find_map(|o| match o {
+                        EnhancedPacketOption::Comment(c) => Some(c.to_string()),
+                        _ => None,
+                    })
+                    .unwrap_or_default();
+                out.push((p.data.into_owned(), comment));
+            }
+        }
+        out
+    }
+}
