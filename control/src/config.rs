@@ -76,7 +76,9 @@ pub struct Config {
     /// Address of `/healthz` and `/livez` (`healthzBindAddress`, default `0.0.0.0:10256`,
     /// CFG-07, HC-01).
     pub healthz_bind_address: SocketAddr,
-    /// Address of `/metrics` (`metricsBindAddress`, default `0.0.0.0:10249`, CFG-07, HC-08).
+    /// Address of `/metrics` (`metricsBindAddress`, default `127.0.0.1:10249` as kube-proxy's,
+    /// CFG-07, HC-08; set `0.0.0.0:10249` for Prometheus to scrape the node, as the shipped
+    /// ConfigMap does).
     pub metrics_bind_address: SocketAddr,
     /// Pod CIDRs (`clusterCIDR`, comma-separated like kube-proxy's `--cluster-cidr`, NAT-06).
     /// When set, ClusterIP traffic from a source outside these prefixes is masqueraded, as
@@ -274,7 +276,7 @@ impl Default for Config {
             ipvs: IpvsConfig::default(),
             iptables: IptablesConfig::default(),
             healthz_bind_address: SocketAddr::from(([0, 0, 0, 0], 10256)),
-            metrics_bind_address: SocketAddr::from(([0, 0, 0, 0], 10249)),
+            metrics_bind_address: SocketAddr::from(([127, 0, 0, 1], 10249)),
             cluster_cidr: Vec::new(),
             interfaces: Vec::new(),
             cores: Vec::new(),
@@ -1335,7 +1337,7 @@ mod tests {
         assert_eq!(c.sync_period, Duration::from_secs(30));
         assert!(!c.iptables.masquerade_all);
         assert_eq!(c.healthz_bind_address.to_string(), "0.0.0.0:10256");
-        assert_eq!(c.metrics_bind_address.to_string(), "0.0.0.0:10249");
+        assert_eq!(c.metrics_bind_address.to_string(), "127.0.0.1:10249");
         assert_eq!(c.ipvs.scheduler, Scheduler::Random);
         assert_eq!(c.maglev_table_size, 65537);
         assert_eq!(c.forwarding_mode, ForwardingMode::Nat);

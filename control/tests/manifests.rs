@@ -325,6 +325,9 @@ fn daemonset_runs_on_the_host_network_with_probes_on_10256_and_metrics_on_10249(
     let config = configmap_config();
     assert_eq!(config.healthz_bind_address.port(), 10256);
     assert_eq!(config.metrics_bind_address.port(), 10249);
+    // kube-proxy's default (127.0.0.1) is not scrapeable from the network: the shipped
+    // ConfigMap must bind all addresses explicitly.
+    assert!(config.metrics_bind_address.ip().is_unspecified(), "{}", config.metrics_bind_address);
 }
 
 #[test]

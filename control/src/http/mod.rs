@@ -2,7 +2,7 @@
 //! runtime (never on the worker cores):
 //! - [`serve_healthz`]: `/healthz` and `/livez` on `healthzBindAddress` (default
 //!   `0.0.0.0:10256`, HC-01..05);
-//! - [`serve_metrics`]: `/metrics` on `metricsBindAddress` (default `0.0.0.0:10249`, HC-08,
+//! - [`serve_metrics`]: `/metrics` on `metricsBindAddress` (default `127.0.0.1:10249`, HC-08,
 //!   MET-01..05; Prometheus text 0.0.4 or OpenMetrics by `Accept`), plus kube-proxy's
 //!   `/healthz` (always `ok`) and `/proxyMode` (`xlb`) there;
 //! - [`HealthCheckServers`]: one listener per `healthCheckNodePort` (TP-09).
