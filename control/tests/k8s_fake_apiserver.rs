@@ -64,6 +64,15 @@ async fn until(
     }
 }
 
+/// Polls `cond` every 20 ms until it holds; fails the test naming `what` after `within`.
+async fn eventually(within: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(t0.elapsed() < within, "timed out after {within:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 fn names(s: &Snapshot) -> BTreeSet<String> {
     s.state.services.iter().filter_map(|s| s.metadata.name.clone()).collect()
 }
@@ -223,13 +232,17 @@ async fn timeout_seconds_closes_are_resumed_and_bookmarks_avoid_relists() {
             slice("default", "web-abc", "web", &[(&format!("10.244.1.{}", 10 + i), true, NODE)], &[("http", 8080)]),
         );
     }
-    tokio::time::sleep(Duration::from_millis(2600)).await;
-    assert!(server.watch_count(Res::Services) >= 3, "timeoutSeconds=1 closes and the watcher resumes");
+    // timeoutSeconds=1 closes each watch after a second and the watcher resumes it.
+    eventually(Duration::from_secs(10), "three watches of Services", || server.watch_count(Res::Services) >= 3).await;
     // Compaction at the current resourceVersion: every watcher is at it thanks to the
     // bookmarks, so reconnecting needs no relist.
     server.compact();
+    let before = [Res::Services, Res::EndpointSlices, Res::Nodes].map(|r| server.watch_count(r));
     server.drop_connections();
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    eventually(Duration::from_secs(10), "every kind watched again after the drop", || {
+        [Res::Services, Res::EndpointSlices, Res::Nodes].iter().zip(before).all(|(r, b)| server.watch_count(*r) > b)
+    })
+    .await;
     assert_eq!(server.list_count(Res::Services), 1);
     assert_eq!(server.list_count(Res::Nodes), 1);
     server.apply(Res::Services, service("default", "api", "10.96.0.40", &[("http", 80, 8080)]));
