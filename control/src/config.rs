@@ -702,9 +702,7 @@ fn de_scheduler<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Scheduler, D::
 /// # Errors
 /// A message listing the accepted names.
 pub fn parse_scheduler(s: &str) -> Result<Scheduler, String> {
-    Scheduler::from_name(s.trim()).ok_or_else(|| {
-        format!("unknown scheduler {s:?}; use one of random, mh, mh-noport, rr, wrr, lc, wlc, sh, dh, sed, nq")
-    })
+    s.parse::<Scheduler>().map_err(|e| e.to_string())
 }
 
 fn de_forwarding_mode<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ForwardingMode, D::Error> {
@@ -717,12 +715,7 @@ fn de_forwarding_mode<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Forwardi
 /// # Errors
 /// A message listing the accepted names.
 pub fn parse_forwarding_mode(s: &str) -> Result<ForwardingMode, String> {
-    match s.trim() {
-        "nat" => Ok(ForwardingMode::Nat),
-        "dsr-ipip" => Ok(ForwardingMode::DsrIpip),
-        "dsr-l2" => Ok(ForwardingMode::DsrL2),
-        _ => Err(format!("unknown forwarding mode {s:?}; use nat, dsr-ipip or dsr-l2")),
-    }
+    s.parse::<ForwardingMode>().map_err(|e| e.to_string())
 }
 
 fn de_cidr<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Cidr, D::Error> {

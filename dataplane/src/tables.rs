@@ -104,6 +104,21 @@ impl Scheduler {
         }
     }
 
+    /// Every scheduler, in the order error messages list them.
+    pub const ALL: [Self; 11] = [
+        Self::Random,
+        Self::Maglev { port: true },
+        Self::Maglev { port: false },
+        Self::RoundRobin,
+        Self::WeightedRoundRobin,
+        Self::LeastConnection,
+        Self::WeightedLeastConnection,
+        Self::SourceHash,
+        Self::DestinationHash,
+        Self::ShortestExpectedDelay,
+        Self::NeverQueue,
+    ];
+
     /// Parses an IPVS scheduler name (see [`Scheduler::name`]); `None` if unknown.
     pub fn from_name(s: &str) -> Option<Self> {
         Some(match s {
@@ -137,6 +152,9 @@ pub enum ForwardingMode {
 }
 
 impl ForwardingMode {
+    /// Every mode, in the order error messages list them.
+    pub const ALL: [Self; 3] = [Self::Nat, Self::DsrIpip, Self::DsrL2];
+
     /// Short name for tables and logs: `nat`, `dsr-ipip`, `dsr-l2`.
     pub fn name(self) -> &'static str {
         match self {
@@ -144,6 +162,48 @@ impl ForwardingMode {
             Self::DsrIpip => "dsr-ipip",
             Self::DsrL2 => "dsr-l2",
         }
+    }
+}
+
+/// A scheduler or forwarding-mode name that is not one ([`Scheduler`]'s and
+/// [`ForwardingMode`]'s `FromStr`); the message lists the accepted names.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {what} {given:?}; use one of {accepted}")]
+pub struct UnknownName {
+    /// `scheduler` or `forwarding mode`.
+    pub what: &'static str,
+    /// The name given (trimmed).
+    pub given: String,
+    /// The accepted names, comma-separated.
+    pub accepted: String,
+}
+
+impl core::str::FromStr for Scheduler {
+    type Err = UnknownName;
+
+    /// Parses an IPVS scheduler name as `ipvs.scheduler` and the annotation
+    /// `xlb.dev/scheduler` give it (surrounding blanks ignored).
+    fn from_str(s: &str) -> Result<Self, UnknownName> {
+        Self::from_name(s.trim()).ok_or_else(|| UnknownName {
+            what: "scheduler",
+            given: s.trim().to_owned(),
+            accepted: Self::ALL.map(Self::name).join(", "),
+        })
+    }
+}
+
+impl core::str::FromStr for ForwardingMode {
+    type Err = UnknownName;
+
+    /// Parses `nat`, `dsr-ipip` or `dsr-l2` (`forwardingMode`, annotation
+    /// `xlb.dev/forwarding-mode`; surrounding blanks ignored).
+    fn from_str(s: &str) -> Result<Self, UnknownName> {
+        let t = s.trim();
+        Self::ALL.into_iter().find(|m| m.name() == t).ok_or_else(|| UnknownName {
+            what: "forwarding mode",
+            given: t.to_owned(),
+            accepted: Self::ALL.map(Self::name).join(", "),
+        })
     }
 }
 
@@ -1430,6 +1490,23 @@ impl TablesReader {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, reason = "tests")]
     use super::*;
+
+    #[test]
+    fn scheduler_and_forwarding_mode_names_parse_back_and_unknown_ones_list_the_accepted() {
+        for s in Scheduler::ALL {
+            assert_eq!(s.name().parse::<Scheduler>(), Ok(s));
+        }
+        for m in ForwardingMode::ALL {
+            assert_eq!(format!(" {} ", m.name()).parse::<ForwardingMode>(), Ok(m));
+        }
+        let e = "maglev".parse::<Scheduler>().unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "unknown scheduler \"maglev\"; use one of random, mh, mh-noport, rr, wrr, lc, wlc, sh, dh, sed, nq"
+        );
+        let e = "dsr".parse::<ForwardingMode>().unwrap_err().to_string();
+        assert_eq!(e, "unknown forwarding mode \"dsr\"; use one of nat, dsr-ipip, dsr-l2");
+    }
 
     #[test]
     fn next_hop_config_routes_override_kernel_routes_longest_prefix_and_metric_win() {
