@@ -986,6 +986,11 @@ fn parse_typed<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Result<T
 #[derive(Default)]
 struct Collector {
     config: Option<(Config, usize)>,
+    /// The XlbConfiguration document, parsed by [`Collector::settle`] (it may extend a
+    /// KubeProxyConfiguration).
+    xlb_raw: Option<(serde_json::Map<String, serde_json::Value>, Here)>,
+    /// A KubeProxyConfiguration document, mapped ([`crate::kubeproxy`]).
+    kpc: Option<(crate::kubeproxy::Mapped, Here)>,
     services: Vec<Service>,
     slices: Vec<EndpointSlice>,
     nodes: Vec<Node>,
@@ -1013,6 +1018,56 @@ impl Here {
 }
 
 impl Collector {
+    /// Turns the configuration documents into [`Collector::config`]: the XlbConfiguration
+    /// alone, the KubeProxyConfiguration alone, or the XlbConfiguration's fields over the
+    /// KubeProxyConfiguration's (a field set by both is an error naming it). Returns the
+    /// KubeProxyConfiguration's notes.
+    fn settle(&mut self) -> Vec<String> {
+        use serde_json::Value;
+        let kpc_kind = crate::kubeproxy::KIND;
+        let (fields, here, label, notes) = match (self.kpc.take(), self.xlb_raw.take()) {
+            (None, None) => return Vec::new(),
+            (Some((m, h)), None) => (m.fields, h, kpc_kind, m.notes),
+            (None, Some((x, h))) => (x, h, KIND, Vec::new()),
+            (Some((m, hk)), Some((x, hx))) => {
+                let mut base = m.fields;
+                for (k, v) in x {
+                    match (base.get_mut(&k), v) {
+                        (None, v) => {
+                            base.insert(k, v);
+                        }
+                        (Some(Value::Object(b)), Value::Object(o)) => {
+                            for (f, fv) in o {
+                                if b.contains_key(&f) {
+                                    self.errors.push(hx.err(
+                                        Some(KIND.to_owned()),
+                                        Some(format!("{k}.{f}")),
+                                        format!("also set by the {kpc_kind} (document {})", hk.document),
+                                    ));
+                                }
+                                b.insert(f, fv);
+                            }
+                        }
+                        (Some(_), _) => self.errors.push(hx.err(
+                            Some(KIND.to_owned()),
+                            Some(k.clone()),
+                            format!("also set by the {kpc_kind} (document {})", hk.document),
+                        )),
+                    }
+                }
+                (base, hx, KIND, m.notes)
+            }
+        };
+        match parse_typed::<Config>(Value::Object(fields)) {
+            Err((path, msg)) => self.errors.push(here.err(Some(label.to_owned()), Some(path), msg)),
+            Ok(c) => match c.validate() {
+                Err(e) => self.errors.push(here.err(Some(label.to_owned()), Some(e.field), e.message)),
+                Ok(()) => self.config = Some((c, here.document)),
+            },
+        }
+        notes
+    }
+
     fn object(&mut self, v: serde_json::Value, here: Here) {
         let serde_json::Value::Object(mut map) = v else {
             self.errors.push(here.err(
@@ -1031,6 +1086,7 @@ impl Collector {
         };
         let expected_api = match kind.as_str() {
             KIND => Some(API_VERSION),
+            crate::kubeproxy::KIND => Some(crate::kubeproxy::API_VERSION),
             "Service" | "Node" | "List" => Some("v1"),
             "EndpointSlice" => Some("discovery.k8s.io/v1"),
             _ => None,
@@ -1041,7 +1097,7 @@ impl Collector {
                     None,
                     Some("kind".into()),
                     format!(
-                        "unsupported kind {kind:?} (apiVersion {api_version:?}); a config file holds one {KIND}, and Service, EndpointSlice, Node or List objects"
+                        "unsupported kind {kind:?} (apiVersion {api_version:?}); a config file holds one {KIND} and/or one KubeProxyConfiguration, and Service, EndpointSlice, Node or List objects"
                     ),
                 ));
                 return;
@@ -1061,22 +1117,29 @@ impl Collector {
             KIND => {
                 map.remove("apiVersion");
                 map.remove("kind");
-                let label = KIND.to_owned();
-                match parse_typed::<Config>(serde_json::Value::Object(map)) {
-                    Err((path, msg)) => self.errors.push(here.err(Some(label), Some(path), msg)),
-                    Ok(c) => {
-                        if let Err(e) = c.validate() {
-                            self.errors.push(here.err(Some(label), Some(e.field), e.message));
-                        } else if let Some((_, first)) = &self.config {
-                            self.errors.push(here.err(
-                                Some(label),
-                                None,
-                                format!("a second {KIND} document; the first is document {first}"),
-                            ));
-                        } else {
-                            self.config = Some((c, here.document));
-                        }
+                if let Some((_, first)) = &self.xlb_raw {
+                    self.errors.push(here.err(
+                        Some(KIND.to_owned()),
+                        None,
+                        format!("a second {KIND} document; the first is document {}", first.document),
+                    ));
+                } else {
+                    self.xlb_raw = Some((map, here));
+                }
+            }
+            crate::kubeproxy::KIND => {
+                let label = crate::kubeproxy::KIND.to_owned();
+                match crate::kubeproxy::map(&map) {
+                    Err(e) => self.errors.push(here.err(Some(label), Some(e.field), e.message)),
+                    Ok(_) if self.kpc.is_some() => {
+                        let first = self.kpc.as_ref().map_or(0, |(_, h)| h.document);
+                        self.errors.push(here.err(
+                            Some(label.clone()),
+                            None,
+                            format!("a second {label} document; the first is document {first}"),
+                        ));
                     }
+                    Ok(m) => self.kpc = Some((m, here)),
                 }
             }
             "List" => {
@@ -1239,7 +1302,7 @@ pub fn load_str_after(
             }
         }
     }
-    let mut notes = Vec::new();
+    let mut notes = c.settle();
     if c.config.is_none() && c.errors.is_empty() {
         c.errors.push(DocError {
             document: 0,
@@ -1247,7 +1310,11 @@ pub fn load_str_after(
             item: None,
             object: None,
             field: None,
-            message: format!("no {KIND} document (apiVersion: {API_VERSION}, kind: {KIND})"),
+            message: format!(
+                "no {KIND} document (apiVersion: {API_VERSION}, kind: {KIND}) and no {} (apiVersion: {})",
+                crate::kubeproxy::KIND,
+                crate::kubeproxy::API_VERSION
+            ),
         });
     }
     if !c.errors.is_empty() {
@@ -1320,6 +1387,60 @@ mod tests {
             Err(e) => panic!("unexpected error {e}"),
             Ok(_) => panic!("expected an error"),
         }
+    }
+
+    /// `config.conf` of the kube-proxy ConfigMap as kubeadm writes it.
+    fn kubeadm_config_conf() -> String {
+        let cm: serde_json::Value =
+            serde_saphyr::from_str(include_str!("../tests/data/kube-proxy-configmap-kubeadm.yaml")).unwrap();
+        cm["data"]["config.conf"].as_str().unwrap().to_owned()
+    }
+
+    #[test]
+    fn kubeadms_kube_proxy_configmap_is_a_valid_config_verbatim() {
+        let l = load(&kubeadm_config_conf()).unwrap();
+        let c = &l.config;
+        assert_eq!(c.cluster_cidr, vec!["10.244.0.0/16".parse::<Cidr>().unwrap()]);
+        // Every other field holds kube-proxy's zero value, "unset": xlb's defaults, which are
+        // kube-proxy's where the field exists.
+        let d = Config { cluster_cidr: c.cluster_cidr.clone(), ..Config::default() };
+        assert_eq!(*c, d);
+        assert_eq!(c.metrics_bind_address.to_string(), "127.0.0.1:10249");
+        // One note per field set that xlb does not use.
+        let notes = l.notes.join("\n");
+        assert!(notes.contains("KubeProxyConfiguration bindAddress: accepted, not used"), "{notes}");
+        assert!(notes.contains("KubeProxyConfiguration clientConnection.kubeconfig: accepted, not used"), "{notes}");
+        assert_eq!(l.notes.len(), 2, "{notes}");
+    }
+
+    #[test]
+    fn an_xlb_configuration_beside_a_kube_proxy_configuration_adds_xlbs_own_settings() {
+        let text = format!(
+            "{}\n---\n{HEAD}nodeName: node-a\ninterfaces: [{{name: eth0, queues: [0]}}]\ncores: [0]\n\
+             conntrack: {{maxPerCore: 4096}}\nforwardingMode: dsr-l2\n",
+            kubeadm_config_conf()
+                .replace("maxPerCore: null", "maxPerCore: 65536")
+                .replace("tcpEstablishedTimeout: null", "tcpEstablishedTimeout: 1h")
+        );
+        // conntrack.maxPerCore is in both: an error naming the field and both documents.
+        let e = errors(&text);
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert_eq!(e[0].field.as_deref(), Some("conntrack.maxPerCore"));
+        assert!(e[0].message.contains("also set by the KubeProxyConfiguration (document 1)"), "{}", e[0].message);
+        let l = load(&text.replace("conntrack: {maxPerCore: 4096}\n", "")).unwrap();
+        let c = &l.config;
+        assert_eq!(c.conntrack.max_per_core, 65536);
+        assert_eq!(c.conntrack.tcp_established_timeout, Duration::from_secs(3600));
+        assert_eq!(c.node_name.as_deref(), Some("node-a"));
+        assert_eq!(c.forwarding_mode, ForwardingMode::DsrL2);
+        assert_eq!(c.interfaces.len(), 1);
+    }
+
+    #[test]
+    fn a_kube_proxy_configuration_with_an_unknown_field_names_it() {
+        let e = errors(&kubeadm_config_conf().replace("mode: \"\"", "mode: \"\"\nproxyMode: ipvs"));
+        assert_eq!(e[0].field.as_deref(), Some("proxyMode"), "{e:?}");
+        assert_eq!(e[0].object.as_deref(), Some("KubeProxyConfiguration"));
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod duration;
 pub mod http;
 pub mod ipam;
 pub mod k8s;
+pub mod kubeproxy;
 pub mod show;
 pub mod translate;
 
