@@ -29,6 +29,8 @@
 #              (source port 9100 from the backend's own address) are routed by that mark to
 #              that node, which un-DNATs them. A moved flow's next segment comes from the new
 #              node, which picks the flow up, and its replies follow.
+#   demo/echo-snat VIP 10.251.100.4:9100 -> :9100, masqueraded as demo/web is: the control
+#              case, whose moved flows break.
 #   Nothing listens on :9100 here: tests/tests/ecmp.rs starts an echo service on the backends.
 # The router's BIRD learns both VIPs from all three nodes and installs one multipath route
 # each (kernel protocol `merge paths on`); with fib_multipath_hash_policy=1 the router hashes
@@ -56,6 +58,7 @@ ROLES=(sw rt client n1 n2 n3 be1 be2 be3)
 VIP=10.251.100.1
 VIP_DSR=10.251.100.2
 VIP_NAT=10.251.100.3
+VIP_SNAT=10.251.100.4
 XLB=${XLB_BIN:-${CARGO_TARGET_DIR:-target}/release/xlb}
 WAIT_SECS=${XLB_ECMP_WAIT:-30}
 
@@ -95,7 +98,7 @@ do_status() {
     if ns_exists "$r"; then printf '%-18s pids: %s\n' "$(ns "$r")" "$(ip netns pids "$(ns "$r")" | tr '\n' ' ')"; else printf '%-18s (absent)\n' "$(ns "$r")"; fi
   done
   ns_exists rt || return 3
-  for v in "$VIP" "$VIP_DSR" "$VIP_NAT"; do
+  for v in "$VIP" "$VIP_DSR" "$VIP_NAT" "$VIP_SNAT"; do
     echo "router: ip route show $v"
     nsx rt ip route show "$v" | sed 's/^/    /'
   done
@@ -280,6 +283,39 @@ EOF
   done
   echo "ports:"
   echo "- {name: echo, port: 9100, protocol: TCP}"
+  cat <<EOF
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: echo-snat
+  namespace: demo
+  annotations: {xlb.dev/scheduler: mh}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.251.200.4
+  clusterIPs: [10.251.200.4]
+  externalTrafficPolicy: Cluster
+  ports:
+  - {name: echo, port: 9100, protocol: TCP, targetPort: 9100, nodePort: 30094}
+status:
+  loadBalancer:
+    ingress: [{ip: $VIP_SNAT}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: echo-snat-1
+  namespace: demo
+  labels: {kubernetes.io/service-name: echo-snat}
+addressType: IPv4
+endpoints:
+EOF
+  for i in "${BACKENDS[@]}"; do
+    echo "- {addresses: [10.251.1.2$i], conditions: {ready: true, serving: true, terminating: false}, nodeName: be$i}"
+  done
+  echo "ports:"
+  echo "- {name: echo, port: 9100, protocol: TCP}"
 }
 
 # nftables of backend $1 for demo/echo-nat: each connection to its own :9100 remembers which
@@ -430,13 +466,13 @@ do_up() {
   while [ $SECONDS -lt $deadline ]; do
     n=$(router_paths)
     [ "$n" -eq ${#NODES[@]} ] && [ "$(router_paths "$VIP_DSR")" -eq ${#NODES[@]} ] &&
-      [ "$(router_paths "$VIP_NAT")" -eq ${#NODES[@]} ] && break
+      [ "$(router_paths "$VIP_NAT")" -eq ${#NODES[@]} ] && [ "$(router_paths "$VIP_SNAT")" -eq ${#NODES[@]} ] && break
     for k in "${NODES[@]}"; do kill -0 "$(cat "$D/n$k/xlb.pid")" 2>/dev/null || { echo "n$k: xlb exited" >&2; false; }; done
     sleep 0.2
   done
   [ "$n" -eq ${#NODES[@]} ] || { echo "the router routes $VIP over $n of ${#NODES[@]} nodes after ${WAIT_SECS}s" >&2; false; }
   trap - ERR INT TERM
-  say "up in $((($(date +%s%N) - t0) / 1000000)) ms: the router routes $VIP, $VIP_DSR and $VIP_NAT over ${#NODES[@]} xlb nodes (run dir $D)"
+  say "up in $((($(date +%s%N) - t0) / 1000000)) ms: the router routes $VIP, $VIP_DSR, $VIP_NAT and $VIP_SNAT over ${#NODES[@]} xlb nodes (run dir $D)"
 }
 
 case "$cmd" in
