@@ -44,7 +44,8 @@
 #           the router routes the VIP over all three nodes. Tears down on failure.
 #   down    stops every process in the namespaces and deletes them and the run directory.
 #   status  namespaces, the router's route to the VIP, each node's BGP session.
-# Environment: XLB_ECMP_RUNDIR (default /run/xlb-ecmp) holds $PREFIX/ with configs and logs.
+# Environment: XLB_ECMP_RUNDIR (default /run/xlb-ecmp) holds $PREFIX/ with configs and logs;
+# XLB_ECMP_DNAT_RETURN (latest or first) as at backend_return_nft.
 # Needs root, iproute2, ethtool, curl, nginx (nginx-light), bird2.
 set -euo pipefail
 
@@ -322,7 +323,15 @@ EOF
 # node sent its latest packet (ct mark 1..3 from the source MAC address) and its replies are
 # routed back through that node (ip rule fwmark K -> table 100+K).
 backend_return_nft() {
-  local i=$1 k entries=""
+  local i=$1 k entries="" when=""
+  # XLB_ECMP_DNAT_RETURN=first: the mark is set by a connection's first packet only, so the
+  # replies of a moved flow still go to the node it entered by (what a static return route
+  # would do); the default, latest, follows the move.
+  case ${XLB_ECMP_DNAT_RETURN:-latest} in
+    latest) ;;
+    first) when="ct state new " ;;
+    *) die "XLB_ECMP_DNAT_RETURN must be latest or first" ;;
+  esac
   for k in "${NODES[@]}"; do
     entries+="${entries:+, }$(nsx "n$k" cat /sys/class/net/eth0/address) : $k"
   done
@@ -330,7 +339,7 @@ backend_return_nft() {
 table ip xlb_return {
   chain pre {
     type filter hook prerouting priority mangle; policy accept;
-    ip daddr 10.251.1.2$i tcp dport 9100 ct mark set ether saddr map { $entries }
+    ip daddr 10.251.1.2$i tcp dport 9100 ${when}ct mark set ether saddr map { $entries }
   }
   chain out {
     type route hook output priority mangle; policy accept;
