@@ -3,9 +3,11 @@
 //! them with ECMP. Pins what `make demo-ecmp` shows: the router's multipath route has one next
 //! hop per node, every node takes flows, and a node whose xlb stops withdraws its path first
 //! while the others keep serving. And what survives a move: long-lived connections to the
-//! Maglev DSR-L2 Service (`demo/echo`) that the router moves to another node when one node
-//! stops (SIGTERM: BGP withdraw) or dies (link cut and `kill -9`: the router's BGP hold
-//! timer) are picked up there and keep their backend: none breaks.
+//! Maglev Services with DSR-L2 (`demo/echo`) and DNAT (`demo/echo-nat`, replies routed back to
+//! the sending node) that the router moves to another node when one node stops (SIGTERM: BGP
+//! withdraw) or dies (link cut and `kill -9`: the router's BGP hold timer) are picked up there
+//! and keep their backend: none breaks; the masqueraded ones (`demo/echo-snat`) that moved
+//! all break, and no others. docs/operations.md, "Flows moved between xlb nodes (ECMP)".
 //!
 //! `XLB_ECMP_STREAMS` (default 200) and `XLB_ECMP_AFTER_SECS` (default 5: how long the
 //! streams go on once the router has dropped the node) give a longer form.
