@@ -70,6 +70,7 @@ mod ecmp {
                 script: root.join("deploy").join("testbed-ecmp.sh"),
                 xlb: xlb_e2e::xlb_binary().expect("xlb binary"),
             };
+            t.sweep_stale();
             let out = t.script("up");
             assert!(
                 out.status.success(),
@@ -80,10 +81,34 @@ mod ecmp {
             t
         }
 
+        /// Takes down the testbeds (`ecmp<pid>x<n>-*`, or `ecmp<pid>-*` of older runs) of test
+        /// processes that no longer run: killed before their `Drop` could.
+        fn sweep_stale(&self) {
+            let Ok(dir) = std::fs::read_dir("/run/netns") else { return };
+            let mut stale = BTreeSet::new();
+            for e in dir.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let Some((prefix, _role)) = name.split_once('-') else { continue };
+                let Some(rest) = prefix.strip_prefix("ecmp") else { continue };
+                let pid = rest.split('x').next().unwrap_or("");
+                if pid.parse::<u32>().is_ok() && !Path::new(&format!("/proc/{pid}")).exists() {
+                    stale.insert(prefix.to_owned());
+                }
+            }
+            for prefix in stale {
+                eprintln!("taking down testbed {prefix} left by a dead test run");
+                let _ = self.script_for(&prefix, "down");
+            }
+        }
+
         fn script(&self, cmd: &str) -> std::process::Output {
+            self.script_for(&self.prefix, cmd)
+        }
+
+        fn script_for(&self, prefix: &str, cmd: &str) -> std::process::Output {
             Command::new("bash")
                 .arg(&self.script)
-                .args([cmd, &self.prefix])
+                .args([cmd, prefix])
                 .env("XLB_BIN", &self.xlb)
                 .env("XLB_ECMP_RUNDIR", self.run_base.path())
                 .output()
