@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# xlb scale-out testbed: a router spreading one VIP over three xlb nodes with ECMP, each node
-# announcing the VIP over BGP through its own BIRD 2 (announce.mode: bgp), three backends and
+# xlb scale-out testbed: a router spreading VIPs over three xlb nodes with ECMP, each node
+# announcing them over BGP through its own BIRD 2 (announce.mode: bgp), three backends and
 # a client. Everything in network namespaces; `make demo-ecmp` drives it (deploy/demo-ecmp.sh).
 #
 #   client 10.251.0.2 ── 10.251.0.1 router (BIRD, AS 65000; ECMP, fib_multipath_hash_policy=1)
@@ -10,7 +10,7 @@
 #   n1 10.251.1.11   n2 10.251.1.12   n3 10.251.1.13   be1 .21   be2 .22   be3 .23
 #   xlb + BIRD (AS 65001 each), one-armed on eth0       nginx on :80 ("beN")
 #
-# Two LoadBalancer Services, the same on every node (generated config), both Maglev (`mh`):
+# Four LoadBalancer Services, the same on every node (generated config), all Maglev (`mh`):
 #   demo/web   VIP 10.251.100.1:80 -> nginx :80. Masqueraded (externalTrafficPolicy:
 #              Cluster) to the node's own address, so the backends' replies return to the
 #              node that took the flow: a flow the router moves to another node breaks there.
@@ -43,10 +43,10 @@
 #           and xlb (XLB_BIN, default ${CARGO_TARGET_DIR:-target}/release/xlb); waits until
 #           the router routes the VIP over all three nodes. Tears down on failure.
 #   down    stops every process in the namespaces and deletes them and the run directory.
-#   status  namespaces, the router's route to the VIP, each node's BGP session.
+#   status  namespaces, the router's routes to the VIPs, each node's BGP session.
 # Environment: XLB_ECMP_RUNDIR (default /run/xlb-ecmp) holds $PREFIX/ with configs and logs;
 # XLB_ECMP_DNAT_RETURN (latest or first) as at backend_return_nft.
-# Needs root, iproute2, ethtool, curl, nginx (nginx-light), bird2.
+# Needs root, iproute2, ethtool, curl, nginx (nginx-light), bird2, nftables.
 set -euo pipefail
 
 cmd=${1:-}
@@ -383,7 +383,7 @@ do_up() {
   local r k i t0
   for r in "${ROLES[@]}"; do ns_exists "$r" && die "namespace $(ns "$r") already exists (run: $0 down $P)"; done
   [ "$(id -u)" -eq 0 ] || die "needs root"
-  for t in ip ethtool curl nginx bird birdc sysctl; do
+  for t in ip ethtool curl nginx bird birdc sysctl nft; do
     command -v "$t" >/dev/null || die "missing tool: $t (run scripts/install-deps.sh demo)"
   done
   [ -x "$XLB" ] || die "$XLB is missing (build it: cargo build --release -p xlb, or set XLB_BIN)"
