@@ -66,10 +66,10 @@ spread=0
 for k in 1 2 3; do [ $(($(node_new_flows "$k") - before[k])) -gt 0 ] && spread=$((spread + 1)); done
 
 echo
-echo "== per-node counters (xlb stats, first lines)"
+echo "== per-node counters (xlb stats: workers, demo/web's backends)"
 for k in 1 2 3; do
   echo "   n$k:"
-  "$XLB_BIN" stats --admin-socket "$D/n$k/admin.sock" | grep -E "^worker [0-9]+ rx |^backend " | sed 's/^/     /'
+  "$XLB_BIN" stats --admin-socket "$D/n$k/admin.sock" | grep -E "^worker [0-9]+ rx |^backend demo/web:" | sed 's/^/     /'
 done
 
 echo

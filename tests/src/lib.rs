@@ -92,6 +92,12 @@ const CURL_MAX_TIME_SECS: &str = "5";
 const DEFAULT_RUN_BASE: &str = "/run/xlb-testbed";
 /// Where `ip netns` keeps its namespace files.
 const NETNS_DIR: &str = "/run/netns";
+
+/// The file of the network namespace `name` (`/run/netns/NAME`), for [`load::in_netns`].
+#[must_use]
+pub fn netns_path(name: &str) -> PathBuf {
+    Path::new(NETNS_DIR).join(name)
+}
 /// Prefix of the testbed names this harness picks (`xe<pid>t<counter>`).
 const PREFIX_HEAD: &str = "xe";
 

@@ -14,13 +14,56 @@
 
 use std::io::{Read as _, Write as _};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::{BACKENDS, Result, Role, Testbed, TestbedError, backend_of, io_err};
+use crate::{BACKENDS, Result, Role, Testbed, TestbedError, backend_of, io_err, netns_path};
+
+/// Runs `f` on a new thread that has joined the network namespace at `ns` (`/run/netns/NAME`)
+/// and returns its result; a panic in `f` is raised again here.
+///
+/// # Errors
+/// When the namespace cannot be opened or joined.
+pub fn in_netns<T: Send>(ns: &Path, f: impl FnOnce() -> T + Send) -> Result<T> {
+    let file = std::fs::File::open(ns).map_err(io_err(format!("cannot open {}", ns.display())))?;
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+                .map_err(|e| io_err(format!("setns({})", ns.display()))(std::io::Error::from(e)))?;
+            Ok(f())
+        })
+        .join()
+        .unwrap_or_else(|p| std::panic::resume_unwind(p))
+    })
+}
+
+/// Starts a thread named `name` in the network namespace at `ns` running `f` (a server that
+/// outlives the call); its result comes back through the handle.
+///
+/// # Errors
+/// When the namespace cannot be opened or the thread cannot be spawned.
+pub fn spawn_in_netns<T, F>(ns: &Path, name: &str, f: F) -> Result<JoinHandle<T>>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    let file = std::fs::File::open(ns).map_err(io_err(format!("cannot open {}", ns.display())))?;
+    let shown = ns.display().to_string();
+    std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(move || {
+            if let Err(e) = nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET) {
+                panic!("setns({shown}): {e}");
+            }
+            drop(file);
+            f()
+        })
+        .map_err(io_err(format!("cannot spawn {name}")))
+}
 
 /// How long a stream waits for its echo before it counts the connection as broken. Longer
 /// than any forwarding gap xlb may cause (a few TCP retransmissions), far shorter than the
@@ -45,12 +88,24 @@ impl EchoServer {
     /// # Errors
     /// When a namespace cannot be entered or the port cannot be bound.
     pub fn start(tb: &Testbed, port: u16) -> Result<Self> {
+        let backends: Vec<(u8, PathBuf)> =
+            (1..=BACKENDS).map(|i| (i, netns_path(&tb.ns_name(Role::Backend(i))))).collect();
+        Self::start_in(&backends, port)
+    }
+
+    /// As [`EchoServer::start`], on the backends of any testbed: `(i, namespace path)`, where
+    /// backend `i` greets as `be<i>`.
+    ///
+    /// # Errors
+    /// As [`EchoServer::start`].
+    pub fn start_in(backends: &[(u8, PathBuf)], port: u16) -> Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();
-        for i in 1..=BACKENDS {
+        for (i, ns) in backends {
+            let i = *i;
             let (tx, rx) = std::sync::mpsc::channel();
             let stop_tcp = stop.clone();
-            threads.push(tb.spawn_in(Role::Backend(i), &format!("echo-be{i}"), move || {
+            threads.push(spawn_in_netns(ns, &format!("echo-be{i}"), move || {
                 let stop = stop_tcp;
                 let listener = match TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)) {
                     Ok(l) => l,
@@ -81,7 +136,7 @@ impl EchoServer {
                 .map_err(io_err(format!("echo server on be{i}: bind port {port}")))?;
             let (tx, rx) = std::sync::mpsc::channel();
             let stop_udp = stop.clone();
-            threads.push(tb.spawn_in(Role::Backend(i), &format!("udp-echo-be{i}"), move || {
+            threads.push(spawn_in_netns(ns, &format!("udp-echo-be{i}"), move || {
                 let sock = match std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, port)) {
                     Ok(s) => s,
                     Err(e) => {
@@ -170,6 +225,8 @@ pub struct Streams {
     broken: Arc<AtomicUsize>,
     /// Echoes so far, per connection.
     echoes: Arc<[std::sync::atomic::AtomicU64]>,
+    /// The client's local port of each connection.
+    local_ports: Vec<u16>,
     threads: Vec<JoinHandle<StreamReport>>,
 }
 
@@ -198,7 +255,16 @@ impl Streams {
         pause: Duration,
         timeout: Duration,
     ) -> Result<Self> {
-        let conns = tb.in_ns(Role::Client, move || -> Result<Vec<(TcpStream, u8, String)>> {
+        Self::open_from(&netns_path(&tb.ns_name(Role::Client)), dest, n, pause, timeout)
+    }
+
+    /// [`Streams::open_with_timeout`] from the network namespace at `client` (any testbed's
+    /// client).
+    ///
+    /// # Errors
+    /// As [`Streams::open`].
+    pub fn open_from(client: &Path, dest: SocketAddr, n: usize, pause: Duration, timeout: Duration) -> Result<Self> {
+        let conns = in_netns(client, move || -> Result<Vec<(TcpStream, u8, String)>> {
             (0..n)
                 .map(|k| {
                     let mut c = TcpStream::connect_timeout(&dest, Duration::from_secs(5))
@@ -220,9 +286,11 @@ impl Streams {
             (0..conns.len()).map(|_| std::sync::atomic::AtomicU64::new(0)).collect();
         let start = Instant::now();
         let mut threads = Vec::new();
+        let mut local_ports = Vec::new();
         for (id, (c, backend, seen_as)) in conns.into_iter().enumerate() {
             let (stop, broken, echoes) = (stop.clone(), broken.clone(), echoes.clone());
             let local_port = c.local_addr().map(|a| a.port()).unwrap_or(0);
+            local_ports.push(local_port);
             let report = StreamReport {
                 id,
                 dest,
@@ -243,7 +311,13 @@ impl Streams {
                     .map_err(io_err("spawn a stream thread"))?,
             );
         }
-        Ok(Self { stop, broken, echoes, threads })
+        Ok(Self { stop, broken, echoes, local_ports, threads })
+    }
+
+    /// The client's local port of each connection, in the order they were opened.
+    #[must_use]
+    pub fn local_ports(&self) -> &[u16] {
+        &self.local_ports
     }
 
     /// Echoes each connection has had so far, in the order they were opened.
@@ -261,9 +335,17 @@ impl Streams {
     /// Stops streaming (each connection finishes its message and closes) and reports every
     /// connection, in the order they were opened.
     #[must_use]
-    pub fn finish(self) -> Vec<StreamReport> {
+    pub fn finish(mut self) -> Vec<StreamReport> {
         self.stop.store(true, Ordering::Relaxed);
-        self.threads.into_iter().filter_map(|t| t.join().ok()).collect()
+        std::mem::take(&mut self.threads).into_iter().filter_map(|t| t.join().ok()).collect()
+    }
+}
+
+impl Drop for Streams {
+    /// Stops the streams of a test that failed before [`Streams::finish`]: each thread ends
+    /// after its current message (or its timeout).
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
     }
 }
 
