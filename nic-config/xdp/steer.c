@@ -14,7 +14,7 @@
 // Everything else (ARP, NDP, echo to a VIP, SSH, traffic to the node's own addresses) passes,
 // except for the addresses this node announces in L2 mode (`l2_addrs`, value: this interface's
 // MAC): the program answers ARP requests (RFC 826) and Neighbor Solicitations (RFC 4861 7.2.4)
-// for them itself with XDP_TX, and drops whatever else is sent to them that is not a service
+// for them itself with XDP_TX (only while an xlb socket serves the receive queue), and drops whatever else is sent to them that is not a service
 // port, an ICMP error or a fragment (so a VIP never reaches the host's own sockets).
 // A frame of xlb's that finds no socket in its queue's slot is dropped (see steer()).
 //
@@ -393,6 +393,15 @@ static __always_inline int handle_ipv4(struct xdp_md *ctx, void *l3, void *end)
 	return pass_unless_l2(&dst);
 }
 
+/* Whether an xlb socket serves this receive queue. A node whose xlb died (its sockets closed,
+ * the program left attached with its maps) must stop answering for the VIPs at once, so that
+ * another node can take them over; the kernel removes a closed socket from `xsks`. */
+static __always_inline int xlb_alive(struct xdp_md *ctx)
+{
+	__u32 q = ctx->rx_queue_index;
+	return bpf_map_lookup_elem(&xsks, &q) != 0;
+}
+
 /* Folds a 32-bit one's complement sum to 16 bits and complements it (RFC 1071). */
 static __always_inline __u16 csum_fold(__u32 sum)
 {
@@ -407,7 +416,7 @@ static __always_inline __u16 csum_fold(__u32 sum)
  * Gratuitous requests (sender address = target address, another node announcing) and
  * everything else pass to the kernel.
  */
-static __always_inline int handle_arp(struct ethhdr *eth, void *l3, void *end)
+static __always_inline int handle_arp(struct xdp_md *ctx, struct ethhdr *eth, void *l3, void *end)
 {
 	struct arp_eth *arp = l3;
 	if ((void *)(arp + 1) > end)
@@ -423,7 +432,7 @@ static __always_inline int handle_arp(struct ethhdr *eth, void *l3, void *end)
 	struct addr_key k;
 	v4_mapped(k.addr, tpa);
 	struct l2_mac *m = bpf_map_lookup_elem(&l2_addrs, &k);
-	if (!m)
+	if (!m || !xlb_alive(ctx))
 		return pass();
 	__u8 sha[6];
 	__builtin_memcpy(sha, arp->sha, 6);
@@ -462,7 +471,7 @@ static __always_inline int handle_ns(struct xdp_md *ctx, __u32 l3off)
 	struct addr_key target;
 	__builtin_memcpy(target.addr, ns->target, 16);
 	struct l2_mac *m = bpf_map_lookup_elem(&l2_addrs, &target);
-	if (!m)
+	if (!m || !xlb_alive(ctx))
 		return pass();
 	__u16 src[8], tgt[8];
 	__builtin_memcpy(src, &ip6->saddr, 16);
@@ -594,7 +603,7 @@ int xlb_steer(struct xdp_md *ctx)
 	if (h_proto == bpf_htons(ETH_P_IPV6))
 		return handle_ipv6(ctx, l3, end, l3off);
 	if (h_proto == bpf_htons(ETH_P_ARP_))
-		return handle_arp(eth, l3, end);
+		return handle_arp(ctx, eth, l3, end);
 	return pass(); /* LLDP, ... */
 }
 
