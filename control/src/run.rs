@@ -891,6 +891,8 @@ impl Supervisor<'_> {
                     passed: s.passed,
                     redirect_failed: s.redirect_failed,
                     parse_errors: s.parse_errors,
+                    l2_replied: s.l2_replied,
+                    l2_dropped: s.l2_dropped,
                 }),
                 Err(e) => {
                     tracing::debug!(interface = st.ifname(), error = %e, "steering stats");
