@@ -75,3 +75,105 @@ impl Announcer for L2 {
         format!("ARP/NDP answered by the steering program on {}", self.interfaces())
     }
 }
+
+/// The owner of `vip` among `nodes` by rendezvous (highest random weight) hashing: the node
+/// whose [`weight`] for `vip` is highest, ties broken by the smaller name. `None` when `nodes`
+/// is empty.
+///
+/// Every node computes the same owner from the same member list, whatever its order, without
+/// talking to the others; when a node leaves, only the VIPs it owned move (each to the node
+/// with the next highest weight), and a joining node takes over only the VIPs for which it
+/// has the highest weight. The building block for one owner per VIP across xlb nodes; the
+/// member list (healthy nodes, e.g. from per-node Leases) is not wired in yet: in L2 mode
+/// every node answers for every announced VIP.
+pub fn owner<'a>(vip: IpAddr, nodes: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    nodes
+        .into_iter()
+        .map(|n| (weight(n, vip), n))
+        .max_by(|a, b| a.0.cmp(&b.0).then_with(|| b.1.cmp(a.1)))
+        .map(|(_, n)| n)
+}
+
+/// The rendezvous weight of `node` for `vip`: 64-bit FNV-1a over the node name, a 0 byte and
+/// the address's 16-byte form (IPv4 as `::ffff:a.b.c.d`), finished with the SplitMix64 mixer.
+/// Fixed by this definition, so every xlb version and process computes the same weights.
+#[must_use]
+pub fn weight(node: &str, vip: IpAddr) -> u64 {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let addr = match vip {
+        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+        IpAddr::V6(a) => a.octets(),
+    };
+    let mut h = OFFSET;
+    for b in node.as_bytes().iter().chain(&[0u8]).chain(&addr) {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(PRIME);
+    }
+    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vips(n: u32) -> Vec<IpAddr> {
+        (0..n).map(|i| IpAddr::from(std::net::Ipv4Addr::from(0xc633_6400 + i))).collect()
+    }
+
+    #[test]
+    fn the_owner_does_not_depend_on_the_order_of_the_members() {
+        let a = ["node-a", "node-b", "node-c"];
+        let b = ["node-c", "node-a", "node-b"];
+        for v in vips(200) {
+            assert_eq!(owner(v, a), owner(v, b), "{v}");
+            assert!(owner(v, a).is_some());
+        }
+        assert_eq!(owner(vips(1)[0], []), None, "no member, no owner");
+    }
+
+    #[test]
+    fn a_leaving_node_moves_only_its_own_vips() {
+        let all = ["node-a", "node-b", "node-c"];
+        let without_b = ["node-a", "node-c"];
+        let mut moved = 0;
+        for v in vips(300) {
+            let before = owner(v, all).unwrap();
+            let after = owner(v, without_b).unwrap();
+            if before == "node-b" {
+                moved += 1;
+            } else {
+                assert_eq!(before, after, "{v} was not node-b's and must stay");
+            }
+        }
+        assert!(moved > 0);
+    }
+
+    #[test]
+    fn vips_spread_over_the_nodes() {
+        let nodes = ["node-a", "node-b", "node-c"];
+        let mut count = std::collections::HashMap::new();
+        for v in vips(3000) {
+            *count.entry(owner(v, nodes).unwrap()).or_insert(0) += 1;
+        }
+        for n in nodes {
+            let c = count.get(n).copied().unwrap_or(0);
+            assert!((800..=1200).contains(&c), "{n} owns {c} of 3000: {count:?}");
+        }
+    }
+
+    #[test]
+    fn weights_are_fixed_by_definition() {
+        // Pinned so that a change of the hash (which would move VIPs between nodes of
+        // different versions during an upgrade) fails here.
+        let w = weight("node-a", "192.0.2.1".parse().unwrap());
+        assert_eq!(w, weight("node-a", "::ffff:192.0.2.1".parse().unwrap()), "IPv4 as its mapped form");
+        assert_ne!(w, weight("node-b", "192.0.2.1".parse().unwrap()));
+        assert_eq!(w, PINNED, "weight(\"node-a\", 192.0.2.1) = {w:#x}");
+    }
+
+    /// Computed independently of this code (Python, from the definition in [`weight`]).
+    const PINNED: u64 = 0x5479_fbcc_3f85_d354;
+}
