@@ -549,9 +549,10 @@ impl Steering {
     /// network namespace (the packet socket and the interface's MAC are looked up there).
     ///
     /// # Errors
-    /// [`NicError::Map`] if the map cannot be opened again by id, [`NicError::Io`]-like
-    /// errors from [`crate::L2Responder::new`].
+    /// [`NicError::Map`] if the map cannot be opened again by id; [`NicError::Packet`] if
+    /// the interface's link address cannot be read or the packet socket cannot be opened.
     pub fn l2_responder(&self) -> Result<crate::L2Responder, NicError> {
+        // `l2_addrs` is the last map `load` opens.
         let id = self.map_ids.last().copied().unwrap_or_default();
         let data = MapData::from_id(id).map_err(|e| NicError::map(&self.ifname, MAP_L2_ADDRS, "open by id", e))?;
         let map = HashMap::try_from(Map::HashMap(data))
