@@ -23,7 +23,9 @@ case "$what" in
     # tests/tests/bird.rs and the ECMP testbed: BIRD 2 daemons (bird, birdc) in namespaces.
     # The package also enables a system `bird` service; the tests run their own daemons with
     # their own sockets and never use or stop it.
-    pkgs+=(bird2) ;;
+    pkgs+=(bird2)
+    # tests/tests/l2.rs: ARP requests from the client to the VIP (L2 announcement)
+    pkgs+=(iputils-arping) ;;
   *) echo "unknown target: $what" >&2; exit 2 ;;
 esac
 # tests/tests/dashboard.rs: promtool checks and unit-tests deploy/prometheus/, and the test's

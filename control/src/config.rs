@@ -155,8 +155,9 @@ pub struct Config {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct AnnounceConfig {
-    /// `none` (default: xlb announces nothing) or `bgp` (through the BIRD 2 daemon the
-    /// operator runs, [`BirdConfig`]).
+    /// `none` (default: xlb announces nothing), `bgp` (through the BIRD 2 daemon the
+    /// operator runs, [`BirdConfig`]) or `l2` (this node answers ARP and Neighbor
+    /// Solicitations for the VIPs itself, [`L2Config`]).
     pub mode: AnnounceMode,
     /// Also announce `spec.externalIPs` (of Services of any type; default false). Off by
     /// default because whoever may create a Service may set any external IP (CVE-2020-8554):
@@ -165,12 +166,27 @@ pub struct AnnounceConfig {
     pub external_ips: bool,
     /// Where the BGP mode writes the prefixes and which BIRD it reconfigures.
     pub bird: BirdConfig,
+    /// Where the L2 mode answers.
+    pub l2: L2Config,
 }
 
 impl Default for AnnounceConfig {
     fn default() -> Self {
-        Self { mode: AnnounceMode::None, external_ips: false, bird: BirdConfig::default() }
+        Self { mode: AnnounceMode::None, external_ips: false, bird: BirdConfig::default(), l2: L2Config::default() }
     }
+}
+
+/// `announce.l2` block: the L2 mode (docs/operations.md, "Announcing VIPs on the local network
+/// (L2)"). The steering program answers ARP requests (RFC 826) and Neighbor Solicitations (RFC
+/// 4861 §7.2.4) for each announced VIP with the MAC of the interface they arrive on; a VIP
+/// that becomes announced is told to the segment with a gratuitous ARP request (RFC 5227
+/// §2.3) or an unsolicited Neighbor Advertisement (RFC 4861 §7.2.6).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct L2Config {
+    /// The interfaces (names from `interfaces`) that answer for the VIPs; empty (default):
+    /// all of them.
+    pub interfaces: Vec<String>,
 }
 
 /// `announce.mode`.
@@ -182,6 +198,8 @@ pub enum AnnounceMode {
     /// BGP through BIRD 2: xlb writes `route` lines into the files [`BirdConfig`] names, which
     /// the operator's BIRD config includes, and runs `birdc configure`.
     Bgp,
+    /// L2: this node answers ARP / Neighbor Solicitations for the VIPs ([`L2Config`]).
+    L2,
 }
 
 /// `announce.bird` block (BIRD 2; BIRD User's Guide, chapter 4 "Remote control" and
@@ -634,7 +652,18 @@ impl Config {
             }
             pools.push((i, pool));
         }
-        self.announce.validate()
+        self.announce.validate()?;
+        if self.announce.mode == AnnounceMode::L2 {
+            for (i, name) in self.announce.l2.interfaces.iter().enumerate() {
+                if !self.interfaces.iter().any(|f| &f.name == name) {
+                    return Err(field_err(
+                        format!("announce.l2.interfaces[{i}]"),
+                        format!("{name:?} is not one of `interfaces`"),
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The pools of [`Config::address_pools`] (valid after [`Config::validate`]; a pool that
@@ -1880,5 +1909,20 @@ spec: {{type: LoadBalancer, clusterIP: 10.96.0.{n}, clusterIPs: [10.96.0.{n}], p
         assert_eq!(e[0].field.as_deref(), Some("announce.bird.timeout"), "{}", e[0]);
         // The bird block is only checked when it is used.
         assert!(load(&format!("{HEAD}announce: {{mode: none, bird: {{timeout: 0s}}}}\n")).is_ok());
+    }
+
+    #[test]
+    fn l2_mode_parses_and_its_interfaces_must_be_xlbs() {
+        let c = load(&format!("{HEAD}announce: {{mode: l2}}\n")).unwrap().config.announce;
+        assert_eq!(c.mode, AnnounceMode::L2);
+        assert!(c.l2.interfaces.is_empty(), "default: every interface answers");
+        let head = format!("{HEAD}interfaces: [{{name: eth0}}, {{name: eth1}}]\n");
+        let c = load(&format!("{head}announce: {{mode: l2, l2: {{interfaces: [eth1]}}}}\n")).unwrap().config;
+        assert_eq!(c.announce.l2.interfaces, vec!["eth1".to_owned()]);
+        let e = errors(&format!("{head}announce: {{mode: l2, l2: {{interfaces: [eth0, nosuch9]}}}}\n"));
+        assert_eq!(e[0].field.as_deref(), Some("announce.l2.interfaces[1]"), "{}", e[0]);
+        assert!(e[0].to_string().contains("nosuch9"), "{}", e[0]);
+        let e = errors(&format!("{HEAD}announce: {{mode: l2, l2: {{iface: [x]}}}}\n"));
+        assert!(e[0].to_string().contains("iface"), "unknown field: {}", e[0]);
     }
 }

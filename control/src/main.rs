@@ -380,7 +380,8 @@ fn check(path: &std::path::Path) -> anyhow::Result<ExitCode> {
     }
     if loaded.config.announce.mode != xlb::config::AnnounceMode::None {
         let vips = xlb::announce::announced(&loaded.cluster, &spec, &xlb::announce::Scope::from_config(&loaded.config));
-        eprintln!("note: announced while this node is healthy (announce.mode bgp): {vips}");
+        let mode = format!("{:?}", loaded.config.announce.mode).to_lowercase();
+        eprintln!("note: announced while this node is healthy (announce.mode {mode}): {vips}");
     }
     let errors = report.issues.iter().filter(|i| i.severity == Severity::Error).count();
     if errors > 0 {

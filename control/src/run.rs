@@ -703,6 +703,7 @@ fn serve(
             // With the old process's stop-to-send time (its log), the forwarding gap.
             tracing::info!(ms = t.elapsed().as_secs_f64() * 1e3, "hand-over: forwarding again after the flows arrived");
         }
+        let announcement = announcement(&config, &steering);
         let mut sup = Supervisor {
             path: &path,
             config: config.clone(),
@@ -715,7 +716,7 @@ fn serve(
             last_verify: Instant::now(),
             punt: !punt_queues.is_empty(),
             handover: handover_rx,
-            announcement: announcement(&config),
+            announcement,
             vips,
         };
         let handover = sup.run(&mut cluster, k8s.as_mut(), shutdown, reload)?;
@@ -890,6 +891,8 @@ impl Supervisor<'_> {
                     passed: s.passed,
                     redirect_failed: s.redirect_failed,
                     parse_errors: s.parse_errors,
+                    l2_replied: s.l2_replied,
+                    l2_dropped: s.l2_dropped,
                 }),
                 Err(e) => {
                     tracing::debug!(interface = st.ifname(), error = %e, "steering stats");
@@ -942,7 +945,7 @@ impl Supervisor<'_> {
                         if l.config.announce != self.config.announce {
                             // Withdraw through the old settings (other files, another BIRD).
                             self.withdraw("the announce settings changed");
-                            self.announcement = announcement(&l.config);
+                            self.announcement = announcement(&l.config, self.steering);
                         }
                         self.config = l.config;
                         // The interfaces may have changed, and with them which routes lead
@@ -1075,9 +1078,22 @@ impl Supervisor<'_> {
 /// How long after a failed announcement the same set is tried again.
 const ANNOUNCE_RETRY: Duration = Duration::from_secs(5);
 
-/// The announcer `config.announce` asks for.
-fn announcement(config: &xlb::config::Config) -> Option<Announcement> {
-    let a = xlb::announce::from_config(config)?;
+/// The announcer `config.announce` asks for; in mode `l2` it answers through the steering
+/// programs of `announce.l2.interfaces` (all of `steering` when empty).
+fn announcement(config: &xlb::config::Config, steering: &[Steering]) -> Option<Announcement> {
+    let mut responders = Vec::new();
+    if config.announce.mode == xlb::config::AnnounceMode::L2 {
+        let names = &config.announce.l2.interfaces;
+        for st in steering.iter().filter(|st| names.is_empty() || names.iter().any(|n| n == st.ifname())) {
+            match st.l2_responder() {
+                Ok(r) => responders.push(r),
+                Err(e) => {
+                    tracing::error!(interface = st.ifname(), error = %e, "L2 announcement: this interface will not answer for the VIPs")
+                }
+            }
+        }
+    }
+    let a = xlb::announce::from_config(config, responders)?;
     tracing::info!(announcer = %a.describe(), "VIPs are announced while this node is healthy and they have endpoints");
     Some(Announcement::new(a, ANNOUNCE_RETRY))
 }

@@ -75,6 +75,18 @@ pub enum NicError {
         /// Name (or `#index`) looked up.
         ifname: String,
     },
+    /// The packet socket that sends gratuitous ARP and unsolicited Neighbor Advertisements
+    /// (`AF_PACKET`, packet(7)) could not be opened or sent on.
+    #[error("packet socket on interface `{ifname}`: {op}: {source}")]
+    Packet {
+        /// The interface.
+        ifname: String,
+        /// `socket`, `getifaddrs` or `sendto`.
+        op: &'static str,
+        /// The system error.
+        #[source]
+        source: io::Error,
+    },
     /// An argument is out of range.
     #[error("invalid {field}: {reason}")]
     InvalidArgument {

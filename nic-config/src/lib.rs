@@ -8,6 +8,10 @@
 //!   then be created with libxdp's `XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD` so libxdp does not
 //!   attach its own catch-all program, and be put into the map with [`Steering::set_xsk`].
 //!   Map layouts: see `maps.rs` and the top of `xdp/steer.c`.
+//! * [`L2Responder`]: L2 announcement of VIPs. The steering program answers ARP requests
+//!   and Neighbor Solicitations for the addresses of its `l2_addrs` map itself (`XDP_TX`);
+//!   the responder fills that map and sends gratuitous ARP / unsolicited Neighbor
+//!   Advertisements from a packet socket.
 //! * [`neighbours`]: the kernel's ARP/NDP table over rtnetlink — dump, watch, resolve.
 //! * [`punt`]: the exception path, a TUN device through which frames that are not xlb's go
 //!   back into the kernel.
@@ -28,6 +32,7 @@
 
 mod error;
 mod iface;
+mod l2;
 mod maps;
 pub mod neighbours;
 mod nl;
@@ -41,9 +46,10 @@ pub use iface::{
     Channels, InterfaceAddress, InterfaceInfo, channels, ifindex, interface_info, local_addresses, set_channels,
     set_tx_checksum_offload, tx_checksum_offload,
 };
+pub use l2::{L2Responder, gratuitous_arp, unsolicited_na};
 pub use maps::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, ServiceKey};
 pub use neighbours::{Neighbour, NeighbourEvent, NeighbourState, NeighbourWatcher};
 pub use steering::{
-    MAX_ENDPOINTS, MAX_QUEUES, MAX_SERVICES, MAX_SNAT_ADDRS, MAX_VIP_ADDRS, PROGRAM_NAME, Steering, SteeringStats,
-    XdpMode,
+    MAX_ENDPOINTS, MAX_L2_ADDRS, MAX_QUEUES, MAX_SERVICES, MAX_SNAT_ADDRS, MAX_VIP_ADDRS, PROGRAM_NAME, Steering,
+    SteeringStats, XdpMode,
 };

@@ -103,12 +103,23 @@ impl SnatRange {
     }
 }
 
+/// Value of the `l2_addrs` map (`struct l2_mac`, 8 bytes): the MAC the program answers ARP
+/// and Neighbor Solicitations with, then two zero bytes.
+#[must_use]
+pub(crate) fn l2_mac_value(mac: [u8; 6]) -> [u8; 8] {
+    let mut v = [0u8; 8];
+    v[..6].copy_from_slice(&mac);
+    v
+}
+
 /// Indexes of the per-CPU `stats` array (`enum` in `xdp/steer.c`).
 pub(crate) mod stat {
     pub(crate) const REDIRECTED: u32 = 0;
     pub(crate) const PASSED: u32 = 1;
     pub(crate) const REDIRECT_FAILED: u32 = 2;
     pub(crate) const PARSE_ERROR: u32 = 3;
+    pub(crate) const L2_REPLIED: u32 = 4;
+    pub(crate) const L2_DROPPED: u32 = 5;
 }
 
 /// The 16-byte map form of an address: IPv6 as is, IPv4 as `::ffff:a.b.c.d`.

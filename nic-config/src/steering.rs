@@ -30,6 +30,7 @@ const MAP_VIP_ADDRS: &str = "vip_addrs";
 const MAP_SNAT_ADDRS: &str = "snat_addrs";
 const MAP_ENDPOINTS: &str = "endpoints";
 const MAP_STATS: &str = "stats";
+pub(crate) const MAP_L2_ADDRS: &str = "l2_addrs";
 
 /// Capacity of the `xsks` map: the highest receive queue index a socket can serve, plus one.
 pub const MAX_QUEUES: u32 = 256;
@@ -42,6 +43,8 @@ pub const MAX_ENDPOINTS: usize = 262_144;
 pub const MAX_VIP_ADDRS: usize = 16_384;
 /// Capacity of the `snat_addrs` map (entries).
 pub const MAX_SNAT_ADDRS: usize = 1_024;
+/// Capacity of the `l2_addrs` map (entries): the addresses one node answers ARP/NDP for.
+pub const MAX_L2_ADDRS: usize = 16_384;
 
 /// Where the kernel runs the XDP program.
 ///
@@ -93,6 +96,13 @@ pub struct SteeringStats {
     pub redirect_failed: u64,
     /// Frames with truncated or malformed Ethernet/IP/L4 headers; given to the kernel.
     pub parse_errors: u64,
+    /// ARP requests and Neighbor Solicitations for an address of `l2_addrs` (L2 announcement)
+    /// answered by the program itself (`XDP_TX`); see [`crate::L2Responder`].
+    pub l2_replied: u64,
+    /// Frames to an address of `l2_addrs` that are not for one of its service ports, not an
+    /// ICMP error and not a fragment: dropped (`XDP_DROP`), so the host's own sockets never
+    /// answer on an announced VIP.
+    pub l2_dropped: u64,
 }
 
 /// Our XDP steering program attached to one interface, with its maps.
@@ -119,6 +129,8 @@ pub struct Steering {
     snat_addrs: HashMap<MapData, [u8; 16], [u16; 2]>,
     endpoints: HashMap<MapData, [u8; ServiceMapKey::LEN], u32>,
     stats: PerCpuArray<MapData, u64>,
+    /// Written only through [`crate::L2Responder`] (opened again by id); kept for reading back.
+    l2_addrs: HashMap<MapData, [u8; 16], [u8; 8]>,
     /// What the last sync wrote to each map, so the next one writes only the difference.
     shadow: Shadows,
     /// Whether this value attached the program (and so detaches it).
@@ -224,13 +236,14 @@ impl Steering {
         program.load().map_err(|e| prog_err(mode, e))?;
         let prog_id = program.info().map_err(|e| prog_err(mode, e))?.id();
         let ifindex = crate::iface::ifindex(ifname)?;
-        let mut map_ids = Vec::with_capacity(6);
+        let mut map_ids = Vec::with_capacity(7);
         let xsks = open_map(&mut ebpf, ifname, MAP_XSKS, &mut map_ids)?;
         let services = open_map(&mut ebpf, ifname, MAP_SERVICES, &mut map_ids)?;
         let vip_addrs = open_map(&mut ebpf, ifname, MAP_VIP_ADDRS, &mut map_ids)?;
         let snat_addrs = open_map(&mut ebpf, ifname, MAP_SNAT_ADDRS, &mut map_ids)?;
         let endpoints = open_map(&mut ebpf, ifname, MAP_ENDPOINTS, &mut map_ids)?;
         let stats = open_map(&mut ebpf, ifname, MAP_STATS, &mut map_ids)?;
+        let l2_addrs = open_map(&mut ebpf, ifname, MAP_L2_ADDRS, &mut map_ids)?;
         Ok(Self {
             xsks,
             services,
@@ -238,6 +251,7 @@ impl Steering {
             snat_addrs,
             endpoints,
             stats,
+            l2_addrs,
             shadow: Shadows::default(),
             attached: false,
             nl: crate::nl::RouteSocket::new("RTM_SETLINK IFLA_XDP")?,
@@ -381,7 +395,7 @@ impl Steering {
     }
 
     /// Kernel ids of the program's maps (`bpftool map show id N`), in the order
-    /// `xsks`, `services`, `vip_addrs`, `snat_addrs`, `endpoints`, `stats`.
+    /// `xsks`, `services`, `vip_addrs`, `snat_addrs`, `endpoints`, `stats`, `l2_addrs`.
     #[must_use]
     pub fn map_ids(&self) -> &[u32] {
         &self.map_ids
@@ -519,6 +533,33 @@ impl Steering {
         Ok(keys.iter().map(ServiceMapKey::from_bytes).map(|k| k.to_service_key()).collect())
     }
 
+    /// Reads back the `l2_addrs` map (the addresses answered for in L2 mode), in no order.
+    ///
+    /// # Errors
+    /// [`NicError::Map`] if iterating fails.
+    pub fn l2_addrs_in_map(&self) -> Result<Vec<IpAddr>, NicError> {
+        self.l2_addrs
+            .keys()
+            .map(|k| k.map(addr_from_bytes).map_err(|e| NicError::map(&self.ifname, MAP_L2_ADDRS, "iterate keys", e)))
+            .collect()
+    }
+
+    /// A second handle on this program's `l2_addrs` map with a packet socket on its interface:
+    /// what L2 announcement writes through ([`crate::L2Responder`]). Call it in the interface's
+    /// network namespace (the packet socket and the interface's MAC are looked up there).
+    ///
+    /// # Errors
+    /// [`NicError::Map`] if the map cannot be opened again by id; [`NicError::Packet`] if
+    /// the interface's link address cannot be read or the packet socket cannot be opened.
+    pub fn l2_responder(&self) -> Result<crate::L2Responder, NicError> {
+        // `l2_addrs` is the last map `load` opens.
+        let id = self.map_ids.last().copied().unwrap_or_default();
+        let data = MapData::from_id(id).map_err(|e| NicError::map(&self.ifname, MAP_L2_ADDRS, "open by id", e))?;
+        let map = HashMap::try_from(Map::HashMap(data))
+            .map_err(|e| NicError::map(&self.ifname, MAP_L2_ADDRS, "open by id", e))?;
+        crate::L2Responder::new(&self.ifname, self.ifindex, map)
+    }
+
     /// Reads back the `vip_addrs` map, in no order.
     ///
     /// # Errors
@@ -558,6 +599,8 @@ impl Steering {
             passed: read(stat::PASSED)?,
             redirect_failed: read(stat::REDIRECT_FAILED)?,
             parse_errors: read(stat::PARSE_ERROR)?,
+            l2_replied: read(stat::L2_REPLIED)?,
+            l2_dropped: read(stat::L2_DROPPED)?,
         })
     }
 

@@ -79,7 +79,7 @@ mod tests {
             let steering = pair.lb.run_in(|| Steering::attach(LB_IF, XdpMode::Native).expect("attach"));
             let prog_id = steering.prog_id();
             let map_ids = steering.map_ids().to_vec();
-            assert_eq!(map_ids.len(), 6);
+            assert_eq!(map_ids.len(), 7);
 
             let info = pair.lb.run_in(|| interface_info(LB_IF).unwrap());
             assert_eq!(info.xdp_prog_id, Some(prog_id), "rtnetlink shows our program on lb0");
@@ -484,5 +484,193 @@ mod tests {
         eprintln!("queue 0 socket: {n0} frames, queue 1 socket: {n1} frames, {:?}", steering.stats());
         assert_eq!(n0 + n1, 32, "every flow reached a socket");
         assert!(n0 > 0 && n1 > 0, "both queues carried traffic: {n0} / {n1}");
+    }
+}
+
+/// L2 announcement: the program answers ARP and Neighbor Solicitations for the addresses of
+/// `l2_addrs` itself (XDP_TX), leaves the host's own ARP/NDP to the kernel, and lets only the
+/// service ports of such an address through.
+mod l2 {
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    use super::*;
+
+    /// On the lb/client segment, on no interface of either namespace.
+    const L2_V4: Ipv4Addr = Ipv4Addr::new(10, 251, 1, 50);
+    const L2_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x251, 1, 0, 0, 0, 0, 0x50);
+    /// On the segment, not owned by anyone.
+    const NOBODY_V4: Ipv4Addr = Ipv4Addr::new(10, 251, 1, 77);
+    const NOBODY_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x251, 1, 0, 0, 0, 0, 0x77);
+
+    fn mac_text(m: [u8; 6]) -> String {
+        m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+    }
+
+    /// veth delivers XDP_TX frames only to a peer whose receive side runs NAPI, which an XDP
+    /// program on the peer turns on: a second steering program with empty maps (it passes
+    /// everything) on the client's end.
+    fn pair_for_xdp_tx() -> (Pair, Steering) {
+        let pair = Pair::new(1);
+        let peer = pair.client.run_in(|| Steering::attach(common::CLIENT_IF, XdpMode::Native).expect("attach cl0"));
+        (pair, peer)
+    }
+
+    /// The client's neighbour entry for `addr`: `ip neigh show` output.
+    fn neigh(pair: &Pair, addr: IpAddr) -> String {
+        pair.client.ip(&["neigh", "show", &addr.to_string(), "dev", common::CLIENT_IF])
+    }
+
+    /// Makes the client resolve `addr` (a UDP datagram needs its MAC) and waits for the entry
+    /// to settle; returns it.
+    fn resolve(pair: &Pair, addr: IpAddr) -> String {
+        client_send_udp(&pair.client, SocketAddr::new(addr, 9), b"resolve");
+        let mut last = String::new();
+        for _ in 0..30 {
+            std::thread::sleep(Duration::from_millis(100));
+            last = neigh(pair, addr);
+            if last.contains("lladdr") || last.contains("FAILED") {
+                return last;
+            }
+        }
+        last
+    }
+
+    #[test]
+    fn owned_addresses_are_answered_with_the_interface_mac_and_others_stay_with_the_kernel() {
+        if !common::can_run("owned_addresses_are_answered_with_the_interface_mac_and_others_stay_with_the_kernel") {
+            return;
+        }
+        let (pair, _peer) = pair_for_xdp_tx();
+        let (mut steering, xsk) = attach_with_xsk(&pair);
+        let mut responder = pair.lb.run_in(|| steering.l2_responder().expect("responder"));
+        assert_eq!(responder.mac(), pair.lb_mac);
+        responder.sync(&[L2_V4.into(), L2_V6.into()]).unwrap();
+        let mut in_map = steering.l2_addrs_in_map().unwrap();
+        in_map.sort();
+        assert_eq!(in_map, vec![IpAddr::from(L2_V4), IpAddr::from(L2_V6)]);
+
+        let lb_mac = mac_text(pair.lb_mac);
+        for a in [IpAddr::from(L2_V4), IpAddr::from(L2_V6)] {
+            let n = resolve(&pair, a);
+            assert!(
+                n.contains(&format!("lladdr {lb_mac}")),
+                "{a} resolves to lb0's MAC: {n}; {:?}; {}",
+                steering.stats(),
+                pair.lb.sh(&["ethtool", "-S", LB_IF])
+            );
+        }
+        let st = steering.stats().unwrap();
+        assert!(st.l2_replied >= 2, "one ARP reply and one NA sent by the program: {st:?}");
+
+        // The host's own addresses: ARP and NDP still answered by the kernel.
+        for a in [IpAddr::from(LB_V4), IpAddr::from(LB_V6)] {
+            let ping = pair.client.exec(&["ping", "-c", "1", "-W", "2", &a.to_string()]);
+            assert!(ping.status.success(), "ping {a}: {}", String::from_utf8_lossy(&ping.stdout));
+            assert!(neigh(&pair, a).contains(&format!("lladdr {lb_mac}")), "{}", neigh(&pair, a));
+        }
+        // Addresses nobody owns stay unresolved.
+        for a in [IpAddr::from(NOBODY_V4), IpAddr::from(NOBODY_V6)] {
+            let n = resolve(&pair, a);
+            assert!(!n.contains("lladdr"), "{a} must not resolve: {n}");
+        }
+        let replied = steering.stats().unwrap().l2_replied;
+        assert_eq!(replied, st.l2_replied, "only owned addresses are answered by the program");
+
+        // No xlb socket on the queue (xlb died, its program left attached): not answered, so
+        // that another node can take the address over.
+        steering.clear_xsk(0).unwrap();
+        pair.client.ip(&["neigh", "flush", "dev", common::CLIENT_IF]);
+        for a in [IpAddr::from(L2_V4), IpAddr::from(L2_V6)] {
+            let n = resolve(&pair, a);
+            assert!(!n.contains("lladdr"), "{a} without an xlb socket: {n}");
+        }
+        steering.set_xsk(0, xsk.fd()).unwrap();
+
+        // Removed from the map: no longer answered.
+        responder.sync(&[]).unwrap();
+        assert!(steering.l2_addrs_in_map().unwrap().is_empty());
+        pair.client.ip(&["neigh", "flush", "dev", common::CLIENT_IF]);
+        for a in [IpAddr::from(L2_V4), IpAddr::from(L2_V6)] {
+            let n = resolve(&pair, a);
+            assert!(!n.contains("lladdr"), "{a} no longer owned: {n}");
+        }
+        steering.detach().unwrap();
+    }
+
+    #[test]
+    fn an_owned_address_reaches_only_its_service_ports_never_the_hosts_sockets() {
+        if !common::can_run("an_owned_address_reaches_only_its_service_ports_never_the_hosts_sockets") {
+            return;
+        }
+        let (pair, _peer) = pair_for_xdp_tx();
+        // Worst case: the host itself has the address (as on kube-ipvs0), with a socket on
+        // every address, so whatever reaches its kernel is answered.
+        pair.lb.ip(&["addr", "add", "10.251.1.50/32", "dev", "lo"]);
+        pair.lb.ip(&["addr", "add", "fd00:251:1::50/128", "dev", "lo"]);
+        let (mut steering, _xsk) = attach_with_xsk(&pair);
+        let mut responder = pair.lb.run_in(|| steering.l2_responder().expect("responder"));
+        let host4 = lb_udp(&pair.lb, "0.0.0.0:7000".parse().unwrap());
+        let host6 = lb_udp(&pair.lb, "[fd00:251:1::50]:7000".parse().unwrap());
+        let svc = ServiceKey { addr: L2_V4.into(), proto: IPPROTO_UDP, port: 53 };
+        steering.sync_services(&[svc]).unwrap();
+        steering.sync_vip_addrs(&[L2_V4.into(), L2_V6.into()]).unwrap();
+        responder.sync(&[L2_V4.into(), L2_V6.into()]).unwrap();
+
+        for (a, sock) in [(IpAddr::from(L2_V4), &host4), (IpAddr::from(L2_V6), &host6)] {
+            client_send_udp(&pair.client, SocketAddr::new(a, 7000), b"host-port");
+            assert_eq!(kernel_got(sock), None, "UDP to {a}:7000 must not reach the host's socket");
+            let ping = pair.client.exec(&["ping", "-c", "1", "-W", "1", &a.to_string()]);
+            assert!(!ping.status.success(), "echo to {a} is not answered: {}", String::from_utf8_lossy(&ping.stdout));
+            let tcp = pair.client.exec(&["timeout", "3", "bash", "-c", &format!("exec 3<>/dev/tcp/{a}/22")]);
+            assert!(!tcp.status.success(), "TCP to {a}:22 does not connect");
+        }
+        let st = steering.stats().unwrap();
+        assert!(st.l2_dropped >= 4, "UDP and echo for both families dropped: {st:?}");
+        // The service port is steered to xlb.
+        client_send_udp(&pair.client, SocketAddr::new(L2_V4.into(), 53), b"service");
+        wait_for(LONG, "the service frame to be steered", || (steering.stats().unwrap().redirected >= 1).then_some(()));
+
+        // The same frames reach the host once the address is not announced: the drop above
+        // is the program's doing.
+        responder.sync(&[]).unwrap();
+        client_send_udp(&pair.client, SocketAddr::new(L2_V4.into(), 7000), b"now-host");
+        assert_eq!(kernel_got(&host4).as_deref(), Some(&b"now-host"[..]));
+        steering.detach().unwrap();
+    }
+
+    #[test]
+    fn taking_over_sends_gratuitous_arp_and_unsolicited_na_that_move_the_clients_entry() {
+        if !common::can_run("taking_over_sends_gratuitous_arp_and_unsolicited_na_that_move_the_clients_entry") {
+            return;
+        }
+        let pair = Pair::new(1);
+        let (steering, responder) = pair.lb.run_in(|| {
+            let st = Steering::attach(LB_IF, XdpMode::Native).expect("attach");
+            let r = st.l2_responder().expect("responder");
+            (st, r)
+        });
+        // The client believes the addresses live elsewhere (the previous owner).
+        for a in [L2_V4.to_string(), L2_V6.to_string()] {
+            pair.client.ip(&[
+                "neigh",
+                "replace",
+                &a,
+                "lladdr",
+                "02:00:00:00:00:99",
+                "dev",
+                common::CLIENT_IF,
+                "nud",
+                "stale",
+            ]);
+        }
+        // An ARP request updates an existing entry only after its locktime (1 s by default).
+        std::thread::sleep(Duration::from_millis(1200));
+        responder.announce(L2_V4.into()).unwrap();
+        responder.announce(L2_V6.into()).unwrap();
+        let lb_mac = mac_text(pair.lb_mac);
+        for a in [IpAddr::from(L2_V4), IpAddr::from(L2_V6)] {
+            wait_for(LONG, "the client's entry to move", || neigh(&pair, a).contains(&lb_mac).then_some(()));
+        }
+        steering.detach().unwrap();
     }
 }

@@ -11,7 +11,11 @@
 //     a node address) or from a `snat_addrs` address with its source port in the SNAT range. So
 //     errors about the node's own connections (PMTU for SSH, kubelet) still reach the kernel;
 //   * IPv4 non-first fragments and all IPv6 fragments whose dst address is in `vip_addrs`.
-// Everything else (ARP, NDP, echo to a VIP, SSH, traffic to the node's own addresses) passes.
+// Everything else (ARP, NDP, echo to a VIP, SSH, traffic to the node's own addresses) passes,
+// except for the addresses this node announces in L2 mode (`l2_addrs`, value: this interface's
+// MAC): the program answers ARP requests (RFC 826) and Neighbor Solicitations (RFC 4861 7.2.4)
+// for them itself with XDP_TX (only while an xlb socket serves the receive queue), and drops whatever else is sent to them that is not a service
+// port, an ICMP error or a fragment (so a VIP never reaches the host's own sockets).
 // A frame of xlb's that finds no socket in its queue's slot is dropped (see steer()).
 //
 // Map layouts are shared with nic-config/src/maps.rs. Every struct is padding-free on purpose
@@ -39,19 +43,29 @@
 /* Helper numbers come from enum bpf_func_id in <linux/bpf.h>. */
 static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)BPF_FUNC_map_lookup_elem;
 static long (*bpf_redirect_map)(void *map, __u64 key, __u64 flags) = (void *)BPF_FUNC_redirect_map;
+static long (*bpf_xdp_adjust_tail)(struct xdp_md *ctx, int delta) = (void *)BPF_FUNC_xdp_adjust_tail;
 
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
 #define bpf_htons(x) __builtin_bswap16(x)
 #define bpf_ntohs(x) __builtin_bswap16(x)
+#define bpf_htonl(x) __builtin_bswap32(x)
 #else
 #define bpf_htons(x) (x)
 #define bpf_ntohs(x) (x)
+#define bpf_htonl(x) (x)
 #endif
 
 #define ETH_P_8021Q_ 0x8100
 #define ETH_P_8021AD_ 0x88A8
 #define IPPROTO_SCTP_ 132
 #define IPV6_NEXTHDR_FRAGMENT 44
+#define ETH_P_ARP_ 0x0806
+#define ARPHRD_ETHER_ 1
+#define ARPOP_REQUEST_ 1
+#define ARPOP_REPLY_ 2
+#define NDISC_NEIGHBOUR_SOLICITATION 135
+#define NDISC_NEIGHBOUR_ADVERTISEMENT 136
+#define ND_OPT_TARGET_LL_ADDR 2
 #define IP_OFFSET_MASK 0x1FFF
 
 /* ICMP (RFC 792) and ICMPv6 (RFC 4443) headers: type, code, checksum, 4 more bytes. Defined here
@@ -67,6 +81,44 @@ struct icmp_hdr {
 #define ICMP_PARAMETERPROB 12
 #define ICMPV6_DEST_UNREACH 1
 #define ICMPV6_PARAMPROB 4
+
+/* ARP for Ethernet and IPv4 (RFC 826): 28 bytes. */
+struct arp_eth {
+	__be16 htype;
+	__be16 ptype;
+	__u8 hlen;
+	__u8 plen;
+	__be16 oper;
+	__u8 sha[6];
+	__u8 spa[4];
+	__u8 tha[6];
+	__u8 tpa[4];
+} __attribute__((packed));
+_Static_assert(sizeof(struct arp_eth) == 28, "arp_eth must be 28 bytes");
+
+/* Neighbor Solicitation without options (RFC 4861 4.3): 24 bytes. */
+struct nd_sol {
+	__u8 type;
+	__u8 code;
+	__be16 checksum;
+	__be32 reserved;
+	__u8 target[16];
+};
+_Static_assert(sizeof(struct nd_sol) == 24, "nd_sol must be 24 bytes");
+
+/* Neighbor Advertisement with its Target Link-Layer Address option (RFC 4861 4.4, 4.6.1):
+ * 32 bytes. */
+struct nd_adv {
+	__u8 type;
+	__u8 code;
+	__be16 checksum;
+	__be32 flags; /* R (bit 31), S (30), O (29) */
+	__u8 target[16];
+	__u8 opt_type;
+	__u8 opt_len; /* in units of 8 bytes */
+	__u8 mac[6];
+};
+_Static_assert(sizeof(struct nd_adv) == 32, "nd_adv must be 32 bytes");
 
 /* ---- shared layouts (keep in sync with src/maps.rs) ---- */
 
@@ -92,13 +144,22 @@ struct snat_range {
 };
 _Static_assert(sizeof(struct snat_range) == 4, "snat_range must be 4 bytes, no padding");
 
+/* Value of `l2_addrs`: the MAC of the interface this program is attached to. 8 bytes. */
+struct l2_mac {
+	__u8 mac[6];
+	__u8 pad[2]; /* always 0 */
+};
+_Static_assert(sizeof(struct l2_mac) == 8, "l2_mac must be 8 bytes, no padding");
+
 /* Indexes of `stats`. Every frame increments exactly one of them. */
 enum {
 	STAT_REDIRECTED = 0,      /* handed to bpf_redirect_map and a socket was in the slot */
 	STAT_PASSED = 1,          /* not ours: XDP_PASS */
 	STAT_REDIRECT_FAILED = 2, /* ours, but no socket in xsks[rx_queue_index]: XDP_DROP */
 	STAT_PARSE_ERROR = 3,     /* truncated or malformed headers: XDP_PASS */
-	STAT_MAX = 4,
+	STAT_L2_REPLIED = 4,      /* ARP reply or Neighbor Advertisement for an l2_addrs entry: XDP_TX */
+	STAT_L2_DROPPED = 5,      /* to an l2_addrs address, not a service port: XDP_DROP */
+	STAT_MAX = 6,
 };
 
 /* ---- maps ---- */
@@ -141,6 +202,14 @@ struct {
 	__type(value, struct snat_range);
 } snat_addrs SEC(".maps");
 
+/* The addresses this node announces in L2 mode, with the MAC to answer with. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct addr_key);
+	__type(value, struct l2_mac);
+} l2_addrs SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, STAT_MAX);
@@ -166,6 +235,16 @@ static __always_inline int pass(void)
 static __always_inline int parse_error(void)
 {
 	return count(STAT_PARSE_ERROR, XDP_PASS);
+}
+
+/* A frame that is none of xlb's: to the kernel, unless its destination is an address this node
+ * announces in L2 mode, which only the Service's ports may answer (kube-proxy's rule for
+ * LoadBalancer IPs: the node's own sockets never see them). */
+static __always_inline int pass_unless_l2(const struct addr_key *dst)
+{
+	if (bpf_map_lookup_elem(&l2_addrs, (void *)dst))
+		return count(STAT_L2_DROPPED, XDP_DROP);
+	return pass();
 }
 
 static __always_inline int steer(struct xdp_md *ctx)
@@ -224,7 +303,7 @@ static __always_inline int ports_verdict(struct xdp_md *ctx, const struct addr_k
 	ek.proto = proto;
 	if (bpf_map_lookup_elem(&endpoints, &ek))
 		return steer(ctx);
-	return pass();
+	return pass_unless_l2(dst);
 }
 
 /*
@@ -311,10 +390,147 @@ static __always_inline int handle_ipv4(struct xdp_md *ctx, void *l3, void *end)
 		if (t == ICMP_DEST_UNREACH || t == ICMP_TIME_EXCEEDED || t == ICMP_PARAMETERPROB)
 			return icmp_error_verdict(ctx, (void *)(icmp + 1), end, &dst, 0);
 	}
-	return pass();
+	return pass_unless_l2(&dst);
 }
 
-static __always_inline int handle_ipv6(struct xdp_md *ctx, void *l3, void *end)
+/* Whether an xlb socket serves this receive queue. A node whose xlb died (its sockets closed,
+ * the program left attached with its maps) must stop answering for the VIPs at once, so that
+ * another node can take them over; the kernel removes a closed socket from `xsks`. */
+static __always_inline int xlb_alive(struct xdp_md *ctx)
+{
+	__u32 q = ctx->rx_queue_index;
+	return bpf_map_lookup_elem(&xsks, &q) != 0;
+}
+
+/* Folds a 32-bit one's complement sum to 16 bits and complements it (RFC 1071). */
+static __always_inline __u16 csum_fold(__u32 sum)
+{
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return (__u16)~sum;
+}
+
+/*
+ * An ARP request (RFC 826) at `l3` for an address in `l2_addrs`: turned into the reply in
+ * place (sender and target swapped, our MAC as sender) and sent back out with XDP_TX.
+ * Gratuitous requests (sender address = target address, another node announcing) and
+ * everything else pass to the kernel.
+ */
+static __always_inline int handle_arp(struct xdp_md *ctx, struct ethhdr *eth, void *l3, void *end)
+{
+	struct arp_eth *arp = l3;
+	if ((void *)(arp + 1) > end)
+		return parse_error();
+	if (arp->htype != bpf_htons(ARPHRD_ETHER_) || arp->ptype != bpf_htons(ETH_P_IP) || arp->hlen != 6 ||
+	    arp->plen != 4 || arp->oper != bpf_htons(ARPOP_REQUEST_))
+		return pass();
+	__be32 tpa, spa;
+	__builtin_memcpy(&tpa, arp->tpa, 4);
+	__builtin_memcpy(&spa, arp->spa, 4);
+	if (tpa == spa)
+		return pass();
+	struct addr_key k;
+	v4_mapped(k.addr, tpa);
+	struct l2_mac *m = bpf_map_lookup_elem(&l2_addrs, &k);
+	if (!m || !xlb_alive(ctx))
+		return pass();
+	__u8 sha[6];
+	__builtin_memcpy(sha, arp->sha, 6);
+	arp->oper = bpf_htons(ARPOP_REPLY_);
+	__builtin_memcpy(arp->tha, sha, 6);
+	__builtin_memcpy(arp->tpa, &spa, 4);
+	__builtin_memcpy(arp->sha, m->mac, 6);
+	__builtin_memcpy(arp->spa, &tpa, 4);
+	__builtin_memcpy(eth->h_dest, sha, 6);
+	__builtin_memcpy(eth->h_source, m->mac, 6);
+	return count(STAT_L2_REPLIED, XDP_TX);
+}
+
+/*
+ * A Neighbor Solicitation (IPv6 header at `l3off`) for an address in `l2_addrs`: answered with
+ * a solicited Neighbor Advertisement (RFC 4861 7.2.4: to the solicitation's source, flags S and
+ * O, Target Link-Layer Address option) built in place, the frame trimmed or grown to fit, and
+ * sent back with XDP_TX. Solicitations that fail RFC 4861 7.1.1 validation (hop limit 255, code
+ * 0), Duplicate Address Detection probes (unspecified source) and other targets pass.
+ */
+static __always_inline int handle_ns(struct xdp_md *ctx, __u32 l3off)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	if (l3off > 18)
+		return parse_error();
+	struct ethhdr *eth = data;
+	struct ipv6hdr *ip6 = data + l3off;
+	if ((void *)(ip6 + 1) > end)
+		return parse_error();
+	struct nd_sol *ns = (void *)(ip6 + 1);
+	if ((void *)(ns + 1) > end)
+		return parse_error();
+	if (ip6->hop_limit != 255 || ns->code != 0)
+		return pass();
+	struct addr_key target;
+	__builtin_memcpy(target.addr, ns->target, 16);
+	struct l2_mac *m = bpf_map_lookup_elem(&l2_addrs, &target);
+	if (!m || !xlb_alive(ctx))
+		return pass();
+	__u16 src[8], tgt[8];
+	__builtin_memcpy(src, &ip6->saddr, 16);
+	__builtin_memcpy(tgt, target.addr, 16);
+	__u16 any = 0;
+#pragma unroll
+	for (int i = 0; i < 8; i++)
+		any |= src[i];
+	if (!any)
+		return pass(); /* DAD probe */
+	__u8 dmac[6];
+	__builtin_memcpy(dmac, eth->h_source, 6);
+
+	struct nd_adv na = {};
+	na.type = NDISC_NEIGHBOUR_ADVERTISEMENT;
+	na.flags = bpf_htonl(0x60000000); /* Solicited, Override */
+	__builtin_memcpy(na.target, target.addr, 16);
+	na.opt_type = ND_OPT_TARGET_LL_ADDR;
+	na.opt_len = 1;
+	__builtin_memcpy(na.mac, m->mac, 6);
+	/* ICMPv6 checksum (RFC 4443 2.3) over the pseudo-header (RFC 8200 8.1): source (the
+	 * target), destination (the solicitation's source), length 32, next header 58. */
+	__u32 sum = bpf_htons(sizeof(na)) + bpf_htons(IPPROTO_ICMPV6);
+#pragma unroll
+	for (int i = 0; i < 8; i++)
+		sum += src[i] + tgt[i];
+	__u16 w[16];
+	__builtin_memcpy(w, &na, sizeof(na));
+#pragma unroll
+	for (int i = 0; i < 16; i++)
+		sum += w[i];
+	na.checksum = csum_fold(sum);
+
+	long have = end - data;
+	long want = l3off + sizeof(struct ipv6hdr) + sizeof(na);
+	if (have != want) {
+		if (bpf_xdp_adjust_tail(ctx, (int)(want - have)))
+			return pass();
+		data = (void *)(long)ctx->data;
+		end = (void *)(long)ctx->data_end;
+	}
+	eth = data;
+	ip6 = data + l3off;
+	if ((void *)(ip6 + 1) + sizeof(na) > end)
+		return parse_error();
+	__builtin_memcpy(eth->h_dest, dmac, 6);
+	__builtin_memcpy(eth->h_source, m->mac, 6);
+	__be32 vtcfl = bpf_htonl(0x60000000);
+	__builtin_memcpy(ip6, &vtcfl, 4);
+	ip6->payload_len = bpf_htons(sizeof(na));
+	ip6->nexthdr = IPPROTO_ICMPV6;
+	ip6->hop_limit = 255;
+	__builtin_memcpy(&ip6->daddr, src, 16);
+	__builtin_memcpy(&ip6->saddr, tgt, 16);
+	__builtin_memcpy(ip6 + 1, &na, sizeof(na));
+	return count(STAT_L2_REPLIED, XDP_TX);
+}
+
+static __always_inline int handle_ipv6(struct xdp_md *ctx, void *l3, void *end, __u32 l3off)
 {
 	struct ipv6hdr *ip6 = l3;
 	if ((void *)(ip6 + 1) > end)
@@ -350,8 +566,13 @@ static __always_inline int handle_ipv6(struct xdp_md *ctx, void *l3, void *end)
 		/* 1 dest unreachable, 2 packet too big, 3 time exceeded, 4 parameter problem */
 		if (t >= ICMPV6_DEST_UNREACH && t <= ICMPV6_PARAMPROB)
 			return icmp_error_verdict(ctx, (void *)(icmp + 1), end, &dst, 1);
+		if (t == NDISC_NEIGHBOUR_SOLICITATION)
+			return handle_ns(ctx, l3off);
+		/* Other NDP (RS, RA, NA, redirect) is link-scoped and never for a service. */
+		if (t >= NDISC_NEIGHBOUR_SOLICITATION - 2 && t <= NDISC_NEIGHBOUR_ADVERTISEMENT + 1)
+			return pass();
 	}
-	return pass();
+	return pass_unless_l2(&dst);
 }
 
 SEC("xdp")
@@ -365,6 +586,7 @@ int xlb_steer(struct xdp_md *ctx)
 		return parse_error();
 	__be16 h_proto = eth->h_proto;
 	void *l3 = (void *)(eth + 1);
+	__u32 l3off = sizeof(struct ethhdr);
 
 	/* One optional 802.1Q / 802.1ad tag: TCI then the encapsulated EtherType. */
 	if (h_proto == bpf_htons(ETH_P_8021Q_) || h_proto == bpf_htons(ETH_P_8021AD_)) {
@@ -373,13 +595,16 @@ int xlb_steer(struct xdp_md *ctx)
 			return parse_error();
 		h_proto = vlan[1];
 		l3 = (void *)(vlan + 2);
+		l3off += 4;
 	}
 
 	if (h_proto == bpf_htons(ETH_P_IP))
 		return handle_ipv4(ctx, l3, end);
 	if (h_proto == bpf_htons(ETH_P_IPV6))
-		return handle_ipv6(ctx, l3, end);
-	return pass(); /* ARP, LLDP, ... */
+		return handle_ipv6(ctx, l3, end, l3off);
+	if (h_proto == bpf_htons(ETH_P_ARP_))
+		return handle_arp(ctx, eth, l3, end);
+	return pass(); /* LLDP, ... */
 }
 
 char _license[] SEC("license") = "Apache-2.0";

@@ -1,6 +1,6 @@
 //! Announcing this node's VIPs to the network: which addresses ([`announced`], a pure function
 //! of the cluster state and its translation), and through what ([`Announcer`]; BGP through
-//! BIRD 2 is [`bird::Bird`]). [`Announcement`] drives an announcer from the control loop:
+//! BIRD 2 is [`bird::Bird`], ARP/NDP answered on the local network is [`l2::L2`]). [`Announcement`] drives an announcer from the control loop:
 //! it calls it only when the set changes, and again after a failure.
 //!
 //! # What is announced
@@ -20,6 +20,7 @@
 //! while any of them has a usable endpoint.
 
 pub mod bird;
+pub mod l2;
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
@@ -33,6 +34,7 @@ use crate::config::Config;
 use crate::translate::{ClusterState, TranslateError};
 
 pub use bird::Bird;
+pub use l2::L2;
 
 /// A set of VIPs to announce, each as a host prefix (/32 for IPv4, /128 for IPv6). Sorted
 /// (IPv4 before IPv6, then by address), so what is written from it is stable.
@@ -238,6 +240,14 @@ pub enum AnnounceError {
         /// The daemon's answer (all of its lines, codes included).
         reply: String,
     },
+    /// L2 mode: writing an interface's `l2_addrs` map or sending a gratuitous ARP /
+    /// unsolicited Neighbor Advertisement failed (the error names the interface).
+    #[error("L2 announcement: {source}")]
+    L2 {
+        /// What nic-config reported.
+        #[source]
+        source: nic_config::NicError,
+    },
     /// The control program gave no reply code (e.g. it could not connect to the socket).
     #[error("{} -s {} configure gave no reply ({status}): {output}", program.display(), socket.display())]
     NoReply {
@@ -254,7 +264,7 @@ pub enum AnnounceError {
 
 /// Something that makes a routing daemon announce exactly a [`PrefixSet`] from this node.
 ///
-/// Implementations: [`bird::Bird`] (BIRD 2). The daemon runs on its own; an announcer only
+/// Implementations: [`bird::Bird`] (BIRD 2), [`l2::L2`] (ARP/NDP answered by this node). The daemon runs on its own; an announcer only
 /// changes what it announces, so a restart of xlb never resets a BGP session.
 pub trait Announcer: fmt::Debug + Send {
     /// Makes the daemon announce `set` and withdraw whatever else this announcer had it
@@ -268,11 +278,14 @@ pub trait Announcer: fmt::Debug + Send {
     fn describe(&self) -> String;
 }
 
-/// The announcer for `cfg.announce`, or `None` in mode `none`.
-pub fn from_config(cfg: &Config) -> Option<Box<dyn Announcer>> {
+/// The announcer for `cfg.announce`, or `None` in mode `none`. `responders` are used in mode
+/// `l2` only: one per answering interface (`announce.l2.interfaces`, default all of xlb's),
+/// from [`nic_config::Steering::l2_responder`].
+pub fn from_config(cfg: &Config, responders: Vec<nic_config::L2Responder>) -> Option<Box<dyn Announcer>> {
     match cfg.announce.mode {
         crate::config::AnnounceMode::None => None,
         crate::config::AnnounceMode::Bgp => Some(Box::new(Bird::new(&cfg.announce.bird))),
+        crate::config::AnnounceMode::L2 => Some(Box::new(L2::new(responders))),
     }
 }
 

@@ -88,6 +88,11 @@ pub struct InterfaceStats {
     pub redirect_failed: u64,
     /// Malformed frames given to the kernel (`action="parse_error"`).
     pub parse_errors: u64,
+    /// ARP requests and Neighbor Solicitations for an L2-announced VIP answered by the program
+    /// (`action="l2_replied"`).
+    pub l2_replied: u64,
+    /// Frames to an L2-announced VIP outside its service ports, dropped (`action="l2_dropped"`).
+    pub l2_dropped: u64,
 }
 
 /// Where the control thread leaves the latest [`InterfaceStats`] for scrapes to read.
@@ -438,7 +443,7 @@ impl Collector for DataplaneCollector {
             family(
                 e,
                 "xlb_steering_packets",
-                "Frames seen by the steering XDP program, by interface and action (redirected to xlb, passed to the kernel, redirect_failed: no socket on that queue, dropped; parse_error: malformed, passed).",
+                "Frames seen by the steering XDP program, by interface and action (redirected to xlb, passed to the kernel, redirect_failed: no socket on that queue, dropped; parse_error: malformed, passed; l2_replied: ARP/NDP for an L2-announced VIP answered; l2_dropped: to such a VIP outside its service ports, dropped).",
                 C,
                 ifs.iter().flat_map(|i| {
                     [
@@ -446,6 +451,8 @@ impl Collector for DataplaneCollector {
                         ("passed", i.passed),
                         ("redirect_failed", i.redirect_failed),
                         ("parse_error", i.parse_errors),
+                        ("l2_replied", i.l2_replied),
+                        ("l2_dropped", i.l2_dropped),
                     ]
                     .map(|(a, v)| ([("interface", i.interface.clone()), ("action", a.to_owned())], v))
                 }),
@@ -839,6 +846,8 @@ mod tests {
             passed: 8,
             redirect_failed: 0,
             parse_errors: 1,
+            l2_replied: 4,
+            l2_dropped: 2,
         }];
         let m = ProxyMetrics::new();
         m.set_dataplane(Arc::new(view));
@@ -850,6 +859,8 @@ mod tests {
         assert!(text.contains("xlb_xsk_socket_rx_ring_full_total{worker=\"3\"} 17"), "{text}");
         assert!(text.contains("xlb_steering_packets_total{interface=\"eth0\",action=\"redirected\"} 9"), "{text}");
         assert!(text.contains("xlb_steering_packets_total{interface=\"eth0\",action=\"parse_error\"} 1"), "{text}");
+        assert!(text.contains("xlb_steering_packets_total{interface=\"eth0\",action=\"l2_replied\"} 4"), "{text}");
+        assert!(text.contains("xlb_steering_packets_total{interface=\"eth0\",action=\"l2_dropped\"} 2"), "{text}");
         assert!(text.contains("kubeproxy_proxy_healthz_total{code=\"503\"} 0"), "{text}");
         let classic = m.encode_prometheus().unwrap();
         assert!(classic.contains("# TYPE xlb_worker_rx_packets_total counter\n"), "{classic}");

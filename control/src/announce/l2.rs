@@ -1,0 +1,179 @@
+//! L2 announcement: this node answers ARP requests (RFC 826) and Neighbor Solicitations (RFC
+//! 4861 §7.2.4) for the VIPs it announces, so hosts on the segment send the VIPs' traffic to
+//! it, as MetalLB's L2 mode does.
+//!
+//! The answering is done by the steering program in the driver (`XDP_TX`, see
+//! `nic-config/xdp/steer.c`), not here: [`L2`] only fills each interface's `l2_addrs` map
+//! ([`nic_config::L2Responder::sync`]) and, for each VIP that was not announced before (this
+//! node takes it over: start, health regained, a Service got its first usable endpoint),
+//! sends one gratuitous ARP request (RFC 5227 §2.3) or unsolicited Neighbor Advertisement
+//! with the Override flag (RFC 4861 §7.2.6) on every answering interface, so neighbours that
+//! cached another node's MAC switch at once instead of when their entry goes stale.
+//!
+//! The same map makes the program drop what is sent to a VIP outside its service ports (and
+//! ICMP errors and fragments, which go to xlb): an announced VIP never reaches the host's
+//! own sockets.
+
+use std::fmt::Write as _;
+use std::net::IpAddr;
+
+use nic_config::L2Responder;
+
+use super::{AnnounceError, Announcer, Applied, PrefixSet};
+
+/// The L2 [`Announcer`]: the `l2_addrs` maps of the steering programs of the answering
+/// interfaces, and their packet sockets for the take-over frames.
+#[derive(Debug)]
+pub struct L2 {
+    responders: Vec<L2Responder>,
+    /// The set last put into every map with its take-over frames sent; `None` before the
+    /// first success and after a failure (the next call writes and announces everything).
+    owned: Option<PrefixSet>,
+}
+
+impl L2 {
+    /// An announcer answering through `responders` (one per interface; nothing is written
+    /// until [`Announcer::announce`]).
+    pub fn new(responders: Vec<L2Responder>) -> Self {
+        Self { responders, owned: None }
+    }
+
+    /// The interfaces answering, comma-separated.
+    fn interfaces(&self) -> String {
+        let names: Vec<&str> = self.responders.iter().map(L2Responder::ifname).collect();
+        if names.is_empty() { "no interface".to_owned() } else { names.join(", ") }
+    }
+}
+
+impl Announcer for L2 {
+    fn announce(&mut self, set: &PrefixSet) -> Result<Applied, AnnounceError> {
+        if self.owned.as_ref() == Some(set) {
+            return Ok(Applied::Unchanged);
+        }
+        let previous = self.owned.take();
+        let addrs: Vec<IpAddr> = set.iter().copied().collect();
+        for r in &mut self.responders {
+            r.sync(&addrs).map_err(|source| AnnounceError::L2 { source })?;
+        }
+        let new: Vec<IpAddr> =
+            set.iter().filter(|a| !previous.as_ref().is_some_and(|p| p.contains(a))).copied().collect();
+        for a in &new {
+            for r in &self.responders {
+                r.announce(*a).map_err(|source| AnnounceError::L2 { source })?;
+            }
+        }
+        self.owned = Some(set.clone());
+        let mut reply = format!("answering ARP/NDP on {} for {set}", self.interfaces());
+        if !new.is_empty() {
+            let list: Vec<String> = new.iter().map(ToString::to_string).collect();
+            let _ = write!(reply, "; gratuitous ARP / unsolicited NA sent for {}", list.join(", "));
+        }
+        Ok(Applied::Reconfigured { written: true, reply })
+    }
+
+    fn describe(&self) -> String {
+        format!("ARP/NDP answered by the steering program on {}", self.interfaces())
+    }
+}
+
+/// The owner of `vip` among `nodes` by rendezvous (highest random weight) hashing: the node
+/// whose [`weight`] for `vip` is highest, ties broken by the smaller name. `None` when `nodes`
+/// is empty.
+///
+/// Every node computes the same owner from the same member list, whatever its order, without
+/// talking to the others; when a node leaves, only the VIPs it owned move (each to the node
+/// with the next highest weight), and a joining node takes over only the VIPs for which it
+/// has the highest weight. The building block for one owner per VIP across xlb nodes; the
+/// member list (healthy nodes, e.g. from per-node Leases) is not wired in yet: in L2 mode
+/// every node answers for every announced VIP.
+pub fn owner<'a>(vip: IpAddr, nodes: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    nodes
+        .into_iter()
+        .map(|n| (weight(n, vip), n))
+        .max_by(|a, b| a.0.cmp(&b.0).then_with(|| b.1.cmp(a.1)))
+        .map(|(_, n)| n)
+}
+
+/// The rendezvous weight of `node` for `vip`: 64-bit FNV-1a over the node name, a 0 byte and
+/// the address's 16-byte form (IPv4 as `::ffff:a.b.c.d`), finished with the SplitMix64 mixer.
+/// Fixed by this definition, so every xlb version and process computes the same weights.
+#[must_use]
+pub fn weight(node: &str, vip: IpAddr) -> u64 {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let addr = match vip {
+        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+        IpAddr::V6(a) => a.octets(),
+    };
+    let mut h = OFFSET;
+    for b in node.as_bytes().iter().chain(&[0u8]).chain(&addr) {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(PRIME);
+    }
+    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vips(n: u32) -> Vec<IpAddr> {
+        (0..n).map(|i| IpAddr::from(std::net::Ipv4Addr::from(0xc633_6400 + i))).collect()
+    }
+
+    #[test]
+    fn the_owner_does_not_depend_on_the_order_of_the_members() {
+        let a = ["node-a", "node-b", "node-c"];
+        let b = ["node-c", "node-a", "node-b"];
+        for v in vips(200) {
+            assert_eq!(owner(v, a), owner(v, b), "{v}");
+            assert!(owner(v, a).is_some());
+        }
+        assert_eq!(owner(vips(1)[0], []), None, "no member, no owner");
+    }
+
+    #[test]
+    fn a_leaving_node_moves_only_its_own_vips() {
+        let all = ["node-a", "node-b", "node-c"];
+        let without_b = ["node-a", "node-c"];
+        let mut moved = 0;
+        for v in vips(300) {
+            let before = owner(v, all).unwrap();
+            let after = owner(v, without_b).unwrap();
+            if before == "node-b" {
+                moved += 1;
+            } else {
+                assert_eq!(before, after, "{v} was not node-b's and must stay");
+            }
+        }
+        assert!(moved > 0);
+    }
+
+    #[test]
+    fn vips_spread_over_the_nodes() {
+        let nodes = ["node-a", "node-b", "node-c"];
+        let mut count = std::collections::HashMap::new();
+        for v in vips(3000) {
+            *count.entry(owner(v, nodes).unwrap()).or_insert(0) += 1;
+        }
+        for n in nodes {
+            let c = count.get(n).copied().unwrap_or(0);
+            assert!((800..=1200).contains(&c), "{n} owns {c} of 3000: {count:?}");
+        }
+    }
+
+    #[test]
+    fn weights_are_fixed_by_definition() {
+        // Pinned so that a change of the hash (which would move VIPs between nodes of
+        // different versions during an upgrade) fails here.
+        let w = weight("node-a", "192.0.2.1".parse().unwrap());
+        assert_eq!(w, weight("node-a", "::ffff:192.0.2.1".parse().unwrap()), "IPv4 as its mapped form");
+        assert_ne!(w, weight("node-b", "192.0.2.1".parse().unwrap()));
+        assert_eq!(w, PINNED, "weight(\"node-a\", 192.0.2.1) = {w:#x}");
+    }
+
+    /// Computed independently of this code (Python, from the definition in [`weight`]).
+    const PINNED: u64 = 0x5479_fbcc_3f85_d354;
+}
