@@ -48,6 +48,12 @@ use crate::admin;
 /// own connections never land in xlb when the SNAT address is a node address.
 pub(crate) const SNAT_PORTS: (u16, u16) = (61000, 65535);
 
+/// After a start that finds a dead xlb's steering program, how long replies of no tracked flow
+/// are dropped instead of handed to the kernel ([`WorkerSpec::untracked_replies_dropped_until`]):
+/// long enough for every established client to send a segment (TCP retransmits within a few
+/// RTOs of the outage).
+const UNTRACKED_REPLY_QUIET: Duration = Duration::from_secs(5);
+
 /// Where Services, EndpointSlices and the Node come from.
 #[derive(Debug, Clone)]
 pub(crate) enum StateSource {
@@ -598,6 +604,19 @@ fn serve(
         let (imported, gone) = affinity.import(&handle.load(), &restore.affinity, worker::clock_s());
         tracing::info!(imported, gone, "hand-over: ClientIP affinity records taken over");
     }
+    // A previous xlb that died (its `.xdp` record is left: a clean stop removes it; a
+    // hand-over or a resume is not a crash) left clients with established flows this process
+    // will pick up from their next segments. Until then, a backend's reply to one of them has
+    // no flow; handed to the kernel it would reach the client untranslated and reset the
+    // connection, so for a while such replies are dropped instead (they are retransmitted).
+    let after_crash = handed_over_at.is_none() && !resuming && admin_socket.with_extension("xdp").exists();
+    let untracked_replies_dropped_until = after_crash.then(|| {
+        tracing::info!(
+            seconds = UNTRACKED_REPLY_QUIET.as_secs(),
+            "a previous xlb died: replies of no tracked flow are dropped, not handed to the kernel, while clients' flows are picked up"
+        );
+        std::time::Instant::now() + UNTRACKED_REPLY_QUIET
+    });
     let wstop = Arc::new(AtomicBool::new(false));
     let mut workers: Vec<WorkerHandle> = Vec::new();
     let (handover_tx, handover_rx) = std::sync::mpsc::channel();
@@ -633,6 +652,7 @@ fn serve(
                 affinity: affinity.clone(),
                 punt: punt_queues.get(w).cloned(),
                 restore: restore.workers.iter().position(|r| r.worker_id == id).map(|i| restore.workers.swap_remove(i)),
+                untracked_replies_dropped_until,
             };
             let h = worker::spawn(spec, handle.clone(), fabric.clone(), wstop.clone())?;
             for (st, ((_, queue), fd)) in steering.iter_mut().zip(ports.iter().zip(&h.fds)) {

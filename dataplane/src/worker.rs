@@ -61,6 +61,12 @@ pub struct WorkerSpec {
     /// Flows handed over by the previous xlb process for this worker
     /// ([`Pipeline::import_flows`], before the first frame).
     pub restore: Option<FlowSnapshot>,
+    /// Until then, a reply no worker has a flow for is dropped (counted `reply_untracked`)
+    /// instead of being handed to the kernel. Set after a crash: the established flows will
+    /// be picked up by their clients' next segments, and a backend's reply that arrives
+    /// before that would otherwise reach the client untranslated, from the backend's own
+    /// address, and make the client reset the connection. `None`: no such window.
+    pub untracked_replies_dropped_until: Option<Instant>,
 }
 
 /// One queue of the punt device as a worker uses it (implemented by the control side over
@@ -331,7 +337,14 @@ fn run(
     let mut idle_rounds = 0u32;
     let counters = pipeline.counters().clone();
     let mut next_socket_stats_ms = 0u64;
-    let route = Route { fabric: &fabric, me: id, workers: spec.pipeline.workers, punt: spec.punt.as_ref(), tap };
+    let route = Route {
+        fabric: &fabric,
+        me: id,
+        workers: spec.pipeline.workers,
+        punt: spec.punt.as_ref(),
+        tap,
+        quiet_until: spec.untracked_replies_dropped_until,
+    };
     while !stop.load(Ordering::Relaxed) {
         // One relaxed pointer check per loop; a new snapshot only after a publication.
         let t: &Tables = reader.load();
@@ -523,6 +536,8 @@ struct Route<'a> {
     punt: Option<&'a PuntPort>,
     /// This worker's drop tap.
     tap: &'a DropTap,
+    /// [`WorkerSpec::untracked_replies_dropped_until`].
+    quiet_until: Option<Instant>,
 }
 
 impl Route<'_> {
@@ -540,7 +555,7 @@ impl Route<'_> {
         scratch: &mut Vec<u8>,
         tally: &mut Tally,
     ) {
-        let Self { fabric, me, workers, punt: punt_port, tap } = *self;
+        let Self { fabric, me, workers, punt: punt_port, tap, quiet_until } = *self;
         // `release` refuses only frames of another UMEM, and every frame here came from `xsk`.
         let mut f = f;
         if in_port == KERNEL_PORT && v == Verdict::Pass {
@@ -588,7 +603,10 @@ impl Route<'_> {
                     if in_port == KERNEL_PORT {
                         tally.from_kernel_untracked += 1;
                     }
-                    if punt(xsk, &mut f, punt_port) {
+                    // Rare (no flow anywhere): the clock is read only here.
+                    if quiet_until.is_some_and(|t| Instant::now() < t) {
+                        tally.reply_untracked += 1;
+                    } else if punt(xsk, &mut f, punt_port) {
                         tally.punted += 1;
                     } else {
                         tally.reply_untracked += 1;
