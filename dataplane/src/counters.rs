@@ -86,7 +86,7 @@ declare_counters! {
         TooBig = 16, "too_big", Counter, "Encapsulated packet exceeds the MTU and may not be fragmented; an ICMP error could not be sent either.";
         NoSourceAddress = 17, "no_source_address", Counter, "A backend's forwarding mode needs an address that is not configured (SNAT address, DSR source prefix).";
         UnsupportedProtocol = 18, "unsupported_protocol", Counter, "Protocol on a VIP that the pipeline does not balance (not TCP/UDP/SCTP/ICMP).";
-        ReplyUntracked = 19, "reply_untracked", Counter, "A reply handed from worker to worker that no worker has a flow for, and no punt device to hand it to the kernel.";
+        ReplyUntracked = 19, "reply_untracked", Counter, "A reply handed from worker to worker that no worker has a flow for, and no punt device to hand it to the kernel, or within 5 s of a start after a crash (its flow may not be picked up yet).";
         NoRoute = 20, "no_route", Counter, "A new flow's backend matches none of the kernel's routes; no conntrack entry is made.";
     }
 }
