@@ -3,7 +3,7 @@
 //! inactive connections summed over workers), `conntrack` (the flow table) and `stats`
 //! (per-worker counters: rx/tx, drops by reason, events, AF_XDP frame accounting, and packets
 //! per backend). `handover V` is the new process's request of a hand-over
-//! ([`crate::handover`]). `monitor drops [SAMPLE]` streams the frames the workers drop
+//! ([`crate::handover`]). `monitor drops [SAMPLE] [punted]` streams the frames the workers drop (and hand to the kernel)
 //! ([`crate::monitor`]) until the client goes away.
 
 use std::fmt::Write as _;
@@ -116,8 +116,17 @@ fn handle(
         None => {}
     }
     if let Some(rest) = line.trim().strip_prefix("monitor drops") {
-        let Ok(sample) = (if rest.trim().is_empty() { Ok(1) } else { rest.trim().parse::<u32>() }) else {
-            (&c).write_all(b"error: monitor drops [SAMPLE]: SAMPLE is a whole number\n")?;
+        let mut words: Vec<&str> = rest.split_whitespace().collect();
+        let punted = words.last() == Some(&"punted");
+        if punted {
+            words.pop();
+        }
+        let Ok(sample) = (match words.as_slice() {
+            [] => Ok(1),
+            [n] => n.parse::<u32>(),
+            _ => "x".parse::<u32>(),
+        }) else {
+            (&c).write_all(b"error: monitor drops [SAMPLE] [punted]: SAMPLE is a whole number\n")?;
             return Ok(());
         };
         // Its own thread: the stream lasts until the client goes, and the admin socket must
@@ -126,7 +135,7 @@ fn handle(
         c.set_read_timeout(None)?;
         std::thread::Builder::new()
             .name("xlb-monitor".into())
-            .spawn(move || crate::monitor::serve(c, &taps, sample))?;
+            .spawn(move || crate::monitor::serve(c, &taps, sample, punted))?;
         return Ok(());
     }
     let out = match line.trim() {

@@ -177,6 +177,10 @@ enum Command {
         /// Copy one dropped frame in N.
         #[arg(long, value_name = "N", default_value_t = 1)]
         sample: u32,
+        /// Also the frames the workers hand to the kernel (not xlb's: direct traffic of pods
+        /// that back a Service, frames the steering program sent that xlb does not handle).
+        #[arg(long)]
+        punted: bool,
         /// Only frames to this VIP (and port): ADDRESS/PORT or ADDRESS.
         #[arg(long, value_name = "VIP/PORT", value_parser = monitor::parse_filter)]
         filter: Option<monitor::Filter>,
@@ -250,8 +254,8 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
-        Command::Monitor { drops: _, sample, filter, write, count, admin_socket } => {
-            report(monitor::run(&admin_socket, sample, filter, write.as_deref(), count))
+        Command::Monitor { drops: _, sample, punted, filter, write, count, admin_socket } => {
+            report(monitor::run(&admin_socket, sample, punted, filter, write.as_deref(), count))
         }
         Command::Completions { shell } => {
             // Into memory first: `generate` panics when its writer fails (a closed pipe).

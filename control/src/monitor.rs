@@ -1,8 +1,9 @@
 //! `xlb monitor --drops`: the frames the workers drop, live, with their drop reason.
 //!
-//! Server side ([`serve`], run by the admin socket for `monitor drops [SAMPLE]`): turns on
-//! every worker's [`DropTap`], sends `ok`, then one line per copied frame,
-//! `drop WORKER TIME_NS REASON LEN HEX` (HEX: the first `dataplane::tap::SNAP_LEN` bytes),
+//! Server side ([`serve`], run by the admin socket for `monitor drops [SAMPLE] [punted]`):
+//! turns on every worker's [`DropTap`], sends `ok`, then one line per copied frame,
+//! `drop WORKER TIME_NS REASON LEN HEX` (HEX: the first `dataplane::tap::SNAP_LEN` bytes), or
+//! `punt WORKER TIME_NS punted LEN HEX` for a frame handed to the kernel (with `punted`),
 //! and once a second `tick MISSED` (copies lost to full queues so far, and the way a closed
 //! client is noticed). At most [`MAX_LINES_PER_S`] frame lines a second go out; the rest are
 //! counted as missed. When the client goes, the taps are turned off again.
@@ -31,15 +32,15 @@ use pcap_file::pcapng::blocks::interface_description::{InterfaceDescriptionBlock
 pub(crate) const MAX_LINES_PER_S: u64 = 10_000;
 
 /// Serves one `monitor drops` connection (see the module docs) until the client goes.
-pub(crate) fn serve(c: UnixStream, taps: &[(u16, Arc<DropTap>)], sample: u32) {
+pub(crate) fn serve(c: UnixStream, taps: &[(u16, Arc<DropTap>)], sample: u32, punted: bool) {
     for (_, t) in taps {
         t.set_sample(sample);
-        t.start();
+        t.start(punted);
     }
-    tracing::info!(sample, "drop monitor started");
+    tracing::info!(sample, punted, "drop monitor started");
     let _ = stream(&c, taps);
     for (_, t) in taps {
-        t.stop();
+        t.stop(punted);
     }
     tracing::info!("drop monitor stopped");
 }
@@ -61,7 +62,8 @@ fn stream(c: &UnixStream, taps: &[(u16, Arc<DropTap>)]) -> std::io::Result<()> {
                 }
                 lines += 1;
                 line.clear();
-                let _ = write!(line, "drop {id} {} {} {} ", r.time_ns, r.reason.name(), r.len);
+                let (kind, why) = r.reason.map_or(("punt", "punted"), |d| ("drop", d.name()));
+                let _ = write!(line, "{kind} {id} {} {why} {} ", r.time_ns, r.len);
                 for b in r.bytes() {
                     let _ = write!(line, "{b:02x}");
                 }
@@ -84,6 +86,8 @@ fn stream(c: &UnixStream, taps: &[(u16, Arc<DropTap>)]) -> std::io::Result<()> {
 
 /// One frame line from the server.
 struct Line {
+    /// `drop` or `punt`.
+    kind: String,
     worker: u16,
     time_ns: u64,
     reason: String,
@@ -92,7 +96,11 @@ struct Line {
 }
 
 fn parse_line(l: &str) -> Option<Line> {
-    let mut it = l.strip_prefix("drop ")?.split(' ');
+    let (kind, rest) = l.split_once(' ')?;
+    if kind != "drop" && kind != "punt" {
+        return None;
+    }
+    let mut it = rest.split(' ');
     let worker = it.next()?.parse().ok()?;
     let time_ns = it.next()?.parse().ok()?;
     let reason = it.next()?.to_owned();
@@ -101,7 +109,7 @@ fn parse_line(l: &str) -> Option<Line> {
     let data = (0..hex.len() / 2)
         .map(|i| u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok())
         .collect::<Option<Vec<u8>>>()?;
-    Some(Line { worker, time_ns, reason, len, data })
+    Some(Line { kind: kind.to_owned(), worker, time_ns, reason, len, data })
 }
 
 /// What `--filter VIP/PORT` keeps: frames to this address (and port, when given).
@@ -136,13 +144,15 @@ pub(crate) fn parse_filter(s: &str) -> Result<Filter, String> {
 pub(crate) fn run(
     socket: &Path,
     sample: u32,
+    punted: bool,
     filter: Option<Filter>,
     out: Option<&Path>,
     count: u64,
 ) -> anyhow::Result<()> {
     let mut c =
         UnixStream::connect(socket).with_context(|| format!("connecting to {} (is xlb running?)", socket.display()))?;
-    c.write_all(format!("monitor drops {sample}\n").as_bytes())?;
+    let also = if punted { " punted" } else { "" };
+    c.write_all(format!("monitor drops {sample}{also}\n").as_bytes())?;
     let mut r = BufReader::new(c);
     let mut first = String::new();
     r.read_line(&mut first)?;
@@ -185,7 +195,8 @@ pub(crate) fn run(
         {
             continue;
         }
-        let mut text = format!("{:.6} worker {} drop {} {proto}", f.time_ns as f64 / 1e9, f.worker, f.reason);
+        let what = if f.kind == "punt" { "punted".to_owned() } else { format!("drop {}", f.reason) };
+        let mut text = format!("{:.6} worker {} {what} {proto}", f.time_ns as f64 / 1e9, f.worker);
         if let (Some(s), Some(d)) = (src, dst) {
             let _ = write!(text, " {s} -> {d}");
         }
@@ -197,10 +208,7 @@ pub(crate) fn run(
                 timestamp: Duration::from_nanos(f.time_ns),
                 original_len: f.len,
                 data: Cow::Borrowed(&f.data),
-                options: vec![EnhancedPacketOption::Comment(Cow::Owned(format!(
-                    "xlb: drop {} worker {}",
-                    f.reason, f.worker
-                )))],
+                options: vec![EnhancedPacketOption::Comment(Cow::Owned(format!("xlb: {what} worker {}", f.worker)))],
             })?;
             w.get_mut().flush()?;
         }
@@ -224,6 +232,8 @@ mod tests {
             (1, "ttl_exceeded", 60, &[10u8, 11, 255][..])
         );
         assert!(parse_line("tick 3").is_none());
+        let p = parse_line("punt 0 1764000000000000000 punted 60 0a").unwrap();
+        assert_eq!((p.kind.as_str(), p.reason.as_str(), p.data.as_slice()), ("punt", "punted", &[10u8][..]));
         assert!(parse_line("drop 1 x ttl_exceeded 60 00").is_none());
         assert_eq!(parse_filter("10.96.0.10/80"), Ok(Filter { addr: "10.96.0.10".parse().unwrap(), port: Some(80) }));
         assert_eq!(parse_filter("fd00::10/53"), Ok(Filter { addr: "fd00::10".parse().unwrap(), port: Some(53) }));

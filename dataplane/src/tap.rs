@@ -1,4 +1,5 @@
-//! The drop tap: copies of the frames a worker drops, for `xlb monitor --drops`.
+//! The drop tap: copies of the frames a worker drops (and, on request, of those it hands to
+//! the kernel), for `xlb monitor --drops [--punted]`.
 //!
 //! Each worker owns one [`DropTap`], made with the worker. While no monitor listens it costs
 //! one relaxed atomic load per dropped frame and nothing per forwarded one (the worker checks
@@ -27,8 +28,8 @@ pub struct TapRecord {
     /// When the worker dropped it: nanoseconds since the Unix epoch (`CLOCK_REALTIME`, read
     /// once per dropped frame while the tap is on).
     pub time_ns: u64,
-    /// Why.
-    pub reason: DropReason,
+    /// Why it was dropped; `None` for a frame handed to the kernel (punted).
+    pub reason: Option<DropReason>,
     /// The frame's length on the wire, in bytes.
     pub len: u32,
     /// Bytes of the frame kept in `data`: `min(len, SNAP_LEN)`.
@@ -51,6 +52,8 @@ impl TapRecord {
 pub struct DropTap {
     /// Monitors listening (the tap copies while this is above 0).
     listeners: AtomicU32,
+    /// Of those, the ones that also want punted frames.
+    punt_listeners: AtomicU32,
     /// Copy one dropped frame in this many (at least 1).
     sample: AtomicU32,
     /// Dropped frames seen while on, for sampling.
@@ -64,6 +67,7 @@ impl Default for DropTap {
     fn default() -> Self {
         Self {
             listeners: AtomicU32::new(0),
+            punt_listeners: AtomicU32::new(0),
             sample: AtomicU32::new(1),
             seen: AtomicU64::new(0),
             missed: AtomicU64::new(0),
@@ -79,13 +83,26 @@ impl DropTap {
         self.listeners.load(Ordering::Relaxed) != 0
     }
 
-    /// A monitor starts listening; pair with [`DropTap::stop`].
-    pub fn start(&self) {
+    /// Whether a monitor also wants the frames handed to the kernel (one relaxed load).
+    #[inline]
+    pub fn wants_punted(&self) -> bool {
+        self.punt_listeners.load(Ordering::Relaxed) != 0
+    }
+
+    /// A monitor starts listening, for punted frames too if `punted`; pair with
+    /// [`DropTap::stop`] with the same `punted`.
+    pub fn start(&self, punted: bool) {
         self.listeners.fetch_add(1, Ordering::Relaxed);
+        if punted {
+            self.punt_listeners.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// A monitor stops listening; the last one to stop empties the queue.
-    pub fn stop(&self) {
+    pub fn stop(&self, punted: bool) {
+        if punted {
+            self.punt_listeners.fetch_sub(1, Ordering::Relaxed);
+        }
         if self.listeners.fetch_sub(1, Ordering::Relaxed) == 1 {
             while self.queue.pop().is_some() {}
         }
@@ -96,9 +113,10 @@ impl DropTap {
         self.sample.store(n.max(1), Ordering::Relaxed);
     }
 
-    /// Called by the worker for a frame it drops, when [`DropTap::is_on`]: keeps a copy of its
-    /// first [`SNAP_LEN`] bytes if the sample says so and the queue has room.
-    pub fn offer(&self, reason: DropReason, frame: &[u8]) {
+    /// Called by the worker for a frame it drops (`reason`), when [`DropTap::is_on`], or hands
+    /// to the kernel (`None`), when [`DropTap::wants_punted`]: keeps a copy of its first
+    /// [`SNAP_LEN`] bytes if the sample says so and the queue has room.
+    pub fn offer(&self, reason: Option<DropReason>, frame: &[u8]) {
         let n = u64::from(self.sample.load(Ordering::Relaxed).max(1));
         if !self.seen.fetch_add(1, Ordering::Relaxed).is_multiple_of(n) {
             return;
@@ -147,26 +165,31 @@ mod tests {
         let tap = DropTap::default();
         assert!(!tap.is_on());
         let frame: Vec<u8> = (0..400u32).map(|i| (i % 251) as u8).collect();
-        tap.start();
-        tap.offer(DropReason::TtlExceeded, &frame);
-        tap.offer(DropReason::NoNeighbour, &frame[..60]);
+        tap.start(false);
+        assert!(!tap.wants_punted());
+        tap.offer(Some(DropReason::TtlExceeded), &frame);
+        tap.offer(Some(DropReason::NoNeighbour), &frame[..60]);
         let a = tap.pop().unwrap();
-        assert_eq!((a.reason, a.len, a.caplen), (DropReason::TtlExceeded, 400, 256));
+        assert_eq!((a.reason, a.len, a.caplen), (Some(DropReason::TtlExceeded), 400, 256));
         assert_eq!(a.bytes(), &frame[..256]);
         let b = tap.pop().unwrap();
-        assert_eq!((b.reason, b.len, b.bytes()), (DropReason::NoNeighbour, 60, &frame[..60]));
+        assert_eq!((b.reason, b.len, b.bytes()), (Some(DropReason::NoNeighbour), 60, &frame[..60]));
         assert!(tap.pop().is_none());
-        tap.stop();
+        tap.start(true);
+        assert!(tap.wants_punted());
+        tap.stop(true);
+        assert!(!tap.wants_punted() && tap.is_on());
+        tap.stop(false);
         assert!(!tap.is_on());
     }
 
     #[test]
     fn sampling_keeps_one_in_n_and_a_full_queue_counts_the_missed_copies() {
         let tap = DropTap::default();
-        tap.start();
+        tap.start(false);
         tap.set_sample(10);
         for _ in 0..100 {
-            tap.offer(DropReason::MalformedL4, &[0u8; 64]);
+            tap.offer(Some(DropReason::MalformedL4), &[0u8; 64]);
         }
         let mut n = 0;
         while tap.pop().is_some() {
@@ -175,10 +198,10 @@ mod tests {
         assert_eq!(n, 10);
         tap.set_sample(1);
         for _ in 0..QUEUE_LEN + 5 {
-            tap.offer(DropReason::MalformedL4, &[0u8; 64]);
+            tap.offer(Some(DropReason::MalformedL4), &[0u8; 64]);
         }
         assert_eq!(tap.missed(), 5);
-        tap.stop();
+        tap.stop(false);
         assert!(tap.pop().is_none(), "the last monitor to stop empties the queue");
     }
 }

@@ -579,6 +579,12 @@ impl Route<'_> {
             },
             Verdict::Pass => {
                 tally.pass_in_userspace += 1;
+                if tap.wants_punted() {
+                    let _ = xsk.with_buffer(&mut f, |buf, len| {
+                        tap.offer(None, buf.get(..len).unwrap_or(buf));
+                        (len, ())
+                    });
+                }
                 if punt(xsk, &mut f, punt_port) {
                     tally.punted += 1;
                 } else {
@@ -590,7 +596,7 @@ impl Route<'_> {
                 // A monitor listens: a copy of the frame's first bytes (module `tap`).
                 if tap.is_on() {
                     let _ = xsk.with_buffer(&mut f, |buf, len| {
-                        tap.offer(reason, buf.get(..len).unwrap_or(buf));
+                        tap.offer(Some(reason), buf.get(..len).unwrap_or(buf));
                         (len, ())
                     });
                 }
@@ -606,10 +612,18 @@ impl Route<'_> {
                     // Rare (no flow anywhere): the clock is read only here.
                     if quiet_until.is_some_and(|t| Instant::now() < t) {
                         tally.reply_untracked += 1;
-                    } else if punt(xsk, &mut f, punt_port) {
-                        tally.punted += 1;
                     } else {
-                        tally.reply_untracked += 1;
+                        if tap.wants_punted() {
+                            let _ = xsk.with_buffer(&mut f, |buf, len| {
+                                tap.offer(None, buf.get(..len).unwrap_or(buf));
+                                (len, ())
+                            });
+                        }
+                        if punt(xsk, &mut f, punt_port) {
+                            tally.punted += 1;
+                        } else {
+                            tally.reply_untracked += 1;
+                        }
                     }
                     drop(xsk.release(f));
                     return;

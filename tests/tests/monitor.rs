@@ -72,6 +72,44 @@ mod monitor {
             .unwrap_or_else(|| panic!("the monitor was not stopped:\n{}", xlb.log()));
     }
 
+    #[test]
+    fn with_punted_the_monitor_also_shows_frames_handed_to_the_kernel() {
+        if skip_without_root("with_punted_the_monitor_also_shows_frames_handed_to_the_kernel") {
+            return;
+        }
+        let bin = xlb_binary().expect("xlb binary");
+        let tb = Testbed::up().unwrap_or_else(|e| {
+            eprintln!("testbed up failed, trying once more: {e}");
+            Testbed::up().expect("testbed up (second try)")
+        });
+        let xlb = Xlb::start(&tb, CONFIG).expect("xlb start");
+        let mut monitor = Command::new(&bin)
+            .args(["monitor", "--drops", "--punted", "--count", "1", "--filter", "10.250.1.2"])
+            .arg("--admin-socket")
+            .arg(xlb.admin_socket())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("xlb monitor runs");
+        wait_for(Duration::from_secs(10), || xlb.log().contains("drop monitor started").then_some(()))
+            .unwrap_or_else(|| panic!("the monitor never connected:\n{}", xlb.log()));
+        // A direct request to backend be1's own address (not through a VIP): its replies come
+        // from a Service's backend address and port, so the steering program hands them to
+        // xlb, which has no flow for them and hands them to the kernel (punted).
+        let got = tb.exec(Role::Client, &["curl", "-sS", "--noproxy", "*", "--max-time", "5", "http://10.250.2.11/"]);
+        let done = wait_for(Duration::from_secs(10), || monitor.try_wait().ok().flatten());
+        if done.is_none() {
+            let _ = monitor.kill();
+        }
+        let out = monitor.wait_with_output().expect("monitor output");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        print!("xlb monitor --punted printed:\n{stdout}");
+        assert!(got.is_ok_and(|o| o.status.success()), "the direct request is answered through the kernel");
+        assert!(done.is_some_and(|s| s.success()), "monitor: {stdout}{}", String::from_utf8_lossy(&out.stderr));
+        let l = stdout.lines().next().unwrap_or_default();
+        assert!(l.contains(" punted tcp 10.250.2.11:80 -> 10.250.1.2:"), "{stdout}");
+    }
+
     /// (frame, comment) of each Enhanced Packet Block.
     fn read_pcapng(path: &std::path::Path) -> Vec<(Vec<u8>, String)> {
         let data = std::fs::read(path).unwrap_or_default();
