@@ -525,6 +525,15 @@ fn process_frame(xsk: &Xsk, pipeline: &mut Pipeline, t: &Tables, f: &mut OwnedFr
     .unwrap_or(Verdict::Drop(DropReason::NoRoom))
 }
 
+/// Offers frame `f` (unchanged) to the drop tap: dropped for `reason`, or punted (`None`).
+#[inline]
+fn copy_to_tap(xsk: &Xsk, f: &mut OwnedFrame, tap: &DropTap, reason: Option<DropReason>) {
+    let _ = xsk.with_buffer(f, |buf, len| {
+        tap.offer(reason, buf.get(..len).unwrap_or(buf));
+        (len, ())
+    });
+}
+
 /// Where a worker's verdicts send frames: the parts that stay the same for the whole run.
 struct Route<'a> {
     fabric: &'a Fabric,
@@ -580,10 +589,7 @@ impl Route<'_> {
             Verdict::Pass => {
                 tally.pass_in_userspace += 1;
                 if tap.wants_punted() {
-                    let _ = xsk.with_buffer(&mut f, |buf, len| {
-                        tap.offer(None, buf.get(..len).unwrap_or(buf));
-                        (len, ())
-                    });
+                    copy_to_tap(xsk, &mut f, tap, None);
                 }
                 if punt(xsk, &mut f, punt_port) {
                     tally.punted += 1;
@@ -595,10 +601,7 @@ impl Route<'_> {
             Verdict::Drop(reason) => {
                 // A monitor listens: a copy of the frame's first bytes (module `tap`).
                 if tap.is_on() {
-                    let _ = xsk.with_buffer(&mut f, |buf, len| {
-                        tap.offer(Some(reason), buf.get(..len).unwrap_or(buf));
-                        (len, ())
-                    });
+                    copy_to_tap(xsk, &mut f, tap, Some(reason));
                 }
                 drop(xsk.release(f));
             }
@@ -614,10 +617,7 @@ impl Route<'_> {
                         tally.reply_untracked += 1;
                     } else {
                         if tap.wants_punted() {
-                            let _ = xsk.with_buffer(&mut f, |buf, len| {
-                                tap.offer(None, buf.get(..len).unwrap_or(buf));
-                                (len, ())
-                            });
+                            copy_to_tap(xsk, &mut f, tap, None);
                         }
                         if punt(xsk, &mut f, punt_port) {
                             tally.punted += 1;

@@ -4,7 +4,8 @@
 
 #[cfg(test)]
 mod monitor {
-    use std::process::{Command, Stdio};
+    use std::ffi::OsStr;
+    use std::process::{Child, Command, ExitStatus, Stdio};
     use std::time::Duration;
 
     use pcap_file::pcapng::blocks::enhanced_packet::EnhancedPacketOption;
@@ -13,21 +14,23 @@ mod monitor {
 
     const CONFIG: &str = include_str!("../../deploy/examples/testbed.yaml");
 
-    #[test]
-    fn dropped_frames_reach_the_monitor_with_their_reason_and_the_admin_socket_stays_usable() {
-        if skip_without_root("dropped_frames_reach_the_monitor_with_their_reason_and_the_admin_socket_stays_usable") {
-            return;
-        }
-        let bin = xlb_binary().expect("xlb binary");
+    /// A testbed with xlb running on it (bind them in this order: xlb stops first).
+    fn testbed_with_xlb() -> (Testbed, Xlb) {
+        xlb_binary().expect("xlb binary");
         let tb = Testbed::up().unwrap_or_else(|e| {
             eprintln!("testbed up failed, trying once more: {e}");
             Testbed::up().expect("testbed up (second try)")
         });
         let xlb = Xlb::start(&tb, CONFIG).expect("xlb start");
-        let pcap = std::env::temp_dir().join(format!("xlb-monitor-{}.pcapng", std::process::id()));
-        let mut monitor = Command::new(&bin)
-            .args(["monitor", "--drops", "--count", "2", "--filter", "10.250.100.1/80", "-w"])
-            .arg(&pcap)
+        (tb, xlb)
+    }
+
+    /// Starts `xlb monitor ARGS --admin-socket …` against `xlb` and waits until its server
+    /// side runs.
+    fn start_monitor<S: AsRef<OsStr>>(xlb: &Xlb, args: &[S]) -> Child {
+        let monitor = Command::new(xlb_binary().expect("xlb binary"))
+            .arg("monitor")
+            .args(args)
             .arg("--admin-socket")
             .arg(xlb.admin_socket())
             .stdout(Stdio::piped())
@@ -36,6 +39,39 @@ mod monitor {
             .expect("xlb monitor runs");
         wait_for(Duration::from_secs(10), || xlb.log().contains("drop monitor started").then_some(()))
             .unwrap_or_else(|| panic!("the monitor never connected:\n{}", xlb.log()));
+        monitor
+    }
+
+    /// Waits up to 10 s for the monitor to end, killing it otherwise: its exit status if it
+    /// ended, its stdout and its stderr.
+    fn finish(mut monitor: Child) -> (Option<ExitStatus>, String, String) {
+        let done = wait_for(Duration::from_secs(10), || monitor.try_wait().ok().flatten());
+        if done.is_none() {
+            let _ = monitor.kill();
+        }
+        let out = monitor.wait_with_output().expect("monitor output");
+        (done, String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+
+    #[test]
+    fn dropped_frames_reach_the_monitor_with_their_reason_and_the_admin_socket_stays_usable() {
+        if skip_without_root("dropped_frames_reach_the_monitor_with_their_reason_and_the_admin_socket_stays_usable") {
+            return;
+        }
+        let (tb, xlb) = testbed_with_xlb();
+        let pcap = std::env::temp_dir().join(format!("xlb-monitor-{}.pcapng", std::process::id()));
+        let monitor = start_monitor(
+            &xlb,
+            &[
+                OsStr::new("--drops"),
+                "--count".as_ref(),
+                "2".as_ref(),
+                "--filter".as_ref(),
+                "10.250.100.1/80".as_ref(),
+                "-w".as_ref(),
+                pcap.as_os_str(),
+            ],
+        );
         // The admin socket keeps answering while a monitor streams.
         let services = xlb.services().expect("xlb services while a monitor runs");
         assert!(services.contains("10.250.100.1:80"), "{services}");
@@ -45,15 +81,10 @@ mod monitor {
         let _ = tb.exec(Role::Client, &["curl", "-sS", "--noproxy", "*", "--max-time", "3", "http://10.250.100.1/"]);
         // A drop to another address, which the filter must hide.
         let _ = tb.exec(Role::Client, &["curl", "-sS", "--noproxy", "*", "--max-time", "1", "http://10.250.100.4/"]);
-        let done = wait_for(Duration::from_secs(10), || monitor.try_wait().ok().flatten());
-        if done.is_none() {
-            let _ = monitor.kill();
-        }
-        let out = monitor.wait_with_output().expect("monitor output");
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (done, stdout, stderr) = finish(monitor);
         let frames = read_pcapng(&pcap);
         let _ = std::fs::remove_file(&pcap);
-        assert!(done.is_some_and(|s| s.success()), "monitor: {stdout}{}", String::from_utf8_lossy(&out.stderr));
+        assert!(done.is_some_and(|s| s.success()), "monitor: {stdout}{stderr}");
         print!("xlb monitor printed:\n{stdout}");
         let lines: Vec<&str> = stdout.lines().collect();
         assert_eq!(lines.len(), 2, "{stdout}");
@@ -77,35 +108,16 @@ mod monitor {
         if skip_without_root("with_punted_the_monitor_also_shows_frames_handed_to_the_kernel") {
             return;
         }
-        let bin = xlb_binary().expect("xlb binary");
-        let tb = Testbed::up().unwrap_or_else(|e| {
-            eprintln!("testbed up failed, trying once more: {e}");
-            Testbed::up().expect("testbed up (second try)")
-        });
-        let xlb = Xlb::start(&tb, CONFIG).expect("xlb start");
-        let mut monitor = Command::new(&bin)
-            .args(["monitor", "--drops", "--punted", "--count", "1", "--filter", "10.250.1.2"])
-            .arg("--admin-socket")
-            .arg(xlb.admin_socket())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("xlb monitor runs");
-        wait_for(Duration::from_secs(10), || xlb.log().contains("drop monitor started").then_some(()))
-            .unwrap_or_else(|| panic!("the monitor never connected:\n{}", xlb.log()));
+        let (tb, xlb) = testbed_with_xlb();
+        let monitor = start_monitor(&xlb, &["--drops", "--punted", "--count", "1", "--filter", "10.250.1.2"]);
         // A direct request to backend be1's own address (not through a VIP): its replies come
         // from a Service's backend address and port, so the steering program hands them to
         // xlb, which has no flow for them and hands them to the kernel (punted).
         let got = tb.exec(Role::Client, &["curl", "-sS", "--noproxy", "*", "--max-time", "5", "http://10.250.2.11/"]);
-        let done = wait_for(Duration::from_secs(10), || monitor.try_wait().ok().flatten());
-        if done.is_none() {
-            let _ = monitor.kill();
-        }
-        let out = monitor.wait_with_output().expect("monitor output");
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (done, stdout, stderr) = finish(monitor);
         print!("xlb monitor --punted printed:\n{stdout}");
         assert!(got.is_ok_and(|o| o.status.success()), "the direct request is answered through the kernel");
-        assert!(done.is_some_and(|s| s.success()), "monitor: {stdout}{}", String::from_utf8_lossy(&out.stderr));
+        assert!(done.is_some_and(|s| s.success()), "monitor: {stdout}{stderr}");
         let l = stdout.lines().next().unwrap_or_default();
         assert!(l.contains(" punted tcp 10.250.2.11:80 -> 10.250.1.2:"), "{stdout}");
     }
