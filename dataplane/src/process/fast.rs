@@ -67,8 +67,15 @@ pub(super) fn stage<A: Fam>(
         };
         *v = out;
         tx += 1;
-        let new = if is_tcp { tcp_next(old, l.tcp_flags) } else { old };
-        r.expires_s = now.saturating_add(c.timeout(new));
+        // Only SYN, FIN and RST move an established flow's state (`tcp_next`).
+        let new = if !is_tcp
+            || (old == CtState::Established && l.tcp_flags & (tcp_flags::SYN | tcp_flags::FIN | tcp_flags::RST) == 0)
+        {
+            old
+        } else {
+            tcp_next(old, l.tcp_flags)
+        };
+        r.expires_s = c.expiry(new);
         c.count_packet(r.svc, r.backend);
         if new != old {
             r.state = new as u8;

@@ -342,6 +342,11 @@ struct Common {
     affinity: Arc<AffinityTable>,
     /// Timeout per [`CtState`] number.
     timeout: [u32; 5],
+    /// Expiry (worker seconds) of a flow seen now, per [`CtState`] number (`now_s` plus the
+    /// state's timeout, saturating), computed once per batch in [`Pipeline::begin_batch`]; the
+    /// last three entries are unused (the array is indexed by `state & 7`, so the fast stage
+    /// needs no bounds check).
+    expiry: [u32; 8],
     /// Low 32 bits of the adopted tables' generation (0 before the first).
     generation: u32,
     /// Ports of the adopted tables, by index (256 entries: any `u8` port index is valid).
@@ -395,6 +400,13 @@ impl Common {
         if let Some(c) = o.backend_flows.get(b.index()) {
             c.inc();
         }
+    }
+
+    /// Expiry of a flow in state `s` seen now (as `now_s + timeout(s)`).
+    #[inline]
+    fn expiry(&self, s: CtState) -> u32 {
+        #[expect(clippy::indexing_slicing, reason = "index < 8 = the array's length")]
+        self.expiry[(s as usize) & 7]
     }
 
     #[inline]
@@ -515,6 +527,7 @@ impl Pipeline {
                 snat_cursor: cfg.own_snat_ports().0,
                 own_snat: cfg.own_snat_ports(),
                 timeout: cfg.timeouts.by_state(),
+                expiry: expiry_at(1, cfg.timeouts.by_state()),
                 cfg,
                 sched: SchedState::new(seed),
                 counters,
@@ -553,6 +566,7 @@ impl Pipeline {
     pub fn begin_batch(&mut self, t: &Tables, now_ms: u64) {
         self.c.now_ms = now_ms;
         self.c.now_s = u32::try_from(now_ms / 1000).unwrap_or(u32::MAX).saturating_add(1);
+        self.c.expiry = expiry_at(self.c.now_s, self.c.timeout);
         self.c.sched.sync(t);
         let generation = gen32(t);
         if self.c.generation != generation {
@@ -697,6 +711,16 @@ impl Pipeline {
     pub fn connections(&self, r: BackendRef) -> (u32, u32) {
         self.c.sched.conns.get(r)
     }
+}
+
+/// `now_s` plus each state's timeout (saturating), by [`CtState`] number; 8 entries so that
+/// `state & 7` indexes it.
+fn expiry_at(now_s: u32, timeout: [u32; 5]) -> [u32; 8] {
+    let mut e = [now_s; 8];
+    for (e, t) in e.iter_mut().zip(timeout) {
+        *e = now_s.saturating_add(t);
+    }
+    e
 }
 
 /// The low 32 bits of the tables' generation, never 0 for real tables (0 marks a record whose
