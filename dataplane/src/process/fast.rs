@@ -96,34 +96,36 @@ fn rewrite<A: Fam>(c: &Common, dir: Dir, r: &Rec<A>, pkt: &mut Packet<'_>, l: &L
     let nat_flow = r.flags & flow_flags::DSR == 0;
     match dir {
         Dir::Forward if nat_flow => {
-            let out = c.port(r.out_port);
-            let to = Nat {
+            // The record's fields are read after the frame's checks (`nat_at`), each just before
+            // it is written, so they need not be held in registers (or spilled) meanwhile.
+            let to = |_: &[u8]| Nat {
                 src: r.reply_dst,
                 dst: r.backend_addr,
                 sport: r.reply_dport,
                 dport: r.bport,
                 ip_delta: r.ip_delta_fwd,
                 l4_delta: r.l4_delta,
-                smac: out.mac,
+                smac: c.port_mac(r.out_port),
                 dmac: r.hop_mac,
             };
-            nat::<A>(pkt.frame_mut(), l.l3, tcp, &to).then_some(Verdict::Tx { port: r.out_port })
+            nat::<A>(pkt.frame_mut(), l.l3, tcp, to).then_some(Verdict::Tx { port: r.out_port })
         }
         Dir::Reply => {
-            let port = c.port(r.in_port);
-            let f = pkt.frame_mut();
-            let smac = if port.known { port.mac } else { f.first_chunk::<6>().copied().unwrap_or_default() };
-            let to = Nat {
-                src: r.vip,
-                dst: r.client,
-                sport: r.vport,
-                dport: r.cport,
-                ip_delta: r.ip_delta_rev,
-                l4_delta: csum::negate(r.l4_delta),
-                smac,
-                dmac: r.peer_mac,
+            let to = |h: &[u8]| {
+                let port = c.port(r.in_port);
+                let smac = if port.known { port.mac } else { h.first_chunk::<6>().copied().unwrap_or_default() };
+                Nat {
+                    src: r.vip,
+                    dst: r.client,
+                    sport: r.vport,
+                    dport: r.cport,
+                    ip_delta: r.ip_delta_rev,
+                    l4_delta: csum::negate(r.l4_delta),
+                    smac,
+                    dmac: r.peer_mac,
+                }
             };
-            nat::<A>(f, l.l3, tcp, &to).then_some(Verdict::Tx { port: r.in_port })
+            nat::<A>(pkt.frame_mut(), l.l3, tcp, to).then_some(Verdict::Tx { port: r.in_port })
         }
         Dir::Forward => dsr::<A>(c, r, pkt, usize::from(l.l3), usize::from(l.end)),
     }
@@ -144,20 +146,19 @@ pub(super) fn shaped<A: Family>(p: &Parsed) -> bool {
 /// frame untouched, if the TTL would expire.
 #[inline]
 pub(super) fn nat_forward<A: Fam>(c: &Common, r: &Rec<A>, pkt: &mut Packet<'_>, p: &Parsed) -> Option<Verdict> {
-    let out = c.port(r.out_port);
-    let to = Nat {
+    let to = |_: &[u8]| Nat {
         src: r.reply_dst,
         dst: r.backend_addr,
         sport: r.reply_dport,
         dport: r.bport,
         ip_delta: r.ip_delta_fwd,
         l4_delta: r.l4_delta,
-        smac: out.mac,
+        smac: c.port_mac(r.out_port),
         dmac: r.hop_mac,
     };
     #[expect(clippy::cast_possible_truncation, reason = "14 or 18 (shaped)")]
     let l3 = p.l3 as u8;
-    nat::<A>(pkt.frame_mut(), l3, p.proto == proto::TCP, &to).then_some(Verdict::Tx { port: r.out_port })
+    nat::<A>(pkt.frame_mut(), l3, p.proto == proto::TCP, to).then_some(Verdict::Tx { port: r.out_port })
 }
 
 /// What a NAT rewrite writes.
@@ -175,14 +176,16 @@ struct Nat<A> {
 }
 
 /// The NAT rewrite at the fast parser's offsets: picks the instance for the IP header offset
-/// and the transport protocol. Returns `false`, frame untouched, if the TTL would expire.
+/// and the transport protocol. `to` gives what to write (from the frame's headers, checked);
+/// it is called only once the frame passed its checks. Returns `false`, frame untouched, if
+/// the TTL would expire.
 #[inline(always)]
-fn nat<A: Family>(f: &mut [u8], l3: u8, tcp: bool, n: &Nat<A>) -> bool {
+fn nat<A: Family>(f: &mut [u8], l3: u8, tcp: bool, to: impl FnOnce(&[u8]) -> Nat<A>) -> bool {
     match (l3, tcp) {
-        (14, true) => nat_at::<A, 14, true>(f, n),
-        (14, false) => nat_at::<A, 14, false>(f, n),
-        (18, true) => nat_at::<A, 18, true>(f, n),
-        (18, false) => nat_at::<A, 18, false>(f, n),
+        (14, true) => nat_at::<A, 14, true>(f, to),
+        (14, false) => nat_at::<A, 14, false>(f, to),
+        (18, true) => nat_at::<A, 18, true>(f, to),
+        (18, false) => nat_at::<A, 18, false>(f, to),
         _ => false,
     }
 }
@@ -192,13 +195,14 @@ fn nat<A: Family>(f: &mut [u8], l3: u8, tcp: bool, n: &Nat<A>) -> bool {
 /// (RFC 1624); UDP over IPv4 keeps a zero checksum zero (RFC 768). `L3` is the IP header
 /// offset, `TCP` the transport protocol (else UDP).
 #[inline(always)]
-fn nat_at<A: Family, const L3: usize, const TCP: bool>(f: &mut [u8], n: &Nat<A>) -> bool {
+fn nat_at<A: Family, const L3: usize, const TCP: bool>(f: &mut [u8], to: impl FnOnce(&[u8]) -> Nat<A>) -> bool {
     let l4 = L3 + A::HEADER_LEN;
     let Some(h) = f.get_mut(..l4 + if TCP { 18 } else { 8 }) else { return false };
     let ttl = L3 + A::TTL_OFF;
     if h.get(ttl).is_none_or(|t| *t <= 1) {
         return false;
     }
+    let n = &to(h);
     emit::set_macs(h, n.smac, n.dmac);
     if let Some(s) = h.get_mut(L3 + A::SRC_OFF..L3 + A::SRC_OFF + A::LEN) {
         s.copy_from_slice(n.src.octets());

@@ -414,6 +414,12 @@ impl Common {
         self.timeout.get(s as usize).copied().unwrap_or(self.cfg.timeouts.tcp_close_s)
     }
 
+    /// MAC of port `i` (zero if the tables have no such port).
+    #[inline]
+    fn port_mac(&self, i: u8) -> [u8; 6] {
+        self.ports.get(usize::from(i)).map_or([0; 6], |p| p.mac)
+    }
+
     #[inline]
     fn port(&self, i: u8) -> PortInfo {
         self.ports.get(usize::from(i)).copied().unwrap_or_default()
@@ -624,7 +630,8 @@ impl Pipeline {
         lanes4.n = 0;
         lanes6.n = 0;
         let mut slow = 0u64;
-        for ((i, pkt), lane_of) in pkts.iter().enumerate().take(n).zip(self.lane_of.iter_mut()) {
+        let pkts = pkts.get(..n.min(BATCH)).unwrap_or(&[]);
+        for (i, (pkt, lane_of)) in pkts.iter().zip(self.lane_of.iter_mut()).enumerate() {
             let f = pkt.frame();
             *lane_of = match wire::parse_fast_frame(f) {
                 Some(FastFrame::V4(x)) => lane_for::<V4>(&view4, lanes4, i, &x),
