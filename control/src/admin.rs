@@ -52,13 +52,14 @@ impl Drop for Admin {
 }
 
 /// Starts the admin server on `path`. A `handover V` request that this process can serve
-/// ([`crate::handover::check_command`]) is passed, connection and all, to `handover`; the
-/// main loop then stops and hands over.
+/// ([`crate::handover::check_command`]) is passed, connection and all (with the socket
+/// layout the new process offers to adopt, if any), to `handover`; the main loop then stops
+/// and hands over.
 pub(crate) fn serve(
     path: &Path,
     tables: TablesHandle,
     workers: &[WorkerHandle],
-    handover: mpsc::Sender<UnixStream>,
+    handover: mpsc::Sender<(UnixStream, Option<String>)>,
 ) -> Result<Admin> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -95,16 +96,16 @@ fn handle(
     c: UnixStream,
     tables: &TablesHandle,
     workers: &[WorkerView],
-    handover: &mpsc::Sender<UnixStream>,
+    handover: &mpsc::Sender<(UnixStream, Option<String>)>,
 ) -> Result<()> {
     c.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut line = String::new();
     BufReader::new(&c).read_line(&mut line)?;
     match crate::handover::check_command(line.trim()) {
-        Some(Ok(())) => {
-            tracing::info!("hand-over requested on the admin socket");
-            if let Err(e) = handover.send(c) {
-                crate::handover::reply(&e.0, "error: this xlb is stopping\n");
+        Some(Ok(layout)) => {
+            tracing::info!(sockets_offered = layout.is_some(), "hand-over requested on the admin socket");
+            if let Err(e) = handover.send((c, layout)) {
+                crate::handover::reply(&(e.0).0, "error: this xlb is stopping\n");
             }
             return Ok(());
         }

@@ -42,12 +42,26 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use dataplane::process::snapshot::{self, Snapshot};
+use dataplane::xsk::{XskExport, XskState};
 use rustix::net::{
     RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer, SendAncillaryMessage, SendFlags,
 };
 
 /// The admin command that starts a hand-over.
 pub(crate) const COMMAND: &str = "handover";
+
+/// The request's offer to adopt the old process's AF_XDP sockets and UMEMs: `xsk1=LAYOUT`
+/// after the snapshot version, LAYOUT being the new process's [`crate::run`] socket layout
+/// (workers, interfaces and queues, frame and ring sizes, bind mode). `1` is the version of
+/// the socket hand-over (the [`XskState`] encoding and the descriptor order of [`send`]);
+/// raised whenever either changes. An old process that does not know it refuses the request
+/// before stopping (`error: handover needs the snapshot version…`), and [`request`] asks
+/// again without it.
+pub(crate) const XSK_OFFER: &str = "xsk1=";
+
+/// Most descriptors one hand-over answer carries (`SCM_MAX_FD` is 253): the snapshot, the
+/// socket state, and per worker its UMEM and sockets.
+const MAX_FDS: usize = 128;
 
 /// Longest the new process waits for the old one to stop and send its flows.
 const WAIT: Duration = Duration::from_secs(30);
@@ -122,57 +136,127 @@ impl Pending {
 /// The new process's word when it fails after the flows arrived: `abort WHY`.
 const ABORT: &str = "abort";
 
-/// The new process's side: asks the xlb on `admin_socket` to hand over and returns its
-/// workers' flows and the connection to release it with. `Ok(Err(Refused))` before the old
-/// process stopped; `Err` after it stopped (then nothing serves until this process starts).
-pub(crate) fn request(admin_socket: &Path) -> Result<std::result::Result<(Snapshot, Pending), Refused>> {
-    let mut c = match UnixStream::connect(admin_socket) {
-        Ok(c) => c,
-        Err(e) => return Ok(Err(Refused::NoPeer(e))),
-    };
-    c.set_read_timeout(Some(WAIT))?;
-    c.write_all(format!("{COMMAND} {}\n", snapshot::VERSION).as_bytes())?;
-    Ok(answer(&c)?.map(|s| (s, Pending(c))))
+/// What the old process handed over: every worker's flows, and (when it accepted the
+/// offer) its workers' sockets and UMEMs in worker order.
+#[derive(Debug)]
+pub(crate) struct Handed {
+    /// The flow snapshot.
+    pub(crate) flows: Snapshot,
+    /// The AF_XDP sockets, one export per worker; `None`: bind new ones.
+    pub(crate) sockets: Option<Vec<XskExport>>,
 }
 
-/// Reads the old process's answer to `handover V` on `c`.
-fn answer(c: &UnixStream) -> Result<std::result::Result<Snapshot, Refused>> {
+/// The new process's side: asks the xlb on `admin_socket` to hand over, offering to adopt
+/// its sockets when `layout` (this process's socket layout) is `Some`, and returns its
+/// workers' flows (and sockets) and the connection to release it with. `Ok(Err(Refused))`
+/// before the old process stopped; `Err` after it stopped (then nothing serves until this
+/// process starts).
+pub(crate) fn request(
+    admin_socket: &Path,
+    layout: Option<&str>,
+) -> Result<std::result::Result<(Handed, Pending), Refused>> {
+    let mut offer = layout;
+    loop {
+        let mut c = match UnixStream::connect(admin_socket) {
+            Ok(c) => c,
+            Err(e) => return Ok(Err(Refused::NoPeer(e))),
+        };
+        c.set_read_timeout(Some(WAIT))?;
+        let line = match offer {
+            Some(l) => format!("{COMMAND} {} {XSK_OFFER}{l}\n", snapshot::VERSION),
+            None => format!("{COMMAND} {}\n", snapshot::VERSION),
+        };
+        c.write_all(line.as_bytes())?;
+        match answer(&c)? {
+            Ok(h) => return Ok(Ok((h, Pending(c)))),
+            // An xlb from before the socket hand-over: it refused the offer without stopping.
+            Err(Refused::Refused(a)) if offer.is_some() && a.contains("needs the snapshot version") => {
+                tracing::info!(
+                    "hand-over: the running xlb cannot hand over its AF_XDP sockets; asking for the flows only"
+                );
+                offer = None;
+            }
+            Err(r) => return Ok(Err(r)),
+        }
+    }
+}
+
+/// Reads the old process's answer to `handover V [xsk1=…]` on `c`: `ok BYTES` with the
+/// snapshot's memfd, or `ok BYTES XSKBYTES` with the snapshot's memfd, the socket state's
+/// memfd ([`XskState`]s in worker order), then per worker its UMEM memfd and its sockets in
+/// port order.
+fn answer(c: &UnixStream) -> Result<std::result::Result<Handed, Refused>> {
     let mut buf = [0u8; 256];
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut cmsg = RecvAncillaryBuffer::new(&mut space);
     let mut iov = [std::io::IoSliceMut::new(&mut buf)];
     let msg = rustix::net::recvmsg(c.as_fd(), &mut iov, &mut cmsg, RecvFlags::CMSG_CLOEXEC)
         .context("reading the hand-over answer")?;
-    let mut fd = None;
+    let mut fds = Vec::new();
     for m in cmsg.drain() {
-        if let RecvAncillaryMessage::ScmRights(fds) = m {
-            for f in fds {
-                fd.get_or_insert(f);
-            }
+        if let RecvAncillaryMessage::ScmRights(got) = m {
+            fds.extend(got);
         }
     }
     let text = String::from_utf8_lossy(buf.get(..msg.bytes).unwrap_or_default()).trim().to_owned();
-    let Some(len) = text.strip_prefix("ok ") else {
+    let Some(lens) = text.strip_prefix("ok ") else {
         return Ok(Err(Refused::Refused(if text.is_empty() { "no answer".into() } else { text })));
     };
-    let len: usize = len.parse().with_context(|| format!("hand-over answer {text:?}"))?;
-    let Some(fd) = fd else { bail!("hand-over answer without the snapshot's memfd") };
-    let mut f = std::fs::File::from(fd);
-    let mut bytes = Vec::with_capacity(len);
-    f.read_to_end(&mut bytes).context("reading the flow snapshot")?;
-    if bytes.len() != len {
-        bail!("flow snapshot: {} bytes, announced {len}", bytes.len());
-    }
-    Ok(Ok(snapshot::decode(&bytes).context("flow snapshot")?))
+    let mut words = lens.split_whitespace();
+    let len: usize = words.next().unwrap_or("").parse().with_context(|| format!("hand-over answer {text:?}"))?;
+    let xsk_len: Option<usize> =
+        words.next().map(str::parse).transpose().with_context(|| format!("hand-over answer {text:?}"))?;
+    let mut fds = fds.into_iter();
+    let read_memfd = |fd: Option<std::os::fd::OwnedFd>, len: usize, what: &str| -> Result<Vec<u8>> {
+        let Some(fd) = fd else { bail!("hand-over answer without the {what}'s memfd") };
+        let mut f = std::fs::File::from(fd);
+        let mut bytes = Vec::with_capacity(len);
+        f.read_to_end(&mut bytes).with_context(|| format!("reading the {what}"))?;
+        if bytes.len() != len {
+            bail!("{what}: {} bytes, announced {len}", bytes.len());
+        }
+        Ok(bytes)
+    };
+    let bytes = read_memfd(fds.next(), len, "flow snapshot")?;
+    let sockets = match xsk_len {
+        None => None,
+        Some(n) => {
+            let state = read_memfd(fds.next(), n, "AF_XDP socket state")?;
+            let mut input = &state[..];
+            let mut out = Vec::new();
+            while !input.is_empty() {
+                let st = XskState::decode(&mut input).context("AF_XDP socket state")?;
+                let umem = fds.next().context("hand-over answer: a worker's UMEM memfd missing")?;
+                let sockets: Vec<_> = fds.by_ref().take(st.ports.len()).collect();
+                if sockets.len() != st.ports.len() {
+                    bail!("hand-over answer: {} sockets for {} ports", sockets.len(), st.ports.len());
+                }
+                out.push(XskExport { state: st, umem, sockets });
+            }
+            Some(out)
+        }
+    };
+    Ok(Ok(Handed { flows: snapshot::decode(&bytes).context("flow snapshot")?, sockets }))
 }
 
 /// Whether an admin command asks for a hand-over in a version this process can give:
-/// `Some(Ok(()))` yes, `Some(Err(answer))` a hand-over it must refuse, `None` another command.
-pub(crate) fn check_command(line: &str) -> Option<std::result::Result<(), String>> {
+/// `Some(Ok(layout))` yes (with the new process's socket layout when it offers to adopt
+/// the sockets, [`XSK_OFFER`]), `Some(Err(answer))` a hand-over it must refuse, `None`
+/// another command.
+pub(crate) fn check_command(line: &str) -> Option<std::result::Result<Option<String>, String>> {
     let rest = line.strip_prefix(COMMAND)?;
-    let v = rest.trim();
+    let mut words = rest.split_whitespace();
+    let v = words.next().unwrap_or("");
+    let offer = words.next();
+    if words.next().is_some() || offer.is_some_and(|o| !o.starts_with(XSK_OFFER)) {
+        return Some(Err(format!(
+            "error: {COMMAND} takes the snapshot version and {XSK_OFFER}LAYOUT, got {:?}\n",
+            rest.trim()
+        )));
+    }
+    let layout = offer.and_then(|o| o.strip_prefix(XSK_OFFER)).map(str::to_owned);
     Some(match v.parse::<u32>() {
-        Ok(n) if n == snapshot::VERSION => Ok(()),
+        Ok(n) if n == snapshot::VERSION => Ok(layout),
         Ok(n) => Err(format!(
             "error: the new xlb reads flow snapshot version {n}, this one writes version {}; not handing over\n",
             snapshot::VERSION
@@ -181,18 +265,43 @@ pub(crate) fn check_command(line: &str) -> Option<std::result::Result<(), String
     })
 }
 
-/// The old process's side, once its workers stopped: sends `snap` in a memfd.
-pub(crate) fn send(c: &UnixStream, snap: &Snapshot) -> Result<()> {
-    let bytes = snapshot::encode(snap);
-    let fd = rustix::fs::memfd_create("xlb-flows", rustix::fs::MemfdFlags::CLOEXEC).context("memfd_create")?;
+/// A memfd holding `bytes`, at offset 0.
+fn memfd_with(name: &str, bytes: &[u8]) -> Result<std::fs::File> {
+    let fd = rustix::fs::memfd_create(name, rustix::fs::MemfdFlags::CLOEXEC).context("memfd_create")?;
     let mut f = std::fs::File::from(fd);
-    f.write_all(&bytes).context("writing the flow snapshot")?;
+    f.write_all(bytes).with_context(|| format!("writing {name}"))?;
     f.rewind()?;
-    let line = format!("ok {}\n", bytes.len());
+    Ok(f)
+}
+
+/// The old process's side, once its workers stopped: sends `snap` in a memfd, and with
+/// `sockets` (one export per worker) the socket state and the descriptors as [`answer`]
+/// reads them. The old process keeps its own descriptors until `attach`.
+pub(crate) fn send(c: &UnixStream, snap: &Snapshot, sockets: Option<&[XskExport]>) -> Result<()> {
+    let bytes = snapshot::encode(snap);
+    let f = memfd_with("xlb-flows", &bytes)?;
+    let mut fds = vec![f.as_fd()];
+    let mut line = format!("ok {}\n", bytes.len());
+    let state_file;
+    if let Some(exports) = sockets {
+        let mut state = Vec::new();
+        for e in exports {
+            e.state.encode(&mut state);
+        }
+        state_file = memfd_with("xlb-xsk", &state)?;
+        fds.push(state_file.as_fd());
+        for e in exports {
+            fds.push(e.umem.as_fd());
+            fds.extend(e.sockets.iter().map(std::os::fd::AsFd::as_fd));
+        }
+        if fds.len() > MAX_FDS {
+            bail!("{} descriptors to hand over, at most {MAX_FDS}", fds.len());
+        }
+        line = format!("ok {} {}\n", bytes.len(), state.len());
+    }
     let iov = [std::io::IoSlice::new(line.as_bytes())];
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut cmsg = SendAncillaryBuffer::new(&mut space);
-    let fds = [f.as_fd()];
     cmsg.push(SendAncillaryMessage::ScmRights(&fds));
     rustix::net::sendmsg(c.as_fd(), &iov, &mut cmsg, SendFlags::empty()).context("sending the flow snapshot")?;
     Ok(())
@@ -245,7 +354,12 @@ mod tests {
 
     #[test]
     fn handover_command_in_another_version_is_refused_with_both_versions() {
-        assert_eq!(check_command(&format!("handover {}", snapshot::VERSION)), Some(Ok(())));
+        assert_eq!(check_command(&format!("handover {}", snapshot::VERSION)), Some(Ok(None)));
+        assert_eq!(
+            check_command(&format!("handover {} xsk1=2x2048;0=eth0:0", snapshot::VERSION)),
+            Some(Ok(Some("2x2048;0=eth0:0".to_owned())))
+        );
+        assert!(check_command(&format!("handover {} xsk9=a", snapshot::VERSION)).is_some_and(|r| r.is_err()));
         let e = check_command("handover 999").and_then(Result::err).unwrap_or_default();
         assert!(e.contains("999") && e.contains(&snapshot::VERSION.to_string()), "{e}");
         assert!(check_command("handover x").is_some_and(|r| r.is_err()));
@@ -269,7 +383,7 @@ mod tests {
             let mut line = [0u8; 64];
             let n = std::io::Read::read(&mut &b, &mut line).unwrap_or(0);
             assert!(check_command(std::str::from_utf8(&line[..n]).unwrap_or("").trim()).is_some());
-            send(&b, &snaps).unwrap_or_else(|e| panic!("send: {e:#}"));
+            send(&b, &snaps, None).unwrap_or_else(|e| panic!("send: {e:#}"));
         });
         // `request` connects by path; its reading half runs here on the pair.
         let got = read_answer_for_test(a).unwrap_or_else(|e| panic!("request: {e:#}"));
@@ -341,7 +455,7 @@ mod tests {
     fn read_answer_for_test(mut c: UnixStream) -> Result<Snapshot> {
         c.write_all(format!("{COMMAND} {}\n", snapshot::VERSION).as_bytes())?;
         match answer(&c)? {
-            Ok(s) => Ok(s),
+            Ok(s) => Ok(s.flows),
             Err(Refused::Refused(a)) => bail!("refused: {a}"),
             Err(Refused::NoPeer(e)) => bail!("no peer: {e}"),
         }

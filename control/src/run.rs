@@ -36,7 +36,7 @@ use dataplane::process::PipelineConfig;
 use dataplane::process::snapshot::Snapshot;
 use dataplane::tables::{KernelRouteSpec, NeighbourSpec, TableBuilder, Tables, TablesHandle, TablesSpec, VipAddrKind};
 use dataplane::worker::{self, Fabric, PuntPort, WorkerHandle, WorkerSpec};
-use dataplane::xsk::{BusyPoll, CopyMode, XskConfig};
+use dataplane::xsk::{BusyPoll, CopyMode, XskConfig, XskExport};
 use nic_config::{ServiceKey, Steering, XdpMode, neighbours};
 use xlb::announce::{Announcement, Applied, PrefixSet};
 use xlb::translate::ClusterState;
@@ -122,6 +122,56 @@ struct Resume {
     cluster: ClusterState,
     /// Every worker's flows and the affinity records, as exported for the new xlb.
     flows: Snapshot,
+    /// Every worker's AF_XDP sockets and UMEM, as kept for the new xlb (which never used
+    /// them: it touches their rings only after `released`); `None` when they were closed.
+    sockets: Option<Vec<XskExport>>,
+}
+
+/// The sockets of worker `w`: one (interface, queue) per interface, the worker's queue in
+/// its `queues` list (or queue `w`).
+fn worker_ports(config: &xlb::config::Config, w: usize) -> Vec<(String, u32)> {
+    config
+        .interfaces
+        .iter()
+        .map(|i| (i.name.clone(), i.queues.get(w).copied().unwrap_or(u32::try_from(w).unwrap_or(0))))
+        .collect()
+}
+
+/// The workers' AF_XDP settings from `afXdp`.
+fn xsk_config(config: &xlb::config::Config) -> XskConfig {
+    XskConfig {
+        frame_count: config.af_xdp.frames,
+        copy_mode: match config.af_xdp.zero_copy.as_str() {
+            "copy" => CopyMode::Copy,
+            "zerocopy" => CopyMode::ZeroCopy,
+            _ => CopyMode::Auto,
+        },
+        need_wakeup: !config.af_xdp.busy_poll,
+        busy_poll: config
+            .af_xdp
+            .prefer_busy_poll
+            .then_some(BusyPoll { usecs: config.af_xdp.busy_poll_usecs, budget: config.af_xdp.busy_poll_budget }),
+        ..XskConfig::default()
+    }
+}
+
+/// The AF_XDP socket layout of `nworkers` workers under `config`, as one word (no spaces):
+/// what must be equal for a new process to adopt the old one's sockets at a hand-over
+/// (frames, frame size, ring size, bind mode, need-wakeup; per worker its interfaces and
+/// queues in port order), e.g. `f8192x2048r2048mautow1;0=eth0:0,eth1:0;1=eth0:1,eth1:1`.
+pub(crate) fn xsk_layout(config: &xlb::config::Config, nworkers: usize) -> String {
+    let x = xsk_config(config);
+    let mode = match x.copy_mode {
+        CopyMode::Auto => "auto",
+        CopyMode::Copy => "copy",
+        CopyMode::ZeroCopy => "zerocopy",
+    };
+    let mut s = format!("f{}x{}r{}m{}w{}", x.frame_count, x.frame_size, x.ring_size, mode, u8::from(x.need_wakeup));
+    for w in 0..nworkers {
+        let ports: Vec<String> = worker_ports(config, w).iter().map(|(i, q)| format!("{i}:{q}")).collect();
+        s.push_str(&format!(";{w}={}", ports.join(",")));
+    }
+    s
 }
 
 /// The config a process resumes with after a failed hand-over: `latest` (the last reload),
@@ -408,22 +458,23 @@ fn serve(
     let path = path.to_owned();
     let admin_socket = admin_socket.to_owned();
     let takeover = matches!(start, Start::Takeover);
-    let (config, file_cluster, mut restore, resuming) = match start {
+    let (config, file_cluster, mut restore, resuming, mut adopt) = match start {
         Start::Resume(r) => {
-            let Resume { config, cluster, flows } = *r;
+            let Resume { config, cluster, flows, sockets } = *r;
             tracing::info!(
                 flows = flows.flows(),
                 affinity = flows.affinity.len(),
+                sockets_kept = sockets.is_some(),
                 "hand-over failed: serving again with this process's config and flows"
             );
-            (config, cluster, flows, true)
+            (config, cluster, flows, true, sockets)
         }
         Start::Fresh | Start::Takeover => {
             let loaded = crate::load_config(&path)?;
             for n in &loaded.notes {
                 tracing::info!("{n}");
             }
-            (loaded.config, loaded.cluster, Snapshot::default(), false)
+            (loaded.config, loaded.cluster, Snapshot::default(), false, None)
         }
     };
     if config.interfaces.is_empty() {
@@ -514,8 +565,8 @@ fn serve(
     }
     if takeover {
         let started = Instant::now();
-        match crate::handover::request(&admin_socket) {
-            Ok(Ok((s, p))) => {
+        match crate::handover::request(&admin_socket, Some(&xsk_layout(&config, nworkers))) {
+            Ok(Ok((crate::handover::Handed { flows: s, sockets }, p))) => {
                 // The previous xlb has stopped and exits once this one attaches: a service
                 // manager must follow this process from now on (before the old one exits).
                 crate::notify::main_pid();
@@ -524,9 +575,16 @@ fn serve(
                     workers = s.workers.len(),
                     flows = s.flows(),
                     affinity = s.affinity.len(),
+                    sockets = sockets.is_some(),
                     ms = started.elapsed().as_secs_f64() * 1e3,
                     "hand-over: the previous xlb stopped and sent its flows"
                 );
+                if sockets.is_none() {
+                    tracing::info!(
+                        "hand-over: the previous xlb closed its AF_XDP sockets (its log says why); binding new ones"
+                    );
+                }
+                adopt = sockets;
                 restore = s;
                 handed_over_at = Some(Instant::now());
             }
@@ -618,34 +676,24 @@ fn serve(
         std::time::Instant::now() + UNTRACKED_REPLY_QUIET
     });
     let wstop = Arc::new(AtomicBool::new(false));
+    // Adopted sockets may still go back to the previous xlb (until its `released`): the
+    // workers touch their rings only once this is set.
+    let gate = Arc::new(AtomicBool::new(pending.is_none()));
+    let mut adopt: Vec<Option<XskExport>> = adopt.take().map(|v| v.into_iter().map(Some).collect()).unwrap_or_default();
     let mut workers: Vec<WorkerHandle> = Vec::new();
     let (handover_tx, handover_rx) = std::sync::mpsc::channel();
-    let result = (|| -> Result<Option<(std::os::unix::net::UnixStream, xlb::config::Config)>> {
+    let result = (|| -> Result<Option<(std::os::unix::net::UnixStream, Option<String>, xlb::config::Config)>> {
         for w in 0..nworkers {
-            let ports: Vec<(String, u32)> = config
-                .interfaces
-                .iter()
-                .map(|i| (i.name.clone(), i.queues.get(w).copied().unwrap_or(u32::try_from(w).unwrap_or(0))))
-                .collect();
+            let ports = worker_ports(&config, w);
             let id = u16::try_from(w).unwrap_or(0);
+            let adopted = adopt.get_mut(w).and_then(Option::take);
             let spec = WorkerSpec {
                 id,
                 core: cores.get(w).copied(),
                 ports: ports.clone(),
-                xsk: XskConfig {
-                    frame_count: config.af_xdp.frames,
-                    copy_mode: match config.af_xdp.zero_copy.as_str() {
-                        "copy" => CopyMode::Copy,
-                        "zerocopy" => CopyMode::ZeroCopy,
-                        _ => CopyMode::Auto,
-                    },
-                    need_wakeup: !config.af_xdp.busy_poll,
-                    busy_poll: config.af_xdp.prefer_busy_poll.then_some(BusyPoll {
-                        usecs: config.af_xdp.busy_poll_usecs,
-                        budget: config.af_xdp.busy_poll_budget,
-                    }),
-                    ..XskConfig::default()
-                },
+                xsk: xsk_config(&config),
+                hold_until: (adopted.is_some() && pending.is_some()).then(|| gate.clone()),
+                adopt: adopted,
                 pipeline: pipeline_config(&config, id, nworkers_u16),
                 busy_poll: config.af_xdp.busy_poll,
                 realtime: config.af_xdp.realtime_workers,
@@ -666,6 +714,8 @@ fn serve(
         if let Some(p) = pending.take() {
             p.release()?;
         }
+        // The previous xlb let go: adopted sockets are this process's alone.
+        gate.store(true, Ordering::Release);
         // `<admin socket>.xdp`: "IFNAME PROG_ID" per interface, written once attached and
         // removed on a clean stop, so the next start recognises a dead xlb's program even
         // without CAP_SYS_ADMIN (which reading program names needs).
@@ -741,7 +791,7 @@ fn serve(
         };
         let handover = sup.run(&mut cluster, k8s.as_mut(), shutdown, reload)?;
         drop(admin);
-        Ok(handover.map(|stream| (stream, sup.config.clone())))
+        Ok(handover.map(|(stream, layout)| (stream, layout, sup.config.clone())))
     })();
     let stopping = Instant::now();
     if let Some(a) = assigner.take() {
@@ -751,11 +801,36 @@ fn serve(
     }
     wstop.store(true, Ordering::Relaxed);
     let handing_over = matches!(result, Ok(Some(_)));
+    // The sockets go to the new process when it offered to adopt them with this process's
+    // own layout; else they close here, before it binds its own.
+    let mine = xsk_layout(&config, nworkers);
+    let keep_sockets = match &result {
+        Ok(Some((_, Some(offered), _))) if *offered == mine => true,
+        Ok(Some((_, Some(offered), _))) => {
+            tracing::info!(new = %offered, this = %mine, "hand-over: the new xlb's AF_XDP layout differs; closing the sockets for it to bind its own");
+            false
+        }
+        _ => false,
+    };
     let mut flows = Snapshot::default();
+    let mut kept: Option<Vec<XskExport>> = keep_sockets.then(Vec::new);
     for w in workers {
-        let p = w.join();
-        if handing_over && let Some(p) = p {
-            flows.workers.push(p.export_flows());
+        match w.join_export() {
+            Some((p, sockets)) => {
+                if handing_over {
+                    flows.workers.push(p.export_flows());
+                }
+                if let Some(k) = &mut kept {
+                    k.push(sockets);
+                }
+            }
+            None => {
+                if kept.take().is_some() {
+                    tracing::warn!(
+                        "hand-over: a worker panicked; closing every AF_XDP socket for the new xlb to bind its own"
+                    );
+                }
+            }
         }
     }
     if handing_over {
@@ -781,7 +856,7 @@ fn serve(
         }
     };
     match result {
-        Ok(Some((stream, latest))) => {
+        Ok(Some((stream, _, latest))) => {
             // The new process binds the same HTTP ports and healthCheckNodePorts: close them
             // (the runtime's drop waits until its tasks, and their listeners, are gone).
             drop((_healthz, _metrics, k8s));
@@ -789,7 +864,7 @@ fn serve(
             let (n, n_affinity) = (flows.flows(), flows.affinity.len());
             // The programs stay attached until the new process is ready: meanwhile they drop
             // xlb's frames (no socket), so the kernel does not forward them untranslated.
-            let ready = crate::handover::send(&stream, &flows)
+            let ready = crate::handover::send(&stream, &flows, kept.as_deref())
                 .context("hand-over: sending the flows")
                 .map(|()| stopping.elapsed().as_secs_f64() * 1e3)
                 .and_then(|sent_ms| crate::handover::wait_attach(&stream).map(|()| sent_ms));
@@ -802,6 +877,8 @@ fn serve(
             match ready {
                 Ok(sent_ms) => {
                     crate::handover::reply(&stream, crate::handover::RELEASED);
+                    // The new process holds its own copies of the sockets now.
+                    drop(kept);
                     tracing::info!(
                         flows = n,
                         affinity = n_affinity,
@@ -820,7 +897,12 @@ fn serve(
                         ms = waited_ms,
                         "hand-over failed after this xlb stopped its workers: it serves again with its flows"
                     );
-                    Ok(Ended::Resume(Box::new(Resume { config: resume_config(latest, &config), cluster, flows })))
+                    Ok(Ended::Resume(Box::new(Resume {
+                        config: resume_config(latest, &config),
+                        cluster,
+                        flows,
+                        sockets: kept,
+                    })))
                 }
             }
         }
@@ -858,7 +940,7 @@ struct Supervisor<'a> {
     /// The punt device exists (so reply rules are kept in sync).
     punt: bool,
     /// Hand-over requests from the admin socket ([`crate::handover`]).
-    handover: std::sync::mpsc::Receiver<std::os::unix::net::UnixStream>,
+    handover: std::sync::mpsc::Receiver<(std::os::unix::net::UnixStream, Option<String>)>,
     /// The VIP announcer (`announce.mode` other than `none`).
     announcement: Option<Announcement>,
     /// The VIPs to announce while healthy, from the last successful build.
@@ -929,7 +1011,7 @@ impl Supervisor<'_> {
         mut k8s: Option<&mut K8s>,
         shutdown: &Shutdown,
         reload: &AtomicBool,
-    ) -> Result<Option<std::os::unix::net::UnixStream>> {
+    ) -> Result<Option<(std::os::unix::net::UnixStream, Option<String>)>> {
         let mut watcher = neighbours::NeighbourWatcher::new()?;
         let mut route_watcher = nic_config::routes::RouteWatcher::new()?;
         let mut last_route_read = Instant::now();

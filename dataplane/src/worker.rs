@@ -24,7 +24,7 @@ use crate::process::{FlowDump, Pipeline, PipelineConfig, Verdict};
 use crate::tables::{BackendRef, KERNEL_PORT, Tables, TablesHandle};
 use crate::tap::DropTap;
 use crate::wire::ETH_LEN;
-use crate::xsk::{OwnedFrame, SocketStats, Xsk, XskConfig, XskError};
+use crate::xsk::{OwnedFrame, SocketStats, Xsk, XskConfig, XskError, XskExport};
 
 /// Frames per RX batch.
 pub const BATCH: usize = 64;
@@ -35,7 +35,7 @@ const HANDOFF_SLOTS: usize = 1024;
 const KERNEL_RX_MAX: usize = 2048 - ETH_LEN;
 
 /// What one worker serves.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct WorkerSpec {
     /// Worker number (0-based; also the SNAT port slice).
     pub id: u16,
@@ -67,6 +67,15 @@ pub struct WorkerSpec {
     /// before that would otherwise reach the client untranslated, from the backend's own
     /// address, and make the client reset the connection. `None`: no such window.
     pub untracked_replies_dropped_until: Option<Instant>,
+    /// Sockets and UMEM handed over by the previous xlb process for this worker
+    /// ([`Xsk::adopt`] instead of [`Xsk::open`]; docs/architecture.md "Hand-over"). `None`:
+    /// bind new sockets.
+    pub adopt: Option<XskExport>,
+    /// Until this flag is set, the worker touches no ring: it waits (polling every 100 µs)
+    /// after setup. For adopted sockets whose previous owner may still take them back (it
+    /// does until the hand-over's `released`). If the stop flag is set first, the worker ends
+    /// without having touched them. `None`: start at once.
+    pub hold_until: Option<Arc<AtomicBool>>,
 }
 
 /// One queue of the punt device as a worker uses it (implemented by the control side over
@@ -212,14 +221,22 @@ pub struct WorkerHandle {
     pub requests: mpsc::Sender<Request>,
     /// Copies of the frames this worker drops, while a monitor listens (`xlb monitor --drops`).
     pub tap: Arc<DropTap>,
-    thread: Option<JoinHandle<Option<Pipeline>>>,
+    thread: Option<JoinHandle<Option<(Pipeline, XskExport)>>>,
 }
 
 impl WorkerHandle {
     /// Waits for the thread to end (after the stop flag was set) and returns its pipeline, with
     /// the worker's flows ([`Pipeline::export_flows`] for a hand-over); `None` if the thread
-    /// panicked.
-    pub fn join(mut self) -> Option<Pipeline> {
+    /// panicked. Its sockets are closed.
+    pub fn join(self) -> Option<Pipeline> {
+        self.join_export().map(|(p, _)| p)
+    }
+
+    /// As [`WorkerHandle::join`], with the worker's sockets and UMEM still open
+    /// ([`Xsk::export`]), for a hand-over that passes them on: the sockets stay bound and in
+    /// the steering programs' maps, and frames wait in their RX rings, until the export is
+    /// dropped.
+    pub fn join_export(mut self) -> Option<(Pipeline, XskExport)> {
         self.thread.take().and_then(|t| t.join().ok().flatten())
     }
 }
@@ -256,6 +273,7 @@ pub fn spawn(
     let (req_tx, req_rx) = mpsc::channel::<Request>();
     let tap = Arc::new(DropTap::default());
     let worker_tap = tap.clone();
+    let mut spec = spec;
     let thread = std::thread::Builder::new()
         .name(format!("xlb-worker-{id}"))
         .spawn(move || {
@@ -269,7 +287,11 @@ pub fn spawn(
             {
                 tracing::warn!(worker = id, error = %e, "could not make the worker SCHED_FIFO; it runs as a normal thread");
             }
-            let xsk = match Xsk::open(&spec.xsk, &spec.ports) {
+            let opened = match spec.adopt.take() {
+                Some(e) => Xsk::adopt(e, spec.xsk.busy_poll),
+                None => Xsk::open(&spec.xsk, &spec.ports),
+            };
+            let mut xsk = match opened {
                 Ok(x) => x,
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));
@@ -298,7 +320,17 @@ pub fn spawn(
             xc.counter(XskCounter::ZeroCopy).set(u64::from(xsk.zero_copy(0)));
             xc.counter(XskCounter::UmemHugePages).set(u64::from(xsk.huge_pages()));
             let _ = ready_tx.send(Ok((xsk.fds(), pipeline.counters().clone(), xc.clone())));
-            Some(run(spec, xsk, pipeline, tables, fabric, stop, req_rx, &xc, &worker_tap))
+            if let Some(hold) = &spec.hold_until {
+                while !hold.load(Ordering::Acquire) {
+                    if stop.load(Ordering::Relaxed) {
+                        // Never started: the rings are as the previous owner left them.
+                        return Some((pipeline, xsk.export()));
+                    }
+                    std::thread::sleep(std::time::Duration::from_micros(100));
+                }
+            }
+            let pipeline = run(spec, &mut xsk, pipeline, tables, fabric, stop, req_rx, &xc, &worker_tap);
+            Some((pipeline, xsk.export()))
         })
         .map_err(|_| WorkerError::Thread(id))?;
     match ready_rx.recv() {
@@ -316,7 +348,7 @@ pub fn spawn(
 #[expect(clippy::too_many_arguments, reason = "everything a worker owns, moved in once")]
 fn run(
     spec: WorkerSpec,
-    mut xsk: Xsk,
+    xsk: &mut Xsk,
     mut pipeline: Pipeline,
     tables: TablesHandle,
     fabric: Arc<Fabric>,
@@ -327,6 +359,10 @@ fn run(
 ) -> Pipeline {
     let id = spec.id;
     let nports = xsk.port_count();
+    // Frames a previous owner of adopted sockets left in their TX rings go out now.
+    for port in 0..nports {
+        xsk.kick(port);
+    }
     let epoch = epoch();
     let mut reader = tables.reader();
     let mut rx: Vec<OwnedFrame> = Vec::with_capacity(BATCH);
@@ -352,7 +388,7 @@ fn run(
         let now_ms = u64::try_from(started.as_millis()).unwrap_or(u64::MAX);
         if now_ms >= next_socket_stats_ms {
             next_socket_stats_ms = now_ms.saturating_add(SOCKET_STATS_EVERY_MS);
-            refresh_socket_stats(&xsk, xc);
+            refresh_socket_stats(xsk, xc);
         }
         pipeline.begin_batch(t, now_ms);
         xsk.complete();
@@ -376,7 +412,7 @@ fn run(
                 verdicts.fill(Verdict::Drop(DropReason::NoRoom));
             }
             for (f, v) in rx.drain(..).zip(verdicts) {
-                route.dispatch(v, f, in_port, 0, &mut xsk, &mut tx, &mut scratch, &mut tally);
+                route.dispatch(v, f, in_port, 0, xsk, &mut tx, &mut scratch, &mut tally);
             }
         }
         // Packets the kernel routed into this worker's punt queue: replies of backends reached
@@ -409,8 +445,8 @@ fn run(
                     tally.punt_failed += 1;
                     continue;
                 };
-                let verdict = process_frame(&xsk, &mut pipeline, t, &mut f, KERNEL_PORT);
-                route.dispatch(verdict, f, KERNEL_PORT, 0, &mut xsk, &mut tx, &mut scratch, &mut tally);
+                let verdict = process_frame(xsk, &mut pipeline, t, &mut f, KERNEL_PORT);
+                route.dispatch(verdict, f, KERNEL_PORT, 0, xsk, &mut tx, &mut scratch, &mut tally);
             }
         }
         // Frames handed over by other workers.
@@ -425,8 +461,8 @@ fn run(
                     tally.handoff_dropped += 1;
                     continue;
                 };
-                let verdict = process_frame(&xsk, &mut pipeline, t, &mut f, in_port);
-                route.dispatch(verdict, f, in_port, hops + 1, &mut xsk, &mut tx, &mut scratch, &mut tally);
+                let verdict = process_frame(xsk, &mut pipeline, t, &mut f, in_port);
+                route.dispatch(verdict, f, in_port, hops + 1, xsk, &mut tx, &mut scratch, &mut tally);
             }
         }
         for (port, q) in tx.iter_mut().enumerate() {

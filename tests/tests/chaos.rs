@@ -256,6 +256,12 @@ endpoints:
         for k in 0..restarts {
             let (new, status) = xlb.take_over(&tb).unwrap_or_else(|e| panic!("hand-over {k}: {e}"));
             assert!(status.success(), "hand-over {k}: the old xlb exited with {status}\n{}", xlb.log());
+            // The new xlb carries on with the old one's AF_XDP sockets (no bind, no gap).
+            assert!(
+                new.log().contains("AF_XDP socket adopted"),
+                "hand-over {k}: the new xlb bound new sockets instead of adopting the old ones:\n{}",
+                new.log()
+            );
             xlb = new;
             std::thread::sleep(every);
             imported.push(XlbStats::parse(&xlb.stats().expect("stats")).event("flow_imported"));
