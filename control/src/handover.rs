@@ -2,18 +2,21 @@
 //! "Hand-over"), over the old process's admin socket:
 //!
 //! 1. The new process loads its config, builds its tables and loads (does not attach) its
-//!    steering programs, then connects to the admin socket and sends `handover V`
-//!    (V = [`snapshot::VERSION`], the flow snapshot format it reads).
+//!    steering programs, then connects to the admin socket and sends `handover V xsk1=LAYOUT`
+//!    (V = [`snapshot::VERSION`], the flow snapshot format it reads; LAYOUT its AF_XDP socket
+//!    layout, [`XSK_OFFER`]).
 //! 2. If V is not the old process's version, the old one answers `error …` and keeps serving;
 //!    the new process exits with that error. Otherwise the old process stops its workers
-//!    (each finishes its batch and closes its AF_XDP sockets), exports every worker's flows
-//!    and the affinity records, removes its policy rules, punt device and admin socket,
-//!    writes the snapshot into a
-//!    memfd and sends `ok BYTES` with the memfd's descriptor attached (`SCM_RIGHTS`,
-//!    unix(7)). Its steering programs stay attached: with no socket in their queue's slot they
-//!    drop the frames that are xlb's (counted `redirect_failed`) instead of letting the kernel
-//!    forward them untranslated.
-//! 3. The new process reads and checks the snapshot ([`snapshot::decode`]), binds its sockets,
+//!    (each finishes its batch), exports every worker's flows and the affinity records, keeps
+//!    its AF_XDP sockets and UMEMs open if LAYOUT is its own (else closes them), removes its
+//!    policy rules, punt device and admin socket, writes the snapshot into a memfd and sends
+//!    `ok BYTES XSKBYTES` (sockets kept) or `ok BYTES` with the descriptors attached
+//!    (`SCM_RIGHTS`, unix(7); [`send`]). Its steering programs stay attached: their maps
+//!    keep pointing at kept sockets, whose RX rings hold the frames meanwhile; with no socket
+//!    in a queue's slot they drop the frames that are xlb's (counted `redirect_failed`)
+//!    instead of letting the kernel forward them untranslated.
+//! 3. The new process reads and checks the snapshot ([`snapshot::decode`]), adopts the
+//!    sockets (its workers touch their rings only after `released`) or binds new ones,
 //!    starts its workers with their flows ([`dataplane::process::Pipeline::import_flows`]) and
 //!    fills its programs' maps, then sends `attach`. The old process leaves its programs
 //!    attached ([`nic_config::Steering::leave_attached`]), answers `released` and exits; the
@@ -24,14 +27,18 @@
 //! 4. If the new process fails after the flows arrived, it frees its ports, sockets and punt
 //!    device and sends `abort WHY`. On that, on a closed connection (it crashed) or when no
 //!    `attach` comes within [`WAIT`], the old process answers `resumed`, logs why, and serves
-//!    again as a start would (binding, workers, replacing its own left-attached programs)
+//!    again as a start would (its kept sockets or new ones, workers, replacing its own
+//!    left-attached programs)
 //!    with its flows and its own config (the settings that only a start applies as its
 //!    workers ran them); a late new process that reads `resumed` exits without attaching.
 //!
-//! Frames that are xlb's are dropped from the old workers' last batch to the new program's
-//! attach (docs/reliability.md has the gap as measured); they never reach the kernel, which
-//! would forward a backend's reply untranslated (a fresh-clone CI run at `285aea1`, when the
-//! old process still detached first, had 29 of 40 chaos streams reset that way).
+//! With the sockets handed over, frames that are xlb's wait in the RX rings from the old
+//! workers' last batch to the new workers' first (while the fill rings have frames). Without
+//! (an older xlb, another layout), they are dropped from the old workers' last batch to the
+//! new program's attach (docs/reliability.md has the gaps as measured); either way they never
+//! reach the kernel, which would forward a backend's reply untranslated (a fresh-clone CI run
+//! at `285aea1`, when the old process still detached first, had 29 of 40 chaos streams reset
+//! that way).
 
 use std::io::{Read as _, Seek as _, Write as _};
 use std::mem::MaybeUninit;
