@@ -181,12 +181,44 @@ impl Default for AnnounceConfig {
 /// 4861 §7.2.4) for each announced VIP with the MAC of the interface they arrive on; a VIP
 /// that becomes announced is told to the segment with a gratuitous ARP request (RFC 5227
 /// §2.3) or an unsolicited Neighbor Advertisement (RFC 4861 §7.2.6).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+///
+/// With several xlb nodes on one segment (Kubernetes mode), each VIP has one owner, chosen by
+/// rendezvous hashing (`crate::announce::l2::owner`) among the nodes whose per-node Lease
+/// (`coordination.k8s.io/v1`, named `xlb-node-<nodeName>` in [`L2Config::lease_namespace`]) is
+/// unexpired ([`crate::k8s::Membership`]). Standalone, this node owns every VIP it announces.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct L2Config {
     /// The interfaces (names from `interfaces`) that answer for the VIPs; empty (default):
     /// all of them.
     pub interfaces: Vec<String>,
+    /// Kubernetes mode: namespace of the per-node membership Leases (default `kube-system`,
+    /// where the DaemonSet runs; the Role of `deploy/kubernetes/role-lease.yaml` grants it).
+    pub lease_namespace: String,
+    /// Kubernetes mode: the Lease's `leaseDurationSeconds` (Go duration, whole seconds, at
+    /// least 1s; default 10s). Another node takes a dead node's VIPs over this long after it
+    /// last saw that node's Lease renewed: the failover time of a node that dies is at most
+    /// this, plus one control-loop tick (up to 0.2 s) and the take-over frames.
+    #[serde(deserialize_with = "crate::duration::deserialize")]
+    pub lease_duration: Duration,
+    /// Kubernetes mode: how often this node renews its Lease while healthy (Go duration,
+    /// above 0 and at most a third of `leaseDuration`; default 2s). A node that dies is
+    /// replaced no sooner than `leaseDuration - renewInterval` after its death. While this
+    /// node's own renewals fail, it stops expiring the others' Leases
+    /// ([`crate::k8s::Membership`]); the third leaves room for that.
+    #[serde(deserialize_with = "crate::duration::deserialize")]
+    pub renew_interval: Duration,
+}
+
+impl Default for L2Config {
+    fn default() -> Self {
+        Self {
+            interfaces: Vec::new(),
+            lease_namespace: "kube-system".into(),
+            lease_duration: Duration::from_secs(10),
+            renew_interval: Duration::from_secs(2),
+        }
+    }
 }
 
 /// `announce.mode`.
@@ -654,13 +686,26 @@ impl Config {
         }
         self.announce.validate()?;
         if self.announce.mode == AnnounceMode::L2 {
-            for (i, name) in self.announce.l2.interfaces.iter().enumerate() {
+            let l2 = &self.announce.l2;
+            for (i, name) in l2.interfaces.iter().enumerate() {
                 if !self.interfaces.iter().any(|f| &f.name == name) {
                     return Err(field_err(
                         format!("announce.l2.interfaces[{i}]"),
                         format!("{name:?} is not one of `interfaces`"),
                     ));
                 }
+            }
+            if l2.lease_duration < Duration::from_secs(1) || l2.lease_duration.subsec_nanos() != 0 {
+                return Err(field_err("announce.l2.leaseDuration", "want whole seconds, at least 1s"));
+            }
+            if l2.renew_interval.is_zero() || l2.renew_interval > l2.lease_duration / 3 {
+                return Err(field_err(
+                    "announce.l2.renewInterval",
+                    format!("want above 0 and at most a third of leaseDuration ({:?})", l2.lease_duration),
+                ));
+            }
+            if l2.lease_namespace.trim().is_empty() {
+                return Err(field_err("announce.l2.leaseNamespace", "must not be empty"));
             }
         }
         Ok(())
@@ -1924,5 +1969,33 @@ spec: {{type: LoadBalancer, clusterIP: 10.96.0.{n}, clusterIPs: [10.96.0.{n}], p
         assert!(e[0].to_string().contains("nosuch9"), "{}", e[0]);
         let e = errors(&format!("{HEAD}announce: {{mode: l2, l2: {{iface: [x]}}}}\n"));
         assert!(e[0].to_string().contains("iface"), "unknown field: {}", e[0]);
+    }
+
+    #[test]
+    fn l2_membership_lease_settings_have_defaults_and_are_checked() {
+        let d = load(&format!("{HEAD}announce: {{mode: l2}}\n")).unwrap().config.announce.l2;
+        assert_eq!(d.lease_namespace, "kube-system");
+        assert_eq!((d.lease_duration, d.renew_interval), (Duration::from_secs(10), Duration::from_secs(2)));
+        let c = load(&format!(
+            "{HEAD}announce: {{mode: l2, l2: {{leaseNamespace: xlb, leaseDuration: 2s, renewInterval: 500ms}}}}\n"
+        ))
+        .unwrap()
+        .config
+        .announce
+        .l2;
+        assert_eq!(c.lease_namespace, "xlb");
+        assert_eq!((c.lease_duration, c.renew_interval), (Duration::from_secs(2), Duration::from_millis(500)));
+        for (l2, field) in [
+            ("leaseDuration: 1500ms", "announce.l2.leaseDuration"),
+            ("leaseDuration: 0s", "announce.l2.leaseDuration"),
+            ("leaseDuration: 3s, renewInterval: 1001ms", "announce.l2.renewInterval"),
+            ("renewInterval: 0s", "announce.l2.renewInterval"),
+            ("leaseNamespace: ' '", "announce.l2.leaseNamespace"),
+        ] {
+            let e = errors(&format!("{HEAD}announce: {{mode: l2, l2: {{{l2}}}}}\n"));
+            assert_eq!(e[0].field.as_deref(), Some(field), "{l2}: {}", e[0]);
+        }
+        // Checked only when the L2 mode is used.
+        assert!(load(&format!("{HEAD}announce: {{mode: none, l2: {{leaseDuration: 0s}}}}\n")).is_ok());
     }
 }

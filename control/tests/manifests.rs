@@ -4,7 +4,8 @@
 //!   k8s-openapi ignores unknown fields, so a misspelt or misplaced field disappears in the
 //!   round trip and the test names it;
 //! - the RBAC reads exactly what xlb watches and writes only the Services' status
-//!   subresource (patch, update) and, in its own namespace, its Lease (get, create, update);
+//!   subresource (patch, update) and, in its own namespace, Leases (get, list, watch,
+//!   create, update, delete: the assigner's leader election and the L2 membership);
 //! - the DaemonSet runs on the host network with kube-proxy's probe and metrics ports, the
 //!   capabilities xlb needs and nothing more, and the API server's own address;
 //! - its rolling update starts the new pod beside the old one, which hands over through the
@@ -165,11 +166,14 @@ fn round_trip_check_catches_a_misspelt_field() {
 }
 
 #[test]
-fn lease_role_grants_get_create_update_on_leases_in_xlbs_namespace_only() {
+fn lease_role_grants_the_lease_verbs_in_xlbs_namespace_only() {
     let role: Role = one("Role");
     let account: ServiceAccount = one("ServiceAccount");
     assert_eq!(role.metadata.namespace, account.metadata.namespace, "the Lease lives in xlb's namespace");
-    let want = set_of(&[("coordination.k8s.io", "leases", &["get", "create", "update"])]);
+    // get, create, update: the address assigner's leader election and each node's L2
+    // membership Lease; list, watch: the other nodes' membership Leases; delete: a node that
+    // turns unhealthy or stops leaves at once. No patch: neither uses server-side apply.
+    let want = set_of(&[("coordination.k8s.io", "leases", &["get", "list", "watch", "create", "update", "delete"])]);
     assert_eq!(grants(role.rules.as_deref().unwrap_or_default()), want);
     let binding: RoleBinding = one("RoleBinding");
     assert_eq!(binding.metadata.namespace, role.metadata.namespace);
@@ -181,9 +185,11 @@ fn lease_role_grants_get_create_update_on_leases_in_xlbs_namespace_only() {
         ("ServiceAccount", account.metadata.name.as_ref())
     );
     assert_eq!(subjects[0].namespace, account.metadata.namespace);
-    // The config's default Lease namespace is the one the Role grants.
+    // The config's default Lease namespaces are the one the Role grants.
     let d = xlb::config::AddressAssignment::default();
     assert_eq!(Some(&d.lease_namespace), role.metadata.namespace.as_ref());
+    let l2 = xlb::config::L2Config::default();
+    assert_eq!(Some(&l2.lease_namespace), role.metadata.namespace.as_ref());
 }
 
 #[test]

@@ -78,11 +78,18 @@
 //! With config `addressAssignment.enabled`, [`Assigner`] gives the LoadBalancer Services of
 //! xlb's class their addresses from the `XlbIPPool` objects and writes their status, one xlb
 //! at a time ([`LeaseLock`], a `coordination.k8s.io` Lease).
+//!
+//! # L2 membership
+//! With `announce.mode: l2`, [`Membership`] keeps this node's per-node Lease
+//! (`xlb-node-<nodeName>`) renewed while the dataplane is healthy and watches the other
+//! nodes' Leases; the control thread gives each L2 VIP to one owner among the members
+//! (`crate::announce::l2::owner`).
 
 mod assigner;
 mod changes;
 mod hcnp;
 mod lease;
+mod membership;
 mod source;
 
 use std::path::{Path, PathBuf};
@@ -91,6 +98,9 @@ pub use assigner::{Assigner, AssignerConfig, AssignerStats, FIELD_MANAGER};
 pub use changes::{Changes, ServiceRef, object_changes};
 pub use hcnp::health_check_services;
 pub use lease::{LeaseConfig, LeaseLock};
+pub use membership::{
+    LEASE_PREFIX, MEMBER_LABEL, MemberTable, Membership, MembershipConfig, MembershipStats, lease_name,
+};
 pub use source::{ANNOTATION_LAST_CHANGE_TRIGGER_TIME, Snapshot, Source, SourceConfig, SyncReason};
 
 /// Errors of the Kubernetes source.

@@ -2,14 +2,15 @@
 //! kube-rs watchers: list (with `limit`/`continue` paging), streamed watch of
 //! newline-delimited JSON events (ADDED/MODIFIED/DELETED/BOOKMARK/ERROR) from a
 //! `resourceVersion`, `allowWatchBookmarks`, `timeoutSeconds` closes, `fieldSelector`
-//! `metadata.name=`, an in-stream `ERROR` 410 Expired inside a 200 response when the asked
+//! `metadata.name=` (and `metadata.namespace=`), `labelSelector` with equality terms
+//! (`key=value`, `key==value`, `key!=value`) and existence terms (`key`, `!key`), an in-stream `ERROR` 410 Expired inside a 200 response when the asked
 //! resourceVersion is older than the compaction point, dropped connections (the body ends
 //! with an error, so the client sees a broken stream), failing requests (500), and lists
 //! that are held back until released.
 //!
 //! Also: cluster-scoped `XlbIPPool` objects (list/watch), `coordination.k8s.io/v1` Leases
 //! (get, create, update with the `resourceVersion` precondition: 409 Conflict when stale,
-//! 409 AlreadyExists on a second create), and JSON merge patches of the `services/status`
+//! 409 AlreadyExists on a second create; delete; list and watch in their namespace), and JSON merge patches of the `services/status`
 //! subresource (only `status` is taken from the patch; a `metadata.resourceVersion` in the
 //! patch is a precondition, 409 Conflict when stale), each recorded with its `fieldManager`.
 //!
@@ -26,7 +27,7 @@ use axum::extract::Path;
 use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, patch, post};
+use axum::routing::{get, patch};
 use futures::SinkExt;
 use serde_json::{Value, json};
 use tokio::sync::{broadcast, watch};
@@ -82,6 +83,8 @@ struct State0 {
     status_patches: Vec<(String, String, Value)>,
     /// Lease writes (create and update) accepted.
     lease_writes: usize,
+    /// Lease deletions accepted.
+    lease_deletes: usize,
 }
 
 #[derive(Debug)]
@@ -121,13 +124,43 @@ fn key_of(res: Res, obj: &Value) -> (Res, String, String) {
     (res, ns, name)
 }
 
-fn matches(sel: Option<&str>, obj: &Value) -> bool {
-    let Some(sel) = sel.filter(|s| !s.is_empty()) else { return true };
-    sel.split(',').all(|term| match term.split_once('=') {
-        Some(("metadata.name", v)) => obj["metadata"]["name"].as_str() == Some(v),
-        Some(("metadata.namespace", v)) => obj["metadata"]["namespace"].as_str() == Some(v),
-        _ => true,
-    })
+/// Whether `obj` matches the query's `fieldSelector` and `labelSelector`.
+fn matches(q: &Selectors, obj: &Value) -> bool {
+    let fields = q.fields.as_deref().filter(|s| !s.is_empty()).is_none_or(|sel| {
+        sel.split(',').all(|term| match term.split_once('=') {
+            Some(("metadata.name", v)) => obj["metadata"]["name"].as_str() == Some(v),
+            Some(("metadata.namespace", v)) => obj["metadata"]["namespace"].as_str() == Some(v),
+            _ => true,
+        })
+    });
+    let labels = q.labels.as_deref().filter(|s| !s.is_empty()).is_none_or(|sel| {
+        let label = |k: &str| obj["metadata"]["labels"][k].as_str().map(str::to_owned);
+        sel.split(',').map(str::trim).all(|term| {
+            if let Some((k, v)) = term.split_once("!=") {
+                label(k.trim()).as_deref() != Some(v.trim())
+            } else if let Some((k, v)) = term.split_once("==").or_else(|| term.split_once('=')) {
+                label(k.trim()).as_deref() == Some(v.trim())
+            } else if let Some(k) = term.strip_prefix('!') {
+                label(k.trim()).is_none()
+            } else {
+                label(term).is_some()
+            }
+        })
+    });
+    fields && labels
+}
+
+/// A request's `fieldSelector` and `labelSelector`.
+#[derive(Debug, Clone, Default)]
+struct Selectors {
+    fields: Option<String>,
+    labels: Option<String>,
+}
+
+impl Selectors {
+    fn of(q: &HashMap<String, String>) -> Self {
+        Self { fields: q.get("fieldSelector").cloned(), labels: q.get("labelSelector").cloned() }
+    }
 }
 
 fn line(v: &Value) -> Bytes {
@@ -166,8 +199,24 @@ impl FakeApiServer {
             .route("/apis/discovery.k8s.io/v1/endpointslices", get(|s, q| handle(s, q, Res::EndpointSlices)))
             .route("/api/v1/nodes", get(|s, q| handle(s, q, Res::Nodes)))
             .route("/apis/xlb.dev/v1alpha1/xlbippools", get(|s, q| handle(s, q, Res::Pools)))
-            .route("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", post(lease_create))
-            .route("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}", get(lease_get).put(lease_update))
+            .route(
+                "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases",
+                get(|s, Path(ns): Path<String>, Query(mut q): Query<HashMap<String, String>>| {
+                    // A namespaced list or watch: the namespace as one more field selector term.
+                    let term = format!("metadata.namespace={ns}");
+                    let sel = q
+                        .get("fieldSelector")
+                        .filter(|f| !f.is_empty())
+                        .map_or(term.clone(), |f| format!("{f},{term}"));
+                    q.insert("fieldSelector".into(), sel);
+                    handle(s, Query(q), Res::Leases)
+                })
+                .post(lease_create),
+            )
+            .route(
+                "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}",
+                get(lease_get).put(lease_update).delete(lease_delete),
+            )
             .route("/api/v1/namespaces/{ns}/services/{name}/status", patch(service_status_patch))
             .fallback(|| async { (StatusCode::NOT_FOUND, status(404, "NotFound", "not served").to_string()) })
             .with_state(inner.clone());
@@ -283,6 +332,11 @@ impl FakeApiServer {
         self.inner.lock().lease_writes
     }
 
+    /// Lease deletions accepted so far.
+    pub(crate) fn lease_deletes(&self) -> usize {
+        self.inner.lock().lease_deletes
+    }
+
     /// Watch requests started for `res`.
     pub(crate) fn watch_count(&self, res: Res) -> usize {
         self.inner.lock().watches.get(&res).copied().unwrap_or(0)
@@ -318,9 +372,9 @@ async fn list_response(inner: Arc<Inner>, q: HashMap<String, String>, res: Res) 
         return failure();
     }
     *st.lists.entry(res).or_default() += 1;
-    let sel = q.get("fieldSelector").map(String::as_str);
+    let sel = Selectors::of(&q);
     let all: Vec<&Value> =
-        st.objects.iter().filter(|((r, _, _), o)| *r == res && matches(sel, o)).map(|(_, o)| o).collect();
+        st.objects.iter().filter(|((r, _, _), o)| *r == res && matches(&sel, o)).map(|(_, o)| o).collect();
     let offset: usize = q.get("continue").and_then(|c| c.parse().ok()).unwrap_or(0);
     let limit: usize = q.get("limit").and_then(|l| l.parse().ok()).filter(|l| *l > 0).unwrap_or(usize::MAX);
     let end = offset.saturating_add(limit).min(all.len());
@@ -338,7 +392,7 @@ async fn list_response(inner: Arc<Inner>, q: HashMap<String, String>, res: Res) 
 }
 
 fn watch_response(inner: Arc<Inner>, q: HashMap<String, String>, res: Res) -> Response {
-    let sel = q.get("fieldSelector").cloned();
+    let sel = Selectors::of(&q);
     let from: u64 = q.get("resourceVersion").and_then(|r| r.parse().ok()).unwrap_or(0);
     let timeout = q.get("timeoutSeconds").and_then(|t| t.parse::<u64>().ok()).map(Duration::from_secs);
     let bookmarks = q.get("allowWatchBookmarks").is_some_and(|b| b == "true");
@@ -368,7 +422,7 @@ fn watch_response(inner: Arc<Inner>, q: HashMap<String, String>, res: Res) -> Re
             let _ = tx.send(Ok(line(&json!({"type": "ERROR", "object": status(410, "Expired", &msg)})))).await;
             return;
         }
-        let ok = |sel: &Option<String>, e: &Ev| e.res == res && matches(sel.as_deref(), &e.obj);
+        let ok = |sel: &Selectors, e: &Ev| e.res == res && matches(sel, &e.obj);
         for e in backlog.iter().filter(|e| ok(&sel, e)) {
             if tx.send(Ok(line(&json!({"type": e.ty, "object": e.obj})))).await.is_err() {
                 return;
@@ -485,6 +539,25 @@ async fn lease_update(
     st.lease_writes += 1;
     let stored = store(&inner, &mut st, Res::Leases, obj);
     json_ok(&stored)
+}
+
+async fn lease_delete(State(inner): State<Arc<Inner>>, Path((ns, name)): Path<(String, String)>) -> Response {
+    let mut st = inner.lock();
+    if st.failing {
+        return failure();
+    }
+    let key = (Res::Leases, ns, name.clone());
+    let Some(mut obj) = st.objects.remove(&key) else {
+        return not_found(&format!("leases.coordination.k8s.io {name:?}"));
+    };
+    st.rv += 1;
+    let rv = st.rv;
+    obj["metadata"]["resourceVersion"] = json!(rv.to_string());
+    st.lease_deletes += 1;
+    let ev = Ev { rv, res: Res::Leases, ty: "DELETED", obj: obj.clone() };
+    st.history.push(ev.clone());
+    let _ = inner.events.send(ev);
+    json_ok(&obj)
 }
 
 /// RFC 7386 JSON merge patch.
