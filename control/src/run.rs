@@ -489,6 +489,10 @@ fn serve(
         .build()?;
     let telemetry = xlb::http::Telemetry::new(config.sync_period);
     let mut assigner = None;
+    // L2 mode in Kubernetes mode: this node's membership Lease and the others' (which node
+    // owns which VIP); the client and node name also serve to start it on a reload.
+    let mut membership: Option<xlb::k8s::Membership> = None;
+    let mut l2_client: Option<(kube::Client, String)> = None;
     let mut k8s = match &source {
         StateSource::File => None,
         StateSource::Kubernetes { kubeconfig } => {
@@ -504,6 +508,10 @@ fn serve(
                 tracing::info!(lease = %acfg.lease.name, namespace = %acfg.lease.namespace, identity = %acfg.lease.identity, "assigning LoadBalancer addresses while holding the lease");
                 assigner = Some(xlb::k8s::Assigner::start(client.clone(), acfg));
             }
+            if config.announce.mode == xlb::config::AnnounceMode::L2 {
+                membership = Some(start_membership(&client, &config, &node));
+            }
+            l2_client = Some((client.clone(), node.clone()));
             let src = xlb::k8s::Source::start(client, scfg, telemetry.clone());
             let hc = xlb::http::HealthCheckServers::new(IpAddr::from([0, 0, 0, 0]), telemetry.health.clone());
             Some((src, hc, node))
@@ -788,6 +796,9 @@ fn serve(
             handover: handover_rx,
             announcement,
             vips,
+            membership: &mut membership,
+            l2_client: l2_client.clone(),
+            l2_members: None,
         };
         let handover = sup.run(&mut cluster, k8s.as_mut(), shutdown, reload)?;
         drop(admin);
@@ -799,7 +810,6 @@ fn serve(
         // once; an API server that does not answer does not hold the stop up for long.
         let _ = rt.block_on(async { tokio::time::timeout(Duration::from_secs(2), a.stop()).await });
     }
-    wstop.store(true, Ordering::Relaxed);
     let handing_over = matches!(result, Ok(Some(_)));
     // The sockets go to the new process when it offered to adopt them with this process's
     // own layout; else they close here, before it binds its own.
@@ -812,6 +822,12 @@ fn serve(
         }
         _ => false,
     };
+    if let Some(m) = membership.take() {
+        // A clean stop deletes this node's Lease, so that the others take its L2 VIPs over at
+        // once (they were withdrawn here already); a hand-over leaves it to the new xlb.
+        let _ = rt.block_on(async { tokio::time::timeout(Duration::from_secs(2), m.stop(!handing_over)).await });
+    }
+    wstop.store(true, Ordering::Relaxed);
     let mut flows = Snapshot::default();
     let mut kept: Option<Vec<XskExport>> = keep_sockets.then(Vec::new);
     for w in workers {
@@ -945,6 +961,13 @@ struct Supervisor<'a> {
     announcement: Option<Announcement>,
     /// The VIPs to announce while healthy, from the last successful build.
     vips: PrefixSet,
+    /// L2 mode, Kubernetes mode: the membership of the xlb nodes (per-node Leases).
+    membership: &'a mut Option<xlb::k8s::Membership>,
+    /// Kubernetes mode: the client and this node's name, to start the membership when a
+    /// reload turns L2 mode on.
+    l2_client: Option<(kube::Client, String)>,
+    /// The L2 members last logged.
+    l2_members: Option<std::collections::BTreeSet<String>>,
 }
 
 type K8s = (xlb::k8s::Source, xlb::http::HealthCheckServers, String);
@@ -1050,6 +1073,7 @@ impl Supervisor<'_> {
                             self.announcement = announcement(&l.config, self.steering);
                         }
                         self.config = l.config;
+                        self.follow_l2_mode();
                         // The interfaces may have changed, and with them which routes lead
                         // through the kernel.
                         if let Some(r) = kernel_routes(&self.config) {
@@ -1158,11 +1182,62 @@ impl Supervisor<'_> {
     /// announcer only on a change, or to retry a failure.
     fn sync_announcement(&mut self) {
         let healthy = self.telemetry.health.healthz().healthy;
+        if let Some(m) = self.membership.as_ref() {
+            m.set_healthy(healthy);
+        }
+        if self.announcement.is_none() {
+            return;
+        }
+        let want = if healthy { self.owned_vips() } else { PrefixSet::new() };
         let Some(a) = self.announcement.as_mut() else { return };
-        let none = PrefixSet::new();
-        let want = if healthy { &self.vips } else { &none };
-        if let Some(r) = a.sync(want, Instant::now()) {
-            log_announced(a, want, healthy, &r);
+        if let Some(r) = a.sync(&want, Instant::now()) {
+            log_announced(a, &want, healthy, &r);
+        }
+    }
+
+    /// The VIPs this node announces while healthy: all of [`Supervisor::vips`], except in L2
+    /// mode with Kubernetes, where only those whose owner among the members (per-node Leases,
+    /// [`xlb::k8s::Membership`]) is this node; none before the members are known.
+    /// Standalone, a node in L2 mode owns every VIP it serves.
+    fn owned_vips(&mut self) -> PrefixSet {
+        if self.config.announce.mode != xlb::config::AnnounceMode::L2 || self.l2_client.is_none() {
+            return self.vips.clone();
+        }
+        let Some(m) = self.membership.as_ref() else { return PrefixSet::new() };
+        let members = m.members(Instant::now());
+        let node = m.config().node.clone();
+        if members != self.l2_members {
+            let list = members
+                .as_ref()
+                .map_or_else(|| "unknown".to_owned(), |s| s.iter().cloned().collect::<Vec<_>>().join(","));
+            tracing::info!(members = %list, node = %node, "L2 members changed");
+            self.l2_members.clone_from(&members);
+        }
+        let Some(members) = members else { return PrefixSet::new() };
+        self.vips
+            .iter()
+            .filter(|v| xlb::announce::l2::owner(**v, members.iter().map(String::as_str)) == Some(node.as_str()))
+            .copied()
+            .collect()
+    }
+
+    /// Starts or stops the L2 membership after a reload changed `announce.mode` (Kubernetes
+    /// mode only; its Lease settings take effect at a start).
+    fn follow_l2_mode(&mut self) {
+        let l2 = self.config.announce.mode == xlb::config::AnnounceMode::L2;
+        match (l2, self.membership.is_some(), &self.l2_client) {
+            (true, false, Some((client, node))) => {
+                let _g = self.rt.enter();
+                *self.membership = Some(start_membership(client, &self.config, node));
+            }
+            (false, true, _) => {
+                if let Some(m) = self.membership.take() {
+                    let _ =
+                        self.rt.block_on(async { tokio::time::timeout(Duration::from_secs(2), m.stop(true)).await });
+                }
+                self.l2_members = None;
+            }
+            _ => {}
         }
     }
 
@@ -1175,6 +1250,19 @@ impl Supervisor<'_> {
             log_announced(a, &none, false, &r);
         }
     }
+}
+
+/// Starts the L2 membership of `node` (on the current tokio runtime), logged.
+fn start_membership(client: &kube::Client, config: &xlb::config::Config, node: &str) -> xlb::k8s::Membership {
+    let mcfg = xlb::k8s::MembershipConfig::from_config(config, node);
+    tracing::info!(
+        lease = %xlb::k8s::lease_name(node),
+        namespace = %mcfg.namespace,
+        lease_duration = ?mcfg.lease_duration,
+        renew_interval = ?mcfg.renew_interval,
+        "L2 mode: one owner per VIP among the nodes with an unexpired lease"
+    );
+    xlb::k8s::Membership::start(client.clone(), mcfg)
 }
 
 /// How long after a failed announcement the same set is tried again.
