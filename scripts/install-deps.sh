@@ -24,8 +24,9 @@ case "$what" in
     # The package also enables a system `bird` service; the tests run their own daemons with
     # their own sockets and never use or stop it.
     pkgs+=(bird2)
-    # tests/tests/l2.rs: ARP requests from the client to the VIP (L2 announcement)
-    pkgs+=(iputils-arping) ;;
+    # tests/tests/l2.rs: ARP requests from the client to the VIP (L2 announcement);
+    # tests/tests/l2_failover.rs also captures the replies and take-over frames with tcpdump
+    pkgs+=(iputils-arping tcpdump) ;;
   *) echo "unknown target: $what" >&2; exit 2 ;;
 esac
 # tests/tests/dashboard.rs: promtool checks and unit-tests deploy/prometheus/, and the test's
