@@ -13,6 +13,12 @@
 //! The same map makes the program drop what is sent to a VIP outside its service ports (and
 //! ICMP errors and fragments, which go to xlb): an announced VIP never reaches the host's
 //! own sockets.
+//!
+//! Which VIPs a node announces is decided outside this module: with several xlb nodes on one
+//! segment (Kubernetes mode) each VIP has one owner, [`owner`] over the nodes whose per-node
+//! Lease is unexpired ([`crate::k8s::Membership`]); `xlb run` hands [`L2`] only the VIPs this
+//! node owns, so a take-over (another node died or left) is a VIP added to the set here, with
+//! its take-over frame, and a hand-back a VIP removed.
 
 use std::fmt::Write as _;
 use std::net::IpAddr;
@@ -83,9 +89,9 @@ impl Announcer for L2 {
 /// Every node computes the same owner from the same member list, whatever its order, without
 /// talking to the others; when a node leaves, only the VIPs it owned move (each to the node
 /// with the next highest weight), and a joining node takes over only the VIPs for which it
-/// has the highest weight. The building block for one owner per VIP across xlb nodes; the
-/// member list (healthy nodes, e.g. from per-node Leases) is not wired in yet: in L2 mode
-/// every node answers for every announced VIP.
+/// has the highest weight. In Kubernetes mode `xlb run` announces (puts into `l2_addrs`) only
+/// the VIPs whose owner over the members of [`crate::k8s::Membership`] (the nodes with an
+/// unexpired per-node Lease) is this node; standalone, a node owns every VIP it serves.
 pub fn owner<'a>(vip: IpAddr, nodes: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
     nodes
         .into_iter()
