@@ -1018,6 +1018,7 @@ impl Supervisor<'_> {
                     parse_errors: s.parse_errors,
                     l2_replied: s.l2_replied,
                     l2_dropped: s.l2_dropped,
+                    l2_other_host: s.l2_other_host,
                 }),
                 Err(e) => {
                     tracing::debug!(interface = st.ifname(), error = %e, "steering stats");

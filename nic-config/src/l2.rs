@@ -15,13 +15,13 @@ use std::{
     os::fd::{AsRawFd as _, OwnedFd},
 };
 
-use aya::maps::{HashMap, MapData, MapError};
+use aya::maps::{Array, HashMap, MapData, MapError};
 use nix::sys::socket::{AddressFamily, LinkAddr, MsgFlags, SockFlag, SockType, sendto, socket};
 
 use crate::{
     NicError,
-    maps::{addr_bytes, addr_from_bytes, l2_mac_value},
-    steering::{MAP_L2_ADDRS, MAX_L2_ADDRS},
+    maps::{addr_bytes, addr_from_bytes, l2_mac_value, l2_self_value},
+    steering::{MAP_L2_ADDRS, MAP_L2_SELF, MAX_L2_ADDRS},
 };
 
 /// Writes the `l2_addrs` map of one steering program and sends announcements on its interface.
@@ -29,18 +29,34 @@ use crate::{
 /// Made by [`crate::Steering::l2_responder`]; it holds its own file descriptor of the map, so
 /// it outlives neither need nor borrow of the [`crate::Steering`] (the map lives while either
 /// holds it).
-#[derive(Debug)]
 pub struct L2Responder {
     ifname: String,
     ifindex: u32,
     mac: [u8; 6],
     map: HashMap<MapData, [u8; 16], [u8; 8]>,
+    /// The program's `l2_self` array (one entry: this MAC and the check flag).
+    own: Array<MapData, [u8; 8]>,
     socket: OwnedFd,
     link: LinkAddr,
 }
 
+impl std::fmt::Debug for L2Responder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("L2Responder")
+            .field("ifname", &self.ifname)
+            .field("ifindex", &self.ifindex)
+            .field("mac", &self.mac)
+            .finish_non_exhaustive()
+    }
+}
+
 impl L2Responder {
-    pub(crate) fn new(ifname: &str, ifindex: u32, map: HashMap<MapData, [u8; 16], [u8; 8]>) -> Result<Self, NicError> {
+    pub(crate) fn new(
+        ifname: &str,
+        ifindex: u32,
+        map: HashMap<MapData, [u8; 16], [u8; 8]>,
+        own: Array<MapData, [u8; 8]>,
+    ) -> Result<Self, NicError> {
         let err = |op, source| NicError::Packet { ifname: ifname.to_owned(), op, source };
         // The interface's AF_PACKET address (index and MAC) as getifaddrs(3) reports it: the
         // destination address of sendto(2) on a packet socket.
@@ -55,7 +71,7 @@ impl L2Responder {
         // Protocol 0: the socket sends only and never receives a frame.
         let socket = socket(AddressFamily::Packet, SockType::Raw, SockFlag::SOCK_CLOEXEC, None)
             .map_err(|e| err("socket", e.into()))?;
-        Ok(Self { ifname: ifname.to_owned(), ifindex, mac, map, socket, link })
+        Ok(Self { ifname: ifname.to_owned(), ifindex, mac, map, own, socket, link })
     }
 
     /// The interface's name.
@@ -105,6 +121,22 @@ impl L2Responder {
             }
         }
         Ok(())
+    }
+
+    /// Turns the program's destination MAC check on or off (`l2_self`). On: a unicast frame
+    /// addressed to another MAC than this interface's is given to the kernel (which drops it
+    /// as another host's, counted [`crate::SteeringStats::l2_other_host`]) before anything
+    /// else, so a frame that a switch floods for another node's MAC (unknown to the switch) is
+    /// never forwarded by this node. For L2 mode, where a VIP's traffic is sent to its owner's
+    /// MAC; broadcast and multicast frames are not affected. Off (the program's default): the
+    /// program takes frames whatever their destination MAC.
+    ///
+    /// # Errors
+    /// [`NicError::Map`] if the kernel refuses the write.
+    pub fn check_destination_mac(&mut self, on: bool) -> Result<(), NicError> {
+        self.own
+            .set(0, l2_self_value(self.mac, on), 0)
+            .map_err(|e| NicError::map(&self.ifname, MAP_L2_SELF, "update", e))
     }
 
     /// The addresses in the map, in no order.

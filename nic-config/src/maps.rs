@@ -112,6 +112,17 @@ pub(crate) fn l2_mac_value(mac: [u8; 6]) -> [u8; 8] {
     v
 }
 
+/// Value of the `l2_self` array's one entry (`struct l2_self`, 8 bytes): the interface's MAC,
+/// then 1 to make the program pass unicast frames addressed to another MAC (0: no check), then
+/// a zero byte.
+#[must_use]
+pub(crate) fn l2_self_value(mac: [u8; 6], check: bool) -> [u8; 8] {
+    let mut v = [0u8; 8];
+    v[..6].copy_from_slice(&mac);
+    v[6] = u8::from(check);
+    v
+}
+
 /// Indexes of the per-CPU `stats` array (`enum` in `xdp/steer.c`).
 pub(crate) mod stat {
     pub(crate) const REDIRECTED: u32 = 0;
@@ -120,6 +131,7 @@ pub(crate) mod stat {
     pub(crate) const PARSE_ERROR: u32 = 3;
     pub(crate) const L2_REPLIED: u32 = 4;
     pub(crate) const L2_DROPPED: u32 = 5;
+    pub(crate) const L2_OTHER_HOST: u32 = 6;
 }
 
 /// The 16-byte map form of an address: IPv6 as is, IPv4 as `::ffff:a.b.c.d`.

@@ -31,6 +31,7 @@ const MAP_SNAT_ADDRS: &str = "snat_addrs";
 const MAP_ENDPOINTS: &str = "endpoints";
 const MAP_STATS: &str = "stats";
 pub(crate) const MAP_L2_ADDRS: &str = "l2_addrs";
+pub(crate) const MAP_L2_SELF: &str = "l2_self";
 
 /// Capacity of the `xsks` map: the highest receive queue index a socket can serve, plus one.
 pub const MAX_QUEUES: u32 = 256;
@@ -103,6 +104,10 @@ pub struct SteeringStats {
     /// ICMP error and not a fragment: dropped (`XDP_DROP`), so the host's own sockets never
     /// answer on an announced VIP.
     pub l2_dropped: u64,
+    /// With the destination MAC check on ([`crate::L2Responder::check_destination_mac`], L2
+    /// mode): unicast frames addressed to another MAC than the interface's (flooded by a
+    /// switch), given to the kernel (`XDP_PASS`), which drops them as another host's.
+    pub l2_other_host: u64,
 }
 
 /// Our XDP steering program attached to one interface, with its maps.
@@ -189,7 +194,7 @@ where
     T: TryFrom<Map, Error = MapError>,
 {
     let map = ebpf.take_map(name).ok_or(NicError::MissingObject { kind: "map", name })?;
-    let (Map::HashMap(data) | Map::XskMap(data) | Map::PerCpuArray(data)) = &map else {
+    let (Map::HashMap(data) | Map::XskMap(data) | Map::PerCpuArray(data) | Map::Array(data)) = &map else {
         return Err(NicError::MissingObject { kind: "map (of the expected type)", name });
     };
     let id = data.info().map_err(|e| NicError::map(ifname, name, "BPF_OBJ_GET_INFO_BY_FD", e))?.id();
@@ -236,7 +241,7 @@ impl Steering {
         program.load().map_err(|e| prog_err(mode, e))?;
         let prog_id = program.info().map_err(|e| prog_err(mode, e))?.id();
         let ifindex = crate::iface::ifindex(ifname)?;
-        let mut map_ids = Vec::with_capacity(7);
+        let mut map_ids = Vec::with_capacity(8);
         let xsks = open_map(&mut ebpf, ifname, MAP_XSKS, &mut map_ids)?;
         let services = open_map(&mut ebpf, ifname, MAP_SERVICES, &mut map_ids)?;
         let vip_addrs = open_map(&mut ebpf, ifname, MAP_VIP_ADDRS, &mut map_ids)?;
@@ -244,6 +249,8 @@ impl Steering {
         let endpoints = open_map(&mut ebpf, ifname, MAP_ENDPOINTS, &mut map_ids)?;
         let stats = open_map(&mut ebpf, ifname, MAP_STATS, &mut map_ids)?;
         let l2_addrs = open_map(&mut ebpf, ifname, MAP_L2_ADDRS, &mut map_ids)?;
+        // Opened again by id by `l2_responder`; kept here so the id is recorded.
+        let _: aya::maps::Array<MapData, [u8; 8]> = open_map(&mut ebpf, ifname, MAP_L2_SELF, &mut map_ids)?;
         Ok(Self {
             xsks,
             services,
@@ -552,12 +559,16 @@ impl Steering {
     /// [`NicError::Map`] if the map cannot be opened again by id; [`NicError::Packet`] if
     /// the interface's link address cannot be read or the packet socket cannot be opened.
     pub fn l2_responder(&self) -> Result<crate::L2Responder, NicError> {
-        // `l2_addrs` is the last map `load` opens.
-        let id = self.map_ids.last().copied().unwrap_or_default();
-        let data = MapData::from_id(id).map_err(|e| NicError::map(&self.ifname, MAP_L2_ADDRS, "open by id", e))?;
+        // `l2_addrs` and `l2_self` are the last two maps `load` opens.
+        let n = self.map_ids.len();
+        let id = |back: usize| n.checked_sub(back).and_then(|i| self.map_ids.get(i)).copied().unwrap_or_default();
+        let data = MapData::from_id(id(2)).map_err(|e| NicError::map(&self.ifname, MAP_L2_ADDRS, "open by id", e))?;
         let map = HashMap::try_from(Map::HashMap(data))
             .map_err(|e| NicError::map(&self.ifname, MAP_L2_ADDRS, "open by id", e))?;
-        crate::L2Responder::new(&self.ifname, self.ifindex, map)
+        let data = MapData::from_id(id(1)).map_err(|e| NicError::map(&self.ifname, MAP_L2_SELF, "open by id", e))?;
+        let own = aya::maps::Array::try_from(Map::Array(data))
+            .map_err(|e| NicError::map(&self.ifname, MAP_L2_SELF, "open by id", e))?;
+        crate::L2Responder::new(&self.ifname, self.ifindex, map, own)
     }
 
     /// Reads back the `vip_addrs` map, in no order.
@@ -601,6 +612,7 @@ impl Steering {
             parse_errors: read(stat::PARSE_ERROR)?,
             l2_replied: read(stat::L2_REPLIED)?,
             l2_dropped: read(stat::L2_DROPPED)?,
+            l2_other_host: read(stat::L2_OTHER_HOST)?,
         })
     }
 

@@ -79,7 +79,7 @@ mod tests {
             let steering = pair.lb.run_in(|| Steering::attach(LB_IF, XdpMode::Native).expect("attach"));
             let prog_id = steering.prog_id();
             let map_ids = steering.map_ids().to_vec();
-            assert_eq!(map_ids.len(), 7);
+            assert_eq!(map_ids.len(), 8, "xsks, services, vip_addrs, snat_addrs, endpoints, stats, l2_addrs, l2_self");
 
             let info = pair.lb.run_in(|| interface_info(LB_IF).unwrap());
             assert_eq!(info.xdp_prog_id, Some(prog_id), "rtnetlink shows our program on lb0");
@@ -635,6 +635,55 @@ mod l2 {
         responder.sync(&[]).unwrap();
         client_send_udp(&pair.client, SocketAddr::new(L2_V4.into(), 7000), b"now-host");
         assert_eq!(kernel_got(&host4).as_deref(), Some(&b"now-host"[..]));
+        steering.detach().unwrap();
+    }
+
+    #[test]
+    fn with_the_destination_mac_check_a_frame_for_another_mac_passes_and_ours_is_steered() {
+        if !common::can_run("with_the_destination_mac_check_a_frame_for_another_mac_passes_and_ours_is_steered") {
+            return;
+        }
+        let (pair, _peer) = pair_for_xdp_tx();
+        let (mut steering, mut xsk) = attach_with_xsk(&pair);
+        let mut responder = pair.lb.run_in(|| steering.l2_responder().expect("responder"));
+        let svc = ServiceKey { addr: VIP_V4.into(), proto: IPPROTO_UDP, port: 7777 };
+        steering.sync_services(&[svc]).unwrap();
+        steering.sync_vip_addrs(&[VIP_V4.into()]).unwrap();
+        let to = SocketAddr::new(VIP_V4.into(), 7777);
+        // The client sends the VIP's frames (routed via lb0's address) to another node's MAC;
+        // veth delivers them to lb0 all the same, as a switch flooding an unknown destination
+        // would.
+        let gw = LB_V4.to_string();
+        let set_mac = |mac: &str| {
+            pair.client.ip(&["neigh", "replace", &gw, "lladdr", mac, "dev", common::CLIENT_IF, "nud", "permanent"]);
+        };
+        set_mac("02:00:00:00:00:99");
+
+        // The check is off by default: the frame is steered whatever its destination MAC.
+        client_send_udp(&pair.client, to, b"flooded-unchecked");
+        assert!(xsk.recv_until(1, LONG).iter().any(|f| f.ends_with(b"flooded-unchecked")), "{:?}", steering.stats());
+
+        responder.check_destination_mac(true).unwrap();
+        client_send_udp(&pair.client, to, b"flooded-checked");
+        wait_for(LONG, "the frame for another MAC to be passed", || {
+            (steering.stats().unwrap().l2_other_host >= 1).then_some(())
+        });
+        assert!(xsk.recv(SHORT).is_empty(), "a frame for another MAC is not steered");
+
+        // Addressed to lb0's MAC: steered; ARP (broadcast) still answered by the kernel.
+        set_mac(&mac_text(pair.lb_mac));
+        client_send_udp(&pair.client, to, b"ours");
+        assert!(xsk.recv_until(1, LONG).iter().any(|f| f.ends_with(b"ours")), "{:?}", steering.stats());
+        let ping = pair.client.exec(&["ping", "-c", "1", "-W", "2", &LB_V4.to_string()]);
+        assert!(ping.status.success(), "ping the node: {}", String::from_utf8_lossy(&ping.stdout));
+        let other = steering.stats().unwrap().l2_other_host;
+
+        // Off again: another MAC is steered again.
+        responder.check_destination_mac(false).unwrap();
+        set_mac("02:00:00:00:00:99");
+        client_send_udp(&pair.client, to, b"flooded-off");
+        assert!(xsk.recv_until(1, LONG).iter().any(|f| f.ends_with(b"flooded-off")), "{:?}", steering.stats());
+        assert_eq!(steering.stats().unwrap().l2_other_host, other, "nothing passed for its MAC once off");
         steering.detach().unwrap();
     }
 

@@ -16,6 +16,10 @@
 // MAC): the program answers ARP requests (RFC 826) and Neighbor Solicitations (RFC 4861 7.2.4)
 // for them itself with XDP_TX (only while an xlb socket serves the receive queue), and drops whatever else is sent to them that is not a service
 // port, an ICMP error or a fragment (so a VIP never reaches the host's own sockets).
+// In L2 mode (`l2_self` set) a unicast frame addressed to another MAC than the interface's is
+// passed to the kernel (which drops it as another host's) before anything else: a switch that
+// floods a frame for another node (its MAC unknown to the switch) does not make this node
+// forward that node's VIP traffic.
 // A frame of xlb's that finds no socket in its queue's slot is dropped (see steer()).
 //
 // Map layouts are shared with nic-config/src/maps.rs. Every struct is padding-free on purpose
@@ -151,6 +155,15 @@ struct l2_mac {
 };
 _Static_assert(sizeof(struct l2_mac) == 8, "l2_mac must be 8 bytes, no padding");
 
+/* Value of `l2_self` (key 0): the interface's MAC and whether to pass unicast frames addressed
+ * to another MAC. 8 bytes; all zero (the default) = no check. */
+struct l2_self {
+	__u8 mac[6];
+	__u8 check; /* 1: check the destination MAC */
+	__u8 pad;   /* always 0 */
+};
+_Static_assert(sizeof(struct l2_self) == 8, "l2_self must be 8 bytes, no padding");
+
 /* Indexes of `stats`. Every frame increments exactly one of them. */
 enum {
 	STAT_REDIRECTED = 0,      /* handed to bpf_redirect_map and a socket was in the slot */
@@ -159,7 +172,8 @@ enum {
 	STAT_PARSE_ERROR = 3,     /* truncated or malformed headers: XDP_PASS */
 	STAT_L2_REPLIED = 4,      /* ARP reply or Neighbor Advertisement for an l2_addrs entry: XDP_TX */
 	STAT_L2_DROPPED = 5,      /* to an l2_addrs address, not a service port: XDP_DROP */
-	STAT_MAX = 6,
+	STAT_L2_OTHER_HOST = 6,   /* l2_self check on: unicast to another MAC, XDP_PASS */
+	STAT_MAX = 7,
 };
 
 /* ---- maps ---- */
@@ -209,6 +223,14 @@ struct {
 	__type(key, struct addr_key);
 	__type(value, struct l2_mac);
 } l2_addrs SEC(".maps");
+
+/* L2 mode: this interface's MAC, to pass frames meant for other hosts (see the head comment). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct l2_self);
+} l2_self SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -402,6 +424,12 @@ static __always_inline int xlb_alive(struct xdp_md *ctx)
 	return bpf_map_lookup_elem(&xsks, &q) != 0;
 }
 
+/* Whether two MAC addresses are equal. */
+static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
+{
+	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3] && a[4] == b[4] && a[5] == b[5];
+}
+
 /* Folds a 32-bit one's complement sum to 16 bits and complements it (RFC 1071). */
 static __always_inline __u16 csum_fold(__u32 sum)
 {
@@ -587,6 +615,12 @@ int xlb_steer(struct xdp_md *ctx)
 	__be16 h_proto = eth->h_proto;
 	void *l3 = (void *)(eth + 1);
 	__u32 l3off = sizeof(struct ethhdr);
+
+	/* L2 mode: a unicast frame for another MAC (flooded by a switch) is not this node's. */
+	__u32 zero = 0;
+	struct l2_self *me = bpf_map_lookup_elem(&l2_self, &zero);
+	if (me && me->check && !(eth->h_dest[0] & 1) && !mac_eq(eth->h_dest, me->mac))
+		return count(STAT_L2_OTHER_HOST, XDP_PASS);
 
 	/* One optional 802.1Q / 802.1ad tag: TCI then the encapsulated EtherType. */
 	if (h_proto == bpf_htons(ETH_P_8021Q_) || h_proto == bpf_htons(ETH_P_8021AD_)) {

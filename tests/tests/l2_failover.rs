@@ -17,7 +17,9 @@
 //!   receives from it, the client's neighbour entry, and the time until every stream echoes
 //!   again. Asserted: the new owner is the one `owner` computes over the two left, the first
 //!   reply comes within the lease duration + 1 s, no stream breaks, and the new owner picked
-//!   the streams up (`flow_picked_up`).
+//!   the streams up (`flow_picked_up`). The dead owner's bridge port goes down with it, so the
+//!   bridge floods the client's frames for its MAC until the gratuitous ARP: the third node
+//!   passes them to its kernel (`l2_other_host`) and forwards none.
 //! - The new owner then stops cleanly (SIGTERM): its Lease is deleted and the last node
 //!   answers within 1 s, far below the lease duration.
 //!
@@ -497,6 +499,9 @@ mod l2_failover {
         let killed_at = Instant::now();
         let mut dead = nodes[i_owner].xlb.take().expect("owner running").into_inner();
         dead.kill().expect("kill -9");
+        // ... and its link goes down, as with a node that loses power: the bridge forgets its
+        // MAC and floods the client's frames for it to every port until the gratuitous ARP.
+        sw.ip(&["link", "set", &owner, "down"]);
         let _ = dead.wait();
 
         let answered = wait_for(BOUND + Duration::from_secs(5), || {
@@ -520,6 +525,15 @@ mod l2_failover {
             now.iter().zip(&before).all(|(n, b)| *n >= b + 3).then(|| killed_at.elapsed())
         });
         let picked_up = nodes[NODES.iter().position(|n| *n == heir).unwrap()].stats(&bin).event("flow_picked_up");
+        // The third node got the flooded frames too, addressed to the dead owner's MAC: its
+        // steering program passed them to its kernel (which drops them) instead of forwarding.
+        let i_last = NODES.iter().position(|n| *n == last).unwrap();
+        let series = "xlb_steering_packets_total{interface=\"eth0\",action=\"l2_other_host\"} ";
+        let other_host = wait_for(Duration::from_secs(3), || {
+            let m = nodes[i_last].ns.sh(&["curl", "-sS", "--max-time", "2", "http://127.0.0.1:10249/metrics"]);
+            m.lines().find_map(|l| l.strip_prefix(series)?.trim().parse::<u64>().ok()).filter(|v| *v > 0)
+        });
+        let last_picked_up = nodes[i_last].stats(&bin).event("flow_picked_up");
         let reports = streams.finish();
         let broken: Vec<_> = reports.iter().filter(|r| r.broken.is_some()).collect();
         let max_gap = reports.iter().map(|r| r.max_gap).max().unwrap_or_default();
@@ -528,7 +542,8 @@ mod l2_failover {
             "kill -9 of {owner}: first ARP reply from {heir} after {}, gratuitous ARP at the client after {}, \
              unsolicited NA after {}, client's neighbour entry seen moved after {:?}, every stream echoing again \
              after {recovered:?}; streams: {} of {STREAMS} broken, longest gap {max_gap:?}; {heir} flow_picked_up {picked_up} \
-             (lease {LEASE:?}, renew {RENEW:?}, bound {BOUND:?})",
+             (lease {LEASE:?}, renew {RENEW:?}, bound {BOUND:?}); flooded frames passed by {last}: {other_host:?}, \
+             picked up by it: {last_picked_up}",
             secs(failover),
             secs(garp.0 - killed),
             secs(una.0 - killed),
@@ -549,6 +564,8 @@ mod l2_failover {
             "streams recovered after {recovered:?}, beyond TCP's first retransmission after the bound"
         );
         assert!(picked_up > 0, "{heir} picked the moved streams up");
+        assert!(other_host.is_some(), "{last} saw the flooded frames and passed them (l2_other_host)");
+        assert_eq!(last_picked_up, 0, "{last}, not the owner, forwarded none of the flooded frames");
         drop(echo);
 
         // A clean stop: the Lease is deleted, the last node takes over at once.

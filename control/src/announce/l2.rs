@@ -14,6 +14,11 @@
 //! ICMP errors and fragments, which go to xlb): an announced VIP never reaches the host's
 //! own sockets.
 //!
+//! At its first announcement [`L2`] also turns on each program's destination MAC check
+//! ([`nic_config::L2Responder::check_destination_mac`]): clients send a VIP's traffic to its
+//! owner's MAC, so a unicast frame for another MAC that a switch floods to this node is given
+//! to the kernel (which drops it) instead of being forwarded a second time.
+//!
 //! Which VIPs a node announces is decided outside this module: with several xlb nodes on one
 //! segment (Kubernetes mode) each VIP has one owner, [`owner`] over the nodes whose per-node
 //! Lease is unexpired ([`crate::k8s::Membership`]); `xlb run` hands [`L2`] only the VIPs this
@@ -35,13 +40,15 @@ pub struct L2 {
     /// The set last put into every map with its take-over frames sent; `None` before the
     /// first success and after a failure (the next call writes and announces everything).
     owned: Option<PrefixSet>,
+    /// Whether the programs' destination MAC check is on (set at the first announcement).
+    checking: bool,
 }
 
 impl L2 {
     /// An announcer answering through `responders` (one per interface; nothing is written
     /// until [`Announcer::announce`]).
     pub fn new(responders: Vec<L2Responder>) -> Self {
-        Self { responders, owned: None }
+        Self { responders, owned: None, checking: false }
     }
 
     /// The interfaces answering, comma-separated.
@@ -51,10 +58,33 @@ impl L2 {
     }
 }
 
+impl Drop for L2 {
+    /// Turns the destination MAC check off again (the announce mode changed on a reload, or
+    /// xlb stops or hands over, when the programs go anyway); errors are only logged.
+    fn drop(&mut self) {
+        if !self.checking {
+            return;
+        }
+        for r in &mut self.responders {
+            if let Err(e) = r.check_destination_mac(false) {
+                tracing::debug!(interface = r.ifname(), error = %e, "L2: turning the destination MAC check off");
+            }
+        }
+    }
+}
+
 impl Announcer for L2 {
     fn announce(&mut self, set: &PrefixSet) -> Result<Applied, AnnounceError> {
         if self.owned.as_ref() == Some(set) {
             return Ok(Applied::Unchanged);
+        }
+        if !self.checking {
+            // A VIP's traffic is sent to its owner's MAC: frames a switch floods for another
+            // node are not this node's to forward.
+            for r in &mut self.responders {
+                r.check_destination_mac(true).map_err(|source| AnnounceError::L2 { source })?;
+            }
+            self.checking = true;
         }
         let previous = self.owned.take();
         let addrs: Vec<IpAddr> = set.iter().copied().collect();

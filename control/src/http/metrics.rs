@@ -93,6 +93,9 @@ pub struct InterfaceStats {
     pub l2_replied: u64,
     /// Frames to an L2-announced VIP outside its service ports, dropped (`action="l2_dropped"`).
     pub l2_dropped: u64,
+    /// L2 mode: unicast frames addressed to another MAC than the interface's (flooded by a
+    /// switch), given to the kernel (`action="l2_other_host"`).
+    pub l2_other_host: u64,
 }
 
 /// Where the control thread leaves the latest [`InterfaceStats`] for scrapes to read.
@@ -443,7 +446,7 @@ impl Collector for DataplaneCollector {
             family(
                 e,
                 "xlb_steering_packets",
-                "Frames seen by the steering XDP program, by interface and action (redirected to xlb, passed to the kernel, redirect_failed: no socket on that queue, dropped; parse_error: malformed, passed; l2_replied: ARP/NDP for an L2-announced VIP answered; l2_dropped: to such a VIP outside its service ports, dropped).",
+                "Frames seen by the steering XDP program, by interface and action (redirected to xlb, passed to the kernel, redirect_failed: no socket on that queue, dropped; parse_error: malformed, passed; l2_replied: ARP/NDP for an L2-announced VIP answered; l2_dropped: to such a VIP outside its service ports, dropped; l2_other_host: L2 mode, unicast to another MAC, passed).",
                 C,
                 ifs.iter().flat_map(|i| {
                     [
@@ -453,6 +456,7 @@ impl Collector for DataplaneCollector {
                         ("parse_error", i.parse_errors),
                         ("l2_replied", i.l2_replied),
                         ("l2_dropped", i.l2_dropped),
+                        ("l2_other_host", i.l2_other_host),
                     ]
                     .map(|(a, v)| ([("interface", i.interface.clone()), ("action", a.to_owned())], v))
                 }),
@@ -848,6 +852,7 @@ mod tests {
             parse_errors: 1,
             l2_replied: 4,
             l2_dropped: 2,
+            l2_other_host: 3,
         }];
         let m = ProxyMetrics::new();
         m.set_dataplane(Arc::new(view));
@@ -861,6 +866,7 @@ mod tests {
         assert!(text.contains("xlb_steering_packets_total{interface=\"eth0\",action=\"parse_error\"} 1"), "{text}");
         assert!(text.contains("xlb_steering_packets_total{interface=\"eth0\",action=\"l2_replied\"} 4"), "{text}");
         assert!(text.contains("xlb_steering_packets_total{interface=\"eth0\",action=\"l2_dropped\"} 2"), "{text}");
+        assert!(text.contains("xlb_steering_packets_total{interface=\"eth0\",action=\"l2_other_host\"} 3"), "{text}");
         assert!(text.contains("kubeproxy_proxy_healthz_total{code=\"503\"} 0"), "{text}");
         let classic = m.encode_prometheus().unwrap();
         assert!(classic.contains("# TYPE xlb_worker_rx_packets_total counter\n"), "{classic}");
