@@ -292,6 +292,8 @@ async fn run(
     let mut own = OwnLease { api: api.clone(), cfg: cfg.clone(), cached: None };
     let mut initial: Vec<Lease> = Vec::new();
     let mut next_renew = tokio::time::Instant::now();
+    // A kube watcher stream does not end; should it, its branch is not polled again.
+    let mut watching = true;
     let lock = || shared.lock().unwrap_or_else(PoisonError::into_inner);
     let count = |f: fn(&mut MembershipStats)| f(&mut stats.lock().unwrap_or_else(PoisonError::into_inner));
     let release = loop {
@@ -331,7 +333,7 @@ async fn run(
                     }
                 }
             }
-            ev = stream.next() => match ev {
+            ev = stream.next(), if watching => match ev {
                 Some(Ok(watcher::Event::Init)) => initial.clear(),
                 Some(Ok(watcher::Event::InitApply(l))) => initial.push(l),
                 Some(Ok(watcher::Event::InitDone)) => {
@@ -347,7 +349,10 @@ async fn run(
                     }
                 }
                 Some(Err(e)) => tracing::warn!(error = %e, "L2 membership: lease watch error (retrying)"),
-                None => {}
+                None => {
+                    tracing::error!("L2 membership: the lease watch ended; the members are no longer updated");
+                    watching = false;
+                }
             },
         }
     };
