@@ -145,6 +145,32 @@ pub struct Config {
     /// How this node tells the network about the VIPs it serves (`announce`; default mode
     /// `none`). See [`AnnounceConfig`] and docs/operations.md, "Announcing VIPs over BGP".
     pub announce: AnnounceConfig,
+    /// The Kubernetes API client's client-side rate limit (`clientConnection`, kube-proxy's
+    /// field; default qps 5, burst 10). See [`ClientConnectionConfig`].
+    pub client_connection: ClientConnectionConfig,
+}
+
+/// `clientConnection` block (kube-proxy's `ClientConnectionConfiguration`, the fields xlb
+/// uses): the token bucket every request to the API server waits on, as client-go's
+/// (`crate::k8s::RateLimit`). Lists, gets, updates and the opening of each watch take one
+/// token; the events a watch streams take none.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ClientConnectionConfig {
+    /// Requests per second (`qps`; default 5). 0 means 5 (client-go's `DefaultQPS`, also
+    /// kube-proxy's default); a negative value turns client-side rate limiting off (client-go
+    /// `rest.Config.QPS`). Must be finite.
+    pub qps: f32,
+    /// Requests that may go at once before `qps` paces them (`burst`, the bucket size;
+    /// default 10). 0 means 10 (client-go's `DefaultBurst`); negative is an error, as in
+    /// kube-proxy's validation.
+    pub burst: i32,
+}
+
+impl Default for ClientConnectionConfig {
+    fn default() -> Self {
+        Self { qps: crate::k8s::DEFAULT_QPS, burst: crate::k8s::DEFAULT_BURST }
+    }
 }
 
 /// `announce` block: which VIPs this node announces to its routers, and through what.
@@ -344,6 +370,7 @@ impl Default for Config {
             af_xdp: AfXdpConfig::default(),
             punt_device: "xlb0".into(),
             announce: AnnounceConfig::default(),
+            client_connection: ClientConnectionConfig::default(),
         }
     }
 }
@@ -575,6 +602,15 @@ impl Config {
         }
         if self.sync_period.is_zero() {
             return Err(field_err("syncPeriod", "must be greater than 0"));
+        }
+        match crate::k8s::RateLimit::from_client_connection(&self.client_connection) {
+            Err(crate::k8s::RateLimitError::Qps(q)) => {
+                return Err(field_err("clientConnection.qps", format!("{q}: want a finite number")));
+            }
+            Err(crate::k8s::RateLimitError::Burst(b)) => {
+                return Err(field_err("clientConnection.burst", format!("{b}: must be non-negative")));
+            }
+            Ok(_) => {}
         }
         if self.min_sync_period > self.sync_period {
             return Err(field_err(

@@ -13,7 +13,9 @@
 //! Sync periods: the top-level `syncPeriod`/`minSyncPeriod` if set, else those of the block of
 //! `mode` (`iptables` by default, as kube-proxy). Timeouts: `conntrack.tcpEstablishedTimeout`
 //! and `conntrack.udpTimeout`; in `mode: ipvs`, `ipvs.tcpTimeout`, `ipvs.tcpFinTimeout` and
-//! `ipvs.udpTimeout` (what IPVS itself would use) where `conntrack` does not set them.
+//! `ipvs.udpTimeout` (what IPVS itself would use) where `conntrack` does not set them. API
+//! client: `clientConnection.qps` and `clientConnection.burst` become xlb's
+//! `clientConnection`, the token bucket of its Kubernetes client ([`crate::k8s::RateLimit`]).
 
 use serde_json::{Map, Value, json};
 
@@ -105,8 +107,6 @@ const BLOCK_ONLY: &[(&str, &str)] = &[
     ("conntrack.udpStreamTimeout", "xlb has one UDP timeout"),
     ("clientConnection.acceptContentTypes", "xlb's API client asks for JSON"),
     ("clientConnection.contentType", "xlb's API client sends JSON"),
-    ("clientConnection.qps", "xlb's API client is not rate limited yet (watches only)"),
-    ("clientConnection.burst", "xlb's API client is not rate limited yet (watches only)"),
     ("clientConnection.kubeconfig", "pass the kubeconfig with `xlb run --kubeconfig PATH`"),
 ];
 
@@ -265,6 +265,12 @@ pub fn map(doc: &Map<String, Value>) -> Result<Mapped, FieldError> {
     if let Some(v) = set(doc, "ipvs.scheduler") {
         put(f, "ipvs.scheduler", v.clone());
     }
+    // client-go's rate limit of the API client (0 = unset = client-go's default, as above).
+    for p in ["clientConnection.qps", "clientConnection.burst"] {
+        if let Some(v) = set(doc, p) {
+            put(f, p, v.clone());
+        }
+    }
     Ok(m)
 }
 
@@ -300,6 +306,22 @@ mod tests {
         assert!(notes.contains("ipvs.strictARP: accepted, not used"), "{notes}");
         assert!(notes.contains("iptables.masqueradeBit: accepted, not used"), "{notes}");
         assert_eq!(m.notes.len(), 3, "strictARP, masqueradeBit, mode: {notes}");
+    }
+
+    #[test]
+    fn client_connection_qps_and_burst_carry_over_zero_is_unset() {
+        let m = map(&doc("kind: KubeProxyConfiguration\nclientConnection: {qps: 20.5, burst: 3, contentType: \"\"}\n"))
+            .unwrap();
+        let f = Value::Object(m.fields);
+        assert_eq!(
+            (f["clientConnection"]["qps"].as_f64(), f["clientConnection"]["burst"].as_i64()),
+            (Some(20.5), Some(3))
+        );
+        assert!(m.notes.is_empty(), "{:?}", m.notes);
+        let m = map(&doc("kind: KubeProxyConfiguration\nclientConnection: {qps: 0, burst: 0}\n")).unwrap();
+        assert!(m.fields.get("clientConnection").is_none(), "{:?}", m.fields);
+        let m = map(&doc("kind: KubeProxyConfiguration\nclientConnection: {qps: -1}\n")).unwrap();
+        assert_eq!(Value::Object(m.fields)["clientConnection"]["qps"].as_f64(), Some(-1.0));
     }
 
     #[test]

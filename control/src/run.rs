@@ -499,7 +499,7 @@ fn serve(
             if !resuming && (!file_cluster.services.is_empty() || !file_cluster.endpoint_slices.is_empty()) {
                 tracing::warn!(config = %path.display(), "Service and EndpointSlice objects in the file are ignored: they come from the API server");
             }
-            let client = rt.block_on(xlb::k8s::client(kubeconfig.as_deref()))?;
+            let client = rt.block_on(xlb::k8s::client(kubeconfig.as_deref(), &config.client_connection))?;
             let scfg = xlb::k8s::SourceConfig::from_config(&config)?;
             let node = scfg.node_name.clone();
             let _guard = rt.enter();

@@ -613,12 +613,12 @@ users:
         .await
         .expect("kubeconfig loads");
     assert_eq!(cfg.cluster_url.to_string().trim_end_matches('/'), server.url());
-    let client = xlb::k8s::client(Some(&path)).await.expect("client from kubeconfig");
+    let client = xlb::k8s::client(Some(&path), &Default::default()).await.expect("client from kubeconfig");
     let mut source = Source::start(client, source_cfg(100, 30_000), Telemetry::new(Duration::from_secs(30)));
     let s = next(&mut source, Duration::from_secs(5)).await;
     assert_eq!(names(&s), ["db", "web"].into_iter().map(String::from).collect());
     let _ = std::fs::remove_dir_all(&dir);
-    assert!(xlb::k8s::client(Some(&dir.join("missing.yaml"))).await.is_err());
+    assert!(xlb::k8s::client(Some(&dir.join("missing.yaml")), &Default::default()).await.is_err());
 }
 
 /// Times a full translation + table build for 1,000 Services with 10 endpoints each (the

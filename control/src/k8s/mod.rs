@@ -36,7 +36,8 @@
 //! let _healthz = xlb::http::serve_healthz(cfg.healthz_bind_address, telemetry.clone()).await?;
 //! let _metrics = xlb::http::serve_metrics(cfg.metrics_bind_address, telemetry.metrics.clone()).await?;
 //! let mut hc = xlb::http::HealthCheckServers::new("0.0.0.0".parse()?, telemetry.health.clone());
-//! let client = xlb::k8s::client(Some(std::path::Path::new("/etc/xlb/kubeconfig"))).await?;
+//! let kubeconfig = std::path::Path::new("/etc/xlb/kubeconfig");
+//! let client = xlb::k8s::client(Some(kubeconfig), &cfg.client_connection).await?;
 //! let source_cfg = xlb::k8s::SourceConfig::from_config(&cfg)?;
 //! let node = source_cfg.node_name.clone();
 //! let mut source = xlb::k8s::Source::start(client, source_cfg, telemetry.clone());
@@ -90,6 +91,7 @@ mod changes;
 mod hcnp;
 mod lease;
 mod membership;
+mod ratelimit;
 mod source;
 
 use std::path::{Path, PathBuf};
@@ -101,6 +103,7 @@ pub use lease::{LeaseConfig, LeaseLock};
 pub use membership::{
     LEASE_PREFIX, MEMBER_LABEL, MemberTable, Membership, MembershipConfig, MembershipStats, lease_name,
 };
+pub use ratelimit::{DEFAULT_BURST, DEFAULT_QPS, RateLimit, RateLimitError, RateLimitLayer, RateLimitService};
 pub use source::{ANNOTATION_LAST_CHANGE_TRIGGER_TIME, Snapshot, Source, SourceConfig, SyncReason};
 
 /// Errors of the Kubernetes source.
@@ -121,6 +124,9 @@ pub enum K8sError {
     /// The client cannot be built from the configuration.
     #[error("Kubernetes client: {0}")]
     Client(#[from] kube::Error),
+    /// `clientConnection` holds a rate limit client-go would refuse.
+    #[error("{0}")]
+    RateLimit(#[from] RateLimitError),
     /// The configuration names no node.
     #[error(
         "no node name: set nodeName (or hostnameOverride) in the xlb configuration, or the NODE_NAME environment variable"
@@ -129,12 +135,17 @@ pub enum K8sError {
 }
 
 /// A Kubernetes client: from the kubeconfig file `kubeconfig` (its current context) when
-/// given, else inferred (in-cluster service account, then `$KUBECONFIG` or `~/.kube/config`).
+/// given, else inferred (in-cluster service account, then `$KUBECONFIG` or `~/.kube/config`),
+/// rate limited by `connection` as client-go limits kube-proxy's client ([`client_for`]).
 /// `http://` servers work too (used by the tests' fake API server).
 ///
 /// # Errors
-/// [`K8sError::Kubeconfig`], [`K8sError::Infer`] or [`K8sError::Client`].
-pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, K8sError> {
+/// [`K8sError::Kubeconfig`], [`K8sError::Infer`], [`K8sError::RateLimit`] or
+/// [`K8sError::Client`].
+pub async fn client(
+    kubeconfig: Option<&Path>,
+    connection: &crate::config::ClientConnectionConfig,
+) -> Result<kube::Client, K8sError> {
     let config = match kubeconfig {
         Some(path) => {
             let err = |source| K8sError::Kubeconfig { path: path.to_owned(), source };
@@ -144,5 +155,30 @@ pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, K8sError>
         None => kube::Config::infer().await?,
     };
     tracing::info!(server = %config.cluster_url, "Kubernetes API server");
-    Ok(kube::Client::try_from(config)?)
+    client_for(config, connection)
+}
+
+/// A client for `config` whose requests wait on the token bucket of `connection`
+/// ([`RateLimit::from_client_connection`]: qps 0 → 5, burst 0 → 10, negative qps → no
+/// limit): kube's default stack ([`kube::client::ClientBuilder`] from the config) with a
+/// [`RateLimitLayer`] on top. Clones of the client share the bucket.
+///
+/// # Errors
+/// [`K8sError::RateLimit`] for a `connection` client-go refuses, [`K8sError::Client`] when
+/// kube cannot build its stack from `config`.
+pub fn client_for(
+    config: kube::Config,
+    connection: &crate::config::ClientConnectionConfig,
+) -> Result<kube::Client, K8sError> {
+    let builder = kube::client::ClientBuilder::try_from(config)?;
+    Ok(match RateLimit::from_client_connection(connection)? {
+        Some(limit) => {
+            tracing::info!(qps = limit.qps, burst = limit.burst.get(), "API client rate limit");
+            builder.with_layer(&RateLimitLayer::new(limit)).build()
+        }
+        None => {
+            tracing::info!("API client not rate limited (clientConnection.qps < 0)");
+            builder.build()
+        }
+    })
 }
