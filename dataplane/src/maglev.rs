@@ -356,7 +356,8 @@ impl MaglevTable {
     /// Time is 9-12 probes per slot in the measured cases plus the weight
     /// rounds (O(M·N·max/sum) by scanning, or O(M log N) with the heap when
     /// weights are skewed); memory is the `4·M`-byte table plus a 128 KiB
-    /// zeroed bitmap (`M/8` bytes of it touched) and O(N) scratch.
+    /// zeroed bitmap (`M/8` bytes of it touched; [`Self::build_in`] reuses one) and O(N)
+    /// scratch.
     ///
     /// # Errors
     ///
@@ -371,12 +372,27 @@ impl MaglevTable {
     /// NSDI'16 §3.4 Pseudocode 1; Katran `katran/lib/MaglevHashV2.cpp`
     /// (`generateHashRing`) and `MaglevBase.cpp` (`genMaglevPermutation`).
     pub fn build(backends: &[MaglevBackend], size: u32) -> Result<Self, MaglevError> {
-        Self::build_with(backends, size, None)
+        Self::build_in(backends, size, &mut MaglevScratch::new())
     }
 
-    /// [`Self::build`], with the fill loop forced when `force` is `Some`, so
+    /// [`Self::build`] with the occupancy bitmap of `scratch` instead of a fresh 128 KiB one:
+    /// a series of builds (a full table build of many services) allocates and zeroes it once
+    /// instead of once per table. The table is the same as [`Self::build`]'s, bit for bit.
+    ///
+    /// # Errors
+    /// As [`Self::build`].
+    pub fn build_in(backends: &[MaglevBackend], size: u32, scratch: &mut MaglevScratch) -> Result<Self, MaglevError> {
+        Self::build_with(backends, size, None, scratch)
+    }
+
+    /// [`Self::build_in`], with the fill loop forced when `force` is `Some`, so
     /// tests can check that both loops agree.
-    fn build_with(backends: &[MaglevBackend], size: u32, force: Option<FillLoop>) -> Result<Self, MaglevError> {
+    fn build_with(
+        backends: &[MaglevBackend],
+        size: u32,
+        force: Option<FillLoop>,
+        scratch: &mut MaglevScratch,
+    ) -> Result<Self, MaglevError> {
         if !TABLE_SIZES.contains(&size) {
             return Err(MaglevError::SizeNotInList { size });
         }
@@ -433,11 +449,16 @@ impl MaglevTable {
         } else {
             FillLoop::Heap
         });
-        let mut fill = Fill::new(size);
-        match fill_loop {
-            FillLoop::Scan => fill.scan(fillers, max_weight)?,
-            FillLoop::Heap => fill.heap(fillers, max_weight)?,
-        }
+        let mut fill = Fill::new(size, &mut scratch.occupied);
+        let filled = match fill_loop {
+            FillLoop::Scan => fill.scan(fillers, max_weight),
+            FillLoop::Heap => fill.heap(fillers, max_weight),
+        };
+        // Hand the bitmap back all zero (only the first M/64 + 1 words were touched), also
+        // after a failed fill.
+        let words = usize::try_from(size / 64 + 1).unwrap_or(usize::MAX);
+        fill.occupied.iter_mut().take(words).for_each(|w| *w = 0);
+        filled?;
         let checksum = checksum_of(size, &order, &fill.slots);
         Ok(Self { slots: fill.slots.into_boxed_slice(), size, checksum })
     }
@@ -551,20 +572,43 @@ const _: () = {
     }
 };
 
+/// Scratch memory of [`MaglevTable::build_in`], reusable from one build to the next: the
+/// occupancy bitmap, one bit per slot for the largest `M` (`2^20` bits, 128 KiB), all zero
+/// between builds. One per thread that builds tables.
+#[derive(Debug, Clone)]
+pub struct MaglevScratch {
+    /// `OCCUPIED_WORDS` words, zero between builds.
+    occupied: Vec<u64>,
+}
+
+impl MaglevScratch {
+    /// A zeroed bitmap (one 128 KiB allocation).
+    #[must_use]
+    pub fn new() -> Self {
+        Self { occupied: vec![0; OCCUPIED_WORDS] }
+    }
+}
+
+impl Default for MaglevScratch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// The table being filled: slots plus an occupancy bitmap.
-struct Fill {
+struct Fill<'a> {
     /// Output, valid where `occupied` has the bit set.
     slots: Vec<u32>,
-    /// One bit per slot (8 KiB in use at M = 65537, so probing stays in L1).
-    occupied: Vec<u64>,
+    /// One bit per slot (8 KiB in use at M = 65537, so probing stays in L1); the scratch's.
+    occupied: &'a mut Vec<u64>,
     /// `M`.
     size: u32,
 }
 
-impl Fill {
-    /// An empty table of `size` slots.
-    fn new(size: u32) -> Self {
-        Self { slots: vec![0; usize::try_from(size).unwrap_or(0)], occupied: vec![0; OCCUPIED_WORDS], size }
+impl<'a> Fill<'a> {
+    /// An empty table of `size` slots over `occupied` (zero, `OCCUPIED_WORDS` words).
+    fn new(size: u32, occupied: &'a mut Vec<u64>) -> Self {
+        Self { slots: vec![0; usize::try_from(size).unwrap_or(0)], occupied, size }
     }
 
     /// Gives `f` the next free slot of its permutation (paper §3.4: "find
@@ -1126,9 +1170,28 @@ mod tests {
             prop_assume!(weights.iter().any(|&w| w > 0));
             let backends = pool(&weights);
             let size = TABLE_SIZES[size_idx];
-            let scan = MaglevTable::build_with(&backends, size, Some(FillLoop::Scan));
-            let heap = MaglevTable::build_with(&backends, size, Some(FillLoop::Heap));
+            let scan = MaglevTable::build_with(&backends, size, Some(FillLoop::Scan), &mut MaglevScratch::new());
+            let heap = MaglevTable::build_with(&backends, size, Some(FillLoop::Heap), &mut MaglevScratch::new());
             prop_assert_eq!(scan, heap);
+        }
+
+        #[test]
+        fn a_reused_scratch_builds_what_a_fresh_one_builds(
+            pools in prop::collection::vec(prop::collection::vec(0u32..=20, 1..=40), 1..=6),
+            size_idx in 0usize..4,
+        ) {
+            // One scratch through several builds of every size, failed ones (all weights 0,
+            // or more backends than slots at 251) included: each table equals a fresh build.
+            let mut scratch = MaglevScratch::new();
+            for weights in &pools {
+                for size in TABLE_SIZES.iter().copied().take(size_idx + 1) {
+                    let backends = pool(weights);
+                    let fresh = MaglevTable::build(&backends, size);
+                    let reused = MaglevTable::build_in(&backends, size, &mut scratch);
+                    prop_assert_eq!(&fresh, &reused);
+                    prop_assert!(scratch.occupied.iter().all(|&w| w == 0), "bitmap handed back zero");
+                }
+            }
         }
 
         #[test]
@@ -1136,8 +1199,8 @@ mod tests {
             weights in prop::collection::vec(1u32..=10, 1..=50),
         ) {
             let backends = pool(&weights);
-            let scan = MaglevTable::build_with(&backends, 509, Some(FillLoop::Scan));
-            let heap = MaglevTable::build_with(&backends, 509, Some(FillLoop::Heap));
+            let scan = MaglevTable::build_with(&backends, 509, Some(FillLoop::Scan), &mut MaglevScratch::new());
+            let heap = MaglevTable::build_with(&backends, 509, Some(FillLoop::Heap), &mut MaglevScratch::new());
             prop_assert_eq!(scan, heap);
         }
     }

@@ -1020,6 +1020,8 @@ pub struct TableBuilder {
     /// reuses it when the input is equal, so a change builds only the tables it touches.
     maglev: HashMap<String, MaglevCached>,
     maglev_stats: MaglevBuildStats,
+    /// Threads that compute Maglev tables (0: `std::thread::available_parallelism`).
+    threads: usize,
 }
 
 /// One service's backend slots by (address, port).
@@ -1040,6 +1042,71 @@ pub struct MaglevBuildStats {
     pub built: usize,
     /// Tables shared with the previous snapshot (input unchanged).
     pub reused: usize,
+    /// Threads that computed the `built` tables (the calling thread included; 1 when few or
+    /// none were built). See [`TableBuilder::set_build_threads`].
+    pub threads: usize,
+}
+
+/// Maglev tables a build thread claims at a time (one atomic add per claim).
+pub const MAGLEV_JOBS_PER_CLAIM: usize = 16;
+
+/// A build uses another thread only for every this many Maglev tables to compute: a thread
+/// costs tens of microseconds to start, a table of 10 backends (M = 1021) about 20 µs.
+pub const MAGLEV_JOBS_PER_THREAD: usize = 64;
+
+/// Computes one Maglev table per entry of `jobs` (table size from [`maglev::table_size_for`]
+/// with `max_m`), on up to `threads` threads; one result per job, in job order, equal to a
+/// one-thread build's, and the number of threads that took part. A helper that cannot be
+/// started, or that panicked, leaves its remaining jobs to the calling thread.
+fn build_maglev_tables(
+    jobs: &[&[MaglevBackend]],
+    max_m: u32,
+    threads: usize,
+) -> (Vec<Result<MaglevTable, maglev::MaglevError>>, usize) {
+    let one = |mb: &[MaglevBackend], scratch: &mut maglev::MaglevScratch| {
+        maglev::table_size_for(mb.len(), max_m).and_then(|m| MaglevTable::build_in(mb, m, scratch))
+    };
+    let threads = threads.min(jobs.len() / MAGLEV_JOBS_PER_THREAD).max(1);
+    let mut scratch = maglev::MaglevScratch::new();
+    if threads == 1 {
+        return (jobs.iter().map(|mb| one(mb, &mut scratch)).collect(), 1);
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    // Claims the next chunk of jobs and builds it; (job index, result) pairs.
+    let work = |scratch: &mut maglev::MaglevScratch| {
+        let mut out = Vec::new();
+        loop {
+            let from = next.fetch_add(MAGLEV_JOBS_PER_CLAIM, std::sync::atomic::Ordering::Relaxed);
+            let Some(chunk) = jobs.get(from..jobs.len().min(from + MAGLEV_JOBS_PER_CLAIM)) else { break };
+            if chunk.is_empty() {
+                break;
+            }
+            out.extend(chunk.iter().zip(from..).map(|(mb, i)| (i, one(mb, scratch))));
+        }
+        out
+    };
+    let mut results: Vec<Option<Result<MaglevTable, maglev::MaglevError>>> = Vec::new();
+    results.resize_with(jobs.len(), || None);
+    let mut used = 1;
+    std::thread::scope(|s| {
+        let helpers: Vec<_> = (1..threads)
+            .filter_map(|_| {
+                std::thread::Builder::new()
+                    .name("xlb-maglev".into())
+                    .spawn_scoped(s, || work(&mut maglev::MaglevScratch::new()))
+                    .ok()
+            })
+            .collect();
+        used += helpers.len();
+        let mine = work(&mut scratch);
+        for (i, r) in helpers.into_iter().filter_map(|h| h.join().ok()).flatten().chain(mine) {
+            if let Some(slot) = results.get_mut(i) {
+                *slot = Some(r);
+            }
+        }
+    });
+    // Jobs of a helper that panicked: built here, in order.
+    (jobs.iter().zip(results).map(|(mb, r)| r.unwrap_or_else(|| one(mb, &mut scratch))).collect(), used)
 }
 
 /// Number of buckets of the `sh`/`dh` static hash table (IPVS `IP_VS_SH_TAB_SIZE` is 256).
@@ -1049,6 +1116,26 @@ impl TableBuilder {
     /// A builder with no history.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Sets how many threads compute the Maglev tables of one build: the calling thread and
+    /// `n - 1` scoped helpers (`std::thread::scope`, unpinned, normal priority), each taking
+    /// the next [`MAGLEV_JOBS_PER_CLAIM`] tables in turn. 1 builds on the calling thread
+    /// only; 0 (the default) means `std::thread::available_parallelism()` (the CPUs this
+    /// process may run on). Fewer threads are used when there are fewer than
+    /// [`MAGLEV_JOBS_PER_THREAD`] tables per thread to build (a one-Service change builds one
+    /// table and starts no thread). The tables are the same whatever `n`: each depends only
+    /// on its own input (NSDI'16 §3.4), and results are stitched back in service order.
+    pub fn set_build_threads(&mut self, n: usize) {
+        self.threads = n;
+    }
+
+    /// The thread count [`Self::set_build_threads`] resolves to (≥ 1).
+    pub fn build_threads(&self) -> usize {
+        match self.threads {
+            0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+            n => n,
+        }
     }
 
     /// Builds a snapshot from `spec`. On error nothing changes (slot assignments are only
@@ -1118,44 +1205,72 @@ impl TableBuilder {
             Some(other) => return Err(BuildError::SnatFamily(other)),
         };
 
-        // Scheduler data per service (may fail: Maglev), still without touching `self`.
+        // Scheduler data per service (may fail: Maglev), still without touching `self`. The
+        // Maglev tables to compute are gathered first and built together, on several threads
+        // when there are many (`build_maglev_tables`); errors are then reported in service
+        // order, as a one-by-one build would.
         let max_m = if spec.maglev_max_size == 0 { maglev::DEFAULT_MAX_TABLE_SIZE } else { spec.maglev_max_size };
-        let mut sched_data = Vec::with_capacity(spec.services.len());
         let mut next_maglev: HashMap<String, MaglevCached> = HashMap::new();
         let mut stats = MaglevBuildStats::default();
+        // Per service: its Maglev input and, if unchanged, the previous table; its weights.
+        let mut pending = Vec::with_capacity(spec.services.len());
         for s in &spec.services {
             let eligible: Vec<&BackendSpec> = s.backends.iter().filter(|b| b.eligible && b.weight > 0).collect();
             let maglev = if matches!(s.scheduler, Scheduler::Maglev { .. }) && !eligible.is_empty() {
-                let mb: Vec<MaglevBackend> = eligible
+                let mb: Box<[MaglevBackend]> = eligible
                     .iter()
                     .map(|b| MaglevBackend { key: maglev::backend_key(b.addr, b.port), weight: u32::from(b.weight) })
                     .collect();
-                let table = match self.maglev.get(&s.name) {
+                match self.maglev.get(&s.name) {
                     Some(c) if c.max_m == max_m && *c.input == *mb => {
                         stats.reused += 1;
-                        c.table.clone()
+                        Some((mb, Some(c.table.clone())))
                     }
                     _ => {
                         stats.built += 1;
-                        let t = maglev::table_size_for(mb.len(), max_m)
-                            .and_then(|m| MaglevTable::build(&mb, m))
-                            .map_err(|source| BuildError::Maglev { service: s.name.clone(), source })?;
-                        Arc::new(t)
+                        Some((mb, None))
                     }
-                };
-                next_maglev
-                    .insert(s.name.clone(), MaglevCached { input: mb.into_boxed_slice(), max_m, table: table.clone() });
-                Some(table)
+                }
             } else {
                 None
             };
             let mut cum = Vec::with_capacity(eligible.len());
-            let mut total: u32 = 0;
+            let mut total: Option<u32> = Some(0);
             for b in &eligible {
-                total =
-                    total.checked_add(u32::from(b.weight)).ok_or_else(|| BuildError::WeightOverflow(s.name.clone()))?;
-                cum.push(total);
+                total = total.and_then(|t| t.checked_add(u32::from(b.weight)));
+                cum.push(total.unwrap_or(0));
             }
+            pending.push((maglev, total.map(|_| cum)));
+        }
+        let jobs: Vec<&[MaglevBackend]> =
+            pending.iter().filter_map(|(m, _)| m.as_ref().filter(|(_, c)| c.is_none()).map(|(mb, _)| &**mb)).collect();
+        let (built, threads) = build_maglev_tables(&jobs, max_m, self.build_threads());
+        stats.threads = threads;
+        let mut built = built.into_iter();
+        let mut sched_data = Vec::with_capacity(spec.services.len());
+        for (s, (maglev, cum)) in spec.services.iter().zip(pending) {
+            let maglev = match maglev {
+                None => None,
+                Some((mb, cached)) => {
+                    let table = match cached {
+                        Some(t) => t,
+                        None => match built.next() {
+                            Some(Ok(t)) => Arc::new(t),
+                            Some(Err(source)) => return Err(BuildError::Maglev { service: s.name.clone(), source }),
+                            // One result per job, in job order: not reached.
+                            None => {
+                                return Err(BuildError::Maglev {
+                                    service: s.name.clone(),
+                                    source: maglev::MaglevError::NoBackends,
+                                });
+                            }
+                        },
+                    };
+                    next_maglev.insert(s.name.clone(), MaglevCached { input: mb, max_m, table: table.clone() });
+                    Some(table)
+                }
+            };
+            let cum = cum.ok_or_else(|| BuildError::WeightOverflow(s.name.clone()))?;
             sched_data.push((maglev, cum));
         }
 
@@ -1610,9 +1725,9 @@ mod tests {
             ..Default::default()
         };
         let t1 = b.build(&spec(&[("10.0.2.1", 80)])).unwrap();
-        assert_eq!(b.maglev_stats(), MaglevBuildStats { built: 3, reused: 0 });
+        assert_eq!(b.maglev_stats(), MaglevBuildStats { built: 3, reused: 0, threads: 1 });
         let t2 = b.build(&spec(&[("10.0.2.1", 80), ("10.0.2.2", 80)])).unwrap();
-        assert_eq!(b.maglev_stats(), MaglevBuildStats { built: 1, reused: 2 });
+        assert_eq!(b.maglev_stats(), MaglevBuildStats { built: 1, reused: 2, threads: 1 });
         let table = |t: &Tables, i: usize| t.services[i].maglev.clone().unwrap();
         assert!(Arc::ptr_eq(&table(&t1, 0), &table(&t2, 0)) && Arc::ptr_eq(&table(&t1, 1), &table(&t2, 1)));
         assert!(!Arc::ptr_eq(&table(&t1, 2), &table(&t2, 2)));
@@ -1625,12 +1740,52 @@ mod tests {
         let mut heavier = spec(&[("10.0.2.1", 80), ("10.0.2.2", 80)]);
         Arc::make_mut(&mut heavier.services[0]).backends[0].weight = 3;
         b.build(&heavier).unwrap();
-        assert_eq!(b.maglev_stats(), MaglevBuildStats { built: 1, reused: 2 });
+        assert_eq!(b.maglev_stats(), MaglevBuildStats { built: 1, reused: 2, threads: 1 });
         let mut bad = heavier.clone();
         Arc::make_mut(&mut bad.services[1]).frontends[0].port = 0;
         assert!(b.build(&bad).is_err());
         b.build(&heavier).unwrap();
-        assert_eq!(b.maglev_stats(), MaglevBuildStats { built: 0, reused: 3 });
+        assert_eq!(b.maglev_stats(), MaglevBuildStats { built: 0, reused: 3, threads: 1 });
+    }
+
+    #[test]
+    fn parallel_maglev_builds_equal_serial_ones_table_for_table_and_fail_on_the_same_service() {
+        // 400 Maglev services of 1..=12 backends: 6 chunks of MAGLEV_JOBS_PER_THREAD, so 4
+        // threads take part.
+        let services: Vec<Arc<ServiceSpec>> = (0..400u32)
+            .map(|i| {
+                let addrs: Vec<String> =
+                    (0..=i % 12).map(|j| format!("10.{}.{}.{}", i / 250, i % 250, j + 1)).collect();
+                let backends: Vec<(&str, u16)> = addrs.iter().map(|a| (a.as_str(), 8080)).collect();
+                svc(&format!("s{i}"), &format!("10.96.{}.{}", i / 250, i % 250 + 1), &backends).into()
+            })
+            .collect();
+        let spec = TablesSpec { services, ..Default::default() };
+        let (mut serial, mut parallel) = (TableBuilder::new(), TableBuilder::new());
+        serial.set_build_threads(1);
+        parallel.set_build_threads(4);
+        let (a, b) = (serial.build(&spec).unwrap(), parallel.build(&spec).unwrap());
+        assert_eq!(serial.maglev_stats(), MaglevBuildStats { built: 400, reused: 0, threads: 1 });
+        assert_eq!(parallel.maglev_stats(), MaglevBuildStats { built: 400, reused: 0, threads: 4 });
+        assert_eq!(a.services.len(), 400);
+        for (x, y) in a.services.iter().zip(&b.services) {
+            assert_eq!(x.name, y.name);
+            let (tx, ty) = (x.maglev.as_deref().unwrap(), y.maglev.as_deref().unwrap());
+            assert_eq!((tx.size(), tx.slots(), tx.checksum()), (ty.size(), ty.slots(), ty.checksum()), "{}", x.name);
+            assert_eq!(x.members, y.members);
+        }
+        // Two services whose table cannot be built (more backends than the 251 slots of
+        // maglevMaxSize 251): both builds name the first one, in service order.
+        let mut bad = spec.clone();
+        bad.maglev_max_size = 251;
+        for i in [150, 300] {
+            let addrs: Vec<String> = (0..300).map(|j| format!("10.200.{}.{}", j / 250, j % 250 + 1)).collect();
+            let backends: Vec<(&str, u16)> = addrs.iter().map(|a| (a.as_str(), 8080)).collect();
+            bad.services[i] = svc(&format!("s{i}"), &format!("10.96.{}.{}", i / 250, i % 250 + 1), &backends).into();
+        }
+        let (ea, eb) = (serial.build(&bad).unwrap_err().to_string(), parallel.build(&bad).unwrap_err().to_string());
+        assert_eq!(ea, eb);
+        assert!(ea.contains("\"s150\""), "{ea}");
     }
 
     #[test]

@@ -346,8 +346,12 @@ fn check_of(p: Profile, s: SchedulerVariant, t: &Tables) -> BuildCheck {
 }
 
 /// Full builds from objects: `build_spec` + `TableBuilder::build` (fresh builder, as at
-/// start-up) + `TablesHandle::publish`, `repeats` times with the allocator's counting off; then
-/// one more, untimed, inside [`alloc_count::count`] for the memory figures.
+/// start-up, Maglev tables on `available_parallelism` threads) + `TablesHandle::publish`,
+/// `repeats` times with the allocator's counting off; each repeat also builds the same spec
+/// with a one-thread builder (`build_serial`, `total_serial`: the same translation time plus
+/// that build), so serial and parallel are compared within one run, and checks that both
+/// made the same Maglev tables. Then one more, untimed, inside [`alloc_count::count`] for the
+/// memory figures.
 fn full_builds(
     r: &mut Report,
     p: Profile,
@@ -358,7 +362,9 @@ fn full_builds(
 ) -> Result<BuildCheck, BenchError> {
     let prefix = format!("{}.{}.full_build", p.name, s.name());
     let (mut t_spec, mut t_build, mut t_publish, mut t_total) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut t_build_serial, mut t_total_serial) = (Vec::new(), Vec::new());
     let mut check = None;
+    let mut threads = 0;
     for _ in 0..repeats.max(1) {
         let t0 = Instant::now();
         let (spec, _) = translate(state, cfg)?;
@@ -373,8 +379,24 @@ fn full_builds(
         t_build.push(t2 - t1);
         t_publish.push(t3 - t2);
         t_total.push(t3 - t0);
-        check = Some(check_of(p, s, &handle.load()));
+        threads = builder.maglev_stats().threads;
+        let mut serial = TableBuilder::new();
+        serial.set_build_threads(1);
+        let t4 = Instant::now();
+        let serial_tables = serial.build(&spec)?;
+        let d = t4.elapsed();
+        t_build_serial.push(d);
+        t_total_serial.push(t1 - t0 + d + (t3 - t2));
+        let parallel_tables = handle.load();
+        let sums = |t: &Tables| t.services.iter().map(|s| s.maglev.as_ref().map(|m| m.checksum())).collect::<Vec<_>>();
+        if sums(&serial_tables) != sums(&parallel_tables) {
+            return Err(BenchError::Report(
+                "the one-thread build made other Maglev tables than the parallel one".into(),
+            ));
+        }
+        check = Some(check_of(p, s, &parallel_tables));
     }
+    r.push(format!("{prefix}.maglev_threads"), threads as f64, "count");
     if alloc_count::active() {
         let (spec_bytes, tables_bytes, builder_bytes) = alloc_count::count(|live| {
             let live0 = live();
@@ -396,8 +418,10 @@ fn full_builds(
     }
     r.push_ms_summary(&format!("{prefix}.translate"), &t_spec);
     r.push_ms_summary(&format!("{prefix}.build"), &t_build);
+    r.push_ms_summary(&format!("{prefix}.build_serial"), &t_build_serial);
     r.push_ms_summary(&format!("{prefix}.publish"), &t_publish);
     r.push_ms_summary(&format!("{prefix}.total"), &t_total);
+    r.push_ms_summary(&format!("{prefix}.total_serial"), &t_total_serial);
     check.ok_or_else(|| BenchError::Report("no build ran".into()))
 }
 
