@@ -538,11 +538,13 @@ fn serve(
     };
     cluster.local_addresses = host_addresses().unwrap_or_default();
     let mut builder = Builders { routes: kernel_routes(&config).unwrap_or_default(), ..Builders::default() };
-    // Maglev tables of a full build on the CPUs the workers leave (at least the control
-    // thread's own); the helper threads are not pinned.
+    // A full build translates and builds Maglev tables on the CPUs the workers leave (at least
+    // the control thread's own); the helper threads are not pinned.
     let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-    builder.tables.set_build_threads(cpus.saturating_sub(config.cores.len()).max(1));
-    tracing::info!(threads = builder.tables.build_threads(), "Maglev tables of a full build on this many threads");
+    let control_threads = cpus.saturating_sub(config.cores.len()).max(1);
+    builder.tables.set_build_threads(control_threads);
+    builder.translator.set_threads(control_threads);
+    tracing::info!(threads = control_threads, "full builds translate and build Maglev tables on this many threads");
     let (tables, report, vips) = build(&cluster, &config, &mut builder).with_context(|| path.display().to_string())?;
     telemetry.metrics.set_no_local_endpoints(report.no_local_endpoints);
     telemetry.health.updated(SystemTime::now());

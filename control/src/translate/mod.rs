@@ -300,6 +300,8 @@ pub struct Translator {
     /// By (namespace, name): the versions a translation was made from, and the translation.
     cache: FastMap<(String, String), (Versions, Cached)>,
     stats: TranslateStats,
+    /// Threads that translate Services (0: `std::thread::available_parallelism`).
+    threads: usize,
 }
 
 impl Translator {
@@ -311,6 +313,18 @@ impl Translator {
     /// Services translated and reused by the last [`Translator::build`].
     pub fn stats(&self) -> TranslateStats {
         self.stats
+    }
+
+    /// Sets how many threads translate the Services of one build that need it: the calling
+    /// thread and `n - 1` scoped helpers (unpinned), each taking the next
+    /// [`TRANSLATE_PER_CLAIM`] Services in turn; 1 translates on the calling thread only; 0
+    /// (the default) means `std::thread::available_parallelism()`. Another thread is used
+    /// only for every [`TRANSLATE_PER_THREAD`] Services to translate, so a change (one
+    /// Service) starts none. The result does not depend on `n`: each Service's translation
+    /// depends only on its own objects, the config and the Node, and is put back in Service
+    /// order.
+    pub fn set_threads(&mut self, n: usize) {
+        self.threads = n;
     }
 
     /// Builds the [`TablesSpec`] for `input`, as [`build_spec`] does, reusing the cached
@@ -328,7 +342,11 @@ impl Translator {
             self.cache.clear();
             self.basis = Some((cfg.clone(), input.node.clone()));
         }
-        let (spec, report, stats) = assemble(input, cfg, &mut self.cache);
+        let threads = match self.threads {
+            0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+            n => n,
+        };
+        let (spec, report, stats) = assemble(input, cfg, &mut self.cache, threads);
         self.stats = stats;
         Ok((spec, report))
     }
@@ -341,6 +359,7 @@ fn assemble(
     input: &ClusterState,
     cfg: &Config,
     cache: &mut FastMap<(String, String), (Versions, Cached)>,
+    threads: usize,
 ) -> (TablesSpec, TranslateReport, TranslateStats) {
     let mut report = TranslateReport::default();
     let mut stats = TranslateStats::default();
@@ -370,23 +389,47 @@ fn assemble(
         format!("Service {ns}/{}", svc.metadata.name.as_deref().unwrap_or_default())
     };
     // Pass 1: bring every Service's translation up to date (translating only those whose
-    // objects changed). Translations of unversioned objects are not cached: kept aside.
+    // objects changed, on several threads when there are many: `par_map`). Translations of
+    // unversioned objects are not cached: kept aside.
+    fn slices_for<'m>(
+        slices: &'m FastMap<(&'m str, &'m str), Vec<&'m EndpointSlice>>,
+        svc: &'m Service,
+    ) -> &'m [&'m EndpointSlice] {
+        let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
+        let name = svc.metadata.name.as_deref().unwrap_or_default();
+        slices.get(&(ns, name)).map_or(&[][..], Vec::as_slice)
+    }
+    let stale: Vec<&Service> = services
+        .iter()
+        .copied()
+        .filter(|svc| {
+            let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
+            let name = svc.metadata.name.as_deref().unwrap_or_default();
+            !cache.get(&(ns.to_owned(), name.to_owned())).is_some_and(|(v, _)| v.matches(svc, slices_for(&slices, svc)))
+        })
+        .collect();
+    let mut translated = par_map(stale.len(), threads, |i| {
+        let svc = stale.get(i)?;
+        let mut own = TranslateReport::default();
+        let result = translate_service(svc, slices_for(&slices, svc), &ctx, &label_of(svc), &mut own);
+        Some(Cached { result, issues: own.issues, no_local: own.no_local_endpoints })
+    })
+    .into_iter()
+    .zip(stale)
+    .peekable();
     let mut seen: FastSet<(String, String)> = FastSet::default();
     seen.reserve(input.services.len());
     let mut order: Vec<((String, String), Option<Cached>)> = Vec::with_capacity(services.len());
     for svc in &services {
         let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
         let name = svc.metadata.name.as_deref().unwrap_or_default();
-        let svc_slices = slices.get(&(ns, name)).map_or(&[][..], Vec::as_slice);
+        let svc_slices = slices_for(&slices, svc);
         let key = (ns.to_owned(), name.to_owned());
         let mut uncached = None;
-        if cache.get(&key).is_some_and(|(v, _)| v.matches(svc, svc_slices)) {
-            stats.reused += 1;
-        } else {
+        // `stale` is in Service order: its next entry is this Service if it was translated.
+        let fresh = translated.next_if(|(_, s)| std::ptr::eq(*s, *svc)).and_then(|(c, _)| c);
+        if let Some(c) = fresh {
             stats.translated += 1;
-            let mut own = TranslateReport::default();
-            let result = translate_service(svc, svc_slices, &ctx, &label_of(svc), &mut own);
-            let c = Cached { result, issues: own.issues, no_local: own.no_local_endpoints };
             match Versions::of(svc, svc_slices) {
                 Some(versions) => {
                     cache.insert(key.clone(), (versions, c));
@@ -396,6 +439,8 @@ fn assemble(
                     uncached = Some(c);
                 }
             }
+        } else {
+            stats.reused += 1;
         }
         seen.insert(key.clone());
         order.push((key, uncached));
@@ -533,6 +578,48 @@ fn assemble(
     report.issues.sort();
     report.issues.dedup();
     (spec, report, stats)
+}
+
+/// Services a translation thread claims at a time (one atomic add per claim).
+pub const TRANSLATE_PER_CLAIM: usize = 64;
+
+/// A build uses another translation thread only for every this many Services to translate
+/// (a Service of 10 endpoints takes a few microseconds; a thread tens to start).
+pub const TRANSLATE_PER_THREAD: usize = 512;
+
+/// `(0..n).map(f)` on up to `threads` threads (scoped; the calling thread is one), in index
+/// order. A helper that cannot be started or that panicked leaves its indices to the
+/// calling thread, so the result is always complete and equal to the one-thread result.
+fn par_map<T: Send>(n: usize, threads: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    let threads = threads.min(n / TRANSLATE_PER_THREAD).max(1);
+    if threads == 1 {
+        return (0..n).map(&f).collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let work = || {
+        let mut out = Vec::new();
+        loop {
+            let from = next.fetch_add(TRANSLATE_PER_CLAIM, std::sync::atomic::Ordering::Relaxed);
+            if from >= n {
+                break;
+            }
+            out.extend((from..n.min(from + TRANSLATE_PER_CLAIM)).map(|i| (i, f(i))));
+        }
+        out
+    };
+    let mut results: Vec<Option<T>> = std::iter::repeat_with(|| None).take(n).collect();
+    std::thread::scope(|s| {
+        let helpers: Vec<_> = (1..threads)
+            .filter_map(|_| std::thread::Builder::new().name("xlb-translate".into()).spawn_scoped(s, work).ok())
+            .collect();
+        let mine = work();
+        for (i, r) in helpers.into_iter().filter_map(|h| h.join().ok()).flatten().chain(mine) {
+            if let Some(slot) = results.get_mut(i) {
+                *slot = Some(r);
+            }
+        }
+    });
+    results.into_iter().enumerate().map(|(i, r)| r.unwrap_or_else(|| f(i))).collect()
 }
 
 // ---------------------------------------------------------------------------------------

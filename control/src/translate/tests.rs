@@ -1134,3 +1134,64 @@ fn sync_03_a_change_translates_only_the_services_it_touches_and_equals_a_full_bu
     assert_eq!(check(&mut tr, &file), TranslateStats { translated: 1, reused: 0 });
     assert_eq!(check(&mut tr, &file), TranslateStats { translated: 1, reused: 0 });
 }
+
+#[test]
+fn par_map_runs_on_several_threads_and_keeps_index_order() {
+    let ids = std::sync::Mutex::new(std::collections::HashSet::new());
+    let n = 8 * TRANSLATE_PER_THREAD;
+    let start = std::time::Instant::now();
+    let got = par_map(n, 4, |i| {
+        ids.lock().unwrap().insert(std::thread::current().id());
+        // Whoever takes item 0 waits (5 s at most) until another thread has taken an item, so
+        // the calling thread cannot finish everything before the helpers start.
+        while i == 0 && ids.lock().unwrap().len() < 2 && start.elapsed() < std::time::Duration::from_secs(5) {
+            std::thread::yield_now();
+        }
+        i * 3
+    });
+    assert_eq!(got, (0..n).map(|i| i * 3).collect::<Vec<_>>());
+    assert!(ids.lock().unwrap().len() > 1, "helpers took part");
+    // Below TRANSLATE_PER_THREAD items per thread, no helper is started.
+    let ids = std::sync::Mutex::new(std::collections::HashSet::new());
+    par_map(TRANSLATE_PER_THREAD - 1, 4, |_| ids.lock().unwrap().insert(std::thread::current().id()));
+    assert_eq!(ids.into_inner().unwrap().len(), 1);
+}
+
+#[test]
+fn a_translation_on_several_threads_equals_the_one_thread_translation() {
+    // 3,000 Services (one in three Maglev, every tenth without a resourceVersion, and every
+    // hundredth claiming its neighbour's ClusterIP, so cross-Service errors depend on order).
+    let mut services = Vec::new();
+    let mut slices = Vec::new();
+    for i in 0..3000u32 {
+        let vip = if i % 100 == 99 { i - 1 } else { i };
+        let name = format!("default/s{i:04}");
+        let mut s = svc(&name, &format!("10.96.{}.{}", vip / 250, vip % 250 + 1)).port("http", 80, 8080);
+        if i % 3 == 0 {
+            s = s.annotation(ANNOTATION_SCHEDULER, "mh");
+        }
+        let mut sl = slice(&format!("default/s{i:04}-1"), &format!("s{i:04}"), "IPv4").port("http", 8080);
+        for j in 0..4 {
+            sl = sl.ep(ep(&format!("10.{}.{}.{}", 1 + i / 250, i % 250, j + 1)));
+        }
+        let (mut s, mut sl) = (s.0, sl.0);
+        if i % 10 != 0 {
+            s.metadata.resource_version = Some("1".into());
+            sl.metadata.resource_version = Some("1".into());
+        }
+        services.push(Arc::new(s));
+        slices.push(Arc::new(sl));
+    }
+    let st = ClusterState { services, endpoint_slices: slices, node: Some(our_node().0), ..Default::default() };
+    let c = cfg();
+    let (mut one, mut four) = (Translator::new(), Translator::new());
+    one.set_threads(1);
+    four.set_threads(4);
+    let (a, b) = (one.build(&st, &c).unwrap(), four.build(&st, &c).unwrap());
+    assert_eq!(a, b);
+    assert_eq!(four.stats(), TranslateStats { translated: 3000, reused: 0 });
+    assert!(a.1.issues.iter().any(|i| i.message.contains("already a frontend")), "collisions reported");
+    // The cache filled by the threads serves the next build: only unversioned ones again.
+    assert_eq!(four.build(&st, &c).unwrap(), a);
+    assert_eq!(four.stats(), TranslateStats { translated: 300, reused: 2700 });
+}

@@ -346,11 +346,11 @@ fn check_of(p: Profile, s: SchedulerVariant, t: &Tables) -> BuildCheck {
 }
 
 /// Full builds from objects: `build_spec` + `TableBuilder::build` (fresh builder, as at
-/// start-up, Maglev tables on `available_parallelism` threads) + `TablesHandle::publish`,
-/// `repeats` times with the allocator's counting off; each repeat also builds the same spec
-/// with a one-thread builder (`build_serial`, `total_serial`: the same translation time plus
-/// that build), so serial and parallel are compared within one run, and checks that both
-/// made the same Maglev tables. Then one more, untimed, inside [`alloc_count::count`] for the
+/// start-up; translation and Maglev tables on `available_parallelism` threads) +
+/// `TablesHandle::publish`, `repeats` times with the allocator's counting off; each repeat
+/// also translates with a one-thread `Translator` and builds with a one-thread builder
+/// (`translate_serial`, `build_serial`, `total_serial`), so serial and parallel are compared
+/// within one run, and checks that both made the same spec and the same Maglev tables. Then one more, untimed, inside [`alloc_count::count`] for the
 /// memory figures.
 fn full_builds(
     r: &mut Report,
@@ -362,7 +362,7 @@ fn full_builds(
 ) -> Result<BuildCheck, BenchError> {
     let prefix = format!("{}.{}.full_build", p.name, s.name());
     let (mut t_spec, mut t_build, mut t_publish, mut t_total) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let (mut t_build_serial, mut t_total_serial) = (Vec::new(), Vec::new());
+    let (mut t_spec_serial, mut t_build_serial, mut t_total_serial) = (Vec::new(), Vec::new(), Vec::new());
     let mut check = None;
     let mut threads = 0;
     for _ in 0..repeats.max(1) {
@@ -380,13 +380,23 @@ fn full_builds(
         t_publish.push(t3 - t2);
         t_total.push(t3 - t0);
         threads = builder.maglev_stats().threads;
+        let mut translator = Translator::new();
+        translator.set_threads(1);
+        let t4 = Instant::now();
+        let (serial_spec, report) = translator.build(state, cfg)?;
+        let t5 = Instant::now();
+        check_report(&report)?;
+        if serial_spec != spec {
+            return Err(BenchError::Report("the one-thread translation differs from the parallel one".into()));
+        }
         let mut serial = TableBuilder::new();
         serial.set_build_threads(1);
-        let t4 = Instant::now();
-        let serial_tables = serial.build(&spec)?;
-        let d = t4.elapsed();
-        t_build_serial.push(d);
-        t_total_serial.push(t1 - t0 + d + (t3 - t2));
+        let t6 = Instant::now();
+        let serial_tables = serial.build(&serial_spec)?;
+        let t7 = Instant::now();
+        t_spec_serial.push(t5 - t4);
+        t_build_serial.push(t7 - t6);
+        t_total_serial.push(t5 - t4 + (t7 - t6) + (t3 - t2));
         let parallel_tables = handle.load();
         let sums = |t: &Tables| t.services.iter().map(|s| s.maglev.as_ref().map(|m| m.checksum())).collect::<Vec<_>>();
         if sums(&serial_tables) != sums(&parallel_tables) {
@@ -417,6 +427,7 @@ fn full_builds(
         r.push(format!("{prefix}.memory.builder_bytes"), builder_bytes as f64, "bytes");
     }
     r.push_ms_summary(&format!("{prefix}.translate"), &t_spec);
+    r.push_ms_summary(&format!("{prefix}.translate_serial"), &t_spec_serial);
     r.push_ms_summary(&format!("{prefix}.build"), &t_build);
     r.push_ms_summary(&format!("{prefix}.build_serial"), &t_build_serial);
     r.push_ms_summary(&format!("{prefix}.publish"), &t_publish);
