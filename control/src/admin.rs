@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use dataplane::counters::XskCounters;
-use dataplane::counters::{DropReason, Event, WorkerCounters};
+use dataplane::counters::{ByteCounter, DropReason, Event, WorkerCounters};
 use dataplane::tables::{BackendRef, TablesHandle};
 use dataplane::worker::{Request, WorkerHandle};
 
@@ -231,6 +231,17 @@ fn stats(tables: &TablesHandle, workers: &[WorkerView]) -> String {
             let n = c.events_of(e);
             if n > 0 {
                 let _ = writeln!(out, "worker {} event {} {}", w.id, e.name(), n);
+            }
+        }
+        let _ = write!(out, "worker {} bytes", w.id);
+        for &b in ByteCounter::ALL {
+            let _ = write!(out, " {} {}", b.name(), c.bytes_of(b));
+        }
+        out.push('\n');
+        for &r in DropReason::ALL {
+            let n = c.drop_bytes_of(r);
+            if n > 0 {
+                let _ = writeln!(out, "worker {} drop_bytes {} {}", w.id, r.name(), n);
             }
         }
         let _ = write!(out, "worker {} xsk", w.id);

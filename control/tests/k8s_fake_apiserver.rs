@@ -8,6 +8,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use dataplane::counters::ByteCounter;
 use dataplane::tables::{TableBuilder, TablesSpec};
 use serde_json::json;
 use support::fake_apiserver::{FakeApiServer, Res};
@@ -394,6 +395,8 @@ impl DataplaneView for FakeDataplane {
                 tx_packets: 900,
                 pass_packets: 7,
                 drops: vec![("no_neighbour", 3), ("conntrack_full", 0)],
+                bytes: vec![(ByteCounter::Rx, 64_000 + u64::from(w)), (ByteCounter::Tx, 57_600)],
+                drop_bytes: vec![("no_neighbour", 222), ("conntrack_full", 0)],
                 events: vec![("new_flow", 42)],
                 conntrack_entries: 11,
                 conntrack_evictions: 2,
@@ -463,6 +466,10 @@ async fn metrics_have_kube_proxy_names_and_the_dataplane_view() {
         "xlb_worker_tx_packets_total{worker=\"1\"} 900",
         "xlb_worker_pass_packets_total{worker=\"0\"} 7",
         "xlb_drops_total{worker=\"1\",reason=\"no_neighbour\"} 3",
+        "xlb_worker_rx_bytes_total{worker=\"1\"} 64001",
+        "xlb_worker_tx_bytes_total{worker=\"0\"} 57600",
+        "xlb_worker_pass_bytes_total{worker=\"0\"} 0",
+        "xlb_drop_bytes_total{worker=\"1\",reason=\"no_neighbour\"} 222",
         "xlb_events_total{worker=\"0\",event=\"new_flow\"} 42",
         "# TYPE xlb_conntrack_entries gauge",
         "xlb_conntrack_entries{worker=\"0\"} 11",

@@ -138,6 +138,26 @@ declare_counters! {
     }
 }
 
+declare_counters! {
+    /// Bytes of the frames a worker's pipeline saw, by verdict class: the byte counterparts of
+    /// the packet counters `xlb_worker_{rx,tx,pass}_packets_total` and of the `handed_off`
+    /// event; `xlb_worker_<name>_bytes_total{worker}`. Drops are counted by reason apart
+    /// ([`WorkerCounters::drop_bytes`], `xlb_drop_bytes_total{worker,reason}`). A frame's bytes
+    /// are its length from the Ethernet header on (no FCS), summed per RX batch by the worker
+    /// loop (`worker::run`), outside the per-packet pipeline.
+    pub enum ByteCounter {
+        Rx = 0, "rx", Counter, "Bytes of the frames the worker's pipeline received (from its sockets, its punt queue and other workers' hand-offs), as received.";
+        Tx = 1, "tx", Counter, "Bytes of the frames the pipeline sent on (DNAT/SNAT/DSR and replies, backends reached through the kernel included), as rewritten.";
+        Pass = 2, "pass", Counter, "Bytes of the frames the pipeline passed to the kernel (not xlb's).";
+        HandedOff = 3, "handed_off", Counter, "Bytes of the frames the pipeline handed to another worker (or, after every worker, to the kernel).";
+    }
+}
+
+/// Help text of `xlb_drop_bytes_total{worker,reason}` (the bytes of [`DropReason`]'s drops,
+/// [`WorkerCounters::drop_bytes`]).
+pub const DROP_BYTES_HELP: &str =
+    "Bytes of the frames dropped, by worker and reason (as the worker dropped them, Ethernet header included).";
+
 /// A worker's [`XskCounter`] values: written by the worker (once per batch), read by
 /// `/metrics` and the admin socket.
 #[derive(Debug)]
@@ -238,6 +258,12 @@ pub struct WorkerCounters {
     pub busy_ns: Counter,
     /// Loop iterations that found work (the iterations [`busy_ns`](Self::busy_ns) counts).
     pub busy_loops: Counter,
+    /// Bytes by verdict class (index = [`ByteCounter`] as usize), written by the worker loop
+    /// once per batch ([`add_bytes`](Self::add_bytes)), not by the pipeline.
+    pub bytes: [Counter; ByteCounter::COUNT],
+    /// Bytes dropped by reason number (index = reason as usize; index 0 unused), written by
+    /// the worker loop once per batch.
+    pub drop_bytes: [Counter; DropReason::COUNT + 1],
     /// Per-service and per-backend counters.
     pub objects: ObjectCounters,
 }
@@ -256,6 +282,8 @@ impl WorkerCounters {
             ct_capacity: Counter::default(),
             busy_ns: Counter::default(),
             busy_loops: Counter::default(),
+            bytes: core::array::from_fn(|_| Counter::default()),
+            drop_bytes: core::array::from_fn(|_| Counter::default()),
             objects: ObjectCounters {
                 service_packets: mk(services),
                 service_flows: mk(services),
@@ -290,6 +318,32 @@ impl WorkerCounters {
     pub fn events_of(&self, e: Event) -> u64 {
         self.events.get(e as usize).map_or(0, Counter::get)
     }
+
+    /// Adds `n` bytes to class `b` (single writer: the worker loop).
+    #[inline]
+    pub fn add_bytes(&self, b: ByteCounter, n: u64) {
+        if let Some(c) = self.bytes.get(b as usize) {
+            c.add(n);
+        }
+    }
+
+    /// Adds `n` dropped bytes to reason `r` (single writer: the worker loop).
+    #[inline]
+    pub fn add_drop_bytes(&self, r: DropReason, n: u64) {
+        if let Some(c) = self.drop_bytes.get(r as usize) {
+            c.add(n);
+        }
+    }
+
+    /// Bytes counted for class `b`.
+    pub fn bytes_of(&self, b: ByteCounter) -> u64 {
+        self.bytes.get(b as usize).map_or(0, Counter::get)
+    }
+
+    /// Bytes dropped for reason `r`.
+    pub fn drop_bytes_of(&self, r: DropReason) -> u64 {
+        self.drop_bytes.get(r as usize).map_or(0, Counter::get)
+    }
 }
 
 #[cfg(test)]
@@ -310,6 +364,11 @@ mod tests {
         for (i, x) in XskCounter::ALL.iter().enumerate() {
             assert_eq!(*x as usize, i, "{}", x.name());
         }
+        for (i, b) in ByteCounter::ALL.iter().enumerate() {
+            assert_eq!(*b as usize, i, "{}", b.name());
+        }
+        assert_eq!(c.bytes.len(), ByteCounter::COUNT);
+        assert_eq!(c.drop_bytes.len(), c.drops.len());
     }
 
     #[test]
@@ -325,5 +384,6 @@ mod tests {
         check(DropReason::ALL.iter().map(|r| (r.name(), r.help())));
         check(Event::ALL.iter().map(|e| (e.name(), e.help())));
         check(XskCounter::ALL.iter().map(|x| (x.name(), x.help())));
+        check(ByteCounter::ALL.iter().map(|b| (b.name(), b.help())));
     }
 }

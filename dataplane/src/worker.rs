@@ -17,7 +17,7 @@ use crossbeam::queue::ArrayQueue;
 
 use crate::affinity::AffinityTable;
 pub use crate::counters::XskCounters;
-use crate::counters::{DropReason, WorkerCounters, XskCounter};
+use crate::counters::{ByteCounter, DropReason, WorkerCounters, XskCounter};
 use crate::nat::Packet;
 use crate::process::snapshot::FlowSnapshot;
 use crate::process::{FlowDump, Pipeline, PipelineConfig, Verdict};
@@ -402,6 +402,9 @@ fn run(
                 continue;
             }
             got += n;
+            // Bytes received, summed before the pipeline rewrites the frames (one pass over
+            // the batch's descriptors; no frame data is read).
+            tally.rx_bytes(rx.iter().map(OwnedFrame::len).sum());
             let in_port = u8::try_from(port).unwrap_or(0);
             let done = xsk.with_batch(&mut rx, |pkts| {
                 pipeline.process_batch(t, pkts, in_port, &mut verdicts);
@@ -445,6 +448,7 @@ fn run(
                     tally.punt_failed += 1;
                     continue;
                 };
+                tally.rx_bytes(f.len());
                 let verdict = process_frame(xsk, &mut pipeline, t, &mut f, KERNEL_PORT);
                 route.dispatch(verdict, f, KERNEL_PORT, 0, xsk, &mut tx, &mut scratch, &mut tally);
             }
@@ -461,6 +465,7 @@ fn run(
                     tally.handoff_dropped += 1;
                     continue;
                 };
+                tally.rx_bytes(f.len());
                 let verdict = process_frame(xsk, &mut pipeline, t, &mut f, in_port);
                 route.dispatch(verdict, f, in_port, hops + 1, xsk, &mut tx, &mut scratch, &mut tally);
             }
@@ -509,9 +514,14 @@ fn run(
 /// Empty loops before an idle worker sleeps in `poll(2)`.
 const IDLE_SPINS: u32 = 64;
 
-/// The AF_XDP counters of one batch, added to the shared counters once per batch.
+/// The AF_XDP counters and the bytes by verdict of one batch, added to the shared counters
+/// once per batch.
 #[derive(Default)]
 struct Tally {
+    /// Bytes by [`ByteCounter`] (index = its number).
+    bytes: [u64; ByteCounter::COUNT],
+    /// Bytes dropped by [`DropReason`] number (index 0 unused).
+    drop_bytes: [u64; DropReason::COUNT + 1],
     pass_in_userspace: usize,
     punted: usize,
     punt_failed: usize,
@@ -525,6 +535,47 @@ struct Tally {
 }
 
 impl Tally {
+    /// Adds `len` received bytes.
+    #[inline]
+    fn rx_bytes(&mut self, len: usize) {
+        self.add_bytes(ByteCounter::Rx, len);
+    }
+
+    #[inline]
+    fn add_bytes(&mut self, b: ByteCounter, len: usize) {
+        if let Some(n) = self.bytes.get_mut(b as usize) {
+            *n += len as u64;
+        }
+    }
+
+    #[inline]
+    fn add_drop_bytes(&mut self, r: DropReason, len: usize) {
+        if let Some(n) = self.drop_bytes.get_mut(r as usize) {
+            *n += len as u64;
+        }
+    }
+
+    /// Adds the `len` bytes of a frame the pipeline gave verdict `v` to `v`'s class: the
+    /// same classes as the pipeline's packet counters (`tx`, `pass`, drops by reason, the
+    /// `handed_off` event).
+    #[inline]
+    fn verdict_bytes(&mut self, v: Verdict, len: usize) {
+        match v {
+            Verdict::Tx { .. } => self.add_bytes(ByteCounter::Tx, len),
+            Verdict::Pass => self.add_bytes(ByteCounter::Pass, len),
+            Verdict::Drop(r) => self.add_drop_bytes(r, len),
+            Verdict::Handoff { .. } => self.add_bytes(ByteCounter::HandedOff, len),
+        }
+    }
+
+    /// Counts a reply that no worker has a flow for and that is dropped (`reply_untracked`,
+    /// its `len` bytes too).
+    #[inline]
+    fn reply_untracked(&mut self, len: usize) {
+        self.reply_untracked += 1;
+        self.add_drop_bytes(DropReason::ReplyUntracked, len);
+    }
+
     fn flush(&mut self, xc: &XskCounters, counters: &WorkerCounters) {
         for (c, n) in [
             (XskCounter::PassInUserspace, self.pass_in_userspace),
@@ -543,6 +594,17 @@ impl Tally {
         }
         for _ in 0..self.reply_untracked {
             counters.count_drop(DropReason::ReplyUntracked);
+        }
+        for (b, n) in ByteCounter::ALL.iter().zip(self.bytes) {
+            if n > 0 {
+                counters.add_bytes(*b, n);
+            }
+        }
+        for r in DropReason::ALL {
+            match self.drop_bytes.get(*r as usize) {
+                Some(&n) if n > 0 => counters.add_drop_bytes(*r, n),
+                _ => {}
+            }
         }
         *self = Self::default();
     }
@@ -603,6 +665,8 @@ impl Route<'_> {
         let Self { fabric, me, workers, punt: punt_port, tap, quiet_until } = *self;
         // `release` refuses only frames of another UMEM, and every frame here came from `xsk`.
         let mut f = f;
+        let len = f.len();
+        tally.verdict_bytes(v, len);
         if in_port == KERNEL_PORT && v == Verdict::Pass {
             // From the kernel and not ours (a pod on this node answering a direct connection from
             // a Service's target port): handed back, it takes the main table (the bypass rule of
@@ -650,7 +714,7 @@ impl Route<'_> {
                     }
                     // Rare (no flow anywhere): the clock is read only here.
                     if quiet_until.is_some_and(|t| Instant::now() < t) {
-                        tally.reply_untracked += 1;
+                        tally.reply_untracked(len);
                     } else {
                         if tap.wants_punted() {
                             copy_to_tap(xsk, &mut f, tap, None);
@@ -658,7 +722,7 @@ impl Route<'_> {
                         if punt(xsk, &mut f, punt_port) {
                             tally.punted += 1;
                         } else {
-                            tally.reply_untracked += 1;
+                            tally.reply_untracked(len);
                         }
                     }
                     drop(xsk.release(f));
@@ -706,6 +770,37 @@ fn answer(r: Request, p: &Pipeline) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A known batch: the bytes by verdict class the worker loop adds to the shared counters
+    /// once per batch, and nothing more at the next (empty) batch.
+    #[test]
+    fn bytes_of_a_batch_are_counted_by_verdict() {
+        let counters = WorkerCounters::new(1, 1);
+        let xc = XskCounters::default();
+        let mut tally = Tally::default();
+        // Six frames received: 60 + 74 + 1514 + 98 + 66 + 54 = 1866 bytes.
+        tally.rx_bytes([60, 74, 1514, 98, 66, 54].into_iter().sum());
+        // Two sent on (one grew by a 20-byte IPIP header), one passed, two dropped for two
+        // reasons, one handed off and then dropped as an untracked reply.
+        tally.verdict_bytes(Verdict::Tx { port: 0 }, 74);
+        tally.verdict_bytes(Verdict::Tx { port: 1 }, 1534);
+        tally.verdict_bytes(Verdict::Pass, 98);
+        tally.verdict_bytes(Verdict::Drop(DropReason::TtlExceeded), 60);
+        tally.verdict_bytes(Verdict::Drop(DropReason::NoNeighbour), 54);
+        tally.verdict_bytes(Verdict::Handoff { worker: 1 }, 66);
+        tally.reply_untracked(66);
+        tally.flush(&xc, &counters);
+        let bytes: Vec<(&str, u64)> = ByteCounter::ALL.iter().map(|b| (b.name(), counters.bytes_of(*b))).collect();
+        assert_eq!(bytes, [("rx", 1866), ("tx", 1608), ("pass", 98), ("handed_off", 66)]);
+        let dropped: Vec<(&str, u64)> =
+            DropReason::ALL.iter().map(|r| (r.name(), counters.drop_bytes_of(*r))).filter(|(_, n)| *n > 0).collect();
+        assert_eq!(dropped, [("ttl_exceeded", 60), ("no_neighbour", 54), ("reply_untracked", 66)]);
+        assert_eq!(counters.drops_of(DropReason::ReplyUntracked), 1);
+        // The tally starts the next batch empty: flushing it again adds nothing.
+        tally.flush(&xc, &counters);
+        assert_eq!(counters.bytes_of(ByteCounter::Rx), 1866);
+        assert_eq!(counters.drop_bytes_of(DropReason::ReplyUntracked), 66);
+    }
 
     #[test]
     fn handoff_pool_is_preallocated() {

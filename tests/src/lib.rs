@@ -1129,9 +1129,39 @@ impl XlbStats {
     /// (e.g. `punted`; 0 when no worker reports it).
     #[must_use]
     pub fn xsk(&self, name: &str) -> u64 {
+        self.pairs_sum("xsk", name)
+    }
+
+    /// The sum over workers of class `name` (`rx`, `tx`, `pass`, `handed_off`) on the
+    /// `worker N bytes NAME V NAME V ...` lines: bytes by verdict (0 when no worker reports it).
+    #[must_use]
+    pub fn bytes(&self, name: &str) -> u64 {
+        self.pairs_sum("bytes", name)
+    }
+
+    /// The sum over workers of `worker N drop_bytes <reason> V` (0 when no worker reports it).
+    #[must_use]
+    pub fn drop_bytes(&self, reason: &str) -> u64 {
+        self.worker_sum("drop_bytes", reason)
+    }
+
+    /// The sum over every reason and worker of the `worker N drop_bytes REASON V` lines.
+    #[must_use]
+    pub fn all_drop_bytes(&self) -> u64 {
         self.lines
             .iter()
-            .filter(|w| w.first().is_some_and(|x| x == "worker") && w.get(2).is_some_and(|x| x == "xsk"))
+            .filter_map(|w| match w.as_slice() {
+                [worker, _, k, _, v] if worker == "worker" && k == "drop_bytes" => v.parse::<u64>().ok(),
+                _ => None,
+            })
+            .sum()
+    }
+
+    /// The sum over workers of `name`'s value on the `worker N KIND NAME V NAME V ...` lines.
+    fn pairs_sum(&self, kind: &str, name: &str) -> u64 {
+        self.lines
+            .iter()
+            .filter(|w| w.first().is_some_and(|x| x == "worker") && w.get(2).is_some_and(|x| x == kind))
             .filter_map(|w| {
                 w.get(3..)?.chunks(2).find(|kv| kv.first().is_some_and(|k| k == name))?.get(1)?.parse::<u64>().ok()
             })

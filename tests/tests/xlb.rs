@@ -587,6 +587,76 @@ mod xlb {
         assert!(backend_of(&udp.backend).is_some(), "{udp:?}");
     }
 
+    /// Bytes by verdict, counted by the workers' loop: UDP datagrams of known sizes to the web
+    /// ClusterIP's dns port. With TTL 1 each is dropped (`ttl_exceeded`) with its 14 + 20 +
+    /// 8 + payload bytes; answered ones are counted `tx` in both directions (DNAT and un-DNAT
+    /// keep the length); every frame received is counted `rx` once per worker that processed
+    /// it, so `rx` = `tx` + `pass` + `handed_off` + drops.
+    #[test]
+    fn bytes_are_counted_by_verdict() {
+        if skip_without_root("bytes_are_counted_by_verdict") {
+            return;
+        }
+        let tb = testbed();
+        let xlb = start_xlb(&tb);
+        let stats = || XlbStats::parse(&xlb.stats().expect("xlb stats"));
+        // Answered queries first (one flow per backend, round robin): the backends'
+        // neighbours are resolved before the counted traffic.
+        for _ in 0..3 {
+            tb.udp_query(Role::Client, WEB_VIP.into(), DNS_PORT, b"warm").expect("udp via the ClusterIP");
+        }
+        let before = stats();
+        const TTL1: u64 = 7;
+        const TTL1_PAYLOAD: usize = 100;
+        const QUERIES: usize = 5;
+        const QUERY_PAYLOAD: usize = 333;
+        let dest = SocketAddr::new(WEB_VIP.into(), DNS_PORT);
+        let replies: Vec<usize> = tb
+            .in_ns(Role::Client, || {
+                let dying = std::net::UdpSocket::bind("0.0.0.0:0").expect("bind");
+                dying.set_ttl(1).expect("ttl 1");
+                for _ in 0..TTL1 {
+                    dying.send_to(&[b'x'; TTL1_PAYLOAD], dest).expect("send ttl 1");
+                }
+                let sock = std::net::UdpSocket::bind("0.0.0.0:0").expect("bind");
+                sock.set_read_timeout(Some(Duration::from_secs(2))).expect("timeout");
+                sock.connect(dest).expect("connect");
+                let mut buf = [0_u8; 2048];
+                (0..QUERIES)
+                    .map(|_| {
+                        sock.send(&[b'q'; QUERY_PAYLOAD]).expect("send");
+                        sock.recv(&mut buf).expect("a reply to each query")
+                    })
+                    .collect()
+            })
+            .expect("client namespace");
+        let ttl1_frame = (14 + 20 + 8 + TTL1_PAYLOAD) as u64;
+        let forward = (QUERIES * (14 + 20 + 8 + QUERY_PAYLOAD)) as u64;
+        let back: u64 = replies.iter().map(|n| (14 + 20 + 8 + n) as u64).sum();
+        // The counters are written after each batch is sent: wait until they show at least
+        // what was sent and received, then require exactly that.
+        let after = wait_for(Duration::from_secs(10), || {
+            let s = stats();
+            (s.drops("ttl_exceeded") - before.drops("ttl_exceeded") >= TTL1
+                && s.bytes("tx") - before.bytes("tx") >= forward + back)
+                .then_some(s)
+        })
+        .unwrap_or_else(|| panic!("drops or bytes not counted:\n{}", evidence(&xlb)));
+        let delta = |f: &dyn Fn(&XlbStats) -> u64| f(&after) - f(&before);
+        println!("{}", xlb.stats().unwrap_or_default());
+        assert_eq!(delta(&|s| s.drops("ttl_exceeded")), TTL1);
+        assert_eq!(delta(&|s| s.drop_bytes("ttl_exceeded")), TTL1 * ttl1_frame, "{}", evidence(&xlb));
+        assert_eq!(delta(&|s| s.all_drop_bytes()), TTL1 * ttl1_frame, "no other drop: {}", evidence(&xlb));
+        assert_eq!(delta(&|s| s.bytes("tx")), forward + back, "replies {replies:?}: {}", evidence(&xlb));
+        assert_eq!(delta(&|s| s.bytes("pass")), 0);
+        assert_eq!(
+            delta(&|s| s.bytes("rx")),
+            delta(&|s| s.bytes("tx") + s.bytes("pass") + s.bytes("handed_off") + s.all_drop_bytes()),
+            "{}",
+            evidence(&xlb)
+        );
+    }
+
     /// A VIP without endpoints is refused at once: curl exits 7 (could not connect) in well
     /// under a second by its own clock, a plain connect() gets ECONNREFUSED (not a timeout,
     /// not "unreachable"), xlb counts each rejection (`reject_sent`), and no backend sees

@@ -6,7 +6,9 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use dataplane::counters::{DropReason, Event, Kind, WorkerCounters, XskCounter, XskCounters};
+use dataplane::counters::{
+    ByteCounter, DROP_BYTES_HELP, DropReason, Event, Kind, WorkerCounters, XskCounter, XskCounters,
+};
 use dataplane::tables::TablesHandle;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -38,6 +40,12 @@ pub struct WorkerStats {
     pub pass_packets: u64,
     /// Drops by reason name (`xlb_drops_total{reason}`; names of `DropReason::name`).
     pub drops: Vec<(&'static str, u64)>,
+    /// Bytes by verdict class, every [`ByteCounter`] in number order
+    /// (`xlb_worker_<name>_bytes_total`; names and help from its declaration).
+    pub bytes: Vec<(ByteCounter, u64)>,
+    /// Bytes dropped by reason name, every reason in number order
+    /// (`xlb_drop_bytes_total{reason}`).
+    pub drop_bytes: Vec<(&'static str, u64)>,
     /// Events by name (`xlb_events_total{event}`; names of `Event::name`).
     pub events: Vec<(&'static str, u64)>,
     /// Flow-table entries now (`xlb_conntrack_entries`, gauge; MET-10).
@@ -111,6 +119,8 @@ impl WorkerStats {
             tx_packets: c.tx.get(),
             pass_packets: c.pass.get(),
             drops: DropReason::ALL.iter().map(|r| (r.name(), c.drops_of(*r))).collect(),
+            bytes: ByteCounter::ALL.iter().map(|b| (*b, c.bytes_of(*b))).collect(),
+            drop_bytes: DropReason::ALL.iter().map(|r| (r.name(), c.drop_bytes_of(*r))).collect(),
             events: Event::ALL.iter().map(|e| (e.name(), c.events_of(*e))).collect(),
             conntrack_entries: c.ct_entries.get(),
             conntrack_evictions: c.events_of(Event::ConntrackEvicted),
@@ -377,6 +387,25 @@ impl Collector for DataplaneCollector {
             C,
             workers.iter().flat_map(|s| {
                 s.drops.iter().map(|(r, v)| ([("worker", s.worker.to_string()), ("reason", (*r).to_owned())], *v))
+            }),
+        )?;
+        for b in ByteCounter::ALL {
+            let name = format!("xlb_worker_{}_bytes", b.name());
+            family(
+                e,
+                &name,
+                b.help(),
+                C,
+                workers.iter().map(|s| (w(s), s.bytes.iter().find(|(x, _)| x == b).map_or(0, |(_, v)| *v))),
+            )?;
+        }
+        family(
+            e,
+            "xlb_drop_bytes",
+            DROP_BYTES_HELP,
+            C,
+            workers.iter().flat_map(|s| {
+                s.drop_bytes.iter().map(|(r, v)| ([("worker", s.worker.to_string()), ("reason", (*r).to_owned())], *v))
             }),
         )?;
         family(
@@ -827,6 +856,9 @@ mod tests {
     fn counters_view_reads_worker_counters() {
         let c = WorkerCounters::new(4, 4);
         c.rx.add(5);
+        c.add_bytes(ByteCounter::Rx, 370);
+        c.add_bytes(ByteCounter::Tx, 296);
+        c.add_drop_bytes(DropReason::NoNeighbour, 74);
         c.count_drop(DropReason::NoNeighbour);
         c.event(Event::ConntrackEvicted);
         let s = WorkerStats::from_counters(3, &c);
@@ -859,6 +891,12 @@ mod tests {
         let text = m.encode().unwrap();
         assert!(text.contains("xlb_worker_rx_packets_total{worker=\"3\"} 5"), "{text}");
         assert!(text.contains("xlb_drops_total{worker=\"3\",reason=\"no_neighbour\"} 1"), "{text}");
+        assert!(text.contains("xlb_worker_rx_bytes_total{worker=\"3\"} 370"), "{text}");
+        assert!(text.contains("xlb_worker_tx_bytes_total{worker=\"3\"} 296"), "{text}");
+        assert!(text.contains("xlb_worker_pass_bytes_total{worker=\"3\"} 0"), "{text}");
+        assert!(text.contains("xlb_worker_handed_off_bytes_total{worker=\"3\"} 0"), "{text}");
+        assert!(text.contains("xlb_drop_bytes_total{worker=\"3\",reason=\"no_neighbour\"} 74"), "{text}");
+        assert!(text.contains("xlb_drop_bytes_total{worker=\"3\",reason=\"ttl_exceeded\"} 0"), "{text}");
         assert!(text.contains("xlb_xsk_tx_ring_full_total{worker=\"3\"} 2"), "{text}");
         assert!(text.contains("xlb_xsk_umem_frames{worker=\"3\"} 4096"), "{text}");
         assert!(text.contains("xlb_xsk_socket_rx_ring_full_total{worker=\"3\"} 17"), "{text}");
@@ -878,6 +916,13 @@ mod tests {
             assert!(classic.contains(&format!("# TYPE {name} {ty}\n")), "{name}: {classic}");
             assert!(classic.contains(&format!("# HELP {name} {}", c.help())), "{name}: {classic}");
         }
+        // Every declared byte counter is exported, with its declared help.
+        for b in ByteCounter::ALL {
+            let name = format!("xlb_worker_{}_bytes_total", b.name());
+            assert!(classic.contains(&format!("# TYPE {name} counter\n")), "{name}: {classic}");
+            assert!(classic.contains(&format!("# HELP {name} {}", b.help())), "{name}: {classic}");
+        }
+        assert!(classic.contains(&format!("# HELP xlb_drop_bytes_total {DROP_BYTES_HELP}")), "{classic}");
         assert!(classic.contains("# TYPE kubeproxy_sync_proxy_rules_no_local_endpoints_total gauge\n"), "{classic}");
         assert!(classic.contains("# TYPE kubeproxy_sync_proxy_rules_duration_seconds histogram\n"), "{classic}");
         assert!(!classic.contains("# EOF"), "{classic}");
