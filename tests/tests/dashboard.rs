@@ -6,7 +6,8 @@
 //!   flowing, scraped every second by its own `prometheus` (in the testbed's lb namespace, on
 //!   a free loopback port, its TSDB in the testbed's run directory) that loads the rules; every
 //!   PromQL expression of the dashboard must return at least one series, the rules must
-//!   evaluate without error, and the new metrics must hold the values the testbed implies.
+//!   evaluate without error, and the new metrics must hold the values the testbed implies
+//!   (bytes by verdict included: a transmitted frame's mean size is an Ethernet frame's).
 //!
 //! Both need Debian's `prometheus` package (`scripts/install-deps.sh test`); neither uses or
 //! touches a system Prometheus.
@@ -266,7 +267,7 @@ mod live {
                 rules.iter().all(|r| r["health"] != "unknown").then_some(rules)
             })
             .expect("every rule evaluated");
-            assert_eq!(rules.len(), 23, "rules loaded");
+            assert_eq!(rules.len(), 27, "rules loaded");
             for r in &rules {
                 assert_eq!(r["health"], "ok", "rule {}: {}", r["name"], r["lastError"]);
             }
@@ -320,6 +321,14 @@ mod live {
             assert_eq!(prom.values("count(xlb_maglev_table_checksum{service=\"demo/sticky:http\"})"), [1.0]);
             let recorded = prom.values("instance:xlb_tx_packets:rate5m");
             assert!(recorded.first().is_some_and(|v| *v > 0.0), "recording rule: {recorded:?}");
+            let recorded = prom.values("instance:xlb_tx_bytes:rate5m");
+            assert!(recorded.first().is_some_and(|v| *v > 0.0), "recording rule: {recorded:?}");
+            // Bytes per transmitted frame: an Ethernet frame without FCS, 54 (a bare TCP
+            // segment on a veth, no padding) to 1514 bytes.
+            let per_frame = prom.values(&format!(
+                "sum(rate(xlb_worker_tx_bytes_total[{w}])) / sum(rate(xlb_worker_tx_packets_total[{w}]))"
+            ));
+            assert!(per_frame.first().is_some_and(|b| (54.0..=1514.0).contains(b)), "bytes per frame {per_frame:?}");
 
             drop(stopper);
             let (ok, failed) = traffic.join().expect("traffic thread");
