@@ -4,7 +4,7 @@
 //! byte-equal match also proves every incrementally updated checksum.
 //!
 //! The same rows are kept as pcap files (`tests/fixtures/inputs.pcap`, `expected.pcap`, and
-//! `index.tsv` naming each record) so the corpus can be replayed through a live AF_XDP
+//! `index.tsv` naming each record, with its step's clock step and table change) so the corpus can be replayed through a live AF_XDP
 //! socket. `XLB_BLESS=1 cargo test -p dataplane --test fixtures` rewrites them; otherwise
 //! the test fails if they differ from the rows.
 
@@ -1302,7 +1302,9 @@ fn pcap_copies_of_the_fixtures_are_current() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
     let mut inputs = Vec::new();
     let mut expected = Vec::new();
-    let mut index = String::from("record\trow\tstep\texpected_verdict\n");
+    // advance_s and retable: the step's clock step (seconds) and whether the tables change
+    // before it, so a replay (control/tests/trace.rs) can tell which rows it can express.
+    let mut index = String::from("record\trow\tstep\texpected_verdict\tadvance_s\tretable\n");
     let mut n = 0;
     for r in all_rows() {
         for s in &r.steps {
@@ -1312,7 +1314,14 @@ fn pcap_copies_of_the_fixtures_are_current() {
                 Expect::Pass => s.input.clone(),
                 Expect::Drop(_) => Vec::new(),
             });
-            index.push_str(&format!("{n}\t{}\t{}\t{}\n", r.name, s.what, short(&s.expect)));
+            index.push_str(&format!(
+                "{n}\t{}\t{}\t{}\t{}\t{}\n",
+                r.name,
+                s.what,
+                short(&s.expect),
+                s.advance_s,
+                u8::from(s.retable.is_some())
+            ));
             n += 1;
         }
     }
