@@ -591,7 +591,8 @@ mod xlb {
     /// ClusterIP's dns port. With TTL 1 each is dropped (`ttl_exceeded`) with its 14 + 20 +
     /// 8 + payload bytes; answered ones are counted `tx` in both directions (DNAT and un-DNAT
     /// keep the length); every frame received is counted `rx` once per worker that processed
-    /// it, so `rx` = `tx` + `pass` + `handed_off` + drops.
+    /// it, so `rx` = `tx` + `pass` + `handed_off` + drops (the one class the test does not
+    /// control, `pass`, is only in that sum).
     #[test]
     fn bytes_are_counted_by_verdict() {
         if skip_without_root("bytes_are_counted_by_verdict") {
@@ -648,7 +649,9 @@ mod xlb {
         assert_eq!(delta(&|s| s.drop_bytes("ttl_exceeded")), TTL1 * ttl1_frame, "{}", evidence(&xlb));
         assert_eq!(delta(&|s| s.all_drop_bytes()), TTL1 * ttl1_frame, "no other drop: {}", evidence(&xlb));
         assert_eq!(delta(&|s| s.bytes("tx")), forward + back, "replies {replies:?}: {}", evidence(&xlb));
-        assert_eq!(delta(&|s| s.bytes("pass")), 0);
+        // `pass` is not pinned: the kernel may route a packet of its own into the punt device
+        // meanwhile (a run on 2026-11-25 saw one 90-byte frame there, counted
+        // `from_kernel_untracked` and passed back); it is in the sum below.
         assert_eq!(
             delta(&|s| s.bytes("rx")),
             delta(&|s| s.bytes("tx") + s.bytes("pass") + s.bytes("handed_off") + s.all_drop_bytes()),
