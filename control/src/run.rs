@@ -860,6 +860,7 @@ fn serve(
     if handing_over {
         flows.affinity = affinity.export(&handle.load(), worker::clock_s());
     }
+    tracing::info!(frames = fabric.waiting(), "workers stopped: hand-off frames left in their inboxes");
     if !punt_queues.is_empty() {
         sync_reply_rules(true, &Tables::empty());
         if let Err(e) = nic_config::rules::set_bypass(&config.punt_device, false) {

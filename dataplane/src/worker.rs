@@ -8,7 +8,7 @@
 //! pre-allocated buffers) and transmitted by it; see docs/architecture.md.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -179,6 +179,37 @@ pub enum Request {
 pub struct Fabric {
     inboxes: Vec<ArrayQueue<HandoffBox>>,
     pool: ArrayQueue<HandoffBox>,
+    /// Workers that may still take frames from their RX rings (and so hand frames off): set
+    /// to the worker count, lowered by each worker when it stops receiving, or when its
+    /// thread ends without having received ([`Receiving`]).
+    receiving: AtomicUsize,
+    /// Hand-offs pushed into an inbox and not yet acted on by their worker (raised before the
+    /// push, lowered after the frame's verdict was carried out). With `receiving` at 0 and
+    /// this at 0, no hand-off is left anywhere: a stopping worker waits for that before it
+    /// exits, so a stop loses none (each hand-off costs two atomic additions for it).
+    in_flight: AtomicUsize,
+}
+
+/// How long a stopping worker keeps serving its inbox while other workers may still hand it
+/// frames ([`Fabric`]): bounded for a worker that died without saying so.
+const DRAIN_MAX: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// A worker's place in [`Fabric::receiving`]: given up once, when the worker stops taking
+/// frames from its RX rings or, failing that, when its thread ends (also by a panic).
+struct Receiving(Arc<Fabric>, bool);
+
+impl Receiving {
+    fn done(&mut self) {
+        if !std::mem::replace(&mut self.1, true) {
+            self.0.receiving.fetch_sub(1, Ordering::Release);
+        }
+    }
+}
+
+impl Drop for Receiving {
+    fn drop(&mut self) {
+        self.done();
+    }
 }
 
 /// An owned hand-off buffer.
@@ -201,7 +232,23 @@ impl Fabric {
             let _ =
                 pool.push(HandoffBox(Box::new(HandoffInner { bytes: Vec::with_capacity(2048), hops: 0, in_port: 0 })));
         }
-        Arc::new(Self { inboxes: (0..workers).map(|_| ArrayQueue::new(HANDOFF_SLOTS)).collect(), pool })
+        Arc::new(Self {
+            inboxes: (0..workers).map(|_| ArrayQueue::new(HANDOFF_SLOTS)).collect(),
+            pool,
+            receiving: AtomicUsize::new(workers),
+            in_flight: AtomicUsize::new(0),
+        })
+    }
+
+    /// No worker receives any more and every hand-off was acted on.
+    fn quiet(&self) -> bool {
+        self.receiving.load(Ordering::Acquire) == 0 && self.in_flight.load(Ordering::Acquire) == 0
+    }
+
+    /// Frames waiting in the workers' inboxes (handed off, not yet taken by their worker).
+    /// Read after the workers stopped, it counts the frames their stop left behind.
+    pub fn waiting(&self) -> usize {
+        self.inboxes.iter().map(ArrayQueue::len).sum()
     }
 }
 
@@ -274,6 +321,7 @@ pub fn spawn(
     let tap = Arc::new(DropTap::default());
     let worker_tap = tap.clone();
     let mut spec = spec;
+    let mut receiving = Receiving(fabric.clone(), false);
     let thread = std::thread::Builder::new()
         .name(format!("xlb-worker-{id}"))
         .spawn(move || {
@@ -329,7 +377,8 @@ pub fn spawn(
                     std::thread::sleep(std::time::Duration::from_micros(100));
                 }
             }
-            let pipeline = run(spec, &mut xsk, pipeline, tables, fabric, stop, req_rx, &xc, &worker_tap);
+            let pipeline =
+                run(spec, &mut xsk, pipeline, tables, fabric, stop, req_rx, &xc, &worker_tap, &mut receiving);
             Some((pipeline, xsk.export()))
         })
         .map_err(|_| WorkerError::Thread(id))?;
@@ -356,6 +405,7 @@ fn run(
     requests: mpsc::Receiver<Request>,
     xc: &XskCounters,
     tap: &DropTap,
+    receiving: &mut Receiving,
 ) -> Pipeline {
     let id = spec.id;
     let nports = xsk.port_count();
@@ -454,31 +504,8 @@ fn run(
             }
         }
         // Frames handed over by other workers.
-        if let Some(inbox) = fabric.inboxes.get(usize::from(id)) {
-            for _ in 0..BATCH {
-                let Some(h) = inbox.pop() else { break };
-                got += 1;
-                let (hops, in_port) = (h.0.hops, h.0.in_port);
-                let f = xsk.frame_from(&h.0.bytes);
-                let _ = fabric.pool.push(h);
-                let Some(mut f) = f else {
-                    tally.handoff_dropped += 1;
-                    continue;
-                };
-                tally.rx_bytes(f.len());
-                let verdict = process_frame(xsk, &mut pipeline, t, &mut f, in_port);
-                route.dispatch(verdict, f, in_port, hops + 1, xsk, &mut tx, &mut scratch, &mut tally);
-            }
-        }
-        for (port, q) in tx.iter_mut().enumerate() {
-            if q.is_empty() {
-                continue;
-            }
-            let want = q.len();
-            let sent = xsk.transmit(port, q);
-            tally.tx_ring_full += want - sent;
-            xsk.kick(port);
-        }
+        got += route.take_handoffs(xsk, &mut pipeline, t, &mut tx, &mut scratch, &mut tally);
+        transmit_all(xsk, &mut tx, &mut tally);
         tally.flush(xc, &counters);
         let acc = xsk.account();
         xc.counter(XskCounter::UmemFramesAccounted).set((acc.free + acc.in_fill + acc.in_tx) as u64);
@@ -503,12 +530,46 @@ fn run(
             counters.busy_loops.inc();
         }
     }
+    // Stopped: no more frames from the RX rings (they wait there for the next owner of the
+    // sockets). Replies other workers handed off before they stopped are still carried out
+    // (else they would be lost with the inboxes), until every worker stopped receiving and
+    // every hand-off was acted on.
+    receiving.done();
+    let deadline = Instant::now() + DRAIN_MAX;
+    loop {
+        let t: &Tables = reader.load();
+        let mut tally = Tally::default();
+        pipeline.begin_batch(t, u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX));
+        let n = route.take_handoffs(xsk, &mut pipeline, t, &mut tx, &mut scratch, &mut tally);
+        transmit_all(xsk, &mut tx, &mut tally);
+        tally.flush(xc, &counters);
+        if fabric.quiet() || Instant::now() >= deadline {
+            break;
+        }
+        if n == 0 {
+            std::thread::yield_now();
+        }
+    }
     // Drain what is still queued so nothing is lost at shutdown.
     for port in 0..nports {
         xsk.kick(port);
     }
     xsk.complete();
     pipeline
+}
+
+/// Queues every port's frames for TX and kicks; frames that found no room are counted
+/// `tx_ring_full` and freed.
+fn transmit_all(xsk: &mut Xsk, tx: &mut [Vec<OwnedFrame>], tally: &mut Tally) {
+    for (port, q) in tx.iter_mut().enumerate() {
+        if q.is_empty() {
+            continue;
+        }
+        let want = q.len();
+        let sent = xsk.transmit(port, q);
+        tally.tx_ring_full += want - sent;
+        xsk.kick(port);
+    }
 }
 
 /// Empty loops before an idle worker sleeps in `poll(2)`.
@@ -648,6 +709,40 @@ struct Route<'a> {
 }
 
 impl Route<'_> {
+    /// Runs up to [`BATCH`] frames from this worker's inbox (handed off by other workers)
+    /// through the pipeline and acts on their verdicts; returns how many it took.
+    fn take_handoffs(
+        &self,
+        xsk: &mut Xsk,
+        pipeline: &mut Pipeline,
+        t: &Tables,
+        tx: &mut [Vec<OwnedFrame>],
+        scratch: &mut Vec<u8>,
+        tally: &mut Tally,
+    ) -> usize {
+        let fabric = self.fabric;
+        let Some(inbox) = fabric.inboxes.get(usize::from(self.me)) else { return 0 };
+        let mut got = 0;
+        for _ in 0..BATCH {
+            let Some(h) = inbox.pop() else { break };
+            got += 1;
+            let (hops, in_port) = (h.0.hops, h.0.in_port);
+            let f = xsk.frame_from(&h.0.bytes);
+            let _ = fabric.pool.push(h);
+            match f {
+                Some(mut f) => {
+                    tally.rx_bytes(f.len());
+                    let verdict = process_frame(xsk, pipeline, t, &mut f, in_port);
+                    self.dispatch(verdict, f, in_port, hops + 1, xsk, tx, scratch, tally);
+                }
+                None => tally.handoff_dropped += 1,
+            }
+            // Acted on (a further hand-off was counted before this).
+            fabric.in_flight.fetch_sub(1, Ordering::Release);
+        }
+        got
+    }
+
     /// Acts on verdict `v` for frame `f`: queue it for TX, punt it to the kernel, hand it to
     /// another worker (`hops` workers have seen it), or release it.
     #[expect(clippy::too_many_arguments, reason = "the worker's borrowed state")]
@@ -735,9 +830,11 @@ impl Route<'_> {
                         b.0.bytes.extend_from_slice(scratch);
                         b.0.hops = hops;
                         b.0.in_port = in_port;
+                        fabric.in_flight.fetch_add(1, Ordering::AcqRel);
                         match inbox.push(b) {
                             Ok(()) => tally.handed_off += 1,
                             Err(b) => {
+                                fabric.in_flight.fetch_sub(1, Ordering::Release);
                                 let _ = fabric.pool.push(b);
                                 tally.handoff_dropped += 1;
                             }
