@@ -193,6 +193,10 @@ fn echo(mut conn: TcpStream, i: u8, peer: SocketAddr, stop: &AtomicBool) {
     }
 }
 
+/// Gaps of a stream longer than this are listed ([`StreamReport::long_gaps`]): above a
+/// stream's usual jitter, below TCP's minimum retransmission timeout (200 ms).
+pub const LONG_GAP: Duration = Duration::from_millis(100);
+
 /// How one stream went.
 #[derive(Debug, Clone)]
 pub struct StreamReport {
@@ -212,6 +216,9 @@ pub struct StreamReport {
     /// Longest time between two echoes, less the pause between messages: the longest
     /// forwarding gap this connection saw.
     pub max_gap: Duration,
+    /// Every gap (as [`StreamReport::max_gap`]) longer than [`LONG_GAP`]: when it ended (since
+    /// [`Streams::open`], as [`Streams::started`] tells) and how long it was.
+    pub long_gaps: Vec<(Duration, Duration)>,
     /// Why and when (since [`Streams::open`]) the connection broke; `None` if it did not.
     pub broken: Option<(Duration, String)>,
 }
@@ -228,6 +235,7 @@ pub struct Streams {
     /// The client's local port of each connection.
     local_ports: Vec<u16>,
     threads: Vec<JoinHandle<StreamReport>>,
+    start: Instant,
 }
 
 impl Streams {
@@ -299,6 +307,7 @@ impl Streams {
                 seen_as,
                 echoes: 0,
                 max_gap: Duration::ZERO,
+                long_gaps: Vec::new(),
                 broken: None,
             };
             threads.push(
@@ -311,7 +320,13 @@ impl Streams {
                     .map_err(io_err("spawn a stream thread"))?,
             );
         }
-        Ok(Self { stop, broken, echoes, local_ports, threads })
+        Ok(Self { stop, broken, echoes, local_ports, threads, start })
+    }
+
+    /// When the streams started (the origin of [`StreamReport::long_gaps`]' times).
+    #[must_use]
+    pub fn started(&self) -> Instant {
+        self.start
     }
 
     /// The client's local port of each connection, in the order they were opened.
@@ -403,7 +418,11 @@ fn stream(mut c: TcpStream, mut r: StreamReport, pause: Duration, start: Instant
         if let Some(e) = live.echoes {
             e.store(r.echoes, Ordering::Relaxed);
         }
-        r.max_gap = r.max_gap.max(last.elapsed().saturating_sub(pause));
+        let gap = last.elapsed().saturating_sub(pause);
+        r.max_gap = r.max_gap.max(gap);
+        if gap > LONG_GAP {
+            r.long_gaps.push((start.elapsed(), gap));
+        }
         seq += 1;
         std::thread::sleep(pause);
         last = Instant::now();

@@ -180,6 +180,24 @@ endpoints:
             .sum()
     }
 
+    /// TCP's loss-recovery counters (`/proc/net/netstat`, `TcpExt:`), summed over the client
+    /// and the backends: what kind of retransmissions [`retransmissions`] counts.
+    fn tcp_recovery(tb: &Testbed) -> BTreeMap<String, u64> {
+        const KEYS: [&str; 5] = ["TCPTimeouts", "TCPSpuriousRTOs", "TCPLossProbes", "TCPFastRetrans", "TCPDSACKRecv"];
+        let mut m = BTreeMap::new();
+        for r in std::iter::once(Role::Client).chain((1..=BACKENDS).map(Role::Backend)) {
+            let text = tb.exec_ok(r, &["cat", "/proc/net/netstat"]).unwrap_or_default();
+            let mut ext = text.lines().filter(|l| l.starts_with("TcpExt:"));
+            let (names, values) = (ext.next().unwrap_or_default(), ext.next().unwrap_or_default());
+            for (n, v) in names.split_whitespace().zip(values.split_whitespace()) {
+                if KEYS.contains(&n) {
+                    *m.entry(n.to_owned()).or_default() += v.parse::<u64>().unwrap_or(0);
+                }
+            }
+        }
+        m
+    }
+
     /// xlb's resident memory in MiB.
     fn rss_mib(xlb: &Xlb) -> f64 {
         let pid = xlb.pid().expect("xlb runs");
@@ -224,6 +242,71 @@ endpoints:
         SocketAddr::new(IpAddr::V4(LB_CLIENT_SIDE_V4), ECHO_NODE_PORT)
     }
 
+    /// Where a frame through xlb can be lost, as cumulative counters: the AF_XDP sockets'
+    /// `XDP_STATISTICS` and xlb's own TX and hand-off drops (`xlb stats`: the sockets outlive
+    /// a hand-over, so these count across processes; each worker reads them once a second),
+    /// and the lb's veth (`ethtool -S eth0` in the lb namespace: the XDP receive path's drops,
+    /// summed over queues).
+    fn loss_counters(tb: &Testbed, xlb: &Xlb) -> BTreeMap<String, u64> {
+        let stats = XlbStats::parse(&xlb.stats().unwrap_or_default());
+        let mut m: BTreeMap<String, u64> = [
+            "socket_rx_dropped",
+            "socket_rx_ring_full",
+            "socket_rx_fill_ring_empty",
+            "socket_tx_ring_empty",
+            "tx_ring_full",
+            "handoff_dropped",
+        ]
+        .into_iter()
+        .map(|n| (n.to_owned(), stats.xsk(n)))
+        .collect();
+        let ethtool = tb.exec_ok(Role::Lb, &["ethtool", "-S", "eth0"]).unwrap_or_default();
+        for line in ethtool.lines() {
+            let Some((k, v)) = line.trim().split_once(':') else { continue };
+            let Ok(v) = v.trim().parse::<u64>() else { continue };
+            // rx_queue_0_xdp_drops -> veth_xdp_drops; rx_queue_1_drops -> veth_drops; ...
+            let name = k.strip_prefix("rx_queue_").and_then(|r| r.split_once('_')).map(|(_, n)| n);
+            if let Some(n) = name.filter(|n| n.contains("drops") || n.contains("errors")) {
+                *m.entry(format!("veth_{n}")).or_default() += v;
+            }
+        }
+        // The lb's eth0: RX/TX dropped (`ip -s -o link`: RX bytes packets errors dropped ...,
+        // TX bytes packets errors dropped ...).
+        let link = tb.exec_ok(Role::Lb, &["ip", "-s", "-o", "link", "show", "eth0"]).unwrap_or_default();
+        let words: Vec<&str> = link.split_whitespace().collect();
+        for (dir, key) in [("RX:", "eth0_rx_dropped"), ("TX:", "eth0_tx_dropped")] {
+            if let Some(i) = words.iter().position(|w| *w == dir) {
+                // After the header words (bytes packets errors dropped ... up to `\`), the values.
+                let vals: Vec<u64> = words[i..].iter().filter_map(|w| w.parse().ok()).collect();
+                m.insert(key.to_owned(), vals.get(3).copied().unwrap_or(0));
+            }
+        }
+        m
+    }
+
+    /// The value of field `key` (`key=VALUE`) on the last log line holding `message`.
+    fn log_field(log: &str, message: &str, key: &str) -> String {
+        let prefix = format!("{key}=");
+        log.lines()
+            .rev()
+            .find(|l| l.contains(message))
+            .and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix(prefix.as_str())))
+            .unwrap_or("?")
+            .to_owned()
+    }
+
+    /// `after - before` for the counters that grew, as `name +delta` words.
+    fn grown(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> String {
+        let words: Vec<String> = after
+            .iter()
+            .filter_map(|(k, v)| {
+                let d = v.saturating_sub(before.get(k).copied().unwrap_or(0));
+                (d > 0).then(|| format!("{k} +{d}"))
+            })
+            .collect();
+        if words.is_empty() { "no loss counted".to_owned() } else { words.join(", ") }
+    }
+
     fn wrk_line(w: &WrkReport) -> String {
         format!("wrk {} requests, {} failed", w.requests, w.failed())
     }
@@ -241,11 +324,14 @@ endpoints:
         let _turn = serial();
         let size = Size::get();
         let (restarts, streams, every) = size.pick((3, 40, Duration::from_secs(1)), (20, 200, Duration::from_secs(2)));
+        // `XLB_CHAOS_HANDOVERS=N`: the same load with N hand-overs (a shorter reproduction).
+        let restarts = std::env::var("XLB_CHAOS_HANDOVERS").ok().and_then(|v| v.parse().ok()).unwrap_or(restarts);
         let (tb, _echo) = testbed();
         let mut xlb = Xlb::start(&tb, &config(Opts::default())).expect("xlb start");
         let (rss_before, retrans_before) = (rss_mib(&xlb), retransmissions(&tb));
         let dnat = Streams::open(&tb, echo_vip(), streams / 2, PAUSE).expect("DNAT streams");
         let snat = Streams::open(&tb, echo_node_port(), streams / 2, PAUSE).expect("SNAT streams");
+        let snat_started = snat.started();
         // Long enough for every hand-over (each takes a second or two in a debug build);
         // stopped early once they are done.
         let wrk = Wrk::start(&tb, &format!("http://{STREAM_VIP}/"), 4, (every + Duration::from_secs(5)) * restarts)
@@ -253,8 +339,23 @@ endpoints:
         std::thread::sleep(Duration::from_secs(1));
         let started = Instant::now();
         let mut imported = Vec::new();
+        // The same time without a hand-over, for comparison.
+        let (retrans, recovery) = (retransmissions(&tb), tcp_recovery(&tb));
+        std::thread::sleep(every);
+        println!(
+            "before the hand-overs, {every:?} without one: {} TCP retransmissions ({})",
+            retransmissions(&tb) - retrans,
+            grown(&recovery, &tcp_recovery(&tb))
+        );
+        let origin = dnat.started();
+        let mut windows = Vec::new();
+        let first_counters = loss_counters(&tb, &xlb);
+        let mut counters = first_counters.clone();
         for k in 0..restarts {
+            let (retrans, recovery) = (retransmissions(&tb), tcp_recovery(&tb));
+            let from = origin.elapsed();
             let (new, status) = xlb.take_over(&tb).unwrap_or_else(|e| panic!("hand-over {k}: {e}"));
+            windows.push((from, origin.elapsed()));
             assert!(status.success(), "hand-over {k}: the old xlb exited with {status}\n{}", xlb.log());
             // The new xlb carries on with the old one's AF_XDP sockets (no bind, no gap).
             assert!(
@@ -262,16 +363,53 @@ endpoints:
                 "hand-over {k}: the new xlb bound new sockets instead of adopting the old ones:\n{}",
                 new.log()
             );
+            let old_log = xlb.log();
             xlb = new;
             std::thread::sleep(every);
+            let drops = XlbStats::parse(&xlb.stats().expect("stats")).all_drops();
+            let left = log_field(&old_log, "hand-off frames left in their inboxes", "frames");
             imported.push(XlbStats::parse(&xlb.stats().expect("stats")).event("flow_imported"));
+            // Counted since the previous line (the workers refresh the socket counters once a
+            // second, so a loss can show one hand-over late).
+            let now = loss_counters(&tb, &xlb);
+            let done = "hand-over: workers stopped and flows sent";
+            println!(
+                "hand-over {k}: {} TCP retransmissions ({}); {}; old: stop -> sent {} ms, -> released {} ms; \
+                 new: flows in -> forwarding {} ms; new xlb's drops {drops:?}; hand-offs left in the old inboxes: {left}",
+                retransmissions(&tb) - retrans,
+                grown(&recovery, &tcp_recovery(&tb)),
+                grown(&counters, &now),
+                log_field(&old_log, done, "sent_ms"),
+                log_field(&old_log, done, "released_ms"),
+                log_field(&xlb.log(), "forwarding again after the flows arrived", "ms"),
+            );
+            counters = now;
+            // A stopping worker carries out the replies other workers handed it (else they
+            // were lost with the inboxes: 0 to 32 per hand-over before, each a TCP loss).
+            assert_eq!(left, "0", "hand-over {k}: the old xlb's workers left hand-offs behind:\n{old_log}");
         }
+        println!("over all hand-overs: {}", grown(&first_counters, &counters));
         let took = started.elapsed();
         let w = wrk.finish().expect("wrk report");
         let (dnat, snat) = (dnat.finish(), snat.finish());
         let all: Vec<StreamReport> = dnat.iter().chain(&snat).cloned().collect();
         let (rss_after, lost) = (rss_mib(&xlb), retransmissions(&tb) - retrans_before);
         let bad = broken(&all);
+        // Each gap longer than LONG_GAP, placed by the hand-over it ended in or after (a
+        // take-over from its request to the new xlb's admin socket, plus 1 s for the echo).
+        let (snat_origin, mut placed) = (snat_started, BTreeMap::<String, Vec<u128>>::new());
+        for r in &all {
+            let shift = if r.dest == echo_vip() { Duration::ZERO } else { snat_origin.duration_since(origin) };
+            for &(end, len) in &r.long_gaps {
+                let end = end + shift;
+                let at = windows
+                    .iter()
+                    .position(|&(a, b)| end >= a && end <= b + Duration::from_secs(1))
+                    .map_or_else(|| "outside any hand-over".to_owned(), |k| format!("hand-over {k}"));
+                placed.entry(at).or_default().push(len.as_millis());
+            }
+        }
+        println!("gaps over {:?} (ms): {placed:?}", xlb_e2e::load::LONG_GAP);
         println!(
             "chaos: hand-over restarts ({}) | load: {} streams ({} DNAT rr spread {:?}, {} SNAT node port), wrk 4 connections | \
              faults: {restarts} hand-overs in {took:.1?} | broken: {} of {} connections, {} | lost: {lost} TCP retransmissions | \
