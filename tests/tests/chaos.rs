@@ -375,13 +375,14 @@ endpoints:
             let done = "hand-over: workers stopped and flows sent";
             println!(
                 "hand-over {k}: {} TCP retransmissions ({}); {}; old: stop -> sent {} ms, -> released {} ms; \
-                 new: flows in -> forwarding {} ms; new xlb's drops {drops:?}; hand-offs left in the old inboxes: {left}",
+                 new: flows in -> forwarding {} ms; new xlb's drops {drops:?}; hand-offs left in the old inboxes: {left}; load {}",
                 retransmissions(&tb) - retrans,
                 grown(&recovery, &tcp_recovery(&tb)),
                 grown(&counters, &now),
                 log_field(&old_log, done, "sent_ms"),
                 log_field(&old_log, done, "released_ms"),
                 log_field(&xlb.log(), "forwarding again after the flows arrived", "ms"),
+                std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim(),
             );
             counters = now;
             // A stopping worker carries out the replies other workers handed it (else they
