@@ -905,4 +905,29 @@ mod tests {
         assert_eq!(f.pool.len(), 2 * HANDOFF_SLOTS);
         assert_eq!(f.inboxes.len(), 2);
     }
+
+    /// A stopping worker waits for the fabric to be quiet: every worker has stopped receiving
+    /// (or its thread ended, also by a panic) and no hand-off is in flight.
+    #[test]
+    fn the_fabric_is_quiet_once_every_worker_stopped_receiving_and_no_hand_off_is_in_flight() {
+        let f = Fabric::new(2);
+        let mut a = Receiving(f.clone(), false);
+        let b = Receiving(f.clone(), false);
+        assert!(!f.quiet());
+        a.done();
+        a.done();
+        assert!(!f.quiet(), "worker b still receives");
+        let panicked = std::thread::spawn(move || {
+            let _b = b;
+            panic!("worker b dies");
+        });
+        assert!(panicked.join().is_err());
+        assert!(f.quiet(), "a dead worker receives no more");
+        f.in_flight.fetch_add(1, Ordering::AcqRel);
+        assert!(!f.quiet(), "a hand-off waits in an inbox");
+        f.in_flight.fetch_sub(1, Ordering::Release);
+        assert!(f.quiet());
+        drop(a);
+        assert_eq!(f.receiving.load(Ordering::Acquire), 0, "given up once per worker");
+    }
 }
