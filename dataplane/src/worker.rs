@@ -179,9 +179,9 @@ pub enum Request {
 pub struct Fabric {
     inboxes: Vec<ArrayQueue<HandoffBox>>,
     pool: ArrayQueue<HandoffBox>,
-    /// Workers that may still take frames from their RX rings (and so hand frames off): set
-    /// to the worker count, lowered by each worker when it stops receiving, or when its
-    /// thread ends without having received ([`Receiving`]).
+    /// Workers that may still take frames from their RX rings (and so hand frames off):
+    /// raised by [`spawn`], lowered by each worker when it stops receiving, or when its thread
+    /// ends without having received ([`Receiving`]).
     receiving: AtomicUsize,
     /// Hand-offs pushed into an inbox and not yet acted on by their worker (raised before the
     /// push, lowered after the frame's verdict was carried out). With `receiving` at 0 and
@@ -190,8 +190,11 @@ pub struct Fabric {
     in_flight: AtomicUsize,
 }
 
-/// How long a stopping worker keeps serving its inbox while other workers may still hand it
-/// frames ([`Fabric`]): bounded for a worker that died without saying so.
+/// How long a stopping worker keeps serving its inbox, once no worker receives any more, for
+/// hand-offs still in flight ([`Fabric`]): bounded for a hand-off to a worker that was never
+/// started (a start that failed half-way). While another worker still receives there is no
+/// bound: every worker's thread gives up its place when it ends, also by a panic, and one
+/// that is merely slow (a loaded machine: one took over 300 ms to stop) may still hand off.
 const DRAIN_MAX: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// A worker's place in [`Fabric::receiving`]: given up once, when the worker stops taking
@@ -199,6 +202,12 @@ const DRAIN_MAX: std::time::Duration = std::time::Duration::from_millis(100);
 struct Receiving(Arc<Fabric>, bool);
 
 impl Receiving {
+    /// Takes a place for a worker about to start.
+    fn new(fabric: Arc<Fabric>) -> Self {
+        fabric.receiving.fetch_add(1, Ordering::AcqRel);
+        Self(fabric, false)
+    }
+
     fn done(&mut self) {
         if !std::mem::replace(&mut self.1, true) {
             self.0.receiving.fetch_sub(1, Ordering::Release);
@@ -235,7 +244,7 @@ impl Fabric {
         Arc::new(Self {
             inboxes: (0..workers).map(|_| ArrayQueue::new(HANDOFF_SLOTS)).collect(),
             pool,
-            receiving: AtomicUsize::new(workers),
+            receiving: AtomicUsize::new(0),
             in_flight: AtomicUsize::new(0),
         })
     }
@@ -321,7 +330,7 @@ pub fn spawn(
     let tap = Arc::new(DropTap::default());
     let worker_tap = tap.clone();
     let mut spec = spec;
-    let mut receiving = Receiving(fabric.clone(), false);
+    let mut receiving = Receiving::new(fabric.clone());
     let thread = std::thread::Builder::new()
         .name(format!("xlb-worker-{id}"))
         .spawn(move || {
@@ -535,7 +544,7 @@ fn run(
     // (else they would be lost with the inboxes), until every worker stopped receiving and
     // every hand-off was acted on.
     receiving.done();
-    let deadline = Instant::now() + DRAIN_MAX;
+    let mut deadline = None;
     loop {
         let t: &Tables = reader.load();
         let mut tally = Tally::default();
@@ -543,7 +552,12 @@ fn run(
         let n = route.take_handoffs(xsk, &mut pipeline, t, &mut tx, &mut scratch, &mut tally);
         transmit_all(xsk, &mut tx, &mut tally);
         tally.flush(xc, &counters);
-        if fabric.quiet() || Instant::now() >= deadline {
+        if fabric.quiet() {
+            break;
+        }
+        if fabric.receiving.load(Ordering::Acquire) == 0
+            && Instant::now() >= *deadline.get_or_insert_with(|| Instant::now() + DRAIN_MAX)
+        {
             break;
         }
         if n == 0 {
@@ -911,8 +925,9 @@ mod tests {
     #[test]
     fn the_fabric_is_quiet_once_every_worker_stopped_receiving_and_no_hand_off_is_in_flight() {
         let f = Fabric::new(2);
-        let mut a = Receiving(f.clone(), false);
-        let b = Receiving(f.clone(), false);
+        assert!(f.quiet(), "no worker started");
+        let mut a = Receiving::new(f.clone());
+        let b = Receiving::new(f.clone());
         assert!(!f.quiet());
         a.done();
         a.done();
