@@ -11,6 +11,7 @@ pub mod ipam;
 pub mod k8s;
 pub mod kubeproxy;
 pub mod show;
+pub mod steer;
 pub mod translate;
 
 #[cfg(test)]

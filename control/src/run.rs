@@ -34,11 +34,12 @@ use dataplane::affinity::AffinityTable;
 use dataplane::conntrack::Timeouts;
 use dataplane::process::PipelineConfig;
 use dataplane::process::snapshot::Snapshot;
-use dataplane::tables::{KernelRouteSpec, NeighbourSpec, TableBuilder, Tables, TablesHandle, TablesSpec, VipAddrKind};
+use dataplane::tables::{KernelRouteSpec, NeighbourSpec, TableBuilder, Tables, TablesHandle, TablesSpec};
 use dataplane::worker::{self, Fabric, PuntPort, WorkerHandle, WorkerSpec};
 use dataplane::xsk::{BusyPoll, CopyMode, XskConfig, XskExport};
-use nic_config::{ServiceKey, Steering, XdpMode, neighbours};
+use nic_config::{Steering, XdpMode, neighbours};
 use xlb::announce::{Announcement, Applied, PrefixSet};
+use xlb::steer::{steer_delta, steer_sets};
 use xlb::translate::ClusterState;
 
 use crate::admin;
@@ -278,42 +279,10 @@ pub(crate) fn pipeline_config(cfg: &xlb::config::Config, id: u16, workers: u16) 
     }
 }
 
-/// The steering maps' contents for a tables snapshot.
-struct SteerSets {
-    services: Vec<ServiceKey>,
-    vip_addrs: Vec<IpAddr>,
-    snat: Vec<(IpAddr, u16, u16)>,
-    endpoints: Vec<ServiceKey>,
-}
-
-fn unmap(a: [u8; 16]) -> IpAddr {
-    let v6 = std::net::Ipv6Addr::from(a);
-    match v6.to_ipv4_mapped() {
-        Some(v4) => IpAddr::V4(v4),
-        None => IpAddr::V6(v6),
-    }
-}
-
-fn steer_sets(t: &Tables) -> SteerSets {
-    let services = t.vips.keys().map(|k| ServiceKey { addr: unmap(k.addr), proto: k.proto, port: k.port }).collect();
-    let vip_addrs =
-        t.vip_addrs.iter().filter(|(_, kind)| **kind >= VipAddrKind::Service).map(|(a, _)| unmap(*a)).collect();
-    let mut snat = Vec::new();
-    if let Some(a) = t.snat_v4 {
-        snat.push((IpAddr::from(a), SNAT_PORTS.0, SNAT_PORTS.1));
-    }
-    if let Some(a) = t.snat_v6 {
-        snat.push((IpAddr::from(a), SNAT_PORTS.0, SNAT_PORTS.1));
-    }
-    let endpoints =
-        t.endpoints.iter().map(|k| ServiceKey { addr: unmap(k.addr), proto: k.proto, port: k.port }).collect();
-    SteerSets { services, vip_addrs, snat, endpoints }
-}
-
 /// Makes every steering program's maps match `t` (only the changed entries are written; see
 /// [`Steering::verify_next_sync`]). After a failure the next sync compares with the kernel.
 fn sync_steering(steering: &mut [Steering], t: &Tables) -> Result<()> {
-    let s = steer_sets(t);
+    let s = steer_sets(t, SNAT_PORTS);
     for st in steering {
         let r = (|| {
             st.sync_services(&s.services)?;
@@ -327,6 +296,37 @@ fn sync_steering(steering: &mut [Steering], t: &Tables) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Brings the steering maps from `old` to `new` when only the Services in `touched` changed
+/// (and nothing else the build reads): writes only those Services' keys that differ
+/// ([`steer_delta`]). Falls back to [`sync_steering`] when the change reaches further or a
+/// program's maps are not known (first sync, after an error, after
+/// [`Steering::verify_next_sync`]).
+fn sync_steering_touched(
+    steering: &mut [Steering],
+    old: &Tables,
+    new: &Tables,
+    touched: &std::collections::BTreeSet<xlb::k8s::ServiceRef>,
+) -> Result<()> {
+    let Some(d) = steer_delta(old, new, touched) else {
+        return sync_steering(steering, new);
+    };
+    let mut known = true;
+    for st in steering.iter_mut() {
+        // Each call writes nothing and returns false when that map's contents are unknown;
+        // the maps are known or unknown together (verify_next_sync forgets all of them).
+        let r = (|| -> std::result::Result<bool, nic_config::NicError> {
+            Ok(st.update_services(&d.services_insert, &d.services_remove)?
+                && st.update_vip_addrs(&d.vip_addrs_insert, &d.vip_addrs_remove)?
+                && st.update_endpoints(&d.endpoints_insert, &d.endpoints_remove)?)
+        })();
+        match r {
+            Ok(k) => known &= k,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if known { Ok(()) } else { sync_steering(steering, new) }
 }
 
 fn mtime(p: &Path) -> Option<SystemTime> {
@@ -800,6 +800,7 @@ fn serve(
             rt: &rt,
             iface_stats,
             last_verify: Instant::now(),
+            steer_full: true,
             punt: !punt_queues.is_empty(),
             handover: handover_rx,
             announcement,
@@ -962,6 +963,10 @@ struct Supervisor<'a> {
     iface_stats: xlb::http::InterfaceStatsCell,
     /// When the steering maps were last compared with the kernel's (once per `syncPeriod`).
     last_verify: Instant,
+    /// The next steering sync must compare the whole sets: a build failed since the last
+    /// publish (its inputs, such as a reloaded configuration, are not in any change set), or
+    /// the last sync failed.
+    steer_full: bool,
     /// The punt device exists (so reply rules are kept in sync).
     punt: bool,
     /// Hand-over requests from the admin socket ([`crate::handover`]).
@@ -983,19 +988,43 @@ type K8s = (xlb::k8s::Source, xlb::http::HealthCheckServers, String);
 
 impl Supervisor<'_> {
     /// Rebuilds from `cluster` and publishes; on error logs and keeps the running tables.
-    fn rebuild(&mut self, cluster: &ClusterState) -> Option<xlb::translate::TranslateReport> {
+    /// `changes`: what changed since the tables last published, when only the source's
+    /// objects changed (nothing else the build reads); the steering maps then get only the
+    /// touched Services' entries. `None` (or [`xlb::k8s::Changes::Full`]) compares the
+    /// whole sets, and so does the periodic resync.
+    fn rebuild(
+        &mut self,
+        cluster: &ClusterState,
+        changes: Option<&xlb::k8s::Changes>,
+    ) -> Option<xlb::translate::TranslateReport> {
         let started = Instant::now();
         match build(cluster, &self.config, self.builder) {
             Ok((t, report, vips)) => {
                 let unresolved = t.unresolved.clone();
+                let old = self.handle.load();
                 self.handle.publish(t);
                 self.vips = vips;
+                let mut touched = match changes {
+                    Some(xlb::k8s::Changes::Services(s)) => Some(s),
+                    _ => None,
+                };
                 if self.last_verify.elapsed() >= self.config.sync_period {
                     // SYNC-04: the periodic resync also repairs outside changes to the maps.
                     self.last_verify = Instant::now();
                     self.steering.iter_mut().for_each(Steering::verify_next_sync);
+                    touched = None;
                 }
-                if let Err(e) = sync_steering(self.steering, &self.handle.load()) {
+                if std::mem::take(&mut self.steer_full) {
+                    touched = None;
+                }
+                let new = self.handle.load();
+                let synced = match touched {
+                    Some(s) => sync_steering_touched(self.steering, &old, &new, s),
+                    None => sync_steering(self.steering, &new),
+                };
+                drop(old);
+                if let Err(e) = synced {
+                    self.steer_full = true;
                     tracing::error!(error = %e, "steering maps");
                 }
                 sync_reply_rules(self.punt, &self.handle.load());
@@ -1007,6 +1036,7 @@ impl Supervisor<'_> {
                 Some(report)
             }
             Err(e) => {
+                self.steer_full = true;
                 tracing::error!("{}: {e:#}; keeping the running tables", self.path.display());
                 None
             }
@@ -1116,7 +1146,10 @@ impl Supervisor<'_> {
                     let local = std::mem::take(&mut cluster.local_addresses);
                     *cluster = std::mem::take(&mut snap.state);
                     cluster.local_addresses = local;
-                    match self.rebuild(cluster) {
+                    // Something else the build reads changed since the last publish (a
+                    // reload, a neighbour): the change set does not cover it.
+                    let changes = (!dirty).then_some(&snap.changes);
+                    match self.rebuild(cluster, changes) {
                         Some(report) => {
                             src.published(&snap, &report);
                             for e in self.rt.block_on(hc.sync(&xlb::k8s::health_check_services(cluster, node))) {
@@ -1162,7 +1195,7 @@ impl Supervisor<'_> {
             if dirty {
                 dirty = false;
                 last_periodic = Instant::now();
-                self.rebuild(cluster);
+                self.rebuild(cluster, None);
                 last_resolve = Instant::now();
             }
             if last_stats.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {

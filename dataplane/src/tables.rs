@@ -688,6 +688,11 @@ pub struct Service {
     pub maglev: Option<Arc<MaglevTable>>,
     /// Static 256-bucket hash table over `eligible` for `sh` / `dh` (IPVS `ip_vs_sh.c`).
     pub hash_buckets: Box<[u32]>,
+    /// This service's keys in [`Tables::vips`] (its frontends), so the steering maps can be
+    /// brought up to date for a few services without walking the whole table.
+    pub frontend_keys: Box<[VipKey]>,
+    /// The keys this service put into [`Tables::endpoints`] (other services may share them).
+    pub endpoint_keys: Box<[VipKey]>,
 }
 
 /// Value of the VIP map: which service and how this frontend behaves.
@@ -1443,6 +1448,7 @@ impl TableBuilder {
                     });
                 }
             }
+            let mut endpoint_keys = Vec::new();
             if s.mode == ForwardingMode::Nat {
                 for b in &s.backends {
                     if matches!(spec.next_hop_in(&idx, b.addr), NextHop::Kernel) {
@@ -1451,7 +1457,9 @@ impl TableBuilder {
                             // Flows to it are never masqueraded, so its replies keep the
                             // client's address whatever the frontend: a worker that reads one
                             // without owning the flow must hand it on (`Verdict::Handoff`).
-                            t.endpoints.insert(VipKey { addr: mapped(b.addr), port: b.port, proto: pr as u8 });
+                            let k = VipKey { addr: mapped(b.addr), port: b.port, proto: pr as u8 };
+                            t.endpoints.insert(k);
+                            endpoint_keys.push(k);
                         }
                     }
                 }
@@ -1461,7 +1469,9 @@ impl TableBuilder {
                 // never caught (issue 10: catch as little as we can).
                 for b in &s.backends {
                     for pr in s.frontends.iter().filter(|f| !f.masquerade).map(|f| f.proto) {
-                        t.endpoints.insert(VipKey { addr: mapped(b.addr), port: b.port, proto: pr as u8 });
+                        let k = VipKey { addr: mapped(b.addr), port: b.port, proto: pr as u8 };
+                        t.endpoints.insert(k);
+                        endpoint_keys.push(k);
                     }
                 }
             }
@@ -1471,8 +1481,10 @@ impl TableBuilder {
             } else {
                 Box::default()
             };
+            let mut frontend_keys = Vec::with_capacity(s.frontends.len());
             for f in &s.frontends {
                 let a = mapped(f.addr);
+                frontend_keys.push(VipKey { addr: a, port: f.port, proto: f.proto as u8 });
                 t.vips.insert(
                     VipKey { addr: a, port: f.port, proto: f.proto as u8 },
                     FrontendEntry {
@@ -1504,6 +1516,8 @@ impl TableBuilder {
                 cum_weights: cum.into_boxed_slice(),
                 maglev,
                 hash_buckets,
+                frontend_keys: frontend_keys.into_boxed_slice(),
+                endpoint_keys: endpoint_keys.into_boxed_slice(),
             });
         }
         t.unresolved.sort();

@@ -514,6 +514,75 @@ impl Steering {
         sync_map(&self.ifname, MAP_SNAT_ADDRS, &mut self.snat_addrs, &mut self.shadow.snat_addrs, want)
     }
 
+    /// Applies a difference to the `services` map: inserts `insert`, then deletes `remove`
+    /// (a key in both stays). Unlike [`Steering::sync_services`] this costs what the lists
+    /// hold, not what the map holds; the caller must know that every other key is already
+    /// right (a targeted sync after a change that touched only some services). Keys already
+    /// written or already absent cost no system call. Returns `Ok(false)`, writing nothing,
+    /// when the previous contents are not known (first sync, an error, or
+    /// [`Steering::verify_next_sync`]): the caller then does a full sync.
+    ///
+    /// # Errors
+    /// As [`Steering::sync_services`]; after one, the next sync compares with the kernel's map.
+    pub fn update_services(&mut self, insert: &[ServiceKey], remove: &[ServiceKey]) -> Result<bool, NicError> {
+        let (ins, rem) = (key_map(insert)?, key_map(remove)?);
+        let r = update_map(
+            &self.ifname,
+            MAP_SERVICES,
+            &mut self.services,
+            &mut self.shadow.services,
+            ins,
+            rem,
+            MAX_SERVICES,
+        );
+        self.forget_on_error(r)
+    }
+
+    /// [`Steering::update_services`] for the `endpoints` map.
+    ///
+    /// # Errors
+    /// As [`Steering::sync_endpoints`].
+    pub fn update_endpoints(&mut self, insert: &[ServiceKey], remove: &[ServiceKey]) -> Result<bool, NicError> {
+        let (ins, rem) = (key_map(insert)?, key_map(remove)?);
+        let r = update_map(
+            &self.ifname,
+            MAP_ENDPOINTS,
+            &mut self.endpoints,
+            &mut self.shadow.endpoints,
+            ins,
+            rem,
+            MAX_ENDPOINTS,
+        );
+        self.forget_on_error(r)
+    }
+
+    /// [`Steering::update_services`] for the `vip_addrs` map.
+    ///
+    /// # Errors
+    /// As [`Steering::sync_vip_addrs`].
+    pub fn update_vip_addrs(&mut self, insert: &[IpAddr], remove: &[IpAddr]) -> Result<bool, NicError> {
+        let ins: FastMap<[u8; 16], u32> = insert.iter().map(|a| (addr_bytes(*a), 0)).collect();
+        let rem: FastMap<[u8; 16], u32> = remove.iter().map(|a| (addr_bytes(*a), 0)).collect();
+        let r = update_map(
+            &self.ifname,
+            MAP_VIP_ADDRS,
+            &mut self.vip_addrs,
+            &mut self.shadow.vip_addrs,
+            ins,
+            rem,
+            MAX_VIP_ADDRS,
+        );
+        self.forget_on_error(r)
+    }
+
+    /// After a failed update the shadows may be wrong: the next sync compares with the kernel.
+    fn forget_on_error(&mut self, r: Result<bool, NicError>) -> Result<bool, NicError> {
+        if r.is_err() {
+            self.verify_next_sync();
+        }
+        r
+    }
+
     /// Reads back the `services` map (for diagnostics such as `xlb status`), in no order.
     ///
     /// # Errors
@@ -735,6 +804,43 @@ where
     }
     *shadow = Some(want);
     Ok(())
+}
+
+/// Inserts `insert`, then deletes the keys of `remove` not in `insert`, writing only what
+/// differs from `shadow` (which it keeps up to date). `Ok(false)` when `shadow` is unknown.
+fn update_map<K, V>(
+    ifname: &str,
+    name: &'static str,
+    map: &mut HashMap<MapData, K, V>,
+    shadow: &mut Option<FastMap<K, V>>,
+    insert: FastMap<K, V>,
+    remove: FastMap<K, V>,
+    max: usize,
+) -> Result<bool, NicError>
+where
+    K: aya::Pod + Eq + std::hash::Hash,
+    V: aya::Pod + PartialEq,
+{
+    let Some(last) = shadow.as_mut() else {
+        return Ok(false);
+    };
+    let added = insert.keys().filter(|k| !last.contains_key(*k)).count();
+    let removed = remove.keys().filter(|k| !insert.contains_key(*k) && last.contains_key(*k)).count();
+    check_len(name, last.len() + added - removed, max)?;
+    for (k, v) in &insert {
+        if last.get(k) != Some(v) {
+            last.remove(k);
+            map.insert(*k, *v, 0).map_err(|e| NicError::map(ifname, name, "insert", e))?;
+            last.insert(*k, *v);
+        }
+    }
+    for k in remove.keys().filter(|k| !insert.contains_key(*k)) {
+        if last.contains_key(k) {
+            remove_key(ifname, name, map, k)?;
+            last.remove(k);
+        }
+    }
+    Ok(true)
 }
 
 /// Deletes `k` from the map; already absent is fine.

@@ -391,6 +391,12 @@ mod tests {
         steering.sync_endpoints(&want).unwrap();
         eprintln!("sync of one changed endpoint: {:?}", t.elapsed());
         assert_eq!(sorted(steering.endpoints_in_map().unwrap()), sorted(want.clone()));
+        // The same change as a targeted update (only the touched keys are hashed).
+        let t = std::time::Instant::now();
+        assert!(steering.update_endpoints(&[ep(7)], &[ep(100_000)]).unwrap());
+        eprintln!("targeted update of one changed endpoint: {:?}", t.elapsed());
+        want[7] = ep(7);
+        assert_eq!(sorted(steering.endpoints_in_map().unwrap()), sorted(want.clone()));
         // A verified sync (the periodic resync) gives the same contents.
         want.truncate(10);
         steering.verify_next_sync();
@@ -449,6 +455,74 @@ mod tests {
 
         assert!(steering.set_xsk(nic_config::MAX_QUEUES, &std::io::stdin()).is_err());
         drop(steering);
+    }
+
+    #[test]
+    fn targeted_updates_write_only_their_keys_and_a_full_pass_repairs_drift() {
+        if !common::can_run("targeted_updates_write_only_their_keys_and_a_full_pass_repairs_drift") {
+            return;
+        }
+        let ns = Netns::new("xlbnic");
+        ns.ip(&["link", "add", "lb0", "type", "veth", "peer", "name", "lb1"]);
+        let mut steering = ns.run_in(|| Steering::attach("lb0", XdpMode::Native).unwrap());
+        let k = |port| ServiceKey { addr: VIP_V4.into(), proto: IPPROTO_TCP, port };
+        let sorted = |mut v: Vec<ServiceKey>| {
+            v.sort();
+            v
+        };
+        // Before any full sync the contents are unknown: nothing is written.
+        assert!(!steering.update_services(&[k(1)], &[]).unwrap());
+        assert!(steering.services_in_map().unwrap().is_empty());
+
+        steering.sync_services(&[k(80), k(443), k(8080)]).unwrap();
+        // The services map, opened again by id, to change it behind the shadow's back.
+        let data = aya::maps::MapData::from_id(steering.map_ids()[1]).unwrap();
+        let mut raw: aya::maps::HashMap<_, [u8; 20], u32> =
+            aya::maps::HashMap::try_from(aya::maps::Map::HashMap(data)).unwrap();
+        let raw_key = |port: u16| {
+            let mut b = [0u8; 20];
+            b[..16].copy_from_slice(&VIP_V4.to_ipv6_mapped().octets());
+            b[16..18].copy_from_slice(&port.to_be_bytes());
+            b[18] = IPPROTO_TCP;
+            b
+        };
+        // Drift: 443 vanishes and a stray 9999 appears.
+        raw.remove(&raw_key(443)).unwrap();
+        raw.insert(raw_key(9999), 0, 0).unwrap();
+        assert_eq!(sorted(steering.services_in_map().unwrap()), sorted(vec![k(80), k(8080), k(9999)]));
+
+        // A targeted update writes only its keys: 81 in, 8080 out; a key in both lists stays,
+        // and the drifted keys are left as they are (it does not look at them).
+        assert!(steering.update_services(&[k(81), k(80)], &[k(8080), k(80)]).unwrap());
+        assert_eq!(sorted(steering.services_in_map().unwrap()), sorted(vec![k(80), k(81), k(9999)]));
+        // Removing a key already gone, or inserting one already there, is fine.
+        assert!(steering.update_services(&[k(81)], &[k(8080)]).unwrap());
+        assert_eq!(sorted(steering.services_in_map().unwrap()), sorted(vec![k(80), k(81), k(9999)]));
+
+        // The shadow-based sync does not see the drift (it trusts what was written: 443)...
+        steering.sync_services(&[k(80), k(81), k(443)]).unwrap();
+        assert_eq!(sorted(steering.services_in_map().unwrap()), sorted(vec![k(80), k(81), k(9999)]));
+        // ...the full pass (the periodic resync) repairs it, and targeted updates are refused
+        // until that pass has run.
+        steering.verify_next_sync();
+        assert!(!steering.update_services(&[k(1)], &[]).unwrap());
+        steering.sync_services(&[k(80), k(81), k(443)]).unwrap();
+        assert_eq!(sorted(steering.services_in_map().unwrap()), sorted(vec![k(80), k(81), k(443)]));
+        assert!(steering.update_services(&[k(1)], &[k(443)]).unwrap());
+        assert_eq!(sorted(steering.services_in_map().unwrap()), sorted(vec![k(1), k(80), k(81)]));
+
+        // The other maps: vip_addrs and endpoints.
+        steering.sync_vip_addrs(&[VIP_V4.into()]).unwrap();
+        assert!(steering.update_vip_addrs(&[VIP_V6.into()], &[VIP_V4.into()]).unwrap());
+        assert_eq!(steering.vip_addrs_in_map().unwrap(), vec![IpAddr::from(VIP_V6)]);
+        let ep = ServiceKey { addr: LB_V4.into(), proto: IPPROTO_UDP, port: 53 };
+        steering.sync_endpoints(&[]).unwrap();
+        assert!(steering.update_endpoints(&[ep], &[]).unwrap());
+        assert_eq!(steering.endpoints_in_map().unwrap(), vec![ep]);
+        // A bad key is refused before anything is written.
+        let bad = ServiceKey { addr: VIP_V4.into(), proto: 1, port: 80 };
+        assert!(steering.update_endpoints(&[bad], &[ep]).is_err());
+        assert_eq!(steering.endpoints_in_map().unwrap(), vec![ep]);
     }
 
     #[test]
