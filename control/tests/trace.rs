@@ -13,8 +13,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use pcap_file::pcap::{PcapHeader, PcapPacket, PcapReader, PcapWriter};
-use pcap_file::pcapng::blocks::enhanced_packet::EnhancedPacketOption;
-use pcap_file::pcapng::{Block, PcapNgReader};
 
 fn xlb(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_xlb")).args(args).output().expect("xlb runs")
@@ -56,25 +54,9 @@ fn write_pcap_at(path: &Path, frames: &[(std::time::Duration, &Vec<u8>)]) {
     }
 }
 
-/// (frame, comment) of each Enhanced Packet Block.
+/// (frame, comment) of each Enhanced Packet Block ([`xlb_testkit::read_pcapng`]).
 fn read_pcapng(path: &Path) -> Vec<(Vec<u8>, String)> {
-    let data = std::fs::read(path).expect("read pcapng");
-    let mut r = PcapNgReader::new(data.as_slice()).expect("pcapng header");
-    let mut out = Vec::new();
-    while let Some(b) = r.next_block() {
-        if let Block::EnhancedPacket(p) = b.expect("block") {
-            let comment = p
-                .options
-                .iter()
-                .find_map(|o| match o {
-                    EnhancedPacketOption::Comment(c) => Some(c.to_string()),
-                    _ => None,
-                })
-                .unwrap_or_default();
-            out.push((p.data.into_owned(), comment));
-        }
-    }
-    out
+    xlb_testkit::read_pcapng(path).expect("read pcapng")
 }
 
 /// `SnatUntracked` → `snat_untracked` (`DropReason::name`).

@@ -8,8 +8,6 @@ mod monitor {
     use std::process::{Child, Command, ExitStatus, Stdio};
     use std::time::Duration;
 
-    use pcap_file::pcapng::blocks::enhanced_packet::EnhancedPacketOption;
-    use pcap_file::pcapng::{Block, PcapNgReader};
     use xlb_e2e::{Role, Testbed, Xlb, skip_without_root, wait_for, xlb_binary};
 
     const CONFIG: &str = include_str!("../../deploy/examples/testbed.yaml");
@@ -122,24 +120,9 @@ mod monitor {
         assert!(l.contains(" punted tcp 10.250.2.11:80 -> 10.250.1.2:"), "{stdout}");
     }
 
-    /// (frame, comment) of each Enhanced Packet Block.
+    /// (frame, comment) of each Enhanced Packet Block; none if the file is missing or broken
+    /// (the callers' assertions on the frames then fail).
     fn read_pcapng(path: &std::path::Path) -> Vec<(Vec<u8>, String)> {
-        let data = std::fs::read(path).unwrap_or_default();
-        let Ok(mut r) = PcapNgReader::new(data.as_slice()) else { return Vec::new() };
-        let mut out = Vec::new();
-        while let Some(Ok(b)) = r.next_block() {
-            if let Block::EnhancedPacket(p) = b {
-                let comment = p
-                    .options
-                    .iter()
-                    .find_map(|o| match o {
-                        EnhancedPacketOption::Comment(c) => Some(c.to_string()),
-                        _ => None,
-                    })
-                    .unwrap_or_default();
-                out.push((p.data.into_owned(), comment));
-            }
-        }
-        out
+        xlb_testkit::read_pcapng(path).unwrap_or_default()
     }
 }

@@ -314,6 +314,35 @@ impl Drop for ChildGuard {
     }
 }
 
+/// The (frame, packet comment) of each Enhanced Packet Block of the pcapng file at `path`
+/// (what `xlb trace --out` and `xlb monitor -w` write, the verdict or drop reason as the
+/// comment), in file order.
+///
+/// # Errors
+/// The file cannot be read, has no valid pcapng header, or a block does not parse (the
+/// blocks read before it are lost with it).
+pub fn read_pcapng(path: &std::path::Path) -> Result<Vec<(Vec<u8>, String)>, String> {
+    use pcap_file::pcapng::blocks::enhanced_packet::EnhancedPacketOption;
+    use pcap_file::pcapng::{Block, PcapNgReader};
+    let data = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut r = PcapNgReader::new(data.as_slice()).map_err(|e| format!("{}: pcapng header: {e}", path.display()))?;
+    let mut out = Vec::new();
+    while let Some(b) = r.next_block() {
+        if let Block::EnhancedPacket(p) = b.map_err(|e| format!("{}: block: {e}", path.display()))? {
+            let comment = p
+                .options
+                .iter()
+                .find_map(|o| match o {
+                    EnhancedPacketOption::Comment(c) => Some(c.to_string()),
+                    _ => None,
+                })
+                .unwrap_or_default();
+            out.push((p.data.into_owned(), comment));
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
