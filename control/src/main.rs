@@ -374,7 +374,9 @@ fn check(path: &std::path::Path) -> anyhow::Result<ExitCode> {
     print!("{}", xlb::show::render(&tables));
     print!("{}", xlb::show::render_maglev(&tables));
     if !tables.unresolved.is_empty() {
-        let list: Vec<String> = tables.unresolved.iter().map(ToString::to_string).collect();
+        let mut list: Vec<std::net::IpAddr> = tables.unresolved.iter().copied().collect();
+        list.sort_unstable();
+        let list: Vec<String> = list.iter().map(ToString::to_string).collect();
         eprintln!(
             "note: no next hop in the config for backend(s) {}: `xlb run` follows the kernel's main \
              routing table and asks it for the neighbours (`xlb check` reads neither); `routes` \

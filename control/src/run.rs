@@ -298,18 +298,14 @@ fn sync_steering(steering: &mut [Steering], t: &Tables) -> Result<()> {
     Ok(())
 }
 
-/// Brings the steering maps from `old` to `new` when only the Services in `touched` changed
-/// (and nothing else the build reads): writes only those Services' keys that differ
+/// Brings the steering maps from `old` to `new` when the build from one to the other was
+/// incremental and redid only the services with the ids in `changed`
+/// ([`TableBuilder::changed_ids`]): writes only those services' keys that differ
 /// ([`steer_delta`]). Falls back to [`sync_steering`] when the change reaches further or a
 /// program's maps are not known (first sync, after an error, after
 /// [`Steering::verify_next_sync`]).
-fn sync_steering_touched(
-    steering: &mut [Steering],
-    old: &Tables,
-    new: &Tables,
-    touched: &std::collections::BTreeSet<xlb::k8s::ServiceRef>,
-) -> Result<()> {
-    let Some(d) = steer_delta(old, new, touched) else {
+fn sync_steering_touched(steering: &mut [Steering], old: &Tables, new: &Tables, changed: &[u32]) -> Result<()> {
+    let Some(d) = steer_delta(old, new, changed) else {
         return sync_steering(steering, new);
     };
     let mut known = true;
@@ -1004,10 +1000,9 @@ impl Supervisor<'_> {
                 let old = self.handle.load();
                 self.handle.publish(t);
                 self.vips = vips;
-                let mut touched = match changes {
-                    Some(xlb::k8s::Changes::Services(s)) => Some(s),
-                    _ => None,
-                };
+                // The builder knows which services it redid; `changes` is not needed for that.
+                let _ = changes;
+                let mut touched = self.builder.tables.changed_ids().map(<[u32]>::to_vec);
                 if self.last_verify.elapsed() >= self.config.sync_period {
                     // SYNC-04: the periodic resync also repairs outside changes to the maps.
                     self.last_verify = Instant::now();
@@ -1019,7 +1014,7 @@ impl Supervisor<'_> {
                 }
                 let new = self.handle.load();
                 let synced = match touched {
-                    Some(s) => sync_steering_touched(self.steering, &old, &new, s),
+                    Some(s) => sync_steering_touched(self.steering, &old, &new, &s),
                     None => sync_steering(self.steering, &new),
                 };
                 drop(old);
@@ -1369,9 +1364,9 @@ fn host_addresses() -> Option<Vec<IpAddr>> {
 
 /// Asks the kernel to resolve next hops xlb could not find (counted `no_neighbour` drops until
 /// then). Routes' gateways are resolved instead of off-link backends.
-fn resolve(config: &xlb::config::Config, addrs: &[IpAddr]) {
+fn resolve(config: &xlb::config::Config, addrs: &dataplane::tables::KeySet<IpAddr>) {
     // `Tables::unresolved` already holds the next hops (backends or their gateways).
-    for via in addrs {
+    for via in addrs.iter() {
         for iface in &config.interfaces {
             if let Ok(ix) = nic_config::ifindex(&iface.name)
                 && let Err(e) = neighbours::resolve(ix, *via)

@@ -9,14 +9,10 @@
 //! snapshot's whole-table sets, so a key that another Service still wants (a shared endpoint
 //! or address) is never deleted.
 
-use std::collections::BTreeSet;
 use std::net::IpAddr;
-use std::ops::Range;
 
 use dataplane::tables::{Tables, VipAddrKind, VipKey};
 use nic_config::ServiceKey;
-
-use crate::k8s::ServiceRef;
 
 /// The steering maps' contents for a tables snapshot.
 #[derive(Debug, Default)]
@@ -86,50 +82,53 @@ impl SteerDelta {
 }
 
 /// The namespace and name in a table service name `namespace/name:port[/…]`.
+#[cfg(test)]
 fn object_of(name: &str) -> (&str, &str) {
     let (ns, rest) = name.split_once('/').unwrap_or(("", name));
     (ns, rest.split_once(':').map_or(rest, |(n, _)| n))
 }
 
-/// The indices in `t.services` of the table services of Service `r`. The translation emits
-/// them contiguous and sorted by (namespace, name) ([`crate::translate::build_spec`]), so a
-/// binary search finds them.
-fn services_of(t: &Tables, r: &ServiceRef) -> Range<usize> {
-    let want = (r.namespace.as_str(), r.name.as_str());
-    let start = t.services.partition_point(|s| object_of(&s.name) < want);
-    let len = t.services[start..].iter().take_while(|s| object_of(&s.name) == want).count();
-    start..start + len
+/// The ids, in `t` or `u`, of the table services of the Services `refs` (by namespace and
+/// name): what [`steer_delta`] takes when only the Kubernetes change set is known. O(services).
+#[cfg(test)]
+fn ids_of(t: &Tables, u: &Tables, refs: &std::collections::BTreeSet<crate::k8s::ServiceRef>) -> Vec<u32> {
+    let mut ids: Vec<u32> = t
+        .services
+        .iter()
+        .chain(u.services.iter())
+        .filter(|s| {
+            let (ns, name) = object_of(&s.name);
+            refs.contains(&crate::k8s::ServiceRef::new(ns, name))
+        })
+        .map(|s| s.id)
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
 }
 
-/// Whether `t`'s service `si` belongs to one of `touched`.
-fn is_touched(t: &Tables, si: u32, touched: &BTreeSet<ServiceRef>) -> bool {
-    t.services.get(si as usize).is_some_and(|s| {
-        let (ns, name) = object_of(&s.name);
-        touched.contains(&ServiceRef::new(ns, name))
-    })
-}
-
-/// The steering maps' difference between `old` and `new` when only the Services in `touched`
-/// changed and every other input of the build (configuration, routes, node addresses) is the
-/// same: costs what the touched Services hold, not what the tables hold.
+/// The steering maps' difference between `old` and `new` when only the services with the
+/// ids in `changed` (sorted; [`dataplane::tables::TableBuilder::changed_ids`]) were added,
+/// changed or removed, and every other input of the build (configuration, routes, node
+/// addresses) is the same: costs what those services hold, not what the tables hold.
 ///
-/// A key is inserted when a touched Service wants it in `new` and `old` did not hold it, and
-/// deleted when a touched Service held it in `old` and nothing in `new` wants it (a key that
-/// another Service shares stays). `None` when the change reaches beyond `touched`: a frontend
-/// of a touched Service that another Service owns in the other snapshot (a frontend
-/// collision, which may change that Service's keys too), or a changed SNAT address; the
-/// caller then compares the whole sets ([`steer_sets`]).
-pub fn steer_delta(old: &Tables, new: &Tables, touched: &BTreeSet<ServiceRef>) -> Option<SteerDelta> {
+/// A key is inserted when a changed service wants it in `new` and `old` did not hold it, and
+/// deleted when a changed service held it in `old` and nothing in `new` wants it (a key that
+/// another service shares stays). `None` when the change reaches beyond `changed`: a
+/// frontend of a changed service that another service owns in the other snapshot, or a
+/// changed SNAT address; the caller then compares the whole sets ([`steer_sets`]).
+pub fn steer_delta(old: &Tables, new: &Tables, changed: &[u32]) -> Option<SteerDelta> {
     if old.snat_v4 != new.snat_v4 || old.snat_v6 != new.snat_v6 {
         return None;
     }
+    let is_changed = |id: u32| changed.binary_search(&id).is_ok();
     let mut d = SteerDelta::default();
     let mut addrs: Vec<[u8; 16]> = Vec::new();
-    for r in touched {
-        for s in &old.services[services_of(old, r)] {
+    for &id in changed {
+        if let Some(s) = old.services.get(id as usize) {
             for k in &s.frontend_keys {
                 match new.vips.get(k) {
-                    Some(e) if !is_touched(new, e.service, touched) => return None,
+                    Some(e) if !is_changed(e.service) => return None,
                     Some(_) => {}
                     None => d.services_remove.push(service_key(k)),
                 }
@@ -141,10 +140,10 @@ pub fn steer_delta(old: &Tables, new: &Tables, touched: &BTreeSet<ServiceRef>) -
                 }
             }
         }
-        for s in &new.services[services_of(new, r)] {
+        if let Some(s) = new.services.get(id as usize) {
             for k in &s.frontend_keys {
                 match old.vips.get(k) {
-                    Some(e) if !is_touched(old, e.service, touched) => return None,
+                    Some(e) if !is_changed(e.service) => return None,
                     Some(_) => {}
                     None => d.services_insert.push(service_key(k)),
                 }
@@ -179,6 +178,8 @@ mod tests {
     use std::collections::BTreeSet;
 
     use dataplane::tables::{TableBuilder, Tables};
+
+    use crate::k8s::ServiceRef;
 
     use super::*;
     use crate::test_support::*;
@@ -249,7 +250,7 @@ mod tests {
         assert!(addrs.contains(&"192.0.2.1".parse().unwrap()) && s.contains(&key("192.0.2.1", 80)), "{s:?}");
 
         let new = tables(&mut b_, vec![b()], vec![slice_of("b", &["10.244.0.1"])]);
-        let d = steer_delta(&old, &new, &touched(&["a"])).expect("the change stays within a");
+        let d = steer_delta(&old, &new, &ids_of(&old, &new, &touched(&["a"]))).expect("the change stays within a");
         assert!(d.services_insert.is_empty());
         assert_eq!(d.services_remove, vec![key("10.96.0.1", 80), key("192.0.2.1", 80)]);
         assert!(d.vip_addrs_insert.is_empty());
@@ -259,7 +260,7 @@ mod tests {
         assert_eq!(apply(&sets(&old), &d), sets(&new));
 
         // And back: a returns, with an endpoint b also has.
-        let d = steer_delta(&new, &old, &touched(&["a"])).unwrap();
+        let d = steer_delta(&new, &old, &ids_of(&new, &old, &touched(&["a"]))).unwrap();
         assert_eq!(d.services_insert, vec![key("10.96.0.1", 80), key("192.0.2.1", 80)]);
         assert_eq!(d.endpoints_insert, vec![key("10.244.0.2", 8080)]);
         assert!(d.services_remove.is_empty() && d.endpoints_remove.is_empty() && d.vip_addrs_remove.is_empty());
@@ -275,16 +276,16 @@ mod tests {
             vec![a(), b()],
             vec![slice_of("a", &["10.244.0.1"]), slice_of("b", &["10.244.0.3", "10.244.0.4"])],
         );
-        let d = steer_delta(&old, &new, &touched(&["b"])).unwrap();
+        let d = steer_delta(&old, &new, &ids_of(&old, &new, &touched(&["b"]))).unwrap();
         assert_eq!(d.endpoints_insert, vec![key("10.244.0.3", 8080), key("10.244.0.4", 8080)]);
         assert!(d.endpoints_remove.is_empty(), "a still has 10.244.0.1");
         assert!(d.services_insert.is_empty() && d.services_remove.is_empty());
         assert!(d.vip_addrs_insert.is_empty() && d.vip_addrs_remove.is_empty());
         assert_eq!(apply(&sets(&old), &d), sets(&new));
         // Nothing touched, nothing to write.
-        assert!(steer_delta(&old, &old, &touched(&[])).unwrap().is_empty());
+        assert!(steer_delta(&old, &old, &ids_of(&old, &old, &touched(&[]))).unwrap().is_empty());
         // A touched name that has no table services (never valid) is harmless.
-        assert!(steer_delta(&old, &old, &touched(&["nothing"])).unwrap().is_empty());
+        assert!(steer_delta(&old, &old, &ids_of(&old, &old, &touched(&["nothing"]))).unwrap().is_empty());
     }
 
     #[test]
@@ -297,7 +298,7 @@ mod tests {
         // c claims b's external frontend 192.0.2.1:81 and loses it (b comes first): c's own
         // keys are the whole difference.
         let new = tables(&mut b_, vec![b(), claim("c", "10.96.0.3")], vec![slice_of("b", &["10.244.0.1"])]);
-        let d = steer_delta(&old, &new, &touched(&["c"])).unwrap();
+        let d = steer_delta(&old, &new, &ids_of(&old, &new, &touched(&["c"]))).unwrap();
         assert_eq!(d.services_insert, vec![key("10.96.0.3", 81)]);
         assert_eq!(apply(&sets(&old), &d), sets(&new));
         // a0 claims it and takes it from b: b's keys may change although only a0 was touched,
@@ -308,10 +309,10 @@ mod tests {
             port: 81,
             proto: 6,
         };
-        assert_eq!(&*new.services[new.vips[&ext].service as usize].name, "default/a0:http");
-        assert_eq!(steer_delta(&old, &new, &touched(&["a0"])), None);
+        assert_eq!(&*new.services[new.vips.get(&ext).unwrap().service as usize].name, "default/a0:http");
+        assert_eq!(steer_delta(&old, &new, &ids_of(&old, &new, &touched(&["a0"]))), None);
         // With both touched, the difference is exact.
-        let d = steer_delta(&old, &new, &touched(&["a0", "b"])).unwrap();
+        let d = steer_delta(&old, &new, &ids_of(&old, &new, &touched(&["a0", "b"]))).unwrap();
         assert_eq!(apply(&sets(&old), &d), sets(&new));
     }
 
@@ -353,7 +354,8 @@ mod tests {
         let (s1, e1) = objects(1234);
         let new = tables(&mut b_, s1, e1);
         assert_eq!(new.services.len(), n);
-        let t = touched(&["s01234"]);
+        let t = ids_of(&old, &new, &touched(&["s01234"]));
+        assert_eq!(b_.changed_ids(), Some(&t[..]), "the builder names the one changed service");
         let rounds = 50u32;
         let started = std::time::Instant::now();
         for _ in 0..rounds {

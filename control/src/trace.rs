@@ -154,7 +154,9 @@ impl Tracer {
             .map_err(|e| anyhow::anyhow!("{}: the tables cannot be built: {e}", config.display()))?;
         let mut tables = first;
         if !tables.unresolved.is_empty() {
-            let list: Vec<String> = tables.unresolved.iter().map(ToString::to_string).collect();
+            let mut list: Vec<IpAddr> = tables.unresolved.iter().copied().collect();
+            list.sort_unstable();
+            let list: Vec<String> = list.iter().map(ToString::to_string).collect();
             notes.push(format!(
                 "note: next hop(s) {} not in the config: traced with the placeholder MAC {} (xlb run asks the kernel)",
                 list.join(", "),

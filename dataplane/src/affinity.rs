@@ -103,14 +103,12 @@ impl AffinityTable {
     /// and the backend's address and port. Returns (imported, gone): records whose service or
     /// backend `t` lacks are dropped; the table's capacity applies as to [`Self::put`].
     pub fn import(&self, t: &Tables, records: &[AffinityRecord], now_s: u32) -> (usize, usize) {
-        let by_name: std::collections::HashMap<&str, usize> =
-            t.services.iter().enumerate().map(|(i, s)| (&*s.name, i)).collect();
+        let by_name: std::collections::HashMap<&str, u32> = t.services.iter().map(|s| (&*s.name, s.id)).collect();
         let (mut imported, mut gone) = (0, 0);
         for r in records {
-            let found = by_name.get(&*r.service).and_then(|&i| {
-                let svc = t.services.get(i)?;
-                let b = t.member_at(u32::try_from(i).ok()?, r.backend, r.port)?;
-                Some((svc.id, b.this))
+            let found = by_name.get(&*r.service).and_then(|&id| {
+                let b = t.member_at(id, r.backend, r.port)?;
+                Some((id, b.this))
             });
             match found {
                 Some((id, this)) => {

@@ -130,12 +130,12 @@ impl SchedState {
         }
         self.generation = t.generation;
         self.per_service.clear();
-        self.per_service.extend(t.services.iter().map(|s| SvcState {
+        // Indexed by service id (`FrontendEntry::service`); ids not in use get an empty state.
+        self.per_service.extend((0..t.services.len()).map(|id| SvcState {
             rr_next: 0,
-            wrr_current: if s.scheduler == Scheduler::WeightedRoundRobin {
-                vec![0; s.eligible.len()]
-            } else {
-                Vec::new()
+            wrr_current: match t.services.get(id) {
+                Some(s) if s.scheduler == Scheduler::WeightedRoundRobin => vec![0; s.eligible.len()],
+                _ => Vec::new(),
             },
         }));
         self.conns.ensure(t.backends.len());

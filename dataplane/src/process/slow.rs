@@ -50,9 +50,9 @@ pub(super) fn stage_misses<A: Fam>(st: &mut FamState<A>, c: &Common, t: &Tables,
         ct.prefetch_alloc(misses);
         misses += 1;
 
-        let idx = t.frontend_index.find(l.key.dst.to_mapped(), l.key.proto, l.key.dport);
+        let idx = t.find_frontend(l.key.dst.to_mapped(), l.key.proto, l.key.dport);
         *fe_of = idx.unwrap_or(FE_NONE);
-        let Some(fe) = idx.and_then(|i| t.frontend_index.entry(i)) else { continue };
+        let Some(fe) = idx.and_then(|i| t.frontend_at(i)) else { continue };
         let Some(svc) = t.services.get(fe.service as usize) else { continue };
         let (Scheduler::Maglev { port }, None, Some(m)) = (svc.scheduler, svc.affinity_timeout_s, svc.maglev.as_ref())
         else {
@@ -89,7 +89,7 @@ pub(super) fn stage_misses<A: Fam>(st: &mut FamState<A>, c: &Common, t: &Tables,
             continue;
         }
         *pick = None;
-        let Some(fe) = lanes.fe.get(i).and_then(|&f| t.frontend_index.entry(f)) else { continue };
+        let Some(fe) = lanes.fe.get(i).and_then(|&f| t.frontend_at(f)) else { continue };
         let Some(svc) = t.services.get(fe.service as usize) else { continue };
         let Some(m) = svc.maglev.as_ref() else { continue };
         let r = svc.eligible.get(m.lookup(h) as usize).copied();
@@ -104,7 +104,7 @@ pub(super) fn stage_misses<A: Fam>(st: &mut FamState<A>, c: &Common, t: &Tables,
     // them (a wrong guess only costs the prefetch).
     let mut snat_port = c.snat_cursor;
     for (l, (pick, fe)) in lanes.l.get(..lanes.n).unwrap_or(&[]).iter().zip(lanes.pick.iter().zip(lanes.fe.iter())) {
-        let (Some(r), Some(fe)) = (pick, t.frontend_index.entry(*fe)) else { continue };
+        let (Some(r), Some(fe)) = (pick, t.frontend_at(*fe)) else { continue };
         let (Some(b), Some(svc)) = (t.backend(*r), t.services.get(fe.service as usize)) else { continue };
         let Some(baddr) = A::from_ip(b.addr) else { continue };
         if svc.mode != ForwardingMode::Nat {
@@ -259,7 +259,7 @@ fn run<A: Fam>(
         let fe = match hint.fe {
             FE_UNKNOWN => t.frontend(dm, p.proto, p.dport),
             FE_NONE => None,
-            i => t.frontend_index.entry(i),
+            i => t.frontend_at(i),
         };
         if let Some(fe) = fe {
             return forward::<A>(st, c, t, pkt, p, fe, &hint, in_port);

@@ -19,8 +19,16 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use hashbrown::HashMap;
 
-use crate::addr::{Cidr, mapped};
-use crate::maglev::{self, MaglevBackend, MaglevTable};
+use crate::addr::Cidr;
+use crate::maglev::{self, MaglevTable};
+
+mod build;
+pub mod persist;
+
+pub use build::{
+    BuildKind, HASH_BUCKETS, MAGLEV_JOBS_PER_CLAIM, MAGLEV_JOBS_PER_THREAD, MaglevBuildStats, TableBuilder,
+};
+pub use persist::{Chunked, KeyMap, KeySet};
 
 /// Layer-4 protocol of a service port (Kubernetes `ServicePort.protocol`, PORT-01).
 #[derive(Copy, Clone, PartialEq, Eq, Hash, Debug, PartialOrd, Ord)]
@@ -734,22 +742,76 @@ pub enum VipAddrKind {
     ClusterIp,
 }
 
-/// The immutable snapshot the workers read.
-#[derive(Debug)]
+/// The services of a snapshot by id ([`Service::id`], stable while the name stays): slots
+/// in shared chunks ([`Chunked`]), `None` for ids not in use.
+#[derive(Debug, Clone, Default)]
+pub struct ServiceTable {
+    slots: Chunked<Option<Arc<Service>>>,
+}
+
+impl ServiceTable {
+    /// The service with id `id`.
+    #[inline]
+    pub fn get(&self, id: usize) -> Option<&Service> {
+        self.slots.get(id)?.as_deref()
+    }
+
+    /// The services in id order.
+    pub fn iter(&self) -> impl Iterator<Item = &Service> + '_ {
+        self.slots.iter().filter_map(Option::as_deref)
+    }
+
+    /// One past the largest id (the size of per-service arrays indexed by id).
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Whether there is no id.
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// Number of services (ids in use).
+    pub fn count(&self) -> usize {
+        self.iter().count()
+    }
+
+    /// Services whose `Arc` this table shares with `other` (the same build of the same
+    /// service): what two consecutive snapshots share.
+    pub fn shared_with(&self, other: &Self) -> usize {
+        self.slots
+            .iter()
+            .zip(other.slots.iter())
+            .filter(|(a, b)| matches!((a, b), (Some(a), Some(b)) if Arc::ptr_eq(a, b)))
+            .count()
+    }
+}
+
+impl core::ops::Index<usize> for ServiceTable {
+    type Output = Service;
+    /// The service with id `id`; panics when there is none (tests and tools; the per-packet
+    /// path uses [`ServiceTable::get`]).
+    #[expect(clippy::panic, reason = "Index has no other way to say there is none")]
+    fn index(&self, id: usize) -> &Service {
+        self.get(id).unwrap_or_else(|| panic!("no service with id {id}"))
+    }
+}
+
+/// The immutable snapshot the workers read. Made of pieces shared with the previous snapshot
+/// ([`persist`]): a change copies what it touches, the rest is shared.
+#[derive(Debug, Clone)]
 pub struct Tables {
     /// Increases by one per build; workers reset per-service scheduler state when it changes.
     pub generation: u64,
-    /// Services by index.
-    pub services: Vec<Service>,
-    /// Frontends by (addr, proto, port).
-    pub vips: HashMap<VipKey, FrontendEntry>,
-    /// The per-packet index of `vips` ([`Tables::frontend`] reads it).
-    pub frontend_index: FrontendIndex,
+    /// Services by id ([`FrontendEntry::service`] and [`Backend::service`] are ids).
+    pub services: ServiceTable,
+    /// Frontends by (addr, proto, port) ([`Tables::frontend`] reads it per packet).
+    pub vips: KeyMap<VipKey, FrontendEntry>,
     /// Addresses that carry at least one frontend, and how unmatched packets to them are
     /// treated (ICMP errors and fragments are matched by address only).
-    pub vip_addrs: HashMap<[u8; 16], VipAddrKind>,
+    pub vip_addrs: KeyMap<[u8; 16], VipAddrKind>,
     /// Backend slots, indexed by [`BackendRef::index`]; `None` for free slots.
-    pub backends: Vec<Option<Backend>>,
+    pub backends: Chunked<Option<Backend>>,
     /// Ports in index order.
     pub ports: Vec<PortSpec>,
     /// IPv4 SNAT address.
@@ -763,18 +825,18 @@ pub struct Tables {
     /// IP6IP6 outer source prefix.
     pub dsr_source_v6: Option<Cidr>,
     /// Next hops (backends on-link, or their gateways) whose neighbour is unresolved: the
-    /// control side asks the kernel to resolve them.
-    pub unresolved: Vec<IpAddr>,
+    /// control side asks the kernel to resolve them. No particular order.
+    pub unresolved: KeySet<IpAddr>,
     /// (address, protocol, port) of every backend of a NAT service with a frontend that does
     /// not always masquerade ([`Frontend::masquerade`] false), and of every backend reached
     /// through the kernel (never masqueraded): replies that keep the client's address come
     /// from these, the steering program sends them to xlb, and a worker without their flow
     /// hands them to the next.
-    pub endpoints: hashbrown::HashSet<VipKey>,
+    pub endpoints: KeySet<VipKey>,
     /// (address, IP protocol, port) of every backend of a NAT service reached through the
     /// kernel ([`NextHop::Kernel`]): the control side installs a policy rule per entry so
     /// their replies are routed into the punt device and come back through xlb.
-    pub kernel_endpoints: std::collections::BTreeSet<(IpAddr, u8, u16)>,
+    pub kernel_endpoints: Arc<std::collections::BTreeSet<(IpAddr, u8, u16)>>,
     /// [`TablesSpec::multipath_l4`].
     pub multipath_l4: bool,
 }
@@ -784,20 +846,19 @@ impl Tables {
     pub fn empty() -> Self {
         Self {
             generation: 0,
-            services: Vec::new(),
-            vips: HashMap::new(),
-            frontend_index: FrontendIndex::default(),
-            vip_addrs: HashMap::new(),
-            backends: Vec::new(),
+            services: ServiceTable::default(),
+            vips: KeyMap::new(),
+            vip_addrs: KeyMap::new(),
+            backends: Chunked::default(),
             ports: Vec::new(),
             snat_v4: None,
             snat_v6: None,
             cluster_cidrs: Box::default(),
             dsr_source_v4: None,
             dsr_source_v6: None,
-            unresolved: Vec::new(),
-            endpoints: hashbrown::HashSet::new(),
-            kernel_endpoints: std::collections::BTreeSet::new(),
+            unresolved: KeySet::default(),
+            endpoints: KeySet::default(),
+            kernel_endpoints: Arc::default(),
             multipath_l4: false,
         }
     }
@@ -811,11 +872,11 @@ impl Tables {
         }
     }
 
-    /// The backend of service `service` (index into [`Tables::services`]) at `addr`:`port`,
-    /// whatever its slot: how a flow whose slot was freed finds its backend again when the
-    /// backend itself stayed (the Service's external frontends merged into, or split from,
-    /// its internal spec; the dataplane keys a flow on its backend's address and port, as
-    /// kube-proxy's conntrack DNAT does). O(log n) in the service's backends.
+    /// The backend of service `service` (its id) at `addr`:`port`, whatever its slot: how a
+    /// flow whose slot was freed finds its backend again when the backend itself stayed (the
+    /// Service's external frontends merged into, or split from, its internal spec; the
+    /// dataplane keys a flow on its backend's address and port, as kube-proxy's conntrack
+    /// DNAT does). O(log n) in the service's backends.
     pub fn member_at(&self, service: u32, addr: IpAddr, port: u16) -> Option<&Backend> {
         let s = self.services.get(service as usize)?;
         let i = s.by_addr.binary_search_by(|(a, p, _)| (*a, *p).cmp(&(addr, port))).ok()?;
@@ -826,109 +887,20 @@ impl Tables {
     /// The frontend for (address, protocol, port).
     #[inline]
     pub fn frontend(&self, addr: [u8; 16], proto: u8, port: u16) -> Option<&FrontendEntry> {
-        self.frontend_index.get(addr, proto, port)
-    }
-}
-
-/// The frontends in a form the per-packet path can search fast: open addressing with linear
-/// probing over a power-of-two array kept at most half full, keyed by (address as two words,
-/// protocol, port) and hashed with folded multiplies (as foldhash does) whose seeds are drawn at
-/// random for every build, so packets with made-up destinations cannot aim at long probe runs.
-/// A lookup costs one hash and, typically, one slot compare.
-#[derive(Debug, Default)]
-pub struct FrontendIndex {
-    slots: Box<[FrontendSlot]>,
-    entries: Box<[FrontendEntry]>,
-    mask: usize,
-    seeds: [u64; 2],
-}
-
-#[derive(Copy, Clone, Debug, Default)]
-struct FrontendSlot {
-    addr: [u64; 2],
-    /// `port << 8 | proto`, plus 1 << 24 when the slot is taken.
-    pp: u32,
-    entry: u32,
-}
-
-impl FrontendIndex {
-    const TAKEN: u32 = 1 << 24;
-
-    /// An index over `vips`.
-    pub fn build(vips: &HashMap<VipKey, FrontendEntry>) -> Self {
-        use core::hash::BuildHasher;
-        let rs = std::collections::hash_map::RandomState::new();
-        let seeds = [rs.hash_one(1u8) | 1, rs.hash_one(2u8) | 1];
-        let n = (vips.len() * 2).next_power_of_two().max(4);
-        let mut slots = vec![FrontendSlot::default(); n].into_boxed_slice();
-        let mut entries = Vec::with_capacity(vips.len());
-        let mask = n - 1;
-        for (k, e) in vips {
-            let (addr, pp) = Self::words(k.addr, k.proto, k.port);
-            let mut i = Self::hash(seeds, addr, pp) as usize & mask;
-            while slots.get(i).is_some_and(|s| s.pp != 0) {
-                i = (i + 1) & mask;
-            }
-            if let Some(s) = slots.get_mut(i) {
-                *s = FrontendSlot { addr, pp, entry: u32::try_from(entries.len()).unwrap_or(u32::MAX) };
-            }
-            entries.push(e.clone());
-        }
-        Self { slots, entries: entries.into_boxed_slice(), mask, seeds }
+        self.vips.get(&VipKey { addr, port, proto })
     }
 
+    /// A handle for the frontend of (address, protocol, port), for [`Tables::frontend_at`]
+    /// on the same snapshot.
     #[inline]
-    fn words(addr: [u8; 16], proto: u8, port: u16) -> ([u64; 2], u32) {
-        let (a, b) = addr.split_at(8);
-        let w = |x: &[u8]| x.try_into().map(u64::from_ne_bytes).unwrap_or(0);
-        ([w(a), w(b)], u32::from(port) << 8 | u32::from(proto) | Self::TAKEN)
+    pub fn find_frontend(&self, addr: [u8; 16], proto: u8, port: u16) -> Option<u32> {
+        self.vips.find(&VipKey { addr, port, proto })
     }
 
+    /// The frontend a handle from [`Tables::find_frontend`] names.
     #[inline]
-    fn hash(seeds: [u64; 2], addr: [u64; 2], pp: u32) -> u64 {
-        let p = u128::from(addr[0] ^ seeds[0]) * u128::from(addr[1] ^ seeds[1] ^ u64::from(pp));
-        #[expect(clippy::cast_possible_truncation, reason = "folding the product's halves")]
-        let h = (p as u64) ^ (p >> 64) as u64;
-        h ^ h >> 29
-    }
-
-    /// The frontend for (address, protocol, port).
-    #[inline]
-    pub fn get(&self, addr: [u8; 16], proto: u8, port: u16) -> Option<&FrontendEntry> {
-        self.entry(self.find(addr, proto, port)?)
-    }
-
-    /// The index of the frontend for (address, protocol, port), for [`FrontendIndex::entry`].
-    #[inline]
-    pub fn find(&self, addr: [u8; 16], proto: u8, port: u16) -> Option<u32> {
-        let (a, pp) = Self::words(addr, proto, port);
-        let mut i = Self::hash(self.seeds, a, pp) as usize & self.mask;
-        loop {
-            let s = self.slots.get(i)?;
-            if s.pp == pp && s.addr == a {
-                return Some(s.entry);
-            }
-            if s.pp == 0 {
-                return None;
-            }
-            i = (i + 1) & self.mask;
-        }
-    }
-
-    /// Frontend number `i` (from [`FrontendIndex::find`] on the same tables).
-    #[inline]
-    pub fn entry(&self, i: u32) -> Option<&FrontendEntry> {
-        self.entries.get(i as usize)
-    }
-
-    /// Number of frontends.
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    /// Whether there are none.
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+    pub fn frontend_at(&self, handle: u32) -> Option<&FrontendEntry> {
+        self.vips.entry(handle)
     }
 }
 
@@ -1009,561 +981,6 @@ pub enum BuildError {
     },
 }
 
-/// Keeps the state that must survive from one build to the next: backend slot and service id
-/// assignments. Owned by the control thread.
-#[derive(Debug, Default)]
-pub struct TableBuilder {
-    /// Backend slots by service name, then (address, port).
-    slots: HashMap<String, SlotMap>,
-    free: Vec<BackendRef>,
-    next_slot: usize,
-    service_ids: HashMap<String, u32>,
-    free_ids: Vec<u32>,
-    next_id: u32,
-    generation: u64,
-    /// The last Maglev table of each service, with the input it was built from: a rebuild
-    /// reuses it when the input is equal, so a change builds only the tables it touches.
-    maglev: HashMap<String, MaglevCached>,
-    maglev_stats: MaglevBuildStats,
-    /// Threads that compute Maglev tables (0: `std::thread::available_parallelism`).
-    threads: usize,
-}
-
-/// One service's backend slots by (address, port).
-type SlotMap = HashMap<(IpAddr, u16), BackendRef>;
-
-/// A Maglev table and the input it was built from (eligible backends in order, and M).
-#[derive(Debug)]
-struct MaglevCached {
-    input: Box<[MaglevBackend]>,
-    max_m: u32,
-    table: Arc<MaglevTable>,
-}
-
-/// How many Maglev tables the last [`TableBuilder::build`] computed and how many it reused.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct MaglevBuildStats {
-    /// Tables computed (new service, or its eligible backends or weights changed).
-    pub built: usize,
-    /// Tables shared with the previous snapshot (input unchanged).
-    pub reused: usize,
-    /// Threads that computed the `built` tables (the calling thread included; 1 when few or
-    /// none were built). See [`TableBuilder::set_build_threads`].
-    pub threads: usize,
-}
-
-/// Maglev tables a build thread claims at a time (one atomic add per claim).
-pub const MAGLEV_JOBS_PER_CLAIM: usize = 16;
-
-/// A build uses another thread only for every this many Maglev tables to compute: a thread
-/// costs tens of microseconds to start, a table of 10 backends (M = 1021) about 20 µs.
-pub const MAGLEV_JOBS_PER_THREAD: usize = 64;
-
-/// Computes one Maglev table per entry of `jobs` (table size from [`maglev::table_size_for`]
-/// with `max_m`), on up to `threads` threads; one result per job, in job order, equal to a
-/// one-thread build's, and the number of threads that took part. A helper that cannot be
-/// started, or that panicked, leaves its remaining jobs to the calling thread.
-fn build_maglev_tables(
-    jobs: &[&[MaglevBackend]],
-    max_m: u32,
-    threads: usize,
-) -> (Vec<Result<MaglevTable, maglev::MaglevError>>, usize) {
-    let one = |mb: &[MaglevBackend], scratch: &mut maglev::MaglevScratch| {
-        maglev::table_size_for(mb.len(), max_m).and_then(|m| MaglevTable::build_in(mb, m, scratch))
-    };
-    let threads = threads.min(jobs.len() / MAGLEV_JOBS_PER_THREAD).max(1);
-    let mut scratch = maglev::MaglevScratch::new();
-    if threads == 1 {
-        return (jobs.iter().map(|mb| one(mb, &mut scratch)).collect(), 1);
-    }
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    // Claims the next chunk of jobs and builds it; (job index, result) pairs.
-    let work = |scratch: &mut maglev::MaglevScratch| {
-        let mut out = Vec::new();
-        loop {
-            let from = next.fetch_add(MAGLEV_JOBS_PER_CLAIM, std::sync::atomic::Ordering::Relaxed);
-            let Some(chunk) = jobs.get(from..jobs.len().min(from + MAGLEV_JOBS_PER_CLAIM)) else { break };
-            if chunk.is_empty() {
-                break;
-            }
-            out.extend(chunk.iter().zip(from..).map(|(mb, i)| (i, one(mb, scratch))));
-        }
-        out
-    };
-    let mut results: Vec<Option<Result<MaglevTable, maglev::MaglevError>>> = Vec::new();
-    results.resize_with(jobs.len(), || None);
-    let mut used = 1;
-    std::thread::scope(|s| {
-        let helpers: Vec<_> = (1..threads)
-            .filter_map(|_| {
-                std::thread::Builder::new()
-                    .name("xlb-maglev".into())
-                    .spawn_scoped(s, || work(&mut maglev::MaglevScratch::new()))
-                    .ok()
-            })
-            .collect();
-        used += helpers.len();
-        let mine = work(&mut scratch);
-        for (i, r) in helpers.into_iter().filter_map(|h| h.join().ok()).flatten().chain(mine) {
-            if let Some(slot) = results.get_mut(i) {
-                *slot = Some(r);
-            }
-        }
-    });
-    // Jobs of a helper that panicked: built here, in order.
-    (jobs.iter().zip(results).map(|(mb, r)| r.unwrap_or_else(|| one(mb, &mut scratch))).collect(), used)
-}
-
-/// Number of buckets of the `sh`/`dh` static hash table (IPVS `IP_VS_SH_TAB_SIZE` is 256).
-pub const HASH_BUCKETS: usize = 256;
-
-impl TableBuilder {
-    /// A builder with no history.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Sets how many threads compute the Maglev tables of one build: the calling thread and
-    /// `n - 1` scoped helpers (`std::thread::scope`, unpinned, normal priority), each taking
-    /// the next [`MAGLEV_JOBS_PER_CLAIM`] tables in turn. 1 builds on the calling thread
-    /// only; 0 (the default) means `std::thread::available_parallelism()` (the CPUs this
-    /// process may run on). Fewer threads are used when there are fewer than
-    /// [`MAGLEV_JOBS_PER_THREAD`] tables per thread to build (a one-Service change builds one
-    /// table and starts no thread). The tables are the same whatever `n`: each depends only
-    /// on its own input (NSDI'16 §3.4), and results are stitched back in service order.
-    pub fn set_build_threads(&mut self, n: usize) {
-        self.threads = n;
-    }
-
-    /// The thread count [`Self::set_build_threads`] resolves to (≥ 1).
-    pub fn build_threads(&self) -> usize {
-        match self.threads {
-            0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
-            n => n,
-        }
-    }
-
-    /// Builds a snapshot from `spec`. On error nothing changes (slot assignments are only
-    /// committed on success), so the caller keeps publishing the last good tables.
-    ///
-    /// # Errors
-    /// [`BuildError`] naming the service, frontend or backend at fault.
-    pub fn build(&mut self, spec: &TablesSpec) -> Result<Tables, BuildError> {
-        // Validate first, so a failure leaves the builder untouched.
-        let mut seen_names = hashbrown::HashSet::new();
-        let mut vip_owner: HashMap<VipKey, &str> = HashMap::new();
-        let mut total_backends = 0usize;
-        let mut seen_b = hashbrown::HashSet::new();
-        for s in &spec.services {
-            if !seen_names.insert(s.name.as_str()) {
-                return Err(BuildError::DuplicateService(s.name.clone()));
-            }
-            for f in &s.frontends {
-                if f.port == 0 {
-                    return Err(BuildError::ZeroPort { service: s.name.clone(), what: "frontend" });
-                }
-                let k = VipKey { addr: mapped(f.addr), port: f.port, proto: f.proto as u8 };
-                if let Some(first) = vip_owner.insert(k, &s.name) {
-                    return Err(BuildError::DuplicateFrontend {
-                        addr: f.addr,
-                        proto: f.proto.as_str(),
-                        port: f.port,
-                        first: first.to_owned(),
-                        second: s.name.clone(),
-                    });
-                }
-            }
-            let v6 = s.frontends.first().map(|f| f.addr.is_ipv6());
-            let addrs = s.frontends.iter().map(|f| f.addr).chain(s.backends.iter().map(|b| b.addr));
-            for a in addrs {
-                if v6.is_some_and(|v6| v6 != a.is_ipv6()) {
-                    return Err(BuildError::MixedFamilies { service: s.name.clone(), addr: a });
-                }
-            }
-            seen_b.clear();
-            for b in &s.backends {
-                if b.port == 0 {
-                    return Err(BuildError::ZeroPort { service: s.name.clone(), what: "backend" });
-                }
-                if !seen_b.insert((b.addr, b.port)) {
-                    return Err(BuildError::DuplicateBackend { service: s.name.clone(), addr: b.addr, port: b.port });
-                }
-            }
-            total_backends += s.backends.len();
-        }
-        if total_backends > BackendRef::MAX_SLOTS {
-            return Err(BuildError::TooManyBackends(total_backends));
-        }
-        for n in &spec.neighbours {
-            if usize::from(n.port) >= spec.ports.len() {
-                return Err(BuildError::BadNeighbourPort { addr: n.addr, port: n.port, ports: spec.ports.len() });
-            }
-        }
-        let snat_v4 = match spec.snat_v4 {
-            None => None,
-            Some(IpAddr::V4(a)) => Some(a.octets()),
-            Some(other) => return Err(BuildError::SnatFamily(other)),
-        };
-        let snat_v6 = match spec.snat_v6 {
-            None => None,
-            Some(IpAddr::V6(a)) => Some(a.octets()),
-            Some(other) => return Err(BuildError::SnatFamily(other)),
-        };
-
-        // Scheduler data per service (may fail: Maglev), still without touching `self`. The
-        // Maglev tables to compute are gathered first and built together, on several threads
-        // when there are many (`build_maglev_tables`); errors are then reported in service
-        // order, as a one-by-one build would.
-        let max_m = if spec.maglev_max_size == 0 { maglev::DEFAULT_MAX_TABLE_SIZE } else { spec.maglev_max_size };
-        let mut next_maglev: HashMap<String, MaglevCached> = HashMap::new();
-        let mut stats = MaglevBuildStats::default();
-        // Per service: its Maglev input and, if unchanged, the previous table; its weights.
-        let mut pending = Vec::with_capacity(spec.services.len());
-        for s in &spec.services {
-            let eligible: Vec<&BackendSpec> = s.backends.iter().filter(|b| b.eligible && b.weight > 0).collect();
-            let maglev = if matches!(s.scheduler, Scheduler::Maglev { .. }) && !eligible.is_empty() {
-                let mb: Box<[MaglevBackend]> = eligible
-                    .iter()
-                    .map(|b| MaglevBackend { key: maglev::backend_key(b.addr, b.port), weight: u32::from(b.weight) })
-                    .collect();
-                match self.maglev.get(&s.name) {
-                    Some(c) if c.max_m == max_m && *c.input == *mb => {
-                        stats.reused += 1;
-                        Some((mb, Some(c.table.clone())))
-                    }
-                    _ => {
-                        stats.built += 1;
-                        Some((mb, None))
-                    }
-                }
-            } else {
-                None
-            };
-            let mut cum = Vec::with_capacity(eligible.len());
-            let mut total: Option<u32> = Some(0);
-            for b in &eligible {
-                total = total.and_then(|t| t.checked_add(u32::from(b.weight)));
-                cum.push(total.unwrap_or(0));
-            }
-            pending.push((maglev, total.map(|_| cum)));
-        }
-        let jobs: Vec<&[MaglevBackend]> =
-            pending.iter().filter_map(|(m, _)| m.as_ref().filter(|(_, c)| c.is_none()).map(|(mb, _)| &**mb)).collect();
-        let (built, threads) = build_maglev_tables(&jobs, max_m, self.build_threads());
-        stats.threads = threads;
-        let mut built = built.into_iter();
-        let mut sched_data = Vec::with_capacity(spec.services.len());
-        for (s, (maglev, cum)) in spec.services.iter().zip(pending) {
-            let maglev = match maglev {
-                None => None,
-                Some((mb, cached)) => {
-                    let table = match cached {
-                        Some(t) => t,
-                        None => match built.next() {
-                            Some(Ok(t)) => Arc::new(t),
-                            Some(Err(source)) => return Err(BuildError::Maglev { service: s.name.clone(), source }),
-                            // One result per job, in job order: not reached.
-                            None => {
-                                return Err(BuildError::Maglev {
-                                    service: s.name.clone(),
-                                    source: maglev::MaglevError::NoBackends,
-                                });
-                            }
-                        },
-                    };
-                    next_maglev.insert(s.name.clone(), MaglevCached { input: mb, max_m, table: table.clone() });
-                    Some(table)
-                }
-            };
-            let cum = cum.ok_or_else(|| BuildError::WeightOverflow(s.name.clone()))?;
-            sched_data.push((maglev, cum));
-        }
-
-        // Commit: assign slots and ids.
-        self.maglev = next_maglev;
-        self.maglev_stats = stats;
-        // Keep the slot of every backend that stays; free the slots of backends that left,
-        // bumping their generation; then give the new backends free or fresh slots.
-        let mut old = core::mem::take(&mut self.slots);
-        let mut next_slots: HashMap<String, HashMap<(IpAddr, u16), BackendRef>> =
-            HashMap::with_capacity(spec.services.len());
-        let mut refs: Vec<Vec<Option<BackendRef>>> = Vec::with_capacity(spec.services.len());
-        // A service whose backend set did not change keeps its map (and name) as they are.
-        let mut unchanged: Vec<Option<(String, SlotMap)>> = Vec::with_capacity(spec.services.len());
-        for s in &spec.services {
-            match old.remove_entry(s.name.as_str()) {
-                // Backends are unique per service (validated), so equal sizes and every backend
-                // present mean the same set.
-                Some((name, prev))
-                    if prev.len() == s.backends.len()
-                        && s.backends.iter().all(|b| prev.contains_key(&(b.addr, b.port))) =>
-                {
-                    refs.push(s.backends.iter().map(|b| prev.get(&(b.addr, b.port)).copied()).collect());
-                    unchanged.push(Some((name, prev)));
-                }
-                other => {
-                    let mut prev = other.map(|(_, m)| m).unwrap_or_default();
-                    refs.push(s.backends.iter().map(|b| prev.remove(&(b.addr, b.port))).collect());
-                    for r in prev.into_values() {
-                        self.free.push(BackendRef::new(r.index(), (r.0 >> 20).wrapping_add(1)));
-                    }
-                    unchanged.push(None);
-                }
-            }
-        }
-        for r in old.into_values().flat_map(HashMap::into_values) {
-            self.free.push(BackendRef::new(r.index(), (r.0 >> 20).wrapping_add(1)));
-        }
-        for ((s, rs), same) in spec.services.iter().zip(&mut refs).zip(unchanged) {
-            if let Some((name, map)) = same {
-                next_slots.insert(name, map);
-                continue;
-            }
-            let mut map = HashMap::with_capacity(s.backends.len());
-            for (b, r) in s.backends.iter().zip(rs.iter_mut()) {
-                let r = *r.get_or_insert_with(|| match self.free.pop() {
-                    Some(r) => r,
-                    None => {
-                        let r = BackendRef::new(self.next_slot, 0);
-                        self.next_slot += 1;
-                        r
-                    }
-                });
-                map.insert((b.addr, b.port), r);
-            }
-            next_slots.insert(s.name.clone(), map);
-        }
-        self.slots = next_slots;
-        // Service ids.
-        // `seen_names` holds every name of `spec` (validation above). Ids of services that left
-        // are freed in name order, so id reuse does not depend on hash order.
-        let mut gone: Vec<String> =
-            self.service_ids.keys().filter(|n| !seen_names.contains(n.as_str())).cloned().collect();
-        gone.sort_unstable();
-        for n in gone {
-            if let Some(id) = self.service_ids.remove(&n) {
-                self.free_ids.push(id);
-            }
-        }
-        let mut ids = Vec::with_capacity(spec.services.len());
-        for s in &spec.services {
-            let id = match self.service_ids.get(s.name.as_str()) {
-                Some(id) => *id,
-                None => {
-                    let id = self.free_ids.pop().unwrap_or_else(|| {
-                        let id = self.next_id;
-                        self.next_id += 1;
-                        id
-                    });
-                    self.service_ids.insert(s.name.clone(), id);
-                    id
-                }
-            };
-            ids.push(id);
-        }
-        self.generation += 1;
-
-        // Neighbours and routes.
-        let neigh: HashMap<IpAddr, &NeighbourSpec> = spec.neighbours.iter().map(|n| (n.addr, n)).collect();
-        // The next hop of a backend; `Err(true)` when it has no route at all, `Err(false)` while
-        // its next hop's MAC is unknown (the address to resolve is in `t.unresolved`).
-        let idx = RouteIndex::new(&spec.kernel_routes);
-        let hop_for = |addr: IpAddr| -> Result<Hop, Option<IpAddr>> {
-            let via = match spec.next_hop_in(&idx, addr) {
-                NextHop::Via(via) => via,
-                NextHop::Kernel => {
-                    return Ok(Hop { port: KERNEL_PORT, dst_mac: [0; 6], src_mac: [0; 6], mtu: 0 });
-                }
-                NextHop::NoRoute => return Err(None),
-            };
-            let n = neigh.get(&via).ok_or(Some(via))?;
-            let p = spec.ports.get(usize::from(n.port)).ok_or(Some(via))?;
-            Ok(Hop { port: n.port, dst_mac: n.mac, src_mac: p.mac, mtu: p.mtu })
-        };
-
-        let mut t = Tables::empty();
-        let n_frontends: usize = spec.services.iter().map(|s| s.frontends.len()).sum();
-        t.vips.reserve(n_frontends);
-        t.vip_addrs.reserve(n_frontends);
-        t.endpoints.reserve(total_backends);
-        t.services.reserve(spec.services.len());
-        t.generation = self.generation;
-        t.ports = spec.ports.clone();
-        t.snat_v4 = snat_v4;
-        t.snat_v6 = snat_v6;
-        t.cluster_cidrs = spec.cluster_cidrs.clone().into_boxed_slice();
-        t.multipath_l4 = spec.multipath_l4;
-        t.dsr_source_v4 = spec.dsr_source_v4;
-        t.dsr_source_v6 = spec.dsr_source_v6;
-        t.backends = vec![None; self.next_slot];
-        for ((((s, (maglev, cum)), rs), id), si) in spec.services.iter().zip(sched_data).zip(refs).zip(ids).zip(0u32..)
-        {
-            let mut members = Vec::with_capacity(s.backends.len());
-            let mut eligible = Vec::new();
-            let mut weights = Vec::new();
-            let mut by_addr = Vec::with_capacity(s.backends.len());
-            for (b, r) in s.backends.iter().zip(rs) {
-                let Some(r) = r else { continue };
-                members.push(r);
-                by_addr.push((b.addr, b.port, r));
-                if b.eligible && b.weight > 0 {
-                    eligible.push(r);
-                    weights.push(b.weight);
-                }
-                let (mut hop, no_route) = match hop_for(b.addr) {
-                    Ok(h) => (Some(h), false),
-                    Err(Some(via)) => {
-                        t.unresolved.push(via);
-                        (None, false)
-                    }
-                    Err(None) => (None, true),
-                };
-                let mut paths = Vec::new();
-                for gw in spec.multipath_gateways_in(&idx, b.addr) {
-                    match hop_for(*gw) {
-                        Ok(h) => paths.push(h),
-                        Err(_) => t.unresolved.push(*gw),
-                    }
-                }
-                // With one gateway resolved, that one is the backend's hop until the others are.
-                if let Some(first) = paths.first() {
-                    hop = Some(*first);
-                }
-                if paths.len() < 2 {
-                    paths.clear();
-                }
-                if let Some(slot) = t.backends.get_mut(r.index()) {
-                    *slot = Some(Backend {
-                        this: r,
-                        addr: b.addr,
-                        port: b.port,
-                        weight: b.weight,
-                        eligible: b.eligible,
-                        service: si,
-                        hop,
-                        no_route,
-                        paths: paths.into(),
-                        conditions: b.conditions,
-                        node_local: b.node_local,
-                    });
-                }
-            }
-            let mut endpoint_keys = Vec::new();
-            if s.mode == ForwardingMode::Nat {
-                for b in &s.backends {
-                    if matches!(spec.next_hop_in(&idx, b.addr), NextHop::Kernel) {
-                        for pr in s.frontends.iter().map(|f| f.proto) {
-                            t.kernel_endpoints.insert((b.addr, pr as u8, b.port));
-                            // Flows to it are never masqueraded, so its replies keep the
-                            // client's address whatever the frontend: a worker that reads one
-                            // without owning the flow must hand it on (`Verdict::Handoff`).
-                            let k = VipKey { addr: mapped(b.addr), port: b.port, proto: pr as u8 };
-                            t.endpoints.insert(k);
-                            endpoint_keys.push(k);
-                        }
-                    }
-                }
-                // Only frontends whose flows may keep the client's address: a masqueraded
-                // flow's replies come to the SNAT address, which the steering program catches
-                // anyway. So direct traffic to pods that back only masqueraded frontends is
-                // never caught (issue 10: catch as little as we can).
-                for b in &s.backends {
-                    for pr in s.frontends.iter().filter(|f| !f.masquerade).map(|f| f.proto) {
-                        let k = VipKey { addr: mapped(b.addr), port: b.port, proto: pr as u8 };
-                        t.endpoints.insert(k);
-                        endpoint_keys.push(k);
-                    }
-                }
-            }
-            // Only `sh`/`dh` read the bucket table (1 KiB per service).
-            let hash_buckets = if matches!(s.scheduler, Scheduler::SourceHash | Scheduler::DestinationHash) {
-                sh_buckets(&weights)
-            } else {
-                Box::default()
-            };
-            let mut frontend_keys = Vec::with_capacity(s.frontends.len());
-            for f in &s.frontends {
-                let a = mapped(f.addr);
-                frontend_keys.push(VipKey { addr: a, port: f.port, proto: f.proto as u8 });
-                t.vips.insert(
-                    VipKey { addr: a, port: f.port, proto: f.proto as u8 },
-                    FrontendEntry {
-                        service: si,
-                        kind: f.kind,
-                        masquerade: f.masquerade,
-                        source_ranges: f.source_ranges.clone().into_boxed_slice(),
-                    },
-                );
-                let kind = match f.kind {
-                    FrontendKind::ClusterIp => VipAddrKind::ClusterIp,
-                    FrontendKind::NodePort => VipAddrKind::Node,
-                    FrontendKind::LoadBalancer | FrontendKind::ExternalIp => VipAddrKind::Service,
-                };
-                t.vip_addrs.entry(a).and_modify(|k| *k = (*k).max(kind)).or_insert(kind);
-            }
-            by_addr.sort_unstable_by_key(|&(a, p, _)| (a, p));
-            t.services.push(Service {
-                id,
-                name: s.name.clone().into_boxed_str(),
-                scheduler: s.scheduler,
-                affinity_timeout_s: s.affinity_timeout_s,
-                mode: s.mode,
-                when_empty: s.when_empty,
-                members: members.into_boxed_slice(),
-                by_addr: by_addr.into_boxed_slice(),
-                eligible: eligible.into_boxed_slice(),
-                weights: weights.into_boxed_slice(),
-                cum_weights: cum.into_boxed_slice(),
-                maglev,
-                hash_buckets,
-                frontend_keys: frontend_keys.into_boxed_slice(),
-                endpoint_keys: endpoint_keys.into_boxed_slice(),
-            });
-        }
-        t.unresolved.sort();
-        t.unresolved.dedup();
-        t.frontend_index = FrontendIndex::build(&t.vips);
-        Ok(t)
-    }
-
-    /// Maglev tables computed and reused by the last successful [`TableBuilder::build`].
-    pub fn maglev_stats(&self) -> MaglevBuildStats {
-        self.maglev_stats
-    }
-
-    /// Number of backend slots in use or free (the length of [`Tables::backends`]).
-    pub fn slot_count(&self) -> usize {
-        self.next_slot
-    }
-
-    /// Number of service ids handed out (the length workers size service counters to).
-    pub fn service_id_count(&self) -> u32 {
-        self.next_id
-    }
-}
-
-/// IPVS `sh`/`dh` bucket fill (`ip_vs_sh_populate`): walk the backends round robin, giving
-/// each `weight` consecutive buckets per turn, until all [`HASH_BUCKETS`] are filled. Entries
-/// are indices into the eligible list; empty when there is no eligible backend.
-fn sh_buckets(weights: &[u16]) -> Box<[u32]> {
-    if weights.is_empty() {
-        return Box::new([]);
-    }
-    let mut out = Vec::with_capacity(HASH_BUCKETS);
-    let mut i = 0usize;
-    let mut given = 0u16;
-    while out.len() < HASH_BUCKETS {
-        let w = weights.get(i).copied().unwrap_or(1).max(1);
-        out.push(u32::try_from(i).unwrap_or(0));
-        given += 1;
-        if given >= w {
-            given = 0;
-            i = (i + 1) % weights.len();
-        }
-    }
-    out.into_boxed_slice()
-}
-
 /// Publication point for tables: the control thread stores, workers load once per batch.
 #[derive(Debug, Clone)]
 pub struct TablesHandle {
@@ -1618,7 +1035,9 @@ impl TablesReader {
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, reason = "tests")]
+    use super::build::sh_buckets;
     use super::*;
+    use crate::addr::mapped;
 
     #[test]
     fn scheduler_and_forwarding_mode_names_parse_back_and_unknown_ones_list_the_accepted() {
@@ -1782,7 +1201,7 @@ mod tests {
         assert_eq!(serial.maglev_stats(), MaglevBuildStats { built: 400, reused: 0, threads: 1 });
         assert_eq!(parallel.maglev_stats(), MaglevBuildStats { built: 400, reused: 0, threads: 4 });
         assert_eq!(a.services.len(), 400);
-        for (x, y) in a.services.iter().zip(&b.services) {
+        for (x, y) in a.services.iter().zip(b.services.iter()) {
             assert_eq!(x.name, y.name);
             let (tx, ty) = (x.maglev.as_deref().unwrap(), y.maglev.as_deref().unwrap());
             assert_eq!((tx.size(), tx.slots(), tx.checksum()), (ty.size(), ty.slots(), ty.checksum()), "{}", x.name);
@@ -1843,7 +1262,7 @@ mod tests {
         f.kind = FrontendKind::ExternalIp;
         s.frontends.insert(0, f);
         let t = TableBuilder::new().build(&TablesSpec { services: vec![s.into()], ..Default::default() }).unwrap();
-        assert_eq!(t.vip_addrs[&mapped("10.96.0.1".parse().unwrap())], VipAddrKind::ClusterIp);
+        assert_eq!(*t.vip_addrs.get(&mapped("10.96.0.1".parse().unwrap())).unwrap(), VipAddrKind::ClusterIp);
     }
 
     #[test]
@@ -1924,7 +1343,7 @@ mod tests {
         let spec = TablesSpec { services: vec![masq.into()], kernel_routes: vec![kernel], ..Default::default() };
         let t = TableBuilder::new().build(&spec).unwrap();
         let pod: IpAddr = "10.244.0.5".parse().unwrap();
-        assert_eq!(t.kernel_endpoints, [(pod, 6, 8080)].into_iter().collect());
+        assert_eq!(*t.kernel_endpoints, [(pod, 6, 8080)].into_iter().collect());
         assert!(t.endpoints.contains(&VipKey { addr: mapped(pod), port: 8080, proto: 6 }));
         let b = t.backends.iter().flatten().next().unwrap();
         assert_eq!(b.hop.map(|h| h.port), Some(KERNEL_PORT));

@@ -1,0 +1,1295 @@
+//! [`TableBuilder`]: from a [`TablesSpec`] to a [`Tables`] snapshot, redoing only what
+//! changed since the previous build (issue 14 items 1 and 2).
+//!
+//! A build first finds what changed. The Services of a spec are `Arc`s, and a translator hands
+//! the same `Arc` for a Service it did not touch (SYNC-03), so the builder walks the new spec
+//! beside the pointers of the previous one: an equal pointer is an unchanged Service and costs
+//! one compare; only the others are looked up by name. Everything that is not a Service
+//! (ports, neighbours, routes, SNAT, prefixes, the Maglev size) is compared by value; any
+//! difference there, a builder without history, or a spec whose order does not line up with
+//! the previous one makes a full build, which validates and lays out everything as before.
+//!
+//! The snapshot itself is persistent ([`super::persist`]): services by id and backend slots
+//! in shared chunks, frontends, addresses and steered endpoints in sharded maps. An
+//! incremental build clones the previous snapshot (chunk and shard pointers), removes what
+//! the removed and changed Services had put in (first, all of it, so a frontend can move from
+//! one Service to another within one build), then puts in the new and changed ones. Shared
+//! keys (an address carrying frontends of several Services, an endpoint backing two Services)
+//! are reference-counted here, off the published tables.
+#![deny(clippy::panic, clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use hashbrown::{HashMap, HashSet};
+
+use super::{
+    Backend, BackendRef, BackendSpec, BuildError, Cidr, ForwardingMode, FrontendEntry, FrontendKind, Hop, KERNEL_PORT,
+    KernelRouteSpec, NeighbourSpec, NextHop, PortSpec, RouteIndex, RouteSpec, Scheduler, Service, ServiceSpec, Tables,
+    TablesSpec, VipAddrKind, VipKey,
+};
+use crate::addr::mapped;
+use crate::maglev::{self, MaglevBackend, MaglevTable};
+
+/// Keeps what must survive from one build to the next: backend slot and service id
+/// assignments, the last Maglev table of each Service, the last snapshot and the reference
+/// counts of shared keys. Owned by the control thread.
+#[derive(Debug, Default)]
+pub struct TableBuilder {
+    /// Per Service name: what its last build made.
+    records: HashMap<String, Record>,
+    /// The spec pointer of each record (`Arc::as_ptr` as an address) → its name.
+    names_by_ptr: HashMap<usize, String>,
+    /// The previous spec's Service pointers in spec order (each kept alive by its record).
+    order: Vec<usize>,
+    /// Non-service fields of the previous spec.
+    globals: Option<Globals>,
+    /// The last snapshot built (sharing its pieces with the one published).
+    last: Option<Tables>,
+    free: Vec<BackendRef>,
+    next_slot: usize,
+    free_ids: Vec<u32>,
+    next_id: u32,
+    generation: u64,
+    /// Backends in the last snapshot (for [`BuildError::TooManyBackends`]).
+    total_backends: usize,
+    /// Frontends per address and kind ([`VipAddrKind`] as index 0..3).
+    addr_kinds: HashMap<[u8; 16], [u32; 3]>,
+    /// Services that put each key into [`Tables::endpoints`].
+    endpoint_refs: HashMap<VipKey, u32>,
+    /// Services that put each entry into [`Tables::kernel_endpoints`].
+    kernel_refs: BTreeMap<(IpAddr, u8, u16), u32>,
+    /// Backends waiting for each unresolved next hop ([`Tables::unresolved`]).
+    unresolved_refs: HashMap<IpAddr, u32>,
+    maglev_stats: MaglevBuildStats,
+    last_kind: BuildKind,
+    /// Records that hold a Maglev table.
+    maglev_tables: usize,
+    /// Ids of the services the last incremental build added, changed or removed, sorted.
+    changed: Vec<u32>,
+    /// Threads that compute Maglev tables (0: `std::thread::available_parallelism`).
+    threads: usize,
+}
+
+/// What one Service's last build made, to undo it when the Service changes or leaves.
+#[derive(Debug)]
+struct Record {
+    spec: Arc<ServiceSpec>,
+    id: u32,
+    /// Backend slots by (address, port).
+    slots: SlotMap,
+    maglev: Option<MaglevCached>,
+    /// Frontend keys and the address kind each gives.
+    frontends: Box<[(VipKey, VipAddrKind)]>,
+    /// Keys put into [`Tables::endpoints`] (counted in `endpoint_refs`).
+    endpoints: Box<[VipKey]>,
+    /// Entries put into [`Tables::kernel_endpoints`].
+    kernel: Box<[(IpAddr, u8, u16)]>,
+    /// Next hops of its backends that were unresolved.
+    unresolved: Box<[IpAddr]>,
+    backends: usize,
+}
+
+/// One service's backend slots by (address, port).
+type SlotMap = HashMap<(IpAddr, u16), BackendRef>;
+
+/// A Maglev table and the input it was built from (eligible backends in order, and M).
+#[derive(Debug, Clone)]
+struct MaglevCached {
+    input: Box<[MaglevBackend]>,
+    max_m: u32,
+    table: Arc<MaglevTable>,
+}
+
+/// The fields of a [`TablesSpec`] that are not Services.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Globals {
+    ports: Vec<PortSpec>,
+    neighbours: Vec<NeighbourSpec>,
+    routes: Vec<RouteSpec>,
+    kernel_routes: Vec<KernelRouteSpec>,
+    multipath_l4: bool,
+    snat_v4: Option<IpAddr>,
+    snat_v6: Option<IpAddr>,
+    dsr_source_v4: Option<Cidr>,
+    dsr_source_v6: Option<Cidr>,
+    maglev_max_size: u32,
+    cluster_cidrs: Vec<Cidr>,
+}
+
+impl Globals {
+    fn of(s: &TablesSpec) -> Self {
+        Self {
+            ports: s.ports.clone(),
+            neighbours: s.neighbours.clone(),
+            routes: s.routes.clone(),
+            kernel_routes: s.kernel_routes.clone(),
+            multipath_l4: s.multipath_l4,
+            snat_v4: s.snat_v4,
+            snat_v6: s.snat_v6,
+            dsr_source_v4: s.dsr_source_v4,
+            dsr_source_v6: s.dsr_source_v6,
+            maglev_max_size: s.maglev_max_size,
+            cluster_cidrs: s.cluster_cidrs.clone(),
+        }
+    }
+
+    /// Equal to `s`'s, without copying.
+    fn matches(&self, s: &TablesSpec) -> bool {
+        self.ports == s.ports
+            && self.neighbours == s.neighbours
+            && self.routes == s.routes
+            && self.kernel_routes == s.kernel_routes
+            && self.multipath_l4 == s.multipath_l4
+            && self.snat_v4 == s.snat_v4
+            && self.snat_v6 == s.snat_v6
+            && self.dsr_source_v4 == s.dsr_source_v4
+            && self.dsr_source_v6 == s.dsr_source_v6
+            && self.maglev_max_size == s.maglev_max_size
+            && self.cluster_cidrs == s.cluster_cidrs
+    }
+}
+
+/// How many Maglev tables the last [`TableBuilder::build`] computed and how many it reused.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct MaglevBuildStats {
+    /// Tables computed (new service, or its eligible backends or weights changed).
+    pub built: usize,
+    /// Tables shared with the previous snapshot: of a service the build did not redo, or
+    /// whose eligible backends and weights did not change.
+    pub reused: usize,
+    /// Threads that computed the `built` tables (the calling thread included; 1 when few or
+    /// none were built). See [`TableBuilder::set_build_threads`].
+    pub threads: usize,
+}
+
+/// What the last successful [`TableBuilder::build`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub enum BuildKind {
+    /// No build yet.
+    #[default]
+    None,
+    /// Everything laid out again: first build, a non-service field changed, or the spec's
+    /// Services did not line up with the previous build's.
+    Full,
+    /// Only the Services whose `Arc` changed were rebuilt.
+    Incremental {
+        /// Services added or changed.
+        upserted: usize,
+        /// Services removed.
+        removed: usize,
+    },
+}
+
+/// Maglev tables a build thread claims at a time (one atomic add per claim).
+pub const MAGLEV_JOBS_PER_CLAIM: usize = 16;
+
+/// A build uses another thread only for every this many Maglev tables to compute: a thread
+/// costs tens of microseconds to start, a table of 10 backends (M = 1021) about 20 µs.
+pub const MAGLEV_JOBS_PER_THREAD: usize = 64;
+
+/// Computes one Maglev table per entry of `jobs` (table size from [`maglev::table_size_for`]
+/// with `max_m`), on up to `threads` threads; one result per job, in job order, equal to a
+/// one-thread build's, and the number of threads that took part. A helper that cannot be
+/// started, or that panicked, leaves its remaining jobs to the calling thread.
+fn build_maglev_tables(
+    jobs: &[&[MaglevBackend]],
+    max_m: u32,
+    threads: usize,
+) -> (Vec<Result<MaglevTable, maglev::MaglevError>>, usize) {
+    let one = |mb: &[MaglevBackend], scratch: &mut maglev::MaglevScratch| {
+        maglev::table_size_for(mb.len(), max_m).and_then(|m| MaglevTable::build_in(mb, m, scratch))
+    };
+    let threads = threads.min(jobs.len() / MAGLEV_JOBS_PER_THREAD).max(1);
+    let mut scratch = maglev::MaglevScratch::new();
+    if threads == 1 {
+        return (jobs.iter().map(|mb| one(mb, &mut scratch)).collect(), 1);
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    // Claims the next chunk of jobs and builds it; (job index, result) pairs.
+    let work = |scratch: &mut maglev::MaglevScratch| {
+        let mut out = Vec::new();
+        loop {
+            let from = next.fetch_add(MAGLEV_JOBS_PER_CLAIM, std::sync::atomic::Ordering::Relaxed);
+            let Some(chunk) = jobs.get(from..jobs.len().min(from + MAGLEV_JOBS_PER_CLAIM)) else { break };
+            if chunk.is_empty() {
+                break;
+            }
+            out.extend(chunk.iter().zip(from..).map(|(mb, i)| (i, one(mb, scratch))));
+        }
+        out
+    };
+    let mut results: Vec<Option<Result<MaglevTable, maglev::MaglevError>>> = Vec::new();
+    results.resize_with(jobs.len(), || None);
+    let mut used = 1;
+    std::thread::scope(|s| {
+        let helpers: Vec<_> = (1..threads)
+            .filter_map(|_| {
+                std::thread::Builder::new()
+                    .name("xlb-maglev".into())
+                    .spawn_scoped(s, || work(&mut maglev::MaglevScratch::new()))
+                    .ok()
+            })
+            .collect();
+        used += helpers.len();
+        let mine = work(&mut scratch);
+        for (i, r) in helpers.into_iter().filter_map(|h| h.join().ok()).flatten().chain(mine) {
+            if let Some(slot) = results.get_mut(i) {
+                *slot = Some(r);
+            }
+        }
+    });
+    // Jobs of a helper that panicked: built here, in order.
+    (jobs.iter().zip(results).map(|(mb, r)| r.unwrap_or_else(|| one(mb, &mut scratch))).collect(), used)
+}
+
+/// Number of buckets of the `sh`/`dh` static hash table (IPVS `IP_VS_SH_TAB_SIZE` is 256).
+pub const HASH_BUCKETS: usize = 256;
+
+/// The Services a build redoes.
+struct Plan<'a> {
+    /// New or changed Services, in spec order.
+    upserts: Vec<&'a Arc<ServiceSpec>>,
+    /// Names of Services that left, sorted.
+    removed: Vec<String>,
+    full: bool,
+}
+
+/// What validation worked out for one upserted Service (nothing committed yet).
+struct Prepared {
+    maglev: Option<MaglevCached>,
+    cum: Vec<u32>,
+}
+
+fn addr_kind(k: FrontendKind) -> VipAddrKind {
+    match k {
+        FrontendKind::ClusterIp => VipAddrKind::ClusterIp,
+        FrontendKind::NodePort => VipAddrKind::Node,
+        FrontendKind::LoadBalancer | FrontendKind::ExternalIp => VipAddrKind::Service,
+    }
+}
+
+fn kind_index(k: VipAddrKind) -> usize {
+    match k {
+        VipAddrKind::Node => 0,
+        VipAddrKind::Service => 1,
+        VipAddrKind::ClusterIp => 2,
+    }
+}
+
+const KINDS: [VipAddrKind; 3] = [VipAddrKind::Node, VipAddrKind::Service, VipAddrKind::ClusterIp];
+
+/// Per-Service checks that need nothing else: ports not 0, one address family, no backend
+/// twice.
+fn validate_service(s: &ServiceSpec, seen_b: &mut HashSet<(IpAddr, u16)>) -> Result<(), BuildError> {
+    for f in &s.frontends {
+        if f.port == 0 {
+            return Err(BuildError::ZeroPort { service: s.name.clone(), what: "frontend" });
+        }
+    }
+    let v6 = s.frontends.first().map(|f| f.addr.is_ipv6());
+    let addrs = s.frontends.iter().map(|f| f.addr).chain(s.backends.iter().map(|b| b.addr));
+    for a in addrs {
+        if v6.is_some_and(|v6| v6 != a.is_ipv6()) {
+            return Err(BuildError::MixedFamilies { service: s.name.clone(), addr: a });
+        }
+    }
+    seen_b.clear();
+    for b in &s.backends {
+        if b.port == 0 {
+            return Err(BuildError::ZeroPort { service: s.name.clone(), what: "backend" });
+        }
+        if !seen_b.insert((b.addr, b.port)) {
+            return Err(BuildError::DuplicateBackend { service: s.name.clone(), addr: b.addr, port: b.port });
+        }
+    }
+    Ok(())
+}
+
+fn frontend_key(f: &super::Frontend) -> VipKey {
+    VipKey { addr: mapped(f.addr), port: f.port, proto: f.proto as u8 }
+}
+
+impl TableBuilder {
+    /// A builder with no history.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets how many threads compute the Maglev tables of one build: the calling thread and
+    /// `n - 1` scoped helpers (`std::thread::scope`, unpinned, normal priority), each taking
+    /// the next [`MAGLEV_JOBS_PER_CLAIM`] tables in turn. 1 builds on the calling thread
+    /// only; 0 (the default) means `std::thread::available_parallelism()` (the CPUs this
+    /// process may run on). Fewer threads are used when there are fewer than
+    /// [`MAGLEV_JOBS_PER_THREAD`] tables per thread to build (a one-Service change builds one
+    /// table and starts no thread). The tables are the same whatever `n`: each depends only
+    /// on its own input (NSDI'16 §3.4), and results are stitched back in service order.
+    pub fn set_build_threads(&mut self, n: usize) {
+        self.threads = n;
+    }
+
+    /// The thread count [`Self::set_build_threads`] resolves to (≥ 1).
+    pub fn build_threads(&self) -> usize {
+        match self.threads {
+            0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+            n => n,
+        }
+    }
+
+    /// Maglev tables computed and reused by the last successful [`TableBuilder::build`].
+    pub fn maglev_stats(&self) -> MaglevBuildStats {
+        self.maglev_stats
+    }
+
+    /// Whether the last successful [`TableBuilder::build`] was full or incremental, and how
+    /// many Services it redid.
+    pub fn last_build(&self) -> BuildKind {
+        self.last_kind
+    }
+
+    /// The ids of the services that the last build added, changed or removed (sorted): in
+    /// the snapshot before it, the one it made, or both (an id freed and taken again in one
+    /// build names both services). `None` when the last build was full (anything may have
+    /// changed) or failed to happen.
+    pub fn changed_ids(&self) -> Option<&[u32]> {
+        matches!(self.last_kind, BuildKind::Incremental { .. }).then_some(self.changed.as_slice())
+    }
+
+    /// Number of backend slots in use or free (the length of [`Tables::backends`]).
+    pub fn slot_count(&self) -> usize {
+        self.next_slot
+    }
+
+    /// Number of service ids handed out (the length of [`Tables::services`], which workers
+    /// size their per-service counters to).
+    pub fn service_id_count(&self) -> u32 {
+        self.next_id
+    }
+
+    /// Builds a snapshot from `spec`. On error nothing changes (slot and id assignments and
+    /// the history are only committed on success), so the caller keeps publishing the last
+    /// good tables.
+    ///
+    /// Cost: a full build (first build, or a non-service field of `spec` changed) is
+    /// O(Services + backends); otherwise O(Services) pointer compares plus O(what changed):
+    /// Services whose `Arc` is the one of the previous build are not looked at.
+    ///
+    /// # Errors
+    /// [`BuildError`] naming the service, frontend or backend at fault.
+    pub fn build(&mut self, spec: &TablesSpec) -> Result<Tables, BuildError> {
+        for n in &spec.neighbours {
+            if usize::from(n.port) >= spec.ports.len() {
+                return Err(BuildError::BadNeighbourPort { addr: n.addr, port: n.port, ports: spec.ports.len() });
+            }
+        }
+        let snat_v4 = match spec.snat_v4 {
+            None => None,
+            Some(IpAddr::V4(a)) => Some(a.octets()),
+            Some(other) => return Err(BuildError::SnatFamily(other)),
+        };
+        let snat_v6 = match spec.snat_v6 {
+            None => None,
+            Some(IpAddr::V6(a)) => Some(a.octets()),
+            Some(other) => return Err(BuildError::SnatFamily(other)),
+        };
+        let incremental = self.last.is_some() && self.globals.as_ref().is_some_and(|g| g.matches(spec));
+        let plan = match incremental.then(|| self.plan(spec)).flatten() {
+            Some(p) => p,
+            None => self.full_plan(spec)?,
+        };
+        let (prepared, stats) = self.validate(spec, &plan)?;
+
+        // Commit (cannot fail from here on).
+        // The last snapshot is taken, not copied: its pieces are shared with the published
+        // one, so what the commit changes is copied then (and only that).
+        let mut t = match (self.last.take(), plan.full) {
+            (Some(last), false) => last,
+            _ => {
+                let mut t = Tables::empty();
+                t.ports = spec.ports.clone();
+                t.snat_v4 = snat_v4;
+                t.snat_v6 = snat_v6;
+                t.cluster_cidrs = spec.cluster_cidrs.clone().into_boxed_slice();
+                t.multipath_l4 = spec.multipath_l4;
+                t.dsr_source_v4 = spec.dsr_source_v4;
+                t.dsr_source_v6 = spec.dsr_source_v6;
+                self.addr_kinds.clear();
+                self.endpoint_refs.clear();
+                self.kernel_refs.clear();
+                self.unresolved_refs.clear();
+                self.total_backends = 0;
+                t
+            }
+        };
+        self.commit(spec, &plan, prepared, &mut t);
+        self.generation += 1;
+        t.generation = self.generation;
+        // Every Maglev table of the snapshot not computed by this build was reused, whether the
+        // build looked at its service or not.
+        self.maglev_stats = MaglevBuildStats { reused: self.maglev_tables.saturating_sub(stats.built), ..stats };
+        if plan.full {
+            self.globals = Some(Globals::of(spec));
+        }
+        self.last_kind = if plan.full {
+            BuildKind::Full
+        } else {
+            BuildKind::Incremental { upserted: plan.upserts.len(), removed: plan.removed.len() }
+        };
+        if plan.full || !plan.upserts.is_empty() || !plan.removed.is_empty() {
+            self.order.clear();
+            self.order.extend(spec.services.iter().map(|s| Arc::as_ptr(s) as usize));
+        }
+        self.last = Some(t.clone());
+        Ok(t)
+    }
+
+    /// The Services that changed since the previous build, found by walking `spec` beside the
+    /// previous build's pointers. `None` when they do not line up (a reordered spec, a name
+    /// twice): then a full build sorts it out.
+    fn plan<'a>(&self, spec: &'a TablesSpec) -> Option<Plan<'a>> {
+        let mut upserts = Vec::new();
+        // Names met off the fast path, and previous pointers passed over or replaced.
+        let mut seen: HashSet<&str> = HashSet::new();
+        let mut released: HashSet<usize> = HashSet::new();
+        let mut j = 0;
+        for s in &spec.services {
+            let p = Arc::as_ptr(s) as usize;
+            if self.order.get(j) == Some(&p) {
+                j += 1;
+                continue;
+            }
+            if !seen.insert(s.name.as_str()) {
+                return None;
+            }
+            match self.records.get(s.name.as_str()) {
+                Some(r) if Arc::ptr_eq(&r.spec, s) => {
+                    // Unchanged, with Services removed or changed before it: pass over those.
+                    let k = self.order.get(j..)?.iter().position(|&q| q == p)?;
+                    released.extend(self.order.get(j..j + k)?.iter().copied());
+                    j += k + 1;
+                }
+                Some(r) => {
+                    let q = Arc::as_ptr(&r.spec) as usize;
+                    if self.order.get(j) == Some(&q) {
+                        released.insert(q);
+                        j += 1;
+                    }
+                    upserts.push(s);
+                }
+                None => upserts.push(s),
+            }
+        }
+        released.extend(self.order.get(j..)?.iter().copied());
+        let mut removed = Vec::new();
+        for q in &released {
+            let name = self.names_by_ptr.get(q)?;
+            if !seen.contains(name.as_str()) {
+                removed.push(name.clone());
+            }
+        }
+        // A changed Service's previous spec must have been passed over: otherwise it is still
+        // in the spec under the same name (the name twice).
+        for s in &upserts {
+            if let Some(r) = self.records.get(s.name.as_str())
+                && !released.contains(&(Arc::as_ptr(&r.spec) as usize))
+            {
+                return None;
+            }
+        }
+        removed.sort_unstable();
+        Some(Plan { upserts, removed, full: false })
+    }
+
+    /// Every Service of `spec`, and every recorded one not in it as removed.
+    fn full_plan<'a>(&self, spec: &'a TablesSpec) -> Result<Plan<'a>, BuildError> {
+        let mut names: HashSet<&str> = HashSet::with_capacity(spec.services.len());
+        for s in &spec.services {
+            if !names.insert(s.name.as_str()) {
+                return Err(BuildError::DuplicateService(s.name.clone()));
+            }
+        }
+        let mut removed: Vec<String> = self.records.keys().filter(|n| !names.contains(n.as_str())).cloned().collect();
+        removed.sort_unstable();
+        Ok(Plan { upserts: spec.services.iter().collect(), removed, full: true })
+    }
+
+    /// Checks the upserted Services (alone and against the Services that stay) and computes
+    /// their scheduler data, Maglev tables included, without changing `self`.
+    fn validate(&self, spec: &TablesSpec, plan: &Plan<'_>) -> Result<(Vec<Prepared>, MaglevBuildStats), BuildError> {
+        let mut seen_b = HashSet::new();
+        // Frontends claimed by the upserts (first in spec order wins the message).
+        let mut claims: HashMap<VipKey, &str> = HashMap::new();
+        let mut total = if plan.full { 0 } else { self.total_backends };
+        for s in &plan.upserts {
+            validate_service(s, &mut seen_b)?;
+            for f in &s.frontends {
+                if let Some(first) = claims.insert(frontend_key(f), &s.name) {
+                    return Err(BuildError::DuplicateFrontend {
+                        addr: f.addr,
+                        proto: f.proto.as_str(),
+                        port: f.port,
+                        first: first.to_owned(),
+                        second: s.name.clone(),
+                    });
+                }
+            }
+            if !plan.full
+                && let Some(r) = self.records.get(s.name.as_str())
+            {
+                total = total.saturating_sub(r.backends);
+            }
+            total += s.backends.len();
+        }
+        if !plan.full {
+            for n in &plan.removed {
+                total = total.saturating_sub(self.records.get(n.as_str()).map_or(0, |r| r.backends));
+            }
+            // A frontend an upsert claims must not belong to a Service that stays as it is.
+            if let Some(last) = &self.last {
+                let changing: HashSet<&str> = plan
+                    .upserts
+                    .iter()
+                    .map(|u| u.name.as_str())
+                    .chain(plan.removed.iter().map(String::as_str))
+                    .collect();
+                for s in &plan.upserts {
+                    for f in &s.frontends {
+                        let Some(owner) = last.vips.get(&frontend_key(f)) else { continue };
+                        let Some(o) = last.services.get(owner.service as usize) else { continue };
+                        if !changing.contains(&*o.name) {
+                            return Err(BuildError::DuplicateFrontend {
+                                addr: f.addr,
+                                proto: f.proto.as_str(),
+                                port: f.port,
+                                first: o.name.to_string(),
+                                second: s.name.clone(),
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        if total > BackendRef::MAX_SLOTS {
+            return Err(BuildError::TooManyBackends(total));
+        }
+
+        let max_m = if spec.maglev_max_size == 0 { maglev::DEFAULT_MAX_TABLE_SIZE } else { spec.maglev_max_size };
+        let mut pending = Vec::with_capacity(plan.upserts.len());
+        for s in &plan.upserts {
+            let eligible: Vec<&BackendSpec> = s.backends.iter().filter(|b| b.eligible && b.weight > 0).collect();
+            let maglev = if matches!(s.scheduler, Scheduler::Maglev { .. }) && !eligible.is_empty() {
+                let mb: Box<[MaglevBackend]> = eligible
+                    .iter()
+                    .map(|b| MaglevBackend { key: maglev::backend_key(b.addr, b.port), weight: u32::from(b.weight) })
+                    .collect();
+                let cached = self
+                    .records
+                    .get(s.name.as_str())
+                    .and_then(|r| r.maglev.as_ref())
+                    .filter(|c| c.max_m == max_m && *c.input == *mb)
+                    .map(|c| c.table.clone());
+                Some((mb, cached))
+            } else {
+                None
+            };
+            let mut cum = Vec::with_capacity(eligible.len());
+            let mut sum: Option<u32> = Some(0);
+            for b in &eligible {
+                sum = sum.and_then(|t| t.checked_add(u32::from(b.weight)));
+                cum.push(sum.unwrap_or(0));
+            }
+            pending.push((maglev, sum.map(|_| cum)));
+        }
+        let pending_reused = pending.iter().filter(|(m, _)| m.as_ref().is_some_and(|(_, c)| c.is_some())).count();
+        let jobs: Vec<&[MaglevBackend]> =
+            pending.iter().filter_map(|(m, _)| m.as_ref().filter(|(_, c)| c.is_none()).map(|(mb, _)| &**mb)).collect();
+        let (built, threads) = build_maglev_tables(&jobs, max_m, self.build_threads());
+        let n_built = jobs.len();
+        drop(jobs);
+        let mut built = built.into_iter();
+        let mut out = Vec::with_capacity(plan.upserts.len());
+        for (s, (maglev, cum)) in plan.upserts.iter().zip(pending) {
+            let maglev = match maglev {
+                None => None,
+                Some((input, Some(table))) => Some(MaglevCached { input, max_m, table }),
+                Some((input, None)) => match built.next() {
+                    Some(Ok(t)) => Some(MaglevCached { input, max_m, table: Arc::new(t) }),
+                    Some(Err(source)) => return Err(BuildError::Maglev { service: s.name.clone(), source }),
+                    // One result per job, in job order: not reached.
+                    None => {
+                        return Err(BuildError::Maglev {
+                            service: s.name.clone(),
+                            source: maglev::MaglevError::NoBackends,
+                        });
+                    }
+                },
+            };
+            let cum = cum.ok_or_else(|| BuildError::WeightOverflow(s.name.clone()))?;
+            out.push(Prepared { maglev, cum });
+        }
+        let reused = pending_reused;
+        Ok((out, MaglevBuildStats { built: n_built, reused, threads }))
+    }
+
+    /// Applies `plan` to `t` (a fresh snapshot for a full plan, else a clone of the last).
+    fn commit(&mut self, spec: &TablesSpec, plan: &Plan<'_>, prepared: Vec<Prepared>, t: &mut Tables) {
+        let mut touched_addrs: HashSet<[u8; 16]> = HashSet::new();
+        let mut touched_endpoints: HashSet<VipKey> = HashSet::new();
+        let mut kernel_changed = plan.full;
+        let fresh = plan.full;
+
+        self.changed.clear();
+        // 1. Undo what removed and changed Services put in; free their slots and ids.
+        let mut old_slots: Vec<Option<(u32, SlotMap)>> = Vec::with_capacity(plan.upserts.len());
+        for name in &plan.removed {
+            let Some(r) = self.records.remove(name.as_str()) else { continue };
+            self.names_by_ptr.remove(&(Arc::as_ptr(&r.spec) as usize));
+            self.maglev_tables -= usize::from(r.maglev.is_some());
+            self.changed.push(r.id);
+            if !fresh {
+                self.undo(&r, t, &mut touched_addrs, &mut touched_endpoints, &mut kernel_changed);
+                if let Some(s) = t.services.slots.get_mut(r.id as usize) {
+                    *s = None;
+                }
+            }
+            for b in r.slots.into_values() {
+                self.free_slot(b, t, fresh);
+            }
+            self.free_ids.push(r.id);
+        }
+        for s in &plan.upserts {
+            let Some(r) = self.records.remove(s.name.as_str()) else {
+                old_slots.push(None);
+                continue;
+            };
+            self.names_by_ptr.remove(&(Arc::as_ptr(&r.spec) as usize));
+            self.maglev_tables -= usize::from(r.maglev.is_some());
+            if !fresh {
+                self.undo(&r, t, &mut touched_addrs, &mut touched_endpoints, &mut kernel_changed);
+            }
+            let mut prev = r.slots;
+            let mut keep = SlotMap::with_capacity(s.backends.len());
+            for b in &s.backends {
+                if let Some(x) = prev.remove(&(b.addr, b.port)) {
+                    keep.insert((b.addr, b.port), x);
+                }
+            }
+            for b in prev.into_values() {
+                self.free_slot(b, t, fresh);
+            }
+            old_slots.push(Some((r.id, keep)));
+        }
+
+        // 2. Put in the new and changed Services.
+        let neigh: HashMap<IpAddr, &NeighbourSpec> = if plan.upserts.is_empty() {
+            HashMap::new()
+        } else {
+            spec.neighbours.iter().map(|n| (n.addr, n)).collect()
+        };
+        let idx = RouteIndex::new(&spec.kernel_routes);
+        let hop_for = |addr: IpAddr| -> Result<Hop, Option<IpAddr>> {
+            let via = match spec.next_hop_in(&idx, addr) {
+                NextHop::Via(via) => via,
+                NextHop::Kernel => {
+                    return Ok(Hop { port: KERNEL_PORT, dst_mac: [0; 6], src_mac: [0; 6], mtu: 0 });
+                }
+                NextHop::NoRoute => return Err(None),
+            };
+            let n = neigh.get(&via).ok_or(Some(via))?;
+            let p = spec.ports.get(usize::from(n.port)).ok_or(Some(via))?;
+            Ok(Hop { port: n.port, dst_mac: n.mac, src_mac: p.mac, mtu: p.mtu })
+        };
+        let mut ids = Vec::with_capacity(plan.upserts.len());
+        let mut refs: Vec<Vec<BackendRef>> = Vec::with_capacity(plan.upserts.len());
+        // Ids first (freed ones in name order), then slots, in spec order as before.
+        self.free_ids.sort_unstable_by(|a, b| b.cmp(a));
+        for (s, old) in plan.upserts.iter().zip(&mut old_slots) {
+            let id = match old {
+                Some((id, _)) => *id,
+                None => self.free_ids.pop().unwrap_or_else(|| {
+                    let id = self.next_id;
+                    self.next_id += 1;
+                    id
+                }),
+            };
+            ids.push(id);
+            self.changed.push(id);
+            let keep = old.as_mut().map(|(_, m)| core::mem::take(m)).unwrap_or_default();
+            let rs = s
+                .backends
+                .iter()
+                .map(|b| match keep.get(&(b.addr, b.port)) {
+                    Some(r) => *r,
+                    None => match self.free.pop() {
+                        Some(r) => r,
+                        None => {
+                            let r = BackendRef::new(self.next_slot, 0);
+                            self.next_slot += 1;
+                            r
+                        }
+                    },
+                })
+                .collect();
+            refs.push(rs);
+        }
+        t.backends.resize(self.next_slot);
+        t.services.slots.resize(self.next_id as usize);
+        if fresh {
+            let frontends = plan.upserts.iter().map(|s| s.frontends.len()).sum();
+            t.vips.reserve(frontends);
+            t.vip_addrs.reserve(frontends);
+            t.endpoints.reserve(plan.upserts.iter().map(|s| s.backends.len()).sum());
+        }
+
+        for (((s, p), id), rs) in plan.upserts.iter().zip(prepared).zip(ids).zip(refs) {
+            let mut members = Vec::with_capacity(s.backends.len());
+            let mut eligible = Vec::new();
+            let mut weights = Vec::new();
+            let mut by_addr = Vec::with_capacity(s.backends.len());
+            let mut unresolved = Vec::new();
+            let mut slots = SlotMap::with_capacity(s.backends.len());
+            for (b, r) in s.backends.iter().zip(&rs) {
+                let r = *r;
+                slots.insert((b.addr, b.port), r);
+                members.push(r);
+                by_addr.push((b.addr, b.port, r));
+                if b.eligible && b.weight > 0 {
+                    eligible.push(r);
+                    weights.push(b.weight);
+                }
+                let (mut hop, no_route) = match hop_for(b.addr) {
+                    Ok(h) => (Some(h), false),
+                    Err(Some(via)) => {
+                        unresolved.push(via);
+                        (None, false)
+                    }
+                    Err(None) => (None, true),
+                };
+                let mut paths = Vec::new();
+                for gw in spec.multipath_gateways_in(&idx, b.addr) {
+                    match hop_for(*gw) {
+                        Ok(h) => paths.push(h),
+                        Err(_) => unresolved.push(*gw),
+                    }
+                }
+                // With one gateway resolved, that one is the backend's hop until the others are.
+                if let Some(first) = paths.first() {
+                    hop = Some(*first);
+                }
+                if paths.len() < 2 {
+                    paths.clear();
+                }
+                if let Some(slot) = t.backends.get_mut(r.index()) {
+                    *slot = Some(Backend {
+                        this: r,
+                        addr: b.addr,
+                        port: b.port,
+                        weight: b.weight,
+                        eligible: b.eligible,
+                        service: id,
+                        hop,
+                        no_route,
+                        paths: paths.into(),
+                        conditions: b.conditions,
+                        node_local: b.node_local,
+                    });
+                }
+            }
+            let mut endpoint_keys = Vec::new();
+            let mut kernel = Vec::new();
+            if s.mode == ForwardingMode::Nat {
+                for b in &s.backends {
+                    if matches!(spec.next_hop_in(&idx, b.addr), NextHop::Kernel) {
+                        for pr in s.frontends.iter().map(|f| f.proto) {
+                            kernel.push((b.addr, pr as u8, b.port));
+                            // Flows to it are never masqueraded, so its replies keep the
+                            // client's address whatever the frontend: a worker that reads one
+                            // without owning the flow must hand it on (`Verdict::Handoff`).
+                            endpoint_keys.push(VipKey { addr: mapped(b.addr), port: b.port, proto: pr as u8 });
+                        }
+                    }
+                }
+                // Only frontends whose flows may keep the client's address: a masqueraded
+                // flow's replies come to the SNAT address, which the steering program catches
+                // anyway. So direct traffic to pods that back only masqueraded frontends is
+                // never caught (issue 10: catch as little as we can).
+                for b in &s.backends {
+                    for pr in s.frontends.iter().filter(|f| !f.masquerade).map(|f| f.proto) {
+                        endpoint_keys.push(VipKey { addr: mapped(b.addr), port: b.port, proto: pr as u8 });
+                    }
+                }
+            }
+            for k in &endpoint_keys {
+                let c = self.endpoint_refs.entry(*k).or_insert(0);
+                *c += 1;
+                if *c == 1 {
+                    touched_endpoints.insert(*k);
+                }
+            }
+            kernel.sort_unstable();
+            kernel.dedup();
+            for k in &kernel {
+                let c = self.kernel_refs.entry(*k).or_insert(0);
+                *c += 1;
+                kernel_changed |= *c == 1;
+            }
+            unresolved.sort_unstable();
+            unresolved.dedup();
+            for a in &unresolved {
+                let c = self.unresolved_refs.entry(*a).or_insert(0);
+                *c += 1;
+                if *c == 1 {
+                    t.unresolved.insert(*a);
+                }
+            }
+            // Only `sh`/`dh` read the bucket table (1 KiB per service).
+            let hash_buckets = if matches!(s.scheduler, Scheduler::SourceHash | Scheduler::DestinationHash) {
+                sh_buckets(&weights)
+            } else {
+                Box::default()
+            };
+            let mut frontends = Vec::with_capacity(s.frontends.len());
+            for f in &s.frontends {
+                let k = frontend_key(f);
+                let kind = addr_kind(f.kind);
+                frontends.push((k, kind));
+                t.vips.insert(
+                    k,
+                    FrontendEntry {
+                        service: id,
+                        kind: f.kind,
+                        masquerade: f.masquerade,
+                        source_ranges: f.source_ranges.clone().into_boxed_slice(),
+                    },
+                );
+                if let Some(c) = self.addr_kinds.entry(k.addr).or_insert([0; 3]).get_mut(kind_index(kind)) {
+                    *c += 1;
+                }
+                touched_addrs.insert(k.addr);
+            }
+            by_addr.sort_unstable_by_key(|&(a, p, _)| (a, p));
+            let service = Service {
+                id,
+                name: s.name.clone().into_boxed_str(),
+                scheduler: s.scheduler,
+                affinity_timeout_s: s.affinity_timeout_s,
+                mode: s.mode,
+                when_empty: s.when_empty,
+                members: members.into_boxed_slice(),
+                by_addr: by_addr.into_boxed_slice(),
+                eligible: eligible.into_boxed_slice(),
+                weights: weights.into_boxed_slice(),
+                cum_weights: p.cum.into_boxed_slice(),
+                maglev: p.maglev.as_ref().map(|m| m.table.clone()),
+                hash_buckets,
+                frontend_keys: frontends.iter().map(|(k, _)| *k).collect(),
+                endpoint_keys: endpoint_keys.clone().into_boxed_slice(),
+            };
+            if let Some(slot) = t.services.slots.get_mut(id as usize) {
+                *slot = Some(Arc::new(service));
+            }
+            self.total_backends += s.backends.len();
+            let ptr = Arc::as_ptr(s) as usize;
+            self.names_by_ptr.insert(ptr, s.name.clone());
+            self.maglev_tables += usize::from(p.maglev.is_some());
+            self.records.insert(
+                s.name.clone(),
+                Record {
+                    spec: Arc::clone(s),
+                    id,
+                    slots,
+                    maglev: p.maglev,
+                    frontends: frontends.into_boxed_slice(),
+                    endpoints: endpoint_keys.into_boxed_slice(),
+                    kernel: kernel.into_boxed_slice(),
+                    unresolved: unresolved.into_boxed_slice(),
+                    backends: s.backends.len(),
+                },
+            );
+        }
+
+        self.changed.sort_unstable();
+        self.changed.dedup();
+
+        // 3. Shared keys whose reference counts crossed zero.
+        for a in touched_addrs {
+            let counts = self.addr_kinds.get(&a).copied().unwrap_or([0; 3]);
+            let kind = KINDS.iter().zip(counts).filter(|(_, c)| *c > 0).map(|(k, _)| *k).max();
+            match kind {
+                Some(k) => {
+                    t.vip_addrs.insert(a, k);
+                }
+                None => {
+                    self.addr_kinds.remove(&a);
+                    t.vip_addrs.remove(&a);
+                }
+            }
+        }
+        for k in touched_endpoints {
+            if self.endpoint_refs.get(&k).is_some_and(|c| *c > 0) {
+                t.endpoints.insert(k);
+            } else {
+                self.endpoint_refs.remove(&k);
+                t.endpoints.remove(&k);
+            }
+        }
+        if kernel_changed {
+            self.kernel_refs.retain(|_, c| *c > 0);
+            t.kernel_endpoints = Arc::new(self.kernel_refs.keys().copied().collect());
+        }
+        t.vips.seal();
+        t.vip_addrs.seal();
+        t.endpoints.seal();
+        t.unresolved.seal();
+    }
+
+    /// Takes out of `t` and the reference counts what `r`'s build put in (not its slots).
+    fn undo(
+        &mut self,
+        r: &Record,
+        t: &mut Tables,
+        touched_addrs: &mut HashSet<[u8; 16]>,
+        touched_endpoints: &mut HashSet<VipKey>,
+        kernel_changed: &mut bool,
+    ) {
+        for (k, kind) in &r.frontends {
+            if t.vips.get(k).is_some_and(|e| e.service == r.id) {
+                t.vips.remove(k);
+            }
+            if let Some(c) = self.addr_kinds.get_mut(&k.addr).and_then(|c| c.get_mut(kind_index(*kind))) {
+                *c = c.saturating_sub(1);
+            }
+            touched_addrs.insert(k.addr);
+        }
+        for k in &r.endpoints {
+            if let Some(c) = self.endpoint_refs.get_mut(k) {
+                *c = c.saturating_sub(1);
+                if *c == 0 {
+                    touched_endpoints.insert(*k);
+                }
+            }
+        }
+        for k in &r.kernel {
+            if let Some(c) = self.kernel_refs.get_mut(k) {
+                *c = c.saturating_sub(1);
+                *kernel_changed |= *c == 0;
+            }
+        }
+        for a in &r.unresolved {
+            if let Some(c) = self.unresolved_refs.get_mut(a) {
+                *c = c.saturating_sub(1);
+                if *c == 0 {
+                    self.unresolved_refs.remove(a);
+                    t.unresolved.remove(a);
+                }
+            }
+        }
+        self.total_backends = self.total_backends.saturating_sub(r.backends);
+    }
+
+    /// Frees backend slot `b` (its generation bumped, so stale refs to it miss).
+    fn free_slot(&mut self, b: BackendRef, t: &mut Tables, fresh: bool) {
+        if !fresh && let Some(s) = t.backends.get_mut(b.index()) {
+            *s = None;
+        }
+        self.free.push(BackendRef::new(b.index(), (b.0 >> 20).wrapping_add(1)));
+    }
+}
+
+/// IPVS `sh`/`dh` bucket fill (`ip_vs_sh_populate`): walk the backends round robin, giving
+/// each `weight` consecutive buckets per turn, until all [`HASH_BUCKETS`] are filled. Entries
+/// are indices into the eligible list; empty when there is no eligible backend.
+pub(super) fn sh_buckets(weights: &[u16]) -> Box<[u32]> {
+    if weights.is_empty() {
+        return Box::new([]);
+    }
+    let mut out = Vec::with_capacity(HASH_BUCKETS);
+    let mut i = 0usize;
+    let mut given = 0u16;
+    while out.len() < HASH_BUCKETS {
+        let w = weights.get(i).copied().unwrap_or(1).max(1);
+        out.push(u32::try_from(i).unwrap_or(0));
+        given += 1;
+        if given >= w {
+            given = 0;
+            i = (i + 1) % weights.len();
+        }
+    }
+    out.into_boxed_slice()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, reason = "tests")]
+    use std::collections::BTreeSet;
+
+    use super::super::{EmptyAction, Frontend, L4Proto};
+    use super::*;
+
+    /// What a snapshot says, without slot numbers or ids: per service name its settings,
+    /// frontends, backends (with hops) and Maglev table (as backend addresses); the address
+    /// kinds, steered endpoints, kernel endpoints and unresolved next hops.
+    fn describe(t: &Tables) -> String {
+        let mut svcs = Vec::new();
+        let mut out = Vec::new();
+        let name = |id: u32| t.services.get(id as usize).map(|s| s.name.to_string()).unwrap();
+        for s in t.services.iter() {
+            let b = |r: &BackendRef| {
+                let b = t.backend(*r).unwrap();
+                assert_eq!(b.service, s.id, "a backend names its service's id");
+                format!("{}:{} w{} e{} {:?} {}", b.addr, b.port, b.weight, b.eligible, b.hop, b.no_route)
+            };
+            let mut members: Vec<String> = s.members.iter().map(b).collect();
+            members.sort();
+            let eligible: Vec<String> = s.eligible.iter().map(b).collect();
+            let maglev: Option<Vec<String>> = s
+                .maglev
+                .as_ref()
+                .map(|m| (0..m.size()).map(|i| b(&s.eligible[m.slots()[i as usize] as usize])).collect::<Vec<_>>());
+            let mut fk = s.frontend_keys.to_vec();
+            fk.sort_by_key(|k| (k.addr, k.port, k.proto));
+            let mut ek = s.endpoint_keys.to_vec();
+            ek.sort_by_key(|k| (k.addr, k.port, k.proto));
+            svcs.push(format!(
+                "svc {} {:?} {:?} {:?} members {members:?} eligible {eligible:?} w {:?} cum {:?} sh {:?} fk {fk:?} ek {ek:?} maglev {:?}",
+                s.name,
+                s.scheduler,
+                s.mode,
+                s.when_empty,
+                s.weights,
+                s.cum_weights,
+                s.hash_buckets,
+                maglev.map(|m| m.len())
+            ));
+            if let Some(m) = &s.maglev {
+                svcs.push(format!("maglev {} {}", s.name, m.checksum()));
+            }
+        }
+        svcs.sort();
+        out.extend(svcs);
+        let mut vips: Vec<String> = t
+            .vips
+            .iter()
+            .map(|(k, e)| {
+                format!("vip {k:?} -> {} {:?} {} {:?}", name(e.service), e.kind, e.masquerade, e.source_ranges)
+            })
+            .collect();
+        vips.sort();
+        out.extend(vips);
+        let mut addrs: Vec<String> = t.vip_addrs.iter().map(|(a, k)| format!("addr {a:?} {k:?}")).collect();
+        addrs.sort();
+        out.extend(addrs);
+        let eps: BTreeSet<String> = t.endpoints.iter().map(|k| format!("{k:?}")).collect();
+        out.push(format!("endpoints {eps:?}"));
+        out.push(format!("kernel {:?}", t.kernel_endpoints));
+        let unresolved: BTreeSet<IpAddr> = t.unresolved.iter().copied().collect();
+        out.push(format!("unresolved {unresolved:?}"));
+        let live = t.backends.iter().flatten().count();
+        let members: usize = t.services.iter().map(|s| s.members.len()).sum();
+        assert_eq!(live, members, "every live slot belongs to a member");
+        out.join("\n")
+    }
+
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+    }
+
+    fn service(name: &str, vip: u8, rng: &mut Rng) -> ServiceSpec {
+        let scheduler =
+            [Scheduler::Maglev { port: true }, Scheduler::Random, Scheduler::SourceHash][rng.next(3) as usize];
+        let mode = if rng.next(4) == 0 { ForwardingMode::DsrIpip } else { ForwardingMode::Nat };
+        let mut frontends = vec![Frontend::new(
+            format!("10.96.0.{vip}").parse().unwrap(),
+            L4Proto::Tcp,
+            80,
+            FrontendKind::ClusterIp,
+            rng.next(2) == 0,
+        )];
+        if rng.next(3) == 0 {
+            // A shared node address: NodePorts of several services on one address.
+            frontends.push(Frontend::new(
+                "192.0.2.1".parse().unwrap(),
+                L4Proto::Tcp,
+                30000 + u16::from(vip),
+                FrontendKind::NodePort,
+                true,
+            ));
+        }
+        if rng.next(4) == 0 {
+            // An external address two services may claim (a collision when both do).
+            frontends.push(Frontend::new(
+                "198.51.100.1".parse().unwrap(),
+                L4Proto::Tcp,
+                443,
+                FrontendKind::ExternalIp,
+                false,
+            ));
+        }
+        let n = rng.next(6);
+        let mut seen = BTreeSet::new();
+        let backends = (0..n)
+            .filter_map(|_| {
+                // Backends from a small pool, so services share endpoints.
+                let a = format!("10.244.0.{}", 1 + rng.next(12));
+                let gw = rng.next(8) == 0;
+                let a = if gw { format!("10.9.0.{}", 1 + rng.next(3)) } else { a };
+                seen.insert(a.clone()).then(|| {
+                    let mut b = BackendSpec::ready(a.parse().unwrap(), 8080);
+                    b.weight = 1 + u16::try_from(rng.next(3)).unwrap();
+                    b.eligible = rng.next(5) != 0;
+                    b
+                })
+            })
+            .collect();
+        ServiceSpec {
+            name: name.into(),
+            frontends,
+            scheduler,
+            affinity_timeout_s: None,
+            mode,
+            when_empty: EmptyAction::Reject,
+            backends,
+        }
+    }
+
+    fn globals(variant: u64) -> TablesSpec {
+        let mac = |i: u8| [2, 0, 0, 0, 0, i];
+        let mut neighbours: Vec<NeighbourSpec> = (1..=10u8)
+            .map(|i| NeighbourSpec { addr: format!("10.244.0.{i}").parse().unwrap(), mac: mac(i), port: 0 })
+            .collect();
+        if variant == 1 {
+            // Two more resolved: hops change for those backends.
+            neighbours.push(NeighbourSpec { addr: "10.244.0.11".parse().unwrap(), mac: mac(11), port: 0 });
+        }
+        TablesSpec {
+            ports: vec![PortSpec { name: "eth0".into(), mac: [2, 0, 0, 0, 0, 0xee], mtu: 1500 }],
+            neighbours,
+            snat_v4: Some("192.0.2.100".parse().unwrap()),
+            kernel_routes: vec![
+                KernelRouteSpec { dst: "10.244.0.0/16".parse().unwrap(), gateways: vec![], metric: 0, kernel: false },
+                KernelRouteSpec { dst: "10.9.0.0/24".parse().unwrap(), gateways: vec![], metric: 0, kernel: true },
+            ],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn incremental_builds_say_what_a_fresh_full_build_says_through_random_changes() {
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        let mut b = TableBuilder::new();
+        let mut spec = globals(0);
+        let mut variant = 0;
+        let mut next_name = 0;
+        let (mut incremental, mut errors) = (0, 0);
+        let mut prev: Option<Tables> = None;
+        for step in 0..600 {
+            let mut next = spec.clone();
+            match rng.next(10) {
+                // Add a service (kept in name order, as a translator emits them).
+                0 | 1 => {
+                    next_name += 1;
+                    let s = service(&format!("ns/s{next_name:04}"), u8::try_from(rng.next(200) + 1).unwrap(), &mut rng);
+                    let at = next.services.partition_point(|x| x.name < s.name);
+                    next.services.insert(at, Arc::new(s));
+                }
+                // Remove one.
+                2 if !next.services.is_empty() => {
+                    let i = rng.next(next.services.len() as u64) as usize;
+                    next.services.remove(i);
+                }
+                // Redo one (new backends, weights, frontends, scheduler).
+                3..=7 if !next.services.is_empty() => {
+                    let i = rng.next(next.services.len() as u64) as usize;
+                    let name = next.services[i].name.clone();
+                    let vip = u8::try_from(rng.next(200) + 1).unwrap();
+                    next.services[i] = Arc::new(service(&name, vip, &mut rng));
+                }
+                // An equal copy under a new Arc: a change that changes nothing.
+                8 if !next.services.is_empty() => {
+                    let i = rng.next(next.services.len() as u64) as usize;
+                    next.services[i] = Arc::new((*next.services[i]).clone());
+                }
+                // The neighbours change: a full build.
+                _ => {
+                    variant = 1 - variant;
+                    let g = globals(variant);
+                    next.neighbours = g.neighbours;
+                }
+            }
+            let fresh = TableBuilder::new().build(&next);
+            let got = b.build(&next);
+            match (fresh, got) {
+                (Ok(f), Ok(g)) => {
+                    assert_eq!(describe(&g), describe(&f), "step {step}: {:?}", b.last_build());
+                    if matches!(b.last_build(), BuildKind::Incremental { .. }) {
+                        incremental += 1;
+                        // Services not redone are the previous snapshot's own.
+                        let p = prev.as_ref().unwrap();
+                        let changed = b.changed_ids().unwrap();
+                        for s in g.services.iter().filter(|s| changed.binary_search(&s.id).is_err()) {
+                            let old = p.services.slots.get(s.id as usize).unwrap().as_ref().unwrap();
+                            let new = g.services.slots.get(s.id as usize).unwrap().as_ref().unwrap();
+                            assert!(Arc::ptr_eq(old, new), "step {step}: {} was not redone", s.name);
+                        }
+                    }
+                    prev = Some(g);
+                    spec = next;
+                }
+                (Err(f), Err(_)) => {
+                    // Both refuse (a frontend collision); the builder keeps its last tables.
+                    errors += 1;
+                    let again = b.build(&spec).unwrap();
+                    assert_eq!(describe(&again), describe(prev.as_ref().unwrap()), "step {step}: after {f}");
+                }
+                (f, g) => panic!("step {step}: fresh {:?}, incremental {:?}", f.map(|_| ()), g.map(|_| ())),
+            }
+        }
+        assert!(incremental > 300, "{incremental} incremental builds");
+        assert!(errors > 5, "{errors} refused builds");
+    }
+
+    #[test]
+    fn one_changed_service_leaves_the_rest_of_the_snapshot_shared() {
+        let mut rng = Rng(7);
+        let services: Vec<Arc<ServiceSpec>> = (0..2000)
+            .map(|i| {
+                let mut s = service(&format!("ns/s{i:05}"), 1, &mut rng);
+                s.frontends = vec![Frontend::new(
+                    format!("10.96.{}.{}", i / 250, i % 250).parse().unwrap(),
+                    L4Proto::Tcp,
+                    80,
+                    FrontendKind::ClusterIp,
+                    false,
+                )];
+                s.backends = (0..10)
+                    .map(|j| {
+                        BackendSpec::ready(format!("10.{}.{}.{}", 100 + i / 250, i % 250, j + 1).parse().unwrap(), 80)
+                    })
+                    .collect();
+                Arc::new(s)
+            })
+            .collect();
+        let mut spec = TablesSpec { services, ..Default::default() };
+        let mut b = TableBuilder::new();
+        let t1 = b.build(&spec).unwrap();
+        assert_eq!(b.last_build(), BuildKind::Full);
+        let s = Arc::make_mut(&mut spec.services[1234]);
+        s.backends[3].addr = "10.200.0.1".parse().unwrap();
+        let t2 = b.build(&spec).unwrap();
+        assert_eq!(b.last_build(), BuildKind::Incremental { upserted: 1, removed: 0 });
+        assert_eq!(b.changed_ids(), Some(&[t2.services.iter().find(|s| &*s.name == "ns/s01234").unwrap().id][..]));
+        assert_eq!(t2.services.shared_with(&t1.services), 1999);
+        assert!(t2.backends.shared_chunks(&t1.backends) >= t1.backends.chunk_count() - 2);
+        // The changed service's frontend is taken out and put back: its one shard is copied.
+        assert!(t2.vips.shared_shards(&t1.vips) >= t1.vips.shard_count() - 1);
+        assert!(t2.endpoints.len() == t1.endpoints.len());
+        assert_eq!(describe(&t2), describe(&TableBuilder::new().build(&spec).unwrap()));
+    }
+}
