@@ -635,7 +635,6 @@ impl TableBuilder {
     /// Applies `plan` to `t` (a fresh snapshot for a full plan, else a clone of the last).
     fn commit(&mut self, spec: &TablesSpec, plan: &Plan<'_>, prepared: Vec<Prepared>, t: &mut Tables) {
         let mut touched_addrs: HashSet<[u8; 16]> = HashSet::new();
-        let mut touched_endpoints: HashSet<VipKey> = HashSet::new();
         let mut kernel_changed = plan.full;
         let fresh = plan.full;
 
@@ -648,7 +647,7 @@ impl TableBuilder {
             self.maglev_tables -= usize::from(r.maglev.is_some());
             self.changed.push(r.id);
             if !fresh {
-                self.undo(&r, t, &mut touched_addrs, &mut touched_endpoints, &mut kernel_changed);
+                self.undo(&r, t, &mut touched_addrs, &mut kernel_changed);
                 if let Some(s) = t.services.slots.get_mut(r.id as usize) {
                     *s = None;
                 }
@@ -666,7 +665,7 @@ impl TableBuilder {
             self.names_by_ptr.remove(&(Arc::as_ptr(&r.spec) as usize));
             self.maglev_tables -= usize::from(r.maglev.is_some());
             if !fresh {
-                self.undo(&r, t, &mut touched_addrs, &mut touched_endpoints, &mut kernel_changed);
+                self.undo(&r, t, &mut touched_addrs, &mut kernel_changed);
             }
             let mut prev = r.slots;
             let mut keep = SlotMap::with_capacity(s.backends.len());
@@ -736,10 +735,18 @@ impl TableBuilder {
         t.backends.resize(self.next_slot);
         t.services.slots.resize(self.next_id as usize);
         if fresh {
+            // Sized once rather than grown (and rehashed, resharded) key by key.
             let frontends = plan.upserts.iter().map(|s| s.frontends.len()).sum();
+            let backends: usize = plan.upserts.iter().map(|s| s.backends.len()).sum();
             t.vips.reserve(frontends);
             t.vip_addrs.reserve(frontends);
-            t.endpoints.reserve(plan.upserts.iter().map(|s| s.backends.len()).sum());
+            t.endpoints.reserve(backends);
+            t.unresolved.reserve(backends);
+            self.endpoint_refs.reserve(backends);
+            self.unresolved_refs.reserve(backends);
+            self.addr_kinds.reserve(frontends);
+            self.records.reserve(plan.upserts.len());
+            self.names_by_ptr.reserve(plan.upserts.len());
         }
 
         for (((s, p), id), rs) in plan.upserts.iter().zip(prepared).zip(ids).zip(refs) {
@@ -824,7 +831,8 @@ impl TableBuilder {
                 let c = self.endpoint_refs.entry(*k).or_insert(0);
                 *c += 1;
                 if *c == 1 {
-                    touched_endpoints.insert(*k);
+                    // A count at 0 is taken out of the map and the set at once (`undo`).
+                    t.endpoints.insert_absent(*k);
                 }
             }
             kernel.sort_unstable();
@@ -840,7 +848,7 @@ impl TableBuilder {
                 let c = self.unresolved_refs.entry(*a).or_insert(0);
                 *c += 1;
                 if *c == 1 {
-                    t.unresolved.insert(*a);
+                    t.unresolved.insert_absent(*a);
                 }
             }
             // Only `sh`/`dh` read the bucket table (1 KiB per service).
@@ -854,7 +862,9 @@ impl TableBuilder {
                 let k = frontend_key(f);
                 let kind = addr_kind(f.kind);
                 frontends.push((k, kind));
-                t.vips.insert(
+                // Absent: validated unique among the upserts, and every other owner it had was
+                // removed or changed, so taken out in step 1.
+                t.vips.insert_absent(
                     k,
                     FrontendEntry {
                         service: id,
@@ -866,7 +876,9 @@ impl TableBuilder {
                 if let Some(c) = self.addr_kinds.entry(k.addr).or_insert([0; 3]).get_mut(kind_index(kind)) {
                     *c += 1;
                 }
-                touched_addrs.insert(k.addr);
+                if !fresh {
+                    touched_addrs.insert(k.addr);
+                }
             }
             by_addr.sort_unstable_by_key(|&(a, p, _)| (a, p));
             let service = Service {
@@ -913,6 +925,14 @@ impl TableBuilder {
         self.changed.dedup();
 
         // 3. Shared keys whose reference counts crossed zero.
+        if fresh {
+            // Everything is new: one pass over the counts, no lookups.
+            for (a, counts) in &self.addr_kinds {
+                if let Some(k) = KINDS.iter().zip(counts).filter(|(_, c)| **c > 0).map(|(k, _)| *k).max() {
+                    t.vip_addrs.insert_absent(*a, k);
+                }
+            }
+        }
         for a in touched_addrs {
             let counts = self.addr_kinds.get(&a).copied().unwrap_or([0; 3]);
             let kind = KINDS.iter().zip(counts).filter(|(_, c)| *c > 0).map(|(k, _)| *k).max();
@@ -926,14 +946,6 @@ impl TableBuilder {
                 }
             }
         }
-        for k in touched_endpoints {
-            if self.endpoint_refs.get(&k).is_some_and(|c| *c > 0) {
-                t.endpoints.insert(k);
-            } else {
-                self.endpoint_refs.remove(&k);
-                t.endpoints.remove(&k);
-            }
-        }
         if kernel_changed {
             self.kernel_refs.retain(|_, c| *c > 0);
             t.kernel_endpoints = Arc::new(self.kernel_refs.keys().copied().collect());
@@ -945,14 +957,7 @@ impl TableBuilder {
     }
 
     /// Takes out of `t` and the reference counts what `r`'s build put in (not its slots).
-    fn undo(
-        &mut self,
-        r: &Record,
-        t: &mut Tables,
-        touched_addrs: &mut HashSet<[u8; 16]>,
-        touched_endpoints: &mut HashSet<VipKey>,
-        kernel_changed: &mut bool,
-    ) {
+    fn undo(&mut self, r: &Record, t: &mut Tables, touched_addrs: &mut HashSet<[u8; 16]>, kernel_changed: &mut bool) {
         for (k, kind) in &r.frontends {
             if t.vips.get(k).is_some_and(|e| e.service == r.id) {
                 t.vips.remove(k);
@@ -966,7 +971,8 @@ impl TableBuilder {
             if let Some(c) = self.endpoint_refs.get_mut(k) {
                 *c = c.saturating_sub(1);
                 if *c == 0 {
-                    touched_endpoints.insert(*k);
+                    self.endpoint_refs.remove(k);
+                    t.endpoints.remove(k);
                 }
             }
         }

@@ -24,11 +24,27 @@ const CHUNK_BITS: u32 = 8;
 pub const CHUNK: usize = 1 << CHUNK_BITS;
 
 /// An array whose chunks of [`CHUNK`] elements are shared between snapshots (copy on write).
-/// Cloning it copies `len / 256` chunk pointers.
+/// Cloning it copies `len / 256` chunk pointers. Every chunk holds exactly [`CHUNK`]
+/// elements (the last padded with `T::default()`).
 #[derive(Debug, Clone)]
 pub struct Chunked<T> {
-    chunks: Vec<Arc<[T; CHUNK]>>,
+    chunks: Vec<Arc<[T]>>,
     len: usize,
+}
+
+/// The chunk `c`, copied first if another snapshot shares it. Not `Arc::make_mut`: that
+/// reserves stack for a whole chunk on every call, copy or not.
+fn chunk_mut<T: Clone>(c: &mut Arc<[T]>) -> Option<&mut [T]> {
+    if Arc::get_mut(c).is_none() {
+        *c = copy_chunk(c);
+    }
+    Arc::get_mut(c)
+}
+
+#[cold]
+#[inline(never)]
+fn copy_chunk<T: Clone>(c: &Arc<[T]>) -> Arc<[T]> {
+    c.iter().cloned().collect()
 }
 
 impl<T> Default for Chunked<T> {
@@ -63,7 +79,7 @@ impl<T: Clone + Default> Chunked<T> {
     pub fn resize(&mut self, n: usize) {
         let chunks = n.div_ceil(CHUNK);
         while self.chunks.len() < chunks {
-            self.chunks.push(Arc::new(core::array::from_fn(|_| T::default())));
+            self.chunks.push((0..CHUNK).map(|_| T::default()).collect());
         }
         self.chunks.truncate(chunks);
         // Elements past the new end go back to the default, so a later grow starts clean.
@@ -71,8 +87,10 @@ impl<T: Clone + Default> Chunked<T> {
             && let Some(last) = self.chunks.last_mut()
         {
             let from = n & (CHUNK - 1);
-            if from != 0 {
-                for e in Arc::make_mut(last).iter_mut().skip(from) {
+            if from != 0
+                && let Some(last) = chunk_mut(last)
+            {
+                for e in last.iter_mut().skip(from) {
                     *e = T::default();
                 }
             }
@@ -87,7 +105,7 @@ impl<T: Clone + Default> Chunked<T> {
             return None;
         }
         let c = self.chunks.get_mut(i >> CHUNK_BITS)?;
-        Arc::make_mut(c).get_mut(i & (CHUNK - 1))
+        chunk_mut(c)?.get_mut(i & (CHUNK - 1))
     }
 
     /// The elements in index order.
@@ -371,6 +389,25 @@ impl<K: MapKey, V: Clone> KeyMap<K, V> {
         None
     }
 
+    /// Inserts `k`, which the caller knows is absent (a builder that counts its keys): no
+    /// scan of the shard for it. A `k` that was present would be there twice, its lookups
+    /// finding the first. Otherwise as [`KeyMap::insert`].
+    pub fn insert_absent(&mut self, k: K, v: V) {
+        if self.len >= self.shards.len() * KEYS_PER_SHARD * 2 && self.shards.len() < MAX_SHARDS {
+            self.reshard(self.len + 1);
+        }
+        let (_, s, _, _) = self.locate(&k);
+        let Some(shard) = self.shards.get_mut(s) else { return };
+        let sh = Arc::make_mut(shard);
+        if sh.keys.len() >= (1 << ENTRY_BITS) - 1 {
+            return;
+        }
+        sh.keys.push(k);
+        sh.values.push(v);
+        sh.dirty = true;
+        self.len += 1;
+    }
+
     /// Removes `k`; returns its value. Copies `k`'s shard if it is shared. Lookups in the
     /// changed shard scan it until [`KeyMap::seal`].
     pub fn remove(&mut self, k: &K) -> Option<V> {
@@ -448,7 +485,15 @@ impl<K: MapKey, V: Clone> KeyMap<K, V> {
         if want == self.shards.len() && self.len == 0 {
             return;
         }
-        let old = core::mem::replace(&mut self.shards, (0..want).map(|_| Arc::new(Shard::empty())).collect());
+        // Each shard starts with room for its share, so filling it does not reallocate.
+        let share = n.div_ceil(want) + n.div_ceil(want) / 4;
+        let shard = || {
+            let mut s = Shard::empty();
+            s.keys.reserve(share);
+            s.values.reserve(share);
+            Arc::new(s)
+        };
+        let old = core::mem::replace(&mut self.shards, (0..want).map(|_| shard()).collect());
         self.len = 0;
         for s in old {
             let s = Arc::unwrap_or_clone(s);
@@ -479,11 +524,12 @@ impl<K: MapKey> KeySet<K> {
 
     /// Adds `k`; whether it was new.
     pub fn insert(&mut self, k: K) -> bool {
-        let had = self.0.contains_key(&k);
-        if !had {
-            self.0.insert(k, ());
-        }
-        !had
+        self.0.insert(k, ()).is_none()
+    }
+
+    /// [`KeyMap::insert_absent`].
+    pub fn insert_absent(&mut self, k: K) {
+        self.0.insert_absent(k, ());
     }
 
     /// Removes `k`; whether it was there.
