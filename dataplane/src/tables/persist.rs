@@ -28,13 +28,13 @@ pub const CHUNK: usize = 1 << CHUNK_BITS;
 /// elements (the last padded with `T::default()`).
 #[derive(Debug, Clone)]
 pub struct Chunked<T> {
-    chunks: Vec<Arc<[T]>>,
+    chunks: Vec<Arc<[T; CHUNK]>>,
     len: usize,
 }
 
 /// The chunk `c`, copied first if another snapshot shares it. Not `Arc::make_mut`: that
 /// reserves stack for a whole chunk on every call, copy or not.
-fn chunk_mut<T: Clone>(c: &mut Arc<[T]>) -> Option<&mut [T]> {
+fn chunk_mut<T: Clone + Default>(c: &mut Arc<[T; CHUNK]>) -> Option<&mut [T; CHUNK]> {
     if Arc::get_mut(c).is_none() {
         *c = copy_chunk(c);
     }
@@ -43,8 +43,23 @@ fn chunk_mut<T: Clone>(c: &mut Arc<[T]>) -> Option<&mut [T]> {
 
 #[cold]
 #[inline(never)]
-fn copy_chunk<T: Clone>(c: &Arc<[T]>) -> Arc<[T]> {
-    c.iter().cloned().collect()
+fn copy_chunk<T: Clone + Default>(c: &[T; CHUNK]) -> Arc<[T; CHUNK]> {
+    let mut n = new_chunk();
+    if let Some(m) = Arc::get_mut(&mut n) {
+        m.clone_from_slice(c);
+    }
+    n
+}
+
+/// A chunk of defaults, built in place on the heap (a `[T; CHUNK]` on the stack would be
+/// tens of KiB).
+fn new_chunk<T: Default>() -> Arc<[T; CHUNK]> {
+    let v: Vec<T> = (0..CHUNK).map(|_| T::default()).collect();
+    match Arc::<[T]>::from(v).try_into() {
+        Ok(a) => a,
+        // The length is CHUNK by construction.
+        Err(_) => Arc::new(core::array::from_fn(|_| T::default())),
+    }
 }
 
 impl<T> Default for Chunked<T> {
@@ -54,12 +69,11 @@ impl<T> Default for Chunked<T> {
 }
 
 impl<T: Clone + Default> Chunked<T> {
-    /// Element `i`, or `None` past the end.
+    /// Element `i`, or `None` past the last chunk. Between [`Chunked::len`] and the end of
+    /// the last chunk it reads `T::default()` (the padding), which for the `Option` slots of
+    /// the tables is the same answer as "none".
     #[inline]
     pub fn get(&self, i: usize) -> Option<&T> {
-        if i >= self.len {
-            return None;
-        }
         let c = self.chunks.get(i >> CHUNK_BITS)?;
         c.get(i & (CHUNK - 1))
     }
@@ -79,7 +93,7 @@ impl<T: Clone + Default> Chunked<T> {
     pub fn resize(&mut self, n: usize) {
         let chunks = n.div_ceil(CHUNK);
         while self.chunks.len() < chunks {
-            self.chunks.push((0..CHUNK).map(|_| T::default()).collect());
+            self.chunks.push(new_chunk());
         }
         self.chunks.truncate(chunks);
         // Elements past the new end go back to the default, so a later grow starts clean.
@@ -187,13 +201,23 @@ struct Shard<K, V> {
     mask: usize,
     keys: Vec<K>,
     values: Vec<V>,
-    /// Keys changed since `slots` was built: lookups scan `keys` until [`KeyMap::seal`].
+    /// Keys changed since `slots` was built (`slots` is then empty and lookups scan `keys`)
+    /// until [`KeyMap::seal`].
     dirty: bool,
 }
 
 impl<K: MapKey, V> Shard<K, V> {
     fn empty() -> Self {
         Self { slots: Box::new([]), mask: 0, keys: Vec::new(), values: Vec::new(), dirty: false }
+    }
+
+    /// Keys changed: the slots go (lookups scan `keys`) until [`Shard::reindex`].
+    fn mark_dirty(&mut self) {
+        self.dirty = true;
+        if !self.slots.is_empty() {
+            self.slots = Box::new([]);
+            self.mask = 0;
+        }
     }
 
     /// Rebuilds the slot array from `keys`.
@@ -224,11 +248,9 @@ impl<K: MapKey, V> Shard<K, V> {
 
     #[inline]
     fn find(&self, h: u64, addr: [u64; 2], pp: u32) -> Option<u32> {
-        if self.dirty {
-            return self.scan(addr, pp);
-        }
+        // No slots: empty, or changed since the last seal (then the keys are scanned).
         if self.slots.is_empty() {
-            return None;
+            return self.scan(addr, pp);
         }
         let mut i = h as usize & self.mask;
         loop {
@@ -384,7 +406,7 @@ impl<K: MapKey, V: Clone> KeyMap<K, V> {
         }
         sh.keys.push(k);
         sh.values.push(v);
-        sh.dirty = true;
+        sh.mark_dirty();
         self.len += 1;
         None
     }
@@ -404,7 +426,7 @@ impl<K: MapKey, V: Clone> KeyMap<K, V> {
         }
         sh.keys.push(k);
         sh.values.push(v);
-        sh.dirty = true;
+        sh.mark_dirty();
         self.len += 1;
     }
 
@@ -417,7 +439,7 @@ impl<K: MapKey, V: Clone> KeyMap<K, V> {
         let sh = Arc::make_mut(shard);
         sh.keys.swap_remove(i);
         let v = sh.values.swap_remove(i);
-        sh.dirty = true;
+        sh.mark_dirty();
         self.len -= 1;
         Some(v)
     }
@@ -657,7 +679,8 @@ mod tests {
         assert_eq!(b.shared_chunks(&a), a.chunk_count() - 1);
         assert_eq!(a.get(300), Some(&Some(300)));
         assert_eq!(b.get(300), Some(&None));
-        assert_eq!(b.get(1000), None);
+        assert_eq!(b.get(1000), Some(&None), "padding up to the chunk's end reads as the default");
+        assert_eq!(b.get(1024), None);
         b.resize(10);
         b.resize(20);
         assert_eq!(b.get(15), Some(&None), "a grow after a shrink starts from the default");
