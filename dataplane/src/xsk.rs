@@ -1859,7 +1859,17 @@ mod tests {
         };
         let mut seq = 0;
         let mut frames = Vec::new();
+        // At most WINDOW requests not yet echoed, fewer than the receiver's fill ring holds
+        // (~250): the receiver's pauses (the switch itself, a loaded machine) hold the sender
+        // back instead of overrunning the rings, so a lost frame means the hand-over lost it.
+        const WINDOW: usize = 128;
         while seq <= n {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+            while seq as usize >= got + WINDOW && std::time::Instant::now() < deadline {
+                s.kick(0);
+                collect(s, &mut echoed, &mut got);
+                s.wait(1);
+            }
             let kind = if seq == n { END } else { REQ };
             frames.push(s.frame_from(&test_frame(seq, kind)).expect("a free frame in the sender"));
             if s.transmit(0, &mut frames) == 1 {
