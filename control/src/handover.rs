@@ -199,6 +199,7 @@ fn answer(c: &UnixStream) -> Result<std::result::Result<Handed, Refused>> {
     let mut iov = [std::io::IoSliceMut::new(&mut buf)];
     let msg = rustix::net::recvmsg(c.as_fd(), &mut iov, &mut cmsg, RecvFlags::CMSG_CLOEXEC)
         .context("reading the hand-over answer")?;
+    let got = std::time::Instant::now();
     let mut fds = Vec::new();
     for m in cmsg.drain() {
         if let RecvAncillaryMessage::ScmRights(got) = m {
@@ -243,7 +244,16 @@ fn answer(c: &UnixStream) -> Result<std::result::Result<Handed, Refused>> {
             Some(out)
         }
     };
-    Ok(Ok(Handed { flows: snapshot::decode(&bytes).context("flow snapshot")?, sockets }))
+    let started = std::time::Instant::now();
+    let flows = snapshot::decode(&bytes).context("flow snapshot")?;
+    tracing::info!(
+        phase = "received",
+        bytes = bytes.len(),
+        decode_ms = started.elapsed().as_secs_f64() * 1e3,
+        ms = got.elapsed().as_secs_f64() * 1e3,
+        "hand-over phase (new): snapshot and descriptors received"
+    );
+    Ok(Ok(Handed { flows, sockets }))
 }
 
 /// Whether an admin command asks for a hand-over in a version this process can give:
@@ -285,7 +295,9 @@ fn memfd_with(name: &str, bytes: &[u8]) -> Result<std::fs::File> {
 /// `sockets` (one export per worker) the socket state and the descriptors as [`answer`]
 /// reads them. The old process keeps its own descriptors until `attach`.
 pub(crate) fn send(c: &UnixStream, snap: &Snapshot, sockets: Option<&[XskExport]>) -> Result<()> {
+    let started = std::time::Instant::now();
     let bytes = snapshot::encode(snap);
+    let encoded = started.elapsed();
     let f = memfd_with("xlb-flows", &bytes)?;
     let mut fds = vec![f.as_fd()];
     let mut line = format!("ok {}\n", bytes.len());
@@ -311,6 +323,13 @@ pub(crate) fn send(c: &UnixStream, snap: &Snapshot, sockets: Option<&[XskExport]
     let mut cmsg = SendAncillaryBuffer::new(&mut space);
     cmsg.push(SendAncillaryMessage::ScmRights(&fds));
     rustix::net::sendmsg(c.as_fd(), &iov, &mut cmsg, SendFlags::empty()).context("sending the flow snapshot")?;
+    tracing::info!(
+        phase = "sent",
+        bytes = bytes.len(),
+        encode_ms = encoded.as_secs_f64() * 1e3,
+        ms = started.elapsed().as_secs_f64() * 1e3,
+        "hand-over phase (old): snapshot encoded, written into a memfd and sent with the descriptors"
+    );
     Ok(())
 }
 
