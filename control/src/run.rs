@@ -35,7 +35,7 @@ use dataplane::conntrack::Timeouts;
 use dataplane::process::PipelineConfig;
 use dataplane::process::snapshot::Snapshot;
 use dataplane::tables::{KernelRouteSpec, NeighbourSpec, TableBuilder, Tables, TablesHandle, TablesSpec};
-use dataplane::worker::{self, Fabric, PuntPort, WorkerHandle, WorkerSpec};
+use dataplane::worker::{self, Fabric, PuntPort, WorkerHandle, WorkerSpec, WorkerStart};
 use dataplane::xsk::{BusyPoll, CopyMode, XskConfig, XskExport};
 use nic_config::{Steering, XdpMode, neighbours};
 use xlb::announce::{Announcement, Applied, PrefixSet};
@@ -575,6 +575,30 @@ fn serve(
             admin_socket.display()
         );
     }
+    // Everything that does not need the previous xlb's workers stopped is done before they
+    // stop: the workers are pinned and their flow tables allocated (parked, waiting for their
+    // sockets and flows), and the steering programs' maps filled. Between the old workers'
+    // stop and these workers' start there are then only the flows and sockets to pass on
+    // and adopt (docs/reliability.md, "The switch").
+    let fabric = Fabric::new(nworkers);
+    let affinity = Arc::new(AffinityTable::new(1 << 16));
+    let wstop = Arc::new(AtomicBool::new(false));
+    let mut parked = Vec::with_capacity(nworkers);
+    for w in 0..nworkers {
+        let id = u16::try_from(w).unwrap_or(0);
+        let spec = WorkerSpec {
+            id,
+            core: cores.get(w).copied(),
+            ports: worker_ports(&config, w),
+            xsk: xsk_config(&config),
+            pipeline: pipeline_config(&config, id, nworkers_u16),
+            busy_poll: config.af_xdp.busy_poll,
+            realtime: config.af_xdp.realtime_workers,
+            affinity: affinity.clone(),
+        };
+        parked.push(worker::park(spec, handle.clone(), fabric.clone(), wstop.clone())?);
+    }
+    sync_steering(&mut steering, &handle.load())?;
     if takeover {
         let started = Instant::now();
         match crate::handover::request(&admin_socket, Some(&xsk_layout(&config, nworkers))) {
@@ -615,6 +639,7 @@ fn serve(
     // The HTTP servers and healthCheckNodePorts bind now: before a hand-over the previous
     // xlb held their ports (and after a failed one, the new xlb may still be closing them).
     let mut tries = if resuming { RESUME_BIND_TRIES.0 } else { 1 };
+    let phase_ms = || handed_over_at.map(|t| t.elapsed().as_secs_f64() * 1e3);
     let (_healthz, _metrics) = loop {
         tries -= 1;
         let bound = rt.block_on(async {
@@ -635,6 +660,9 @@ fn serve(
         for e in rt.block_on(hc.sync(&xlb::k8s::health_check_services(&cluster, node))) {
             tracing::warn!("{e}");
         }
+    }
+    if let Some(ms) = phase_ms() {
+        tracing::info!(phase = "http", ms, "hand-over phase (new): HTTP ports bound");
     }
     // The exception path: one TUN queue per worker; the device goes away with the process.
     let punt_queues: Vec<PuntPort> = if config.punt_device.is_empty() {
@@ -668,8 +696,9 @@ fn serve(
             }
         }
     };
-    let fabric = Fabric::new(nworkers);
-    let affinity = Arc::new(AffinityTable::new(1 << 16));
+    if let Some(ms) = phase_ms() {
+        tracing::info!(phase = "punt", ms, "hand-over phase (new): punt device created");
+    }
     if !restore.affinity.is_empty() {
         let (imported, gone) = affinity.import(&handle.load(), &restore.affinity, worker::clock_s());
         tracing::info!(imported, gone, "hand-over: ClientIP affinity records taken over");
@@ -687,7 +716,6 @@ fn serve(
         );
         std::time::Instant::now() + UNTRACKED_REPLY_QUIET
     });
-    let wstop = Arc::new(AtomicBool::new(false));
     // Adopted sockets may still go back to the previous xlb (until its `released`): the
     // workers touch their rings only once this is set.
     let gate = Arc::new(AtomicBool::new(pending.is_none()));
@@ -695,39 +723,49 @@ fn serve(
     let mut workers: Vec<WorkerHandle> = Vec::new();
     let (handover_tx, handover_rx) = std::sync::mpsc::channel();
     let result = (|| -> Result<Option<(std::os::unix::net::UnixStream, Option<String>, xlb::config::Config)>> {
-        for w in 0..nworkers {
-            let ports = worker_ports(&config, w);
-            let id = u16::try_from(w).unwrap_or(0);
+        // Every worker adopts (or binds) and imports at once, in parallel; then each one's
+        // sockets go into the programs' maps, in worker order.
+        for (w, p) in parked.iter().enumerate() {
+            let id = p.id();
             let adopted = adopt.get_mut(w).and_then(Option::take);
-            let spec = WorkerSpec {
-                id,
-                core: cores.get(w).copied(),
-                ports: ports.clone(),
-                xsk: xsk_config(&config),
+            p.start(WorkerStart {
                 hold_until: (adopted.is_some() && pending.is_some()).then(|| gate.clone()),
                 adopt: adopted,
-                pipeline: pipeline_config(&config, id, nworkers_u16),
-                busy_poll: config.af_xdp.busy_poll,
-                realtime: config.af_xdp.realtime_workers,
-                affinity: affinity.clone(),
                 punt: punt_queues.get(w).cloned(),
                 restore: restore.workers.iter().position(|r| r.worker_id == id).map(|i| restore.workers.swap_remove(i)),
                 untracked_replies_dropped_until,
-            };
-            let h = worker::spawn(spec, handle.clone(), fabric.clone(), wstop.clone())?;
+            });
+        }
+        // Every started worker is waited for (and kept, to be joined), also after a failure.
+        let mut failed = None;
+        for p in parked.drain(..) {
+            match p.ready() {
+                Ok(h) => workers.push(h),
+                Err(e) => _ = failed.get_or_insert(e),
+            }
+        }
+        if let Some(e) = failed {
+            return Err(e.into());
+        }
+        for (w, h) in workers.iter().enumerate() {
+            let ports = worker_ports(&config, w);
             for (st, ((_, queue), fd)) in steering.iter_mut().zip(ports.iter().zip(&h.fds)) {
                 st.set_xsk(*queue, fd)?;
             }
-            tracing::info!(worker = id, core = ?cores.get(w), ?ports, "worker started");
-            workers.push(h);
+            tracing::info!(worker = h.id, core = ?cores.get(w), ?ports, ms = phase_ms(), "worker started");
         }
-        sync_steering(&mut steering, &handle.load())?;
         sync_reply_rules(!punt_queues.is_empty(), &handle.load());
+        if let Some(ms) = phase_ms() {
+            tracing::info!(phase = "steering", ms, "hand-over phase (new): sockets in the maps, reply rules synced");
+        }
         if let Some(p) = pending.take() {
             p.release()?;
         }
         // The previous xlb let go: adopted sockets are this process's alone.
         gate.store(true, Ordering::Release);
+        if let Some(ms) = phase_ms() {
+            tracing::info!(phase = "go", ms, "hand-over phase (new): released; the workers take frames");
+        }
         // `<admin socket>.xdp`: "IFNAME PROG_ID" per interface, written once attached and
         // removed on a clean stop, so the next start recognises a dead xlb's program even
         // without CAP_SYS_ADMIN (which reading program names needs).
@@ -832,12 +870,35 @@ fn serve(
         // once (they were withdrawn here already); a hand-over leaves it to the new xlb.
         let _ = rt.block_on(async { tokio::time::timeout(Duration::from_secs(2), m.stop(!handing_over)).await });
     }
+    // The control plane's runtime, HTTP servers and healthCheckNodePorts, while they live.
+    let mut control = Some((_healthz, _metrics, k8s, rt));
+    if handing_over {
+        // The new process binds the same HTTP ports and healthCheckNodePorts as soon as it
+        // has the flows: close them now, while the workers still forward (the runtime's drop
+        // waits until its tasks, and their listeners, are gone).
+        let closing = Instant::now();
+        drop(control.take());
+        tracing::info!(
+            phase = "ports closed",
+            ms = closing.elapsed().as_secs_f64() * 1e3,
+            "hand-over phase (old): HTTP ports and runtime closed"
+        );
+        // The switch starts here: from now until the new workers start, frames wait in the
+        // RX rings (docs/reliability.md, "The switch").
+        tracing::info!(phase = "stop", "hand-over phase (old): telling the workers to stop");
+    }
+    let quiesce = Instant::now();
     wstop.store(true, Ordering::Relaxed);
     let mut flows = Snapshot::default();
     let mut kept: Option<Vec<XskExport>> = keep_sockets.then(Vec::new);
     for w in workers {
         match w.join_export() {
             Some((p, sockets)) => {
+                tracing::debug!(
+                    worker = p.config().worker_id,
+                    ms = quiesce.elapsed().as_secs_f64() * 1e3,
+                    "stop: worker joined"
+                );
                 if handing_over {
                     flows.workers.push(p.export_flows());
                 }
@@ -857,8 +918,25 @@ fn serve(
     if handing_over {
         flows.affinity = affinity.export(&handle.load(), worker::clock_s());
     }
-    tracing::info!(frames = fabric.waiting(), "workers stopped: hand-off frames left in their inboxes");
-    if !punt_queues.is_empty() {
+    tracing::info!(
+        frames = fabric.waiting(),
+        ms = quiesce.elapsed().as_secs_f64() * 1e3,
+        "workers stopped: hand-off frames left in their inboxes"
+    );
+    // The switch's end on this side: the flows and sockets go at once; what is left to close
+    // (the punt device takes 10-20 ms: the kernel waits for a grace period per queue) is
+    // closed while the new process starts.
+    let sent = match &result {
+        Ok(Some((stream, _, _))) => Some(
+            crate::handover::send(stream, &flows, kept.as_deref())
+                .context("hand-over: sending the flows")
+                .map(|()| stopping.elapsed().as_secs_f64() * 1e3),
+        ),
+        _ => None,
+    };
+    // At a hand-over the reply rules stay: they are the new process's too (it syncs them to
+    // its own tables), and removing them now would race with it.
+    if !punt_queues.is_empty() && !handing_over {
         sync_reply_rules(true, &Tables::empty());
         if let Err(e) = nic_config::rules::set_bypass(&config.punt_device, false) {
             tracing::warn!(error = %e, "removing the punt device's bypass rule");
@@ -868,7 +946,15 @@ fn serve(
     if !handing_over {
         let _ = std::fs::remove_file(admin_socket.with_extension("xdp"));
     }
-    drop(punt_queues);
+    // At a hand-over the punt device is closed after `released`: closing it takes 10-20 ms
+    // (the kernel waits for a grace period per queue), and the new process waits for that
+    // answer. (Its own queues, if it created them meanwhile, keep the device.)
+    let punt_queues = if handing_over {
+        Some(punt_queues)
+    } else {
+        drop(punt_queues);
+        None
+    };
     let detach = |steering: Vec<Steering>| {
         for st in steering {
             let name = st.ifname().to_owned();
@@ -879,16 +965,11 @@ fn serve(
     };
     match result {
         Ok(Some((stream, _, latest))) => {
-            // The new process binds the same HTTP ports and healthCheckNodePorts: close them
-            // (the runtime's drop waits until its tasks, and their listeners, are gone).
-            drop((_healthz, _metrics, k8s));
-            drop(rt);
             let (n, n_affinity) = (flows.flows(), flows.affinity.len());
             // The programs stay attached until the new process is ready: meanwhile they drop
             // xlb's frames (no socket), so the kernel does not forward them untranslated.
-            let ready = crate::handover::send(&stream, &flows, kept.as_deref())
-                .context("hand-over: sending the flows")
-                .map(|()| stopping.elapsed().as_secs_f64() * 1e3)
+            let ready = sent
+                .unwrap_or_else(|| Err(anyhow::anyhow!("hand-over: the flows were not sent")))
                 .and_then(|sent_ms| crate::handover::wait_attach(&stream).map(|()| sent_ms));
             let waited_ms = stopping.elapsed().as_secs_f64() * 1e3;
             // Either way the programs stay: the new process replaces them, or this one does
@@ -900,7 +981,7 @@ fn serve(
                 Ok(sent_ms) => {
                     crate::handover::reply(&stream, crate::handover::RELEASED);
                     // The new process holds its own copies of the sockets now.
-                    drop(kept);
+                    drop((kept, punt_queues));
                     tracing::info!(
                         flows = n,
                         affinity = n_affinity,
@@ -938,8 +1019,7 @@ fn serve(
             if let Some(p) = pending.take() {
                 // The previous xlb stopped for this one and serves again once it hears this:
                 // free the ports it will bind first.
-                drop((_healthz, _metrics, k8s));
-                drop(rt);
+                drop(control.take());
                 p.abort(&format!("{e:#}"));
             }
             Err(e)

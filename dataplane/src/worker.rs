@@ -54,6 +54,13 @@ pub struct WorkerSpec {
     pub realtime: bool,
     /// ClientIP affinity records shared by the node's workers.
     pub affinity: Arc<AffinityTable>,
+}
+
+/// What a worker gets when it starts ([`spawn`], [`Parked::start`]): what a hand-over or a
+/// crash decides, known only once the previous process answered (a worker can be parked
+/// before that, [`park`]).
+#[derive(Debug, Default)]
+pub struct WorkerStart {
     /// This worker's queue of the exception path: frames that are not xlb's
     /// ([`Verdict::Pass`], and replies no worker has a flow for) go back into the kernel's
     /// stack through it. `None`: they are dropped (counted `punt_failed`).
@@ -77,6 +84,24 @@ pub struct WorkerSpec {
     /// without having touched them. `None`: start at once.
     pub hold_until: Option<Arc<AtomicBool>>,
 }
+
+/// A worker thread that is pinned (and `SCHED_FIFO` if asked) and has its pipeline (the flow
+/// tables allocated), waiting for its sockets and flows ([`Parked::start`]). A hand-over parks
+/// the new process's workers before it asks the old process to stop its own, so that only
+/// adopting the sockets and importing the flows are left between the old workers' stop and
+/// the new ones' start. Dropped without a start, the thread ends.
+#[derive(Debug)]
+pub struct Parked {
+    id: u16,
+    go: mpsc::Sender<WorkerStart>,
+    ready: mpsc::Receiver<Ready>,
+    requests: mpsc::Sender<Request>,
+    tap: Arc<DropTap>,
+    thread: JoinHandle<Option<(Pipeline, XskExport)>>,
+}
+
+/// A worker's word once its sockets are open or adopted: their fds, its counters; or why not.
+type Ready = Result<(Vec<i32>, Arc<WorkerCounters>, Arc<XskCounters>), XskError>;
 
 /// One queue of the punt device as a worker uses it (implemented by the control side over
 /// `nic_config::punt::PuntQueue`). Called from the worker loop, never from the per-packet
@@ -314,22 +339,41 @@ pub enum WorkerError {
     Thread(u16),
 }
 
-/// Starts a worker: pins it, opens its sockets on that core, and returns once they are bound.
+/// Starts a worker: pins it, opens (or adopts) its sockets on that core, and returns once
+/// they are bound ([`park`], then [`Parked::start`] and [`Parked::ready`]).
 ///
 /// # Errors
-/// [`WorkerError`] if the sockets cannot be bound.
+/// [`WorkerError`] if the thread cannot start or the sockets cannot be bound.
 pub fn spawn(
     spec: WorkerSpec,
+    start: WorkerStart,
     tables: TablesHandle,
     fabric: Arc<Fabric>,
     stop: Arc<AtomicBool>,
 ) -> Result<WorkerHandle, WorkerError> {
+    let p = park(spec, tables, fabric, stop)?;
+    p.start(start);
+    p.ready()
+}
+
+/// Starts a worker thread and returns once it is pinned and its pipeline is built; it then
+/// waits, touching no socket, for [`Parked::start`].
+///
+/// # Errors
+/// [`WorkerError::Thread`] if the thread cannot be started or dies before it is parked.
+pub fn park(
+    spec: WorkerSpec,
+    tables: TablesHandle,
+    fabric: Arc<Fabric>,
+    stop: Arc<AtomicBool>,
+) -> Result<Parked, WorkerError> {
     let id = spec.id;
-    let (ready_tx, ready_rx) = mpsc::channel::<Result<(Vec<i32>, Arc<WorkerCounters>, Arc<XskCounters>), XskError>>();
+    let (parked_tx, parked_rx) = mpsc::channel::<()>();
+    let (go_tx, go_rx) = mpsc::channel::<WorkerStart>();
+    let (ready_tx, ready_rx) = mpsc::channel::<Ready>();
     let (req_tx, req_rx) = mpsc::channel::<Request>();
     let tap = Arc::new(DropTap::default());
     let worker_tap = tap.clone();
-    let mut spec = spec;
     let mut receiving = Receiving::new(fabric.clone());
     let thread = std::thread::Builder::new()
         .name(format!("xlb-worker-{id}"))
@@ -344,7 +388,12 @@ pub fn spawn(
             {
                 tracing::warn!(worker = id, error = %e, "could not make the worker SCHED_FIFO; it runs as a normal thread");
             }
-            let opened = match spec.adopt.take() {
+            let seed = u64::from(id) ^ std::process::id() as u64 ^ 0x9E37_79B9_7F4A_7C15;
+            let mut pipeline = Pipeline::with_affinity(spec.pipeline.clone(), seed, spec.affinity.clone());
+            let _ = parked_tx.send(());
+            // Parked: no CPU until the start (or until the control thread gives up on it).
+            let Ok(mut start) = go_rx.recv() else { return None };
+            let opened = match start.adopt.take() {
                 Some(e) => Xsk::adopt(e, spec.xsk.busy_poll),
                 None => Xsk::open(&spec.xsk, &spec.ports),
             };
@@ -355,9 +404,7 @@ pub fn spawn(
                     return None;
                 }
             };
-            let seed = u64::from(id) ^ std::process::id() as u64 ^ 0x9E37_79B9_7F4A_7C15;
-            let mut pipeline = Pipeline::with_affinity(spec.pipeline.clone(), seed, spec.affinity.clone());
-            if let Some(snap) = &spec.restore {
+            if let Some(snap) = &start.restore {
                 let started = Instant::now();
                 let now_ms = u64::try_from(epoch().elapsed().as_millis()).unwrap_or(u64::MAX);
                 let r = pipeline.import_flows(&tables.load(), snap, now_ms);
@@ -377,7 +424,7 @@ pub fn spawn(
             xc.counter(XskCounter::ZeroCopy).set(u64::from(xsk.zero_copy(0)));
             xc.counter(XskCounter::UmemHugePages).set(u64::from(xsk.huge_pages()));
             let _ = ready_tx.send(Ok((xsk.fds(), pipeline.counters().clone(), xc.clone())));
-            if let Some(hold) = &spec.hold_until {
+            if let Some(hold) = &start.hold_until {
                 while !hold.load(Ordering::Acquire) {
                     if stop.load(Ordering::Relaxed) {
                         // Never started: the rings are as the previous owner left them.
@@ -386,26 +433,70 @@ pub fn spawn(
                     std::thread::sleep(std::time::Duration::from_micros(100));
                 }
             }
-            let pipeline =
-                run(spec, &mut xsk, pipeline, tables, fabric, stop, req_rx, &xc, &worker_tap, &mut receiving);
+            let pipeline = run(
+                spec,
+                &start,
+                &mut xsk,
+                pipeline,
+                tables,
+                fabric,
+                stop,
+                req_rx,
+                &xc,
+                &worker_tap,
+                &mut receiving,
+            );
             Some((pipeline, xsk.export()))
         })
         .map_err(|_| WorkerError::Thread(id))?;
-    match ready_rx.recv() {
-        Ok(Ok((fds, counters, xsk))) => {
-            Ok(WorkerHandle { id, fds, counters, xsk, requests: req_tx, tap, thread: Some(thread) })
-        }
-        Ok(Err(source)) => {
+    match parked_rx.recv() {
+        Ok(()) => Ok(Parked { id, go: go_tx, ready: ready_rx, requests: req_tx, tap, thread }),
+        Err(_) => {
             let _ = thread.join();
-            Err(WorkerError::Xsk { id, source })
+            Err(WorkerError::Thread(id))
         }
-        Err(_) => Err(WorkerError::Thread(id)),
+    }
+}
+
+impl Parked {
+    /// The worker's number.
+    #[must_use]
+    pub fn id(&self) -> u16 {
+        self.id
+    }
+
+    /// Lets the worker open or adopt its sockets and import its flows; returns at once
+    /// ([`Parked::ready`] waits for it), so that several workers do it in parallel.
+    pub fn start(&self, start: WorkerStart) {
+        let _ = self.go.send(start);
+    }
+
+    /// Waits, after [`Parked::start`], until the worker's sockets are open or adopted and its
+    /// flows imported.
+    ///
+    /// # Errors
+    /// [`WorkerError::Xsk`] if the sockets cannot be bound or adopted (the thread has ended),
+    /// [`WorkerError::Thread`] if the thread died.
+    pub fn ready(self) -> Result<WorkerHandle, WorkerError> {
+        let Self { id, go, ready, requests, tap, thread } = self;
+        drop(go);
+        match ready.recv() {
+            Ok(Ok((fds, counters, xsk))) => {
+                Ok(WorkerHandle { id, fds, counters, xsk, requests, tap, thread: Some(thread) })
+            }
+            Ok(Err(source)) => {
+                let _ = thread.join();
+                Err(WorkerError::Xsk { id, source })
+            }
+            Err(_) => Err(WorkerError::Thread(id)),
+        }
     }
 }
 
 #[expect(clippy::too_many_arguments, reason = "everything a worker owns, moved in once")]
 fn run(
     spec: WorkerSpec,
+    start: &WorkerStart,
     xsk: &mut Xsk,
     mut pipeline: Pipeline,
     tables: TablesHandle,
@@ -432,13 +523,16 @@ fn run(
     let mut idle_rounds = 0u32;
     let counters = pipeline.counters().clone();
     let mut next_socket_stats_ms = 0u64;
+    // Adopted sockets (a hand-over): the first frames taken are logged, with the time since
+    // the worker was let go (the end of the forwarding gap on this worker).
+    let mut first_rx = start.hold_until.is_some().then(Instant::now);
     let route = Route {
         fabric: &fabric,
         me: id,
         workers: spec.pipeline.workers,
-        punt: spec.punt.as_ref(),
+        punt: start.punt.as_ref(),
         tap,
-        quiet_until: spec.untracked_replies_dropped_until,
+        quiet_until: start.untracked_replies_dropped_until,
     };
     while !stop.load(Ordering::Relaxed) {
         // One relaxed pointer check per loop; a new snapshot only after a publication.
@@ -461,6 +555,14 @@ fn run(
                 continue;
             }
             got += n;
+            if let Some(t) = first_rx.take() {
+                tracing::info!(
+                    worker = id,
+                    frames = n,
+                    ms = t.elapsed().as_secs_f64() * 1e3,
+                    "hand-over phase (new): first frames received"
+                );
+            }
             // Bytes received, summed before the pipeline rewrites the frames (one pass over
             // the batch's descriptors; no frame data is read).
             tally.rx_bytes(rx.iter().map(OwnedFrame::len).sum());
@@ -481,7 +583,7 @@ fn run(
         // through the kernel. Each gets an Ethernet header (MACs zero) in a free UMEM frame.
         // Only read while such backends exist (their reply rules are what route packets
         // there), so the common case pays no read(2) per loop.
-        if let Some(k) = spec.punt.as_ref().filter(|_| !t.kernel_endpoints.is_empty()) {
+        if let Some(k) = start.punt.as_ref().filter(|_| !t.kernel_endpoints.is_empty()) {
             for _ in 0..BATCH {
                 kbuf.resize(ETH_LEN + KERNEL_RX_MAX, 0);
                 let Some(room) = kbuf.get_mut(ETH_LEN..) else { break };
