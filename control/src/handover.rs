@@ -1,24 +1,29 @@
 //! Hand-over from a running xlb to a new one (`xlb run --takeover`, docs/architecture.md
 //! "Hand-over"), over the old process's admin socket:
 //!
-//! 1. The new process loads its config, builds its tables and loads (does not attach) its
-//!    steering programs, then connects to the admin socket and sends `handover V xsk1=LAYOUT`
+//! 1. The new process loads its config, builds its tables, loads (does not attach) its
+//!    steering programs and fills their maps, and parks its workers (pinned, flow tables
+//!    allocated: [`dataplane::worker::park`]), then connects to the admin socket and sends
+//!    `handover V xsk1=LAYOUT`
 //!    (V = [`snapshot::VERSION`], the flow snapshot format it reads; LAYOUT its AF_XDP socket
 //!    layout, [`XSK_OFFER`]).
 //! 2. If V is not the old process's version, the old one answers `error …` and keeps serving;
-//!    the new process exits with that error. Otherwise the old process stops its workers
-//!    (each finishes its batch), exports every worker's flows and the affinity records, keeps
-//!    its AF_XDP sockets and UMEMs open if LAYOUT is its own (else closes them), removes its
-//!    policy rules, punt device and admin socket, writes the snapshot into a memfd and sends
+//!    the new process exits with that error. Otherwise the old process closes its HTTP ports
+//!    and control runtime, stops its workers (each finishes its batch), exports every
+//!    worker's flows and the affinity records, keeps
+//!    its AF_XDP sockets and UMEMs open if LAYOUT is its own (else closes them), and at once
+//!    writes the snapshot into a memfd and sends
 //!    `ok BYTES XSKBYTES` (sockets kept) or `ok BYTES` with the descriptors attached
-//!    (`SCM_RIGHTS`, unix(7); [`send`]). Its steering programs stay attached: their maps
+//!    (`SCM_RIGHTS`, unix(7); [`send`]); its punt device is closed after `released`, and
+//!    its reply rules stay for the new process. Its steering programs stay attached: their maps
 //!    keep pointing at kept sockets, whose RX rings hold the frames meanwhile; with no socket
 //!    in a queue's slot they drop the frames that are xlb's (counted `redirect_failed`)
 //!    instead of letting the kernel forward them untranslated.
-//! 3. The new process reads and checks the snapshot ([`snapshot::decode`]), adopts the
-//!    sockets (its workers touch their rings only after `released`) or binds new ones,
-//!    starts its workers with their flows ([`dataplane::process::Pipeline::import_flows`]) and
-//!    fills its programs' maps, then sends `attach`. The old process leaves its programs
+//! 3. The new process reads and checks the snapshot ([`snapshot::decode`]), binds its HTTP
+//!    ports, creates its punt device, and starts its parked workers, which adopt the sockets
+//!    (they touch their rings only after `released`) or bind new ones and import their flows
+//!    ([`dataplane::process::Pipeline::import_flows`]) in parallel; it puts the sockets into
+//!    its programs' maps, then sends `attach`. The old process leaves its programs
 //!    attached ([`nic_config::Steering::leave_attached`]), answers `released` and exits; the
 //!    new one replaces each of them with its own in one netlink request. (`detached`, from an
 //!    old process that detached first, is accepted too.) A snapshot the new

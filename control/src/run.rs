@@ -8,10 +8,12 @@
 //!
 //! Start-up: load and translate the file → fill in interface MACs/MTUs and the kernel's
 //! neighbour table → build and publish the tables → load the steering program for every
-//! interface → with `--takeover`, take the running xlb's flows ([`crate::handover`]) → bind
-//! the HTTP ports → create the punt device → start one pinned worker per core → put the
-//! workers' sockets into the XSKMAP → sync the steering maps → attach the programs (after a
-//! hand-over, once the previous xlb has detached its own). Then, until SIGINT/SIGTERM: reload
+//! interface → park one pinned worker per core (pipeline built, no socket yet) → sync the
+//! steering maps → with `--takeover`, take the running xlb's flows ([`crate::handover`]) →
+//! bind the HTTP ports → create the punt device → start the workers (bind or adopt their
+//! sockets, import their flows) → put the workers' sockets into the XSKMAP → attach the
+//! programs (after a hand-over, once the previous xlb has let go of its own). Then, until
+//! SIGINT/SIGTERM: reload
 //! on SIGHUP or when the file changes (a bad file is logged with its document, object and
 //! field, and the running tables stay), rebuild when a neighbour changes, ask the kernel to
 //! resolve unresolved next hops, and answer the admin socket. On exit the workers stop and every program and map is removed
