@@ -53,7 +53,7 @@ pub(super) fn stage_misses<A: Fam>(st: &mut FamState<A>, c: &Common, t: &Tables,
         let idx = t.find_frontend(l.key.dst.to_mapped(), l.key.proto, l.key.dport);
         *fe_of = idx.unwrap_or(FE_NONE);
         let Some(fe) = idx.and_then(|i| t.frontend_at(i)) else { continue };
-        let Some(svc) = t.services.get(fe.service as usize) else { continue };
+        let svc = &*fe.svc;
         let (Scheduler::Maglev { port }, None, Some(m)) = (svc.scheduler, svc.affinity_timeout_s, svc.maglev.as_ref())
         else {
             continue;
@@ -90,7 +90,7 @@ pub(super) fn stage_misses<A: Fam>(st: &mut FamState<A>, c: &Common, t: &Tables,
         }
         *pick = None;
         let Some(fe) = lanes.fe.get(i).and_then(|&f| t.frontend_at(f)) else { continue };
-        let Some(svc) = t.services.get(fe.service as usize) else { continue };
+        let svc = &*fe.svc;
         let Some(m) = svc.maglev.as_ref() else { continue };
         let r = svc.eligible.get(m.lookup(h) as usize).copied();
         if let Some(r) = r
@@ -105,7 +105,7 @@ pub(super) fn stage_misses<A: Fam>(st: &mut FamState<A>, c: &Common, t: &Tables,
     let mut snat_port = c.snat_cursor;
     for (l, (pick, fe)) in lanes.l.get(..lanes.n).unwrap_or(&[]).iter().zip(lanes.pick.iter().zip(lanes.fe.iter())) {
         let (Some(r), Some(fe)) = (pick, t.frontend_at(*fe)) else { continue };
-        let (Some(b), Some(svc)) = (t.backend(*r), t.services.get(fe.service as usize)) else { continue };
+        let (Some(b), svc) = (t.backend(*r), &*fe.svc) else { continue };
         let Some(baddr) = A::from_ip(b.addr) else { continue };
         if svc.mode != ForwardingMode::Nat {
             continue;
@@ -332,9 +332,6 @@ fn forward<A: Fam>(
     in_port: u8,
 ) -> Verdict {
     let (key, h, pick) = (hint.key, hint.hash, hint.pick);
-    if t.services.get(fe.service as usize).is_none() {
-        return Verdict::Pass;
-    }
     if !fe.source_ranges.is_empty() && !fe.source_ranges.iter().any(|r| r.contains_octets(key.src.octets())) {
         return Verdict::Drop(DropReason::SourceRangeDenied);
     }
@@ -421,7 +418,8 @@ fn established<A: Fam>(
     let old = r.ct_state();
     let new = if p.proto == proto::TCP { conntrack::tcp_next(old, p.tcp_flags) } else { old };
     let now = c.now_s;
-    let svc_id = t.services.get(b.service as usize).map_or(r.svc, |s| s.id);
+    // A backend in the tables names its service's id.
+    let svc_id = b.service;
     r.state = new as u8;
     r.expires_s = now.saturating_add(c.timeout(new));
     c.sched.conns.change(b.this, old.is_active(), new.is_active());
@@ -526,7 +524,7 @@ fn new_flow<A: Fam>(
     pick: Option<BackendRef>,
     in_port: u8,
 ) -> Verdict {
-    let Some(svc) = t.services.get(fe.service as usize) else { return Verdict::Pass };
+    let svc = &*fe.svc;
     if !c.admit_new_flow() {
         return Verdict::Drop(DropReason::NewFlowRateLimited);
     }

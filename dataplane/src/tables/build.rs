@@ -857,29 +857,6 @@ impl TableBuilder {
             } else {
                 Box::default()
             };
-            let mut frontends = Vec::with_capacity(s.frontends.len());
-            for f in &s.frontends {
-                let k = frontend_key(f);
-                let kind = addr_kind(f.kind);
-                frontends.push((k, kind));
-                // Absent: validated unique among the upserts, and every other owner it had was
-                // removed or changed, so taken out in step 1.
-                t.vips.insert_absent(
-                    k,
-                    FrontendEntry {
-                        service: id,
-                        kind: f.kind,
-                        masquerade: f.masquerade,
-                        source_ranges: f.source_ranges.clone().into_boxed_slice(),
-                    },
-                );
-                if let Some(c) = self.addr_kinds.entry(k.addr).or_insert([0; 3]).get_mut(kind_index(kind)) {
-                    *c += 1;
-                }
-                if !fresh {
-                    touched_addrs.insert(k.addr);
-                }
-            }
             by_addr.sort_unstable_by_key(|&(a, p, _)| (a, p));
             let service = Service {
                 id,
@@ -895,11 +872,36 @@ impl TableBuilder {
                 cum_weights: p.cum.into_boxed_slice(),
                 maglev: p.maglev.as_ref().map(|m| m.table.clone()),
                 hash_buckets,
-                frontend_keys: frontends.iter().map(|(k, _)| *k).collect(),
+                frontend_keys: s.frontends.iter().map(frontend_key).collect(),
                 endpoint_keys: endpoint_keys.clone().into_boxed_slice(),
             };
+            let svc = Arc::new(service);
+            let mut frontends = Vec::with_capacity(s.frontends.len());
+            for f in &s.frontends {
+                let k = frontend_key(f);
+                let kind = addr_kind(f.kind);
+                frontends.push((k, kind));
+                // Absent: validated unique among the upserts, and every other owner it had was
+                // removed or changed, so taken out in step 1.
+                t.vips.insert_absent(
+                    k,
+                    FrontendEntry {
+                        service: id,
+                        svc: Arc::clone(&svc),
+                        kind: f.kind,
+                        masquerade: f.masquerade,
+                        source_ranges: f.source_ranges.clone().into_boxed_slice(),
+                    },
+                );
+                if let Some(c) = self.addr_kinds.entry(k.addr).or_insert([0; 3]).get_mut(kind_index(kind)) {
+                    *c += 1;
+                }
+                if !fresh {
+                    touched_addrs.insert(k.addr);
+                }
+            }
             if let Some(slot) = t.services.slots.get_mut(id as usize) {
-                *slot = Some(Arc::new(service));
+                *slot = Some(svc);
             }
             self.total_backends += s.backends.len();
             let ptr = Arc::as_ptr(s) as usize;

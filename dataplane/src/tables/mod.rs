@@ -706,8 +706,11 @@ pub struct Service {
 /// Value of the VIP map: which service and how this frontend behaves.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FrontendEntry {
-    /// Index into [`Tables::services`].
+    /// The service's id ([`Tables::services`]).
     pub service: u32,
+    /// The service itself, the one [`Tables::services`] holds under that id: the per-packet
+    /// path reaches it from the frontend without a second lookup.
+    pub svc: Arc<Service>,
     /// Frontend kind.
     pub kind: FrontendKind,
     /// SNAT new flows.
