@@ -1076,6 +1076,10 @@ mod tests {
         }
         svcs.sort();
         out.extend(svcs);
+        for (k, e) in t.vips.iter() {
+            let held = t.services.slots.get(e.service as usize).and_then(Option::as_ref);
+            assert!(held.is_some_and(|s| Arc::ptr_eq(s, &e.svc)), "{k:?}: the entry's service is the table's");
+        }
         let mut vips: Vec<String> = t
             .vips
             .iter()
