@@ -80,10 +80,9 @@ struct Record {
     /// Backend slots by (address, port).
     slots: SlotMap,
     maglev: Option<MaglevCached>,
-    /// Frontend keys and the address kind each gives.
-    frontends: Box<[(VipKey, VipAddrKind)]>,
-    /// Keys put into [`Tables::endpoints`] (counted in `endpoint_refs`).
-    endpoints: Box<[VipKey]>,
+    /// The service it built: its frontend keys (in `spec.frontends` order) and the keys it put
+    /// into [`Tables::endpoints`] (counted in `endpoint_refs`).
+    svc: Arc<Service>,
     /// Entries put into [`Tables::kernel_endpoints`].
     kernel: Box<[(IpAddr, u8, u16)]>,
     /// Next hops of its backends that were unresolved.
@@ -873,14 +872,12 @@ impl TableBuilder {
                 maglev: p.maglev.as_ref().map(|m| m.table.clone()),
                 hash_buckets,
                 frontend_keys: s.frontends.iter().map(frontend_key).collect(),
-                endpoint_keys: endpoint_keys.clone().into_boxed_slice(),
+                endpoint_keys: endpoint_keys.into_boxed_slice(),
             };
             let svc = Arc::new(service);
-            let mut frontends = Vec::with_capacity(s.frontends.len());
             for f in &s.frontends {
                 let k = frontend_key(f);
                 let kind = addr_kind(f.kind);
-                frontends.push((k, kind));
                 // Absent: validated unique among the upserts, and every other owner it had was
                 // removed or changed, so taken out in step 1.
                 t.vips.insert_absent(
@@ -901,7 +898,7 @@ impl TableBuilder {
                 }
             }
             if let Some(slot) = t.services.slots.get_mut(id as usize) {
-                *slot = Some(svc);
+                *slot = Some(Arc::clone(&svc));
             }
             self.total_backends += s.backends.len();
             let ptr = Arc::as_ptr(s) as usize;
@@ -914,8 +911,7 @@ impl TableBuilder {
                     id,
                     slots,
                     maglev: p.maglev,
-                    frontends: frontends.into_boxed_slice(),
-                    endpoints: endpoint_keys.into_boxed_slice(),
+                    svc: Arc::clone(&svc),
                     kernel: kernel.into_boxed_slice(),
                     unresolved: unresolved.into_boxed_slice(),
                     backends: s.backends.len(),
@@ -960,16 +956,17 @@ impl TableBuilder {
 
     /// Takes out of `t` and the reference counts what `r`'s build put in (not its slots).
     fn undo(&mut self, r: &Record, t: &mut Tables, touched_addrs: &mut HashSet<[u8; 16]>, kernel_changed: &mut bool) {
-        for (k, kind) in &r.frontends {
-            if t.vips.get(k).is_some_and(|e| e.service == r.id) {
-                t.vips.remove(k);
+        for f in &r.spec.frontends {
+            let k = frontend_key(f);
+            if t.vips.get(&k).is_some_and(|e| e.service == r.id) {
+                t.vips.remove(&k);
             }
-            if let Some(c) = self.addr_kinds.get_mut(&k.addr).and_then(|c| c.get_mut(kind_index(*kind))) {
+            if let Some(c) = self.addr_kinds.get_mut(&k.addr).and_then(|c| c.get_mut(kind_index(addr_kind(f.kind)))) {
                 *c = c.saturating_sub(1);
             }
             touched_addrs.insert(k.addr);
         }
-        for k in &r.endpoints {
+        for k in &r.svc.endpoint_keys {
             if let Some(c) = self.endpoint_refs.get_mut(k) {
                 *c = c.saturating_sub(1);
                 if *c == 0 {
