@@ -754,6 +754,8 @@ impl TableBuilder {
             let mut weights = Vec::new();
             let mut by_addr = Vec::with_capacity(s.backends.len());
             let mut unresolved = Vec::new();
+            // Per backend: its next hop is the kernel ([`NextHop::Kernel`]), from the one route lookup.
+            let mut via_kernel = Vec::with_capacity(s.backends.len());
             let mut slots = SlotMap::with_capacity(s.backends.len());
             for (b, r) in s.backends.iter().zip(&rs) {
                 let r = *r;
@@ -764,7 +766,9 @@ impl TableBuilder {
                     eligible.push(r);
                     weights.push(b.weight);
                 }
-                let (mut hop, no_route) = match hop_for(b.addr) {
+                let first = hop_for(b.addr);
+                via_kernel.push(first.as_ref().is_ok_and(|h| h.port == KERNEL_PORT));
+                let (mut hop, no_route) = match first {
                     Ok(h) => (Some(h), false),
                     Err(Some(via)) => {
                         unresolved.push(via);
@@ -805,15 +809,13 @@ impl TableBuilder {
             let mut endpoint_keys = Vec::new();
             let mut kernel = Vec::new();
             if s.mode == ForwardingMode::Nat {
-                for b in &s.backends {
-                    if matches!(spec.next_hop_in(&idx, b.addr), NextHop::Kernel) {
-                        for pr in s.frontends.iter().map(|f| f.proto) {
-                            kernel.push((b.addr, pr as u8, b.port));
-                            // Flows to it are never masqueraded, so its replies keep the
-                            // client's address whatever the frontend: a worker that reads one
-                            // without owning the flow must hand it on (`Verdict::Handoff`).
-                            endpoint_keys.push(VipKey { addr: mapped(b.addr), port: b.port, proto: pr as u8 });
-                        }
+                for (b, _) in s.backends.iter().zip(&via_kernel).filter(|(_, k)| **k) {
+                    for pr in s.frontends.iter().map(|f| f.proto) {
+                        kernel.push((b.addr, pr as u8, b.port));
+                        // Flows to it are never masqueraded, so its replies keep the client's
+                        // address whatever the frontend: a worker that reads one without
+                        // owning the flow must hand it on (`Verdict::Handoff`).
+                        endpoint_keys.push(VipKey { addr: mapped(b.addr), port: b.port, proto: pr as u8 });
                     }
                 }
                 // Only frontends whose flows may keep the client's address: a masqueraded

@@ -54,8 +54,10 @@ fn copy_chunk<T: Clone + Default>(c: &[T; CHUNK]) -> Arc<[T; CHUNK]> {
 /// A chunk of defaults, built in place on the heap (a `[T; CHUNK]` on the stack would be
 /// tens of KiB).
 fn new_chunk<T: Default>() -> Arc<[T; CHUNK]> {
-    let v: Vec<T> = (0..CHUNK).map(|_| T::default()).collect();
-    match Arc::<[T]>::from(v).try_into() {
+    // Collected straight into the `Arc`'s allocation (the range's length is known), then
+    // typed as an array: no copy.
+    let v: Arc<[T]> = (0..CHUNK).map(|_| T::default()).collect();
+    match v.try_into() {
         Ok(a) => a,
         // The length is CHUNK by construction.
         Err(_) => Arc::new(core::array::from_fn(|_| T::default())),
