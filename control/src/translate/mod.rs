@@ -48,7 +48,12 @@
 //! - PORT-05: when the matching slice port has no `port` number, a numeric `targetPort` (or
 //!   the Service `port` when `targetPort` is unset) is used.
 
+mod incremental;
+mod index;
 mod select;
+
+pub use incremental::{HostFacts, UpdateStats};
+pub use index::ClusterIndex;
 
 /// Parses an address from field `field` of object `label`; a bad one is reported as an error
 /// naming the field (only that address is skipped) and gives `None`.
@@ -302,6 +307,8 @@ pub struct Translator {
     stats: TranslateStats,
     /// Threads that translate Services (0: `std::thread::available_parallelism`).
     threads: usize,
+    /// The translation kept by [`Translator::update`].
+    incr: incremental::Incremental,
 }
 
 impl Translator {
@@ -467,12 +474,7 @@ fn assemble(
         };
         for Pending { spec: p, fields } in pending {
             if !names.insert(p.name.as_str()) {
-                report.issues.push(Issue {
-                    severity: Severity::Error,
-                    object: label_of(svc),
-                    field: "metadata.name".into(),
-                    message: format!("table name {:?} is already used; not programmed", p.name),
-                });
+                report.issues.push(name_taken(label_of(svc), &p.name));
                 continue;
             }
             // Frontends another Service claimed first are left out; the spec is shared as it is
@@ -481,18 +483,7 @@ fn assemble(
             for (f, field) in p.frontends.iter().zip(fields) {
                 let key = (f.addr, f.proto, f.port);
                 if let Some(owner) = claimed.get(&key) {
-                    report.issues.push(Issue {
-                        severity: Severity::Error,
-                        object: label_of(svc),
-                        field: field.clone(),
-                        message: format!(
-                            "{} {} {}/{} is already a frontend of {owner}; not programmed here",
-                            f.kind.name(),
-                            f.addr,
-                            f.proto.as_str(),
-                            f.port
-                        ),
-                    });
+                    report.issues.push(frontend_taken(label_of(svc), field, f, owner));
                     continue;
                 }
                 claimed.insert(key, p.name.as_str());
@@ -503,19 +494,8 @@ fn assemble(
             }
             // The dataplane cannot build a Maglev table with more backends than slots; that
             // would fail the whole table build, so only this spec is left out.
-            let weighted = p.backends.iter().filter(|b| b.eligible && b.weight > 0).count();
-            if matches!(p.scheduler, Scheduler::Maglev { .. })
-                && u32::try_from(weighted).map_or(true, |n| n > cfg.maglev_table_size)
-            {
-                report.issues.push(Issue {
-                    severity: Severity::Error,
-                    object: label_of(svc),
-                    field: format!("metadata.annotations[{ANNOTATION_SCHEDULER}]"),
-                    message: format!(
-                        "{weighted} eligible backends do not fit a Maglev table of maglevTableSize {}; {} not programmed (raise maglevTableSize)",
-                        cfg.maglev_table_size, p.name
-                    ),
-                });
+            if let Some(issue) = maglev_overflow(p, cfg, || label_of(svc)) {
+                report.issues.push(issue);
                 continue;
             }
             if kept.len() == p.frontends.len() {
@@ -527,9 +507,89 @@ fn assemble(
         }
     }
 
+    let spec = TablesSpec { services: out, ..globals(cfg, &node) };
+    for (fam, have) in [(Family::V4, spec.snat_v4.is_some()), (Family::V6, spec.snat_v6.is_some())] {
+        if !have && spec.services.iter().any(|s| needs_snat(s, fam, !spec.cluster_cidrs.is_empty())) {
+            report.issues.push(snat_missing(fam));
+        }
+    }
+    report.issues.sort();
+    report.issues.dedup();
+    (spec, report, stats)
+}
+
+/// The name-collision issue: a later spec named like an earlier one (table names are unique).
+fn name_taken(object: String, name: &str) -> Issue {
+    Issue {
+        severity: Severity::Error,
+        object,
+        field: "metadata.name".into(),
+        message: format!("table name {name:?} is already used; not programmed"),
+    }
+}
+
+/// The frontend-collision issue: `f` (from `field` of `object`) is a frontend of the earlier
+/// spec `owner`.
+fn frontend_taken(object: String, field: &str, f: &Frontend, owner: &str) -> Issue {
+    Issue {
+        severity: Severity::Error,
+        object,
+        field: field.to_owned(),
+        message: format!(
+            "{} {} {}/{} is already a frontend of {owner}; not programmed here",
+            f.kind.name(),
+            f.addr,
+            f.proto.as_str(),
+            f.port
+        ),
+    }
+}
+
+/// The issue when a Maglev spec has more eligible backends than `maglevTableSize` slots (the
+/// dataplane would refuse the whole table build, so only this spec is left out).
+fn maglev_overflow(p: &ServiceSpec, cfg: &Config, label: impl FnOnce() -> String) -> Option<Issue> {
+    let weighted = p.backends.iter().filter(|b| b.eligible && b.weight > 0).count();
+    let overflow = matches!(p.scheduler, Scheduler::Maglev { .. })
+        && u32::try_from(weighted).map_or(true, |n| n > cfg.maglev_table_size);
+    overflow.then(|| Issue {
+        severity: Severity::Error,
+        object: label(),
+        field: format!("metadata.annotations[{ANNOTATION_SCHEDULER}]"),
+        message: format!(
+            "{weighted} eligible backends do not fit a Maglev table of maglevTableSize {}; {} not programmed (raise maglevTableSize)",
+            cfg.maglev_table_size, p.name
+        ),
+    })
+}
+
+/// Whether spec `s` has a frontend of family `fam` whose flows are masqueraded (so a SNAT
+/// address of that family is needed); `off_cluster`: the config has cluster CIDRs (NAT-06).
+fn needs_snat(s: &ServiceSpec, fam: Family, off_cluster: bool) -> bool {
+    s.mode == ForwardingMode::Nat
+        && s.frontends.iter().any(|f| {
+            let off = f.kind == FrontendKind::ClusterIp && off_cluster;
+            (f.masquerade || off) && Family::of(f.addr) == fam
+        })
+}
+
+/// The warning when masqueraded frontends of `fam` exist and there is no SNAT address.
+fn snat_missing(fam: Family) -> Issue {
+    Issue {
+        severity: Severity::Warning,
+        object: "XlbConfiguration".into(),
+        field: format!("snatAddresses.{}", fam.lower()),
+        message: format!(
+            "masqueraded {} frontends exist but there is no SNAT address (none configured and no primary node address)",
+            fam.name()
+        ),
+    }
+}
+
+/// Every field of the [`TablesSpec`] but `services`, from the config and this node.
+fn globals(cfg: &Config, node: &NodeInfo) -> TablesSpec {
     let (dsr_v4, dsr_v6) = cfg.dsr_source_prefixes_by_family();
-    let spec = TablesSpec {
-        services: out,
+    TablesSpec {
+        services: Vec::new(),
         ports: cfg
             .interfaces
             .iter()
@@ -552,32 +612,7 @@ fn assemble(
         // NAT-06: ClusterIP traffic from outside the pod CIDRs is masqueraded (kube-proxy's
         // `detectLocalMode: ClusterCIDR`); with masqueradeAll everything is anyway.
         cluster_cidrs: if cfg.iptables.masquerade_all { Vec::new() } else { cfg.cluster_cidr.clone() },
-    };
-    let needs_snat = |fam: Family| {
-        spec.services.iter().any(|s| {
-            s.mode == ForwardingMode::Nat
-                && s.frontends.iter().any(|f| {
-                    let off_cluster = f.kind == FrontendKind::ClusterIp && !spec.cluster_cidrs.is_empty();
-                    (f.masquerade || off_cluster) && Family::of(f.addr) == fam
-                })
-        })
-    };
-    for (fam, have) in [(Family::V4, spec.snat_v4.is_some()), (Family::V6, spec.snat_v6.is_some())] {
-        if !have && needs_snat(fam) {
-            report.issues.push(Issue {
-                severity: Severity::Warning,
-                object: "XlbConfiguration".into(),
-                field: format!("snatAddresses.{}", fam.lower()),
-                message: format!(
-                    "masqueraded {} frontends exist but there is no SNAT address (none configured and no primary node address)",
-                    fam.name()
-                ),
-            });
-        }
     }
-    report.issues.sort();
-    report.issues.dedup();
-    (spec, report, stats)
 }
 
 /// Services a translation thread claims at a time (one atomic add per claim).
@@ -660,7 +695,7 @@ enum AddrType {
 }
 
 /// This node as the translation sees it.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct NodeInfo {
     name: Option<String>,
     zone: Option<String>,
