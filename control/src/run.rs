@@ -36,13 +36,13 @@ use dataplane::affinity::AffinityTable;
 use dataplane::conntrack::Timeouts;
 use dataplane::process::PipelineConfig;
 use dataplane::process::snapshot::Snapshot;
-use dataplane::tables::{KernelRouteSpec, NeighbourSpec, TableBuilder, Tables, TablesHandle, TablesSpec};
+use dataplane::tables::{KernelRouteSpec, NeighbourSpec, TableBuilder, Tables, TablesHandle};
 use dataplane::worker::{self, Fabric, PuntPort, WorkerHandle, WorkerSpec, WorkerStart};
 use dataplane::xsk::{BusyPoll, CopyMode, XskConfig, XskExport};
 use nic_config::{Steering, XdpMode, neighbours};
 use xlb::announce::{Announcement, Applied, PrefixSet};
 use xlb::steer::{steer_delta, steer_sets};
-use xlb::translate::ClusterState;
+use xlb::translate::{ClusterIndex, ClusterState};
 
 use crate::admin;
 
@@ -204,25 +204,68 @@ struct Builders {
     /// The kernel's routes as last read (`routeTables`); reread when a route notification
     /// arrives, on a config reload and every `syncPeriod`, not for every build.
     routes: Vec<KernelRouteSpec>,
+    /// The interfaces' MACs and MTUs, the kernel's neighbours and `routes` as last read
+    /// ([`host_facts`]); read again for every build that is not only a change of Services
+    /// (a neighbour or route notification, a reload, a periodic resync, the host's
+    /// addresses), not for each change.
+    host: Option<xlb::translate::HostFacts>,
+}
+
+/// What a build translates.
+#[derive(Debug, Clone, Copy)]
+enum Input<'a> {
+    /// Standalone: the config file's objects, translated in full ([`Translator::build`]).
+    ///
+    /// [`Translator::build`]: xlb::translate::Translator::build
+    File(&'a ClusterState),
+    /// Kubernetes: the source's index and what changed in it since the last build
+    /// ([`Translator::update`](xlb::translate::Translator::update)), with the host's
+    /// addresses.
+    Cluster {
+        /// The source's objects.
+        index: &'a ClusterIndex,
+        /// The Services changed since the previous build.
+        changes: &'a xlb::k8s::Changes,
+        /// The host's addresses ([`ClusterState::local_addresses`]).
+        local: &'a [IpAddr],
+    },
 }
 
 /// What a build gives besides the tables: the translation's report and the VIPs this node
 /// announces while it is healthy ([`xlb::announce::announced`]).
 type Built = (Tables, xlb::translate::TranslateReport, PrefixSet);
 
-/// Translates and builds tables for a cluster state.
-fn build(cluster: &ClusterState, config: &xlb::config::Config, b: &mut Builders) -> Result<Built> {
-    let (mut spec, report) = b.translator.build(cluster, config)?;
+/// Translates and builds tables. `refresh_host`: read the interfaces, neighbours and
+/// `/proc` again ([`host_facts`]); otherwise the last facts are reused (a change of Services
+/// needs none of them).
+fn build(input: Input<'_>, config: &xlb::config::Config, b: &mut Builders, refresh_host: bool) -> Result<Built> {
+    let host = match b.host.take() {
+        Some(h) if !refresh_host => h,
+        _ => host_facts(config, &b.routes)?,
+    };
+    let scope = xlb::announce::Scope::from_config(config);
+    let announce = config.announce.mode != xlb::config::AnnounceMode::None;
+    let (t, report, vips) = match input {
+        Input::File(cluster) => {
+            let (mut spec, report) = b.translator.build(cluster, config)?;
+            host.apply(&mut spec);
+            let vips = if announce { xlb::announce::announced(cluster, &spec, &scope) } else { PrefixSet::new() };
+            let t = b.tables.build(&spec).map_err(|e| anyhow::anyhow!("the tables cannot be built: {e}"))?;
+            (t, report, vips)
+        }
+        Input::Cluster { index, changes, local } => {
+            b.translator.update(index, local, changes, config)?;
+            b.translator.set_host(host.clone());
+            let spec = b.translator.spec();
+            let vips = if announce { xlb::announce::announced_indexed(index, spec, &scope) } else { PrefixSet::new() };
+            let t = b.tables.build(spec).map_err(|e| anyhow::anyhow!("the tables cannot be built: {e}"))?;
+            (t, b.translator.report(), vips)
+        }
+    };
+    b.host = Some(host);
     for i in &report.issues {
         tracing::warn!("{i}");
     }
-    let vips = if config.announce.mode == xlb::config::AnnounceMode::None {
-        PrefixSet::new()
-    } else {
-        xlb::announce::announced(cluster, &spec, &xlb::announce::Scope::from_config(config))
-    };
-    complete_spec(&mut spec, config, &b.routes)?;
-    let t = b.tables.build(&spec).map_err(|e| anyhow::anyhow!("the tables cannot be built: {e}"))?;
     let (tr, mg) = (b.translator.stats(), b.tables.maglev_stats());
     tracing::debug!(
         translated = tr.translated,
@@ -235,33 +278,29 @@ fn build(cluster: &ClusterState, config: &xlb::config::Config, b: &mut Builders)
     Ok((t, report, vips))
 }
 
-/// Fills in what the file cannot know: interface MACs and MTUs, the kernel's neighbours and
-/// its routes (main table; the config's `routes` override them).
-fn complete_spec(spec: &mut TablesSpec, cfg: &xlb::config::Config, routes: &[KernelRouteSpec]) -> Result<()> {
-    spec.kernel_routes = routes.to_vec();
+/// What the file cannot know: interface MACs and MTUs, the kernel's neighbours on the served
+/// interfaces and its routes (main table; the config's `routes` override them), and how the
+/// kernel hashes multipath routes.
+fn host_facts(cfg: &xlb::config::Config, routes: &[KernelRouteSpec]) -> Result<xlb::translate::HostFacts> {
     // How the kernel spreads flows over multipath routes (ip-sysctl.rst): 1 = L4 (ports).
-    spec.multipath_l4 =
+    let multipath_l4 =
         std::fs::read_to_string("/proc/sys/net/ipv4/fib_multipath_hash_policy").is_ok_and(|v| v.trim() == "1");
+    let mut ports = Vec::with_capacity(cfg.interfaces.len());
     let mut ifindex_to_port = BTreeMap::new();
     for (i, iface) in cfg.interfaces.iter().enumerate() {
         let info = nic_config::interface_info(&iface.name).with_context(|| format!("interface {}", iface.name))?;
-        if let Some(p) = spec.ports.get_mut(i) {
-            p.mac = info.mac.unwrap_or([0; 6]);
-            p.mtu = u16::try_from(info.mtu).unwrap_or(1500);
-        }
+        ports.push((info.mac.unwrap_or([0; 6]), u16::try_from(info.mtu).unwrap_or(1500)));
         ifindex_to_port.insert(info.ifindex, u8::try_from(i).unwrap_or(0));
     }
-    let have: std::collections::HashSet<IpAddr> = spec.neighbours.iter().map(|n| n.addr).collect();
+    let mut neighbours = Vec::new();
     for (ifindex, port) in &ifindex_to_port {
         for n in neighbours::dump(Some(*ifindex))? {
-            if let Some(mac) = n.usable_mac()
-                && !have.contains(&n.ip)
-            {
-                spec.neighbours.push(NeighbourSpec { addr: n.ip, mac, port: *port });
+            if let Some(mac) = n.usable_mac() {
+                neighbours.push(NeighbourSpec { addr: n.ip, mac, port: *port });
             }
         }
     }
-    Ok(())
+    Ok(xlb::translate::HostFacts { ports, neighbours, kernel_routes: routes.to_vec(), multipath_l4 })
 }
 
 pub(crate) fn pipeline_config(cfg: &xlb::config::Config, id: u16, workers: u16) -> PipelineConfig {
@@ -517,8 +556,8 @@ fn serve(
         }
     };
     // Nothing is programmed before the first consistent state (no empty-table blip).
-    let mut cluster = match &mut k8s {
-        None => file_cluster,
+    let (mut cluster, first) = match &mut k8s {
+        None => (file_cluster, None),
         Some((src, _, _)) => {
             let snap = loop {
                 if shutdown.requested() {
@@ -531,7 +570,8 @@ fn serve(
                 }
                 tracing::info!("waiting for the initial lists of Services, EndpointSlices and the Node");
             };
-            snap.state
+            // The objects come from the source's index; the state keeps the host's addresses.
+            (ClusterState::default(), Some(snap))
         }
     };
     cluster.local_addresses = host_addresses().unwrap_or_default();
@@ -543,7 +583,14 @@ fn serve(
     builder.tables.set_build_threads(control_threads);
     builder.translator.set_threads(control_threads);
     tracing::info!(threads = control_threads, "full builds translate and build Maglev tables on this many threads");
-    let (tables, report, vips) = build(&cluster, &config, &mut builder).with_context(|| path.display().to_string())?;
+    let input = match &first {
+        Some(snap) => Input::Cluster { index: &snap.cluster, changes: &snap.changes, local: &cluster.local_addresses },
+        None => Input::File(&cluster),
+    };
+    let (tables, report, vips) =
+        build(input, &config, &mut builder, true).with_context(|| path.display().to_string())?;
+    // The source updates its index in place only when no snapshot holds it.
+    drop(first);
     telemetry.metrics.set_no_local_endpoints(report.no_local_endpoints);
     telemetry.health.updated(SystemTime::now());
     let handle = TablesHandle::new(tables);
@@ -658,8 +705,8 @@ fn serve(
             Err(e) => return Err(e.into()),
         }
     };
-    if let Some((_, hc, node)) = &mut k8s {
-        for e in rt.block_on(hc.sync(&xlb::k8s::health_check_services(&cluster, node))) {
+    if let Some((src, hc, node)) = &mut k8s {
+        for e in rt.block_on(hc.sync(&xlb::k8s::health_check_services_indexed(src.cluster(), node))) {
             tracing::warn!("{e}");
         }
     }
@@ -1065,18 +1112,20 @@ struct Supervisor<'a> {
 type K8s = (xlb::k8s::Source, xlb::http::HealthCheckServers, String);
 
 impl Supervisor<'_> {
-    /// Rebuilds from `cluster` and publishes; on error logs and keeps the running tables.
+    /// Rebuilds from `input` and publishes; on error logs and keeps the running tables.
     /// `changes`: what changed since the tables last published, when only the source's
     /// objects changed (nothing else the build reads); the steering maps then get only the
-    /// touched Services' entries. `None` (or [`xlb::k8s::Changes::Full`]) compares the
-    /// whole sets, and so does the periodic resync.
+    /// touched Services' entries, and the host's interfaces and neighbours are not read
+    /// again. `None` (or [`xlb::k8s::Changes::Full`]) compares the whole sets and reads the
+    /// host again, and so does the periodic resync.
     fn rebuild(
         &mut self,
-        cluster: &ClusterState,
+        input: Input<'_>,
         changes: Option<&xlb::k8s::Changes>,
     ) -> Option<xlb::translate::TranslateReport> {
         let started = Instant::now();
-        match build(cluster, &self.config, self.builder) {
+        let refresh_host = changes.is_none_or(xlb::k8s::Changes::is_full);
+        match build(input, &self.config, self.builder, refresh_host) {
             Ok((t, report, vips)) => {
                 let unresolved = t.unresolved.clone();
                 let old = self.handle.load();
@@ -1217,19 +1266,21 @@ impl Supervisor<'_> {
                 let next = self
                     .rt
                     .block_on(async { tokio::time::timeout(Duration::from_millis(100), src.next_snapshot()).await });
-                if let Ok(mut snap) = next {
-                    // The snapshot's objects are ours (published/sync_failed read only its
-                    // bookkeeping): move them instead of copying every object.
-                    let local = std::mem::take(&mut cluster.local_addresses);
-                    *cluster = std::mem::take(&mut snap.state);
-                    cluster.local_addresses = local;
+                if let Ok(snap) = next {
                     // Something else the build reads changed since the last publish (a
-                    // reload, a neighbour): the change set does not cover it.
+                    // reload, a neighbour): the change set does not cover it (the
+                    // translator sees a new config or host address by itself).
                     let changes = (!dirty).then_some(&snap.changes);
-                    match self.rebuild(cluster, changes) {
+                    let input = Input::Cluster {
+                        index: &snap.cluster,
+                        changes: &snap.changes,
+                        local: &cluster.local_addresses,
+                    };
+                    match self.rebuild(input, changes) {
                         Some(report) => {
                             src.published(&snap, &report);
-                            for e in self.rt.block_on(hc.sync(&xlb::k8s::health_check_services(cluster, node))) {
+                            let hcs = xlb::k8s::health_check_services_indexed(&snap.cluster, node);
+                            for e in self.rt.block_on(hc.sync(&hcs)) {
                                 tracing::warn!("{e}");
                             }
                         }
@@ -1272,7 +1323,14 @@ impl Supervisor<'_> {
             if dirty {
                 dirty = false;
                 last_periodic = Instant::now();
-                self.rebuild(cluster, None);
+                let none = xlb::k8s::Changes::default();
+                let input = match k8s.as_deref() {
+                    Some((src, _, _)) => {
+                        Input::Cluster { index: src.cluster(), changes: &none, local: &cluster.local_addresses }
+                    }
+                    None => Input::File(cluster),
+                };
+                self.rebuild(input, None);
                 last_resolve = Instant::now();
             }
             if last_stats.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {

@@ -75,7 +75,7 @@ async fn eventually(within: Duration, what: &str, mut cond: impl FnMut() -> bool
 }
 
 fn names(s: &Snapshot) -> BTreeSet<String> {
-    s.state.services.iter().filter_map(|s| s.metadata.name.clone()).collect()
+    s.state().services.iter().filter_map(|s| s.metadata.name.clone()).collect()
 }
 
 /// `VIP:port` → the addresses of its eligible backends, from a translated spec.
@@ -108,10 +108,10 @@ async fn initial_sync_waits_for_every_list_then_yields_the_full_state() {
     assert_eq!(s.generation, 1);
     assert!(s.changes.is_full());
     assert_eq!(names(&s), ["db", "web"].into_iter().map(String::from).collect());
-    assert_eq!(s.state.endpoint_slices.len(), 2);
+    assert_eq!(s.state().endpoint_slices.len(), 2);
     // Only our own Node (field selector metadata.name=node-a).
-    assert_eq!(s.state.node.as_ref().and_then(|n| n.metadata.name.as_deref()), Some(NODE));
-    let (spec, report) = xlb::translate::build_spec(&s.state, &xlb_config()).expect("translate");
+    assert_eq!(s.state().node.as_ref().and_then(|n| n.metadata.name.as_deref()), Some(NODE));
+    let (spec, report) = xlb::translate::build_spec(&s.state(), &xlb_config()).expect("translate");
     assert!(!report.has_errors(), "{:?}", report.issues);
     assert_eq!(backends_of(&spec, "10.96.0.10", 80), ["10.244.1.5:8080"]);
     assert_eq!(backends_of(&spec, "10.96.0.20", 5432), ["10.244.2.9:5432"]);
@@ -137,12 +137,12 @@ async fn service_and_slice_changes_reach_the_tables_through_build_spec() {
     );
     server.apply(Res::Services, service("shop", "cart", "10.96.0.30", &[("", 8080, 9000)]));
     server.apply(Res::EndpointSlices, slice("shop", "cart-1", "cart", &[("10.244.4.4", true, NODE)], &[("", 9000)]));
-    let s = until(&mut source, Duration::from_secs(5), |_| {}, |s| s.state.endpoint_slices.len() == 3).await;
+    let s = until(&mut source, Duration::from_secs(5), |_| {}, |s| s.state().endpoint_slices.len() == 3).await;
     assert_eq!(s.reason, SyncReason::Changes);
     let Changes::Services(touched) = &s.changes else { panic!("partial changes expected, got {:?}", s.changes) };
     assert!(touched.contains(&ServiceRef::new("default", "web")));
     assert!(!touched.contains(&ServiceRef::new("default", "db")), "db did not change: {touched:?}");
-    let (spec, _) = xlb::translate::build_spec(&s.state, &xlb_config()).expect("translate");
+    let (spec, _) = xlb::translate::build_spec(&s.state(), &xlb_config()).expect("translate");
     assert_eq!(backends_of(&spec, "10.96.0.10", 80), ["10.244.1.5:8080", "10.244.3.7:8080"]);
     assert_eq!(backends_of(&spec, "10.96.0.30", 8080), ["10.244.4.4:9000"]);
     // And the tables build and show the change.
@@ -155,8 +155,53 @@ async fn service_and_slice_changes_reach_the_tables_through_build_spec() {
     server.delete(Res::EndpointSlices, "shop", "cart-1");
     server.delete(Res::Services, "shop", "cart");
     let s = until(&mut source, Duration::from_secs(5), |_| {}, |s| !names(s).contains("cart")).await;
-    let (spec, _) = xlb::translate::build_spec(&s.state, &xlb_config()).expect("translate");
+    let (spec, _) = xlb::translate::build_spec(&s.state(), &xlb_config()).expect("translate");
     assert!(!spec.services.iter().any(|x| x.name.starts_with("shop/")));
+}
+
+/// The snapshots' index and changes drive `Translator::update`; after each snapshot its spec
+/// and report equal `build_spec` of the same objects, including a slice that moves to another
+/// Service (the one it left must lose its endpoints) and a slice that loses its label.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshot_changes_drive_the_incremental_translation_to_what_build_spec_gives() {
+    let server = seeded().await;
+    let mut source = Source::start(server.client(), source_cfg(0, 30_000), Telemetry::new(Duration::from_secs(30)));
+    let cfg = xlb_config();
+    let mut tr = xlb::translate::Translator::new();
+    let check = |tr: &mut xlb::translate::Translator, s: &Snapshot| {
+        let stats = tr.update(&s.cluster, &[], &s.changes, &cfg).expect("valid config");
+        let (spec, report) = xlb::translate::build_spec(&s.state(), &cfg).expect("translate");
+        assert_eq!(*tr.spec(), spec, "after {:?}", s.changes);
+        assert_eq!(tr.report(), report);
+        stats
+    };
+    let first = next(&mut source, Duration::from_secs(5)).await;
+    assert!(check(&mut tr, &first).full);
+    drop(first);
+    // web's slice moves to db: both Services change, although the event names only db.
+    server
+        .apply(Res::EndpointSlices, slice("default", "web-abc", "db", &[("10.244.1.5", true, NODE)], &[("pg", 5432)]));
+    let s = until(&mut source, Duration::from_secs(5), |_| {}, |s| !s.changes.is_empty()).await;
+    let stats = check(&mut tr, &s);
+    assert!(!stats.full && stats.translated == 2, "{stats:?} for {:?}", s.changes);
+    assert_eq!(backends_of(tr.spec(), "10.96.0.20", 5432), ["10.244.1.5:5432", "10.244.2.9:5432"]);
+    assert_eq!(backends_of(tr.spec(), "10.96.0.10", 80), Vec::<String>::new());
+    drop(s);
+    // The slice loses its label: db loses the endpoint again.
+    let mut unlabelled = slice("default", "web-abc", "db", &[("10.244.1.5", true, NODE)], &[("pg", 5432)]);
+    if let Some(m) = unlabelled.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+        m.remove("labels");
+    }
+    server.apply(Res::EndpointSlices, unlabelled);
+    let s = until(&mut source, Duration::from_secs(5), |_| {}, |s| !s.changes.is_empty()).await;
+    assert!(!check(&mut tr, &s).full);
+    assert_eq!(backends_of(tr.spec(), "10.96.0.20", 5432), ["10.244.2.9:5432"]);
+    drop(s);
+    // A Service goes.
+    server.delete(Res::Services, "default", "web");
+    let s = until(&mut source, Duration::from_secs(5), |_| {}, |s| !s.changes.is_empty()).await;
+    assert_eq!(check(&mut tr, &s).removed, 1);
+    assert!(!tr.spec().services.iter().any(|x| x.name.starts_with("default/web")));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -203,8 +248,8 @@ async fn dropped_connections_keep_the_state_and_the_watch_resumes() {
         let s = next(&mut source, Duration::from_secs(3)).await;
         // Periodic resyncs go on with the last good objects.
         assert_eq!(names(&s), ["db", "web"].into_iter().map(String::from).collect());
-        assert_eq!(s.state.endpoint_slices.len(), 2);
-        assert!(s.state.node.is_some());
+        assert_eq!(s.state().endpoint_slices.len(), 2);
+        assert!(s.state().node.is_some());
         periodic += usize::from(s.reason == SyncReason::Periodic);
     }
     assert!(periodic >= 1);
@@ -248,7 +293,7 @@ async fn timeout_seconds_closes_are_resumed_and_bookmarks_avoid_relists() {
     assert_eq!(server.list_count(Res::Nodes), 1);
     server.apply(Res::Services, service("default", "api", "10.96.0.40", &[("http", 80, 8080)]));
     let s = until(&mut source, Duration::from_secs(8), |_| {}, |s| names(s).contains("api")).await;
-    assert_eq!(s.state.endpoint_slices.len(), 2);
+    assert_eq!(s.state().endpoint_slices.len(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -276,7 +321,7 @@ async fn min_sync_period_coalesces_rapid_changes() {
     let mut gaps = Vec::new();
     let mut prev: Option<Instant> = None;
     let done = |s: &Snapshot| {
-        s.state.endpoint_slices.iter().any(|sl| sl.endpoints.iter().any(|e| e.addresses.first() == Some(&last)))
+        s.state().endpoint_slices.iter().any(|sl| sl.endpoints.iter().any(|e| e.addresses.first() == Some(&last)))
     };
     until(
         &mut source,
@@ -313,7 +358,7 @@ fn spawn_sync_loop(mut source: Source) -> tokio::task::JoinHandle<()> {
         let mut builder = TableBuilder::new();
         loop {
             let snap = source.next_snapshot().await;
-            match xlb::translate::build_spec(&snap.state, &xlb_config()) {
+            match xlb::translate::build_spec(&snap.state(), &xlb_config()) {
                 Ok((spec, report)) if builder.build(&spec).is_ok() => source.published(&snap, &report),
                 _ => source.sync_failed(snap),
             }
@@ -436,7 +481,7 @@ async fn metrics_have_kube_proxy_names_and_the_dataplane_view() {
         xlb::http::serve_metrics("127.0.0.1:0".parse().expect("addr"), telemetry.metrics.clone()).await.expect("bind");
     let mut source = Source::start(server.client(), source_cfg(50, 30_000), telemetry.clone());
     let s = next(&mut source, Duration::from_secs(5)).await;
-    let (_, report) = xlb::translate::build_spec(&s.state, &xlb_config()).expect("translate");
+    let (_, report) = xlb::translate::build_spec(&s.state(), &xlb_config()).expect("translate");
     source.published(&s, &report);
     server.apply(
         Res::EndpointSlices,
@@ -444,7 +489,7 @@ async fn metrics_have_kube_proxy_names_and_the_dataplane_view() {
     );
     let s = next(&mut source, Duration::from_secs(5)).await;
     assert_eq!(s.change_count(), 1);
-    let (_, report) = xlb::translate::build_spec(&s.state, &xlb_config()).expect("translate");
+    let (_, report) = xlb::translate::build_spec(&s.state(), &xlb_config()).expect("translate");
     source.published(&s, &report);
 
     let (code, head, text) = http_get(metrics.local_addr(), "/metrics").await.expect("GET");
@@ -546,9 +591,9 @@ async fn health_check_node_port_answers_200_with_local_endpoints_else_503() {
     let mut source = Source::start(server.client(), source_cfg(50, 30_000), telemetry.clone());
     let mut hc = HealthCheckServers::new("127.0.0.1".parse().expect("ip"), telemetry.health.clone());
     let s = next(&mut source, Duration::from_secs(5)).await;
-    let (_, report) = xlb::translate::build_spec(&s.state, &xlb_config()).expect("translate");
+    let (_, report) = xlb::translate::build_spec(&s.state(), &xlb_config()).expect("translate");
     source.published(&s, &report);
-    let list = xlb::k8s::health_check_services(&s.state, NODE);
+    let list = xlb::k8s::health_check_services(&s.state(), NODE);
     assert_eq!(list.len(), 1);
     assert!(hc.sync(&list).await.is_empty());
     assert_eq!(hc.ports(), [port]);
@@ -575,7 +620,7 @@ async fn health_check_node_port_answers_200_with_local_endpoints_else_503() {
         ),
     );
     let s = next(&mut source, Duration::from_secs(5)).await;
-    assert!(hc.sync(&xlb::k8s::health_check_services(&s.state, NODE)).await.is_empty());
+    assert!(hc.sync(&xlb::k8s::health_check_services(&s.state(), NODE)).await.is_empty());
     let (code, _, body) = http_get(addr, "/healthz").await.expect("GET");
     assert_eq!(code, 503, "{body}");
     assert_eq!(serde_json::from_str::<serde_json::Value>(&body).expect("JSON")["localEndpoints"], json!(0));
@@ -583,7 +628,7 @@ async fn health_check_node_port_answers_200_with_local_endpoints_else_503() {
     // The Service goes: the port closes.
     server.delete(Res::Services, "default", "lb");
     let s = until(&mut source, Duration::from_secs(5), |_| {}, |s| !names(s).contains("lb")).await;
-    assert!(hc.sync(&xlb::k8s::health_check_services(&s.state, NODE)).await.is_empty());
+    assert!(hc.sync(&xlb::k8s::health_check_services(&s.state(), NODE)).await.is_empty());
     assert!(hc.ports().is_empty());
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(http_get(addr, "/").await.is_err(), "listener closed");

@@ -31,7 +31,9 @@ use std::time::{Duration, Instant};
 use dataplane::tables::{FrontendKind, TablesSpec};
 
 use crate::config::Config;
-use crate::translate::{ClusterState, TranslateError};
+use crate::k8s::ServiceRef;
+use crate::translate::{ClusterIndex, ClusterState, TranslateError};
+use k8s_openapi::api::core::v1::Service;
 
 pub use bird::Bird;
 pub use l2::L2;
@@ -132,26 +134,46 @@ impl<'a> Scope<'a> {
 /// the spec does not carry: each Service's type and `loadBalancerClass`. A spec is matched to
 /// its Service by its name, `namespace/name:…` (namespaces and names cannot hold `:` or `/`).
 pub fn announced(cluster: &ClusterState, spec: &TablesSpec, scope: &Scope<'_>) -> PrefixSet {
-    // (namespace, name) -> the Service's LoadBalancer ingress IPs are ours to announce.
-    let mut lb_ours: HashMap<(&str, &str), bool> = HashMap::with_capacity(cluster.services.len());
-    for svc in &cluster.services {
-        let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
-        let name = svc.metadata.name.as_deref().unwrap_or_default();
-        let s = svc.spec.as_ref();
+    let by_name: HashMap<(&str, &str), &Service> = cluster
+        .services
+        .iter()
+        .map(|svc| {
+            let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
+            ((ns, svc.metadata.name.as_deref().unwrap_or_default()), &**svc)
+        })
+        .collect();
+    announced_with(spec, scope, |ns, name| by_name.get(&(ns, name)).copied())
+}
+
+/// [`announced`] of an indexed cluster (what the Kubernetes source keeps): looks up only the
+/// Services of specs with a LoadBalancer frontend, O(specs) in all.
+pub fn announced_indexed(cluster: &ClusterIndex, spec: &TablesSpec, scope: &Scope<'_>) -> PrefixSet {
+    announced_with(spec, scope, |ns, name| cluster.service(&ServiceRef::new(ns, name)).map(|s| &**s))
+}
+
+/// [`announced`] with the Service `(namespace, name)` looked up by `service`.
+fn announced_with<'a>(
+    spec: &TablesSpec,
+    scope: &Scope<'_>,
+    service: impl Fn(&str, &str) -> Option<&'a Service>,
+) -> PrefixSet {
+    // The Service's LoadBalancer ingress IPs are ours to announce.
+    let lb_ours = |spec_name: &str| {
+        let Some((ns, name)) = service_of(spec_name) else { return false };
+        let s = service(ns, name).and_then(|svc| svc.spec.as_ref());
         let is_lb = s.and_then(|s| s.type_.as_deref()) == Some("LoadBalancer");
-        let ours = is_lb && scope.owns_class(s.and_then(|s| s.load_balancer_class.as_deref()));
-        lb_ours.insert((ns, name), ours);
-    }
+        is_lb && scope.owns_class(s.and_then(|s| s.load_balancer_class.as_deref()))
+    };
     let mut out = PrefixSet::new();
     for s in &spec.services {
         let usable = s.backends.iter().any(|b| b.eligible && b.weight > 0);
         if !usable {
             continue;
         }
-        let lb_ok = service_of(&s.name).and_then(|k| lb_ours.get(&k)).copied().unwrap_or(false);
+        let mut lb_ok = None;
         for fe in &s.frontends {
             let take = match fe.kind {
-                FrontendKind::LoadBalancer => lb_ok,
+                FrontendKind::LoadBalancer => *lb_ok.get_or_insert_with(|| lb_ours(&s.name)),
                 FrontendKind::ExternalIp => scope.external_ips,
                 FrontendKind::ClusterIp | FrontendKind::NodePort => false,
             };

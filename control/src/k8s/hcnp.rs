@@ -4,7 +4,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::http::HealthCheckService;
 use crate::k8s::ServiceRef;
-use crate::translate::ClusterState;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+use crate::translate::{ClusterIndex, ClusterState};
 
 /// The Services that need a health check server on this node, with the number of this node's
 /// ready endpoints for each.
@@ -17,8 +20,28 @@ use crate::translate::ClusterState;
 /// unset, or any endpoint when the Service has `publishNotReadyAddresses`, EPS-05). Only
 /// `addresses[0]` counts (EPS-11). Sorted by port.
 pub fn health_check_services(state: &ClusterState, node_name: &str) -> Vec<HealthCheckService> {
+    let mut by_service: BTreeMap<ServiceRef, Vec<&EndpointSlice>> = BTreeMap::new();
+    for sl in &state.endpoint_slices {
+        if let Some(r) = ServiceRef::of_slice(sl) {
+            by_service.entry(r).or_default().push(sl);
+        }
+    }
+    health_checks(state.services.iter().map(|s| &**s), |r| by_service.get(r).cloned().unwrap_or_default(), node_name)
+}
+
+/// [`health_check_services`] of an indexed cluster: reads only the slices of the Services that
+/// need a health check server.
+pub fn health_check_services_indexed(cluster: &ClusterIndex, node_name: &str) -> Vec<HealthCheckService> {
+    health_checks(cluster.services().map(|(_, s)| &**s), |r| cluster.slices_of(r).map(|s| &**s).collect(), node_name)
+}
+
+fn health_checks<'a>(
+    services: impl Iterator<Item = &'a Service>,
+    slices_of: impl Fn(&ServiceRef) -> Vec<&'a EndpointSlice>,
+    node_name: &str,
+) -> Vec<HealthCheckService> {
     let mut wanted: BTreeMap<ServiceRef, (u16, bool)> = BTreeMap::new();
-    for s in &state.services {
+    for s in services {
         let Some(spec) = &s.spec else { continue };
         if spec.type_.as_deref() != Some("LoadBalancer") || spec.external_traffic_policy.as_deref() != Some("Local") {
             continue;
@@ -29,21 +52,21 @@ pub fn health_check_services(state: &ClusterState, node_name: &str) -> Vec<Healt
         wanted.insert(ServiceRef::of_service(s), (port, spec.publish_not_ready_addresses == Some(true)));
     }
     let mut local: BTreeMap<&ServiceRef, BTreeSet<(String, i32)>> = BTreeMap::new();
-    for sl in &state.endpoint_slices {
-        let Some(r) = ServiceRef::of_slice(sl) else { continue };
-        let Some((key, (_, publish_not_ready))) = wanted.get_key_value(&r) else { continue };
-        let ports: Vec<i32> = sl.ports.iter().flatten().filter_map(|p| p.port).collect();
-        for ep in &sl.endpoints {
-            if ep.node_name.as_deref() != Some(node_name) {
-                continue;
-            }
-            let ready = ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
-            if !ready && !publish_not_ready {
-                continue;
-            }
-            let Some(addr) = ep.addresses.first() else { continue };
-            for p in &ports {
-                local.entry(key).or_default().insert((addr.clone(), *p));
+    for (key, (_, publish_not_ready)) in &wanted {
+        for sl in slices_of(key) {
+            let ports: Vec<i32> = sl.ports.iter().flatten().filter_map(|p| p.port).collect();
+            for ep in &sl.endpoints {
+                if ep.node_name.as_deref() != Some(node_name) {
+                    continue;
+                }
+                let ready = ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
+                if !ready && !publish_not_ready {
+                    continue;
+                }
+                let Some(addr) = ep.addresses.first() else { continue };
+                for p in &ports {
+                    local.entry(key).or_default().insert((addr.clone(), *p));
+                }
             }
         }
     }

@@ -1,7 +1,8 @@
 //! The Kubernetes source: watches Services, EndpointSlices (`discovery.k8s.io/v1`) and this
 //! node's own Node, and hands consistent [`Snapshot`]s to the caller with kube-proxy's sync
-//! timing (SYNC-01..08). The caller translates them with the one pure function
-//! [`crate::translate::build_spec`], builds and publishes the tables, and reports back with
+//! timing (SYNC-01..08). The caller translates them ([`crate::translate::Translator::update`],
+//! equal to the one pure function [`crate::translate::build_spec`] of the same objects), builds
+//! and publishes the tables, and reports back with
 //! [`Source::published`] (metrics and health) or [`Source::sync_failed`] (retry).
 //!
 //! # Watching
@@ -42,16 +43,18 @@
 //! let node = source_cfg.node_name.clone();
 //! let mut source = xlb::k8s::Source::start(client, source_cfg, telemetry.clone());
 //! let (mut builder, handle) = (TableBuilder::new(), TablesHandle::default());
+//! let mut translator = xlb::translate::Translator::new();
 //! loop {
 //!     let snap = source.next_snapshot().await;
-//!     let built = xlb::translate::build_spec(&snap.state, &cfg)
+//!     let built = translator
+//!         .update(&snap.cluster, &[], &snap.changes, &cfg)
 //!         .map_err(|e| e.to_string())
-//!         .and_then(|(spec, report)| Ok((builder.build(&spec).map_err(|e| e.to_string())?, report)));
+//!         .and_then(|_| builder.build(translator.spec()).map_err(|e| e.to_string()));
 //!     match built {
-//!         Ok((tables, report)) => {
+//!         Ok(tables) => {
 //!             handle.publish(tables);
-//!             source.published(&snap, &report);
-//!             for e in hc.sync(&xlb::k8s::health_check_services(&snap.state, &node)).await {
+//!             source.published(&snap, &translator.report());
+//!             for e in hc.sync(&xlb::k8s::health_check_services_indexed(&snap.cluster, &node)).await {
 //!                 tracing::warn!("{e}");
 //!             }
 //!         }
@@ -65,14 +68,18 @@
 //! ```
 //!
 //! # Rebuilding only what changed (SYNC-03)
-//! [`Snapshot::changes`] names the Services a snapshot touches ([`ServiceRef`]; slices map
-//! to their Service through `kubernetes.io/service-name`), or is [`Changes::Full`]; it is
-//! reported (logs, tests), but the rebuild does not depend on it. The control thread keeps a
-//! [`crate::translate::Translator`], which translates again only the Services whose Service or
-//! EndpointSlice `resourceVersion`s changed (so a relist or a periodic resync of unchanged
-//! objects costs no translation, and a slice that moves between Services is seen from both
-//! sides), and a `TableBuilder`, which rebuilds only the Maglev tables and backend slot maps of
-//! services whose backends changed. The snapshot holds the watch caches' own objects (`Arc`s).
+//! The source keeps the watch caches' objects indexed ([`crate::translate::ClusterIndex`]:
+//! Services by namespace and name, EndpointSlices by their Service), and brings the index up
+//! to date from the objects each watch event names, so a snapshot after one change costs
+//! O(log objects), not a copy and sort of every object; a relist, the first and the periodic
+//! snapshots index everything again. [`Snapshot::changes`] names the Services a snapshot
+//! touches ([`ServiceRef`]; slices map to their Service through `kubernetes.io/service-name`,
+//! and a slice that moved away or lost its label also names the Service it left), or is
+//! [`Changes::Full`]. The control thread's [`crate::translate::Translator::update`] translates
+//! and assembles again only those Services (and, even for a full one, translates only the
+//! Services whose `resourceVersion`s changed), keeping every other Service's spec (`Arc`), and
+//! a `TableBuilder` rebuilds only what it finds changed. The snapshot holds the watch caches'
+//! own objects (`Arc`s).
 //! Figures: `docs/benchmarks.md`, "Control-plane scale".
 //!
 //! # Assigning LoadBalancer addresses
@@ -98,7 +105,7 @@ use std::path::{Path, PathBuf};
 
 pub use assigner::{Assigner, AssignerConfig, AssignerStats, FIELD_MANAGER};
 pub use changes::{Changes, ServiceRef, object_changes};
-pub use hcnp::health_check_services;
+pub use hcnp::{health_check_services, health_check_services_indexed};
 pub use lease::{LeaseConfig, LeaseLock};
 pub use membership::{
     LEASE_PREFIX, MEMBER_LABEL, MemberTable, Membership, MembershipConfig, MembershipStats, lease_name,

@@ -1,6 +1,6 @@
 //! [`Source`]: watchers, reflectors and the sync loop's timing.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
@@ -9,7 +9,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, NodeAddress, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::WatchStreamExt;
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Resource};
 use tokio::sync::Notify;
@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use crate::config::Config;
 use crate::http::Telemetry;
 use crate::k8s::{Changes, K8sError, ServiceRef};
-use crate::translate::{ClusterState, TranslateReport, object_order};
+use crate::translate::{ClusterIndex, ClusterState, TranslateReport, object_order};
 
 /// Annotation the EndpointSlice controller sets to the time of the Pod or Service change that
 /// caused the slice's last update (kube-proxy's network programming latency starts there).
@@ -98,9 +98,12 @@ pub struct Snapshot {
     /// What changed since the previous snapshot ([`Changes::Full`] for the first, periodic,
     /// relist and retry snapshots).
     pub changes: Changes,
-    /// Every Service and EndpointSlice (sorted by namespace and name) and this node's Node
-    /// object (`None` if it does not exist).
-    pub state: ClusterState,
+    /// Every Service and EndpointSlice, indexed, and this node's Node object (`None` if it does
+    /// not exist): the source's own index, shared. The source updates it in place for the
+    /// next snapshot when no one else holds it, so drop the snapshot (or this `Arc`) before
+    /// asking for the next one; a copy still alive then makes the source copy the index
+    /// (O(objects)), nothing worse. [`Source::cluster`] reads it without holding it.
+    pub cluster: Arc<ClusterIndex>,
     /// When the snapshot was taken: the start of the sync (`sync_proxy_rules_duration`).
     pub started: Instant,
     /// When the oldest change in this snapshot was queued (wall clock).
@@ -111,6 +114,12 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// The flat form of [`Snapshot::cluster`] (sorted by namespace and name), for
+    /// [`crate::translate::build_spec`] and other users of [`ClusterState`]; O(objects).
+    pub fn state(&self) -> ClusterState {
+        self.cluster.to_state(&[])
+    }
+
     /// Number of changes (Service/EndpointSlice/Node events) this snapshot covers.
     pub fn change_count(&self) -> usize {
         self.triggers.len()
@@ -156,6 +165,8 @@ struct Pending {
     /// Initial list complete, per [`Kind`].
     ready: [bool; 3],
     changes: Changes,
+    /// EndpointSlices (namespace, name) added, changed or deleted since the last snapshot.
+    slices: BTreeSet<(String, String)>,
     dirty: bool,
     oldest_queued: Option<SystemTime>,
     triggers: Vec<SystemTime>,
@@ -202,12 +213,23 @@ impl Shared {
     }
 
     fn slice_event(&self, s: &EndpointSlice, deleted: bool) {
-        // A slice without the service-name label is not used by the translation.
-        let Some(r) = ServiceRef::of_slice(s) else { return };
+        let (ns, name) = object_order(&s.metadata);
+        let key = (ns.to_owned(), name.to_owned());
+        let Some(r) = ServiceRef::of_slice(s) else {
+            // Not used by the translation, unless it was before (it lost its label): the
+            // snapshot's index knows, so the sync is due but no change is counted.
+            let mut p = self.lock();
+            p.slices.insert(key);
+            p.dirty = true;
+            drop(p);
+            self.notify.notify_one();
+            return;
+        };
         self.telemetry.metrics.count_endpoint_changes(1);
         let trigger = if deleted { None } else { trigger_time(s) };
         let mut p = self.lock();
         p.changes.add(r);
+        p.slices.insert(key);
         self.queue(&mut p, trigger);
         drop(p);
         self.notify.notify_one();
@@ -284,6 +306,8 @@ pub struct Source {
     tasks: Vec<JoinHandle<()>>,
     last_sync: Option<Instant>,
     generation: u64,
+    /// The stores' objects, indexed; brought up to date with each snapshot's changes.
+    index: Arc<ClusterIndex>,
 }
 
 impl fmt::Debug for Source {
@@ -352,7 +376,17 @@ impl Source {
             )),
             tokio::spawn(node_loop(Api::<Node>::all(client), node_wc, w_nodes, nodes.clone(), shared.clone())),
         ];
-        Self { shared, services, slices, nodes, cfg, tasks, last_sync: None, generation: 0 }
+        Self {
+            shared,
+            services,
+            slices,
+            nodes,
+            cfg,
+            tasks,
+            last_sync: None,
+            generation: 0,
+            index: Arc::new(ClusterIndex::new()),
+        }
     }
 
     /// Whether every initial list is complete.
@@ -446,11 +480,12 @@ impl Source {
         p.not_before = None;
         let oldest_queued = p.oldest_queued.take();
         let triggers = std::mem::take(&mut p.triggers);
+        let slices = std::mem::take(&mut p.slices);
         drop(p);
         // The stores are read after the pending changes were taken: a change that lands in
         // between is in this state and again in the next snapshot's changes (harmless), never
         // missing from both.
-        let state = self.read_state();
+        self.update_index(&mut changes, &slices);
         self.last_sync = Some(now);
         self.generation += 1;
         tracing::debug!(
@@ -458,22 +493,63 @@ impl Source {
             ?reason,
             full = changes.is_full(),
             changes = triggers.len(),
-            services = state.services.len(),
-            endpoint_slices = state.endpoint_slices.len(),
+            services = self.index.service_count(),
+            endpoint_slices = self.index.slice_count(),
             "snapshot"
         );
-        Ok(Snapshot { generation: self.generation, reason, changes, state, started: now, oldest_queued, triggers })
+        let cluster = Arc::clone(&self.index);
+        Ok(Snapshot { generation: self.generation, reason, changes, cluster, started: now, oldest_queued, triggers })
     }
 
-    /// The stores' current contents: the caches' own objects (`Arc`s, no copy), sorted by
-    /// [`object_order`].
-    fn read_state(&self) -> ClusterState {
-        let mut services = self.services.state();
-        services.sort_by(|a, b| object_order(&a.metadata).cmp(&object_order(&b.metadata)));
-        let mut endpoint_slices = self.slices.state();
-        endpoint_slices.sort_by(|a, b| object_order(&a.metadata).cmp(&object_order(&b.metadata)));
-        let node = find_node(&self.nodes, &self.cfg.node_name).map(|n| Node::clone(&n));
-        ClusterState { services, endpoint_slices, node, local_addresses: Vec::new() }
+    /// Brings the index up to date with the stores: all of it for [`Changes::Full`], else
+    /// only the Services in `changes` and the EndpointSlices in `slices` (O(changes ×
+    /// log objects)); adds to `changes` the Services whose slices moved away or lost their
+    /// label.
+    fn update_index(&mut self, changes: &mut Changes, slices: &BTreeSet<(String, String)>) {
+        let node = find_node(&self.nodes, &self.cfg.node_name);
+        if changes.is_full() {
+            let mut ix = ClusterIndex::new();
+            for s in self.services.state() {
+                ix.set_service(s);
+            }
+            for s in self.slices.state() {
+                ix.set_slice(s);
+            }
+            ix.node = node.map(|n| Node::clone(&n));
+            self.index = Arc::new(ix);
+            return;
+        }
+        let ix = Arc::make_mut(&mut self.index);
+        if ix.node.as_ref() != node.as_deref() {
+            ix.node = node.map(|n| Node::clone(&n));
+        }
+        let mut touched = Vec::new();
+        if let Changes::Services(refs) = &*changes {
+            for r in refs {
+                match self.services.get(&ObjectRef::new(&r.name).within(&r.namespace)) {
+                    Some(s) => {
+                        ix.set_service(s);
+                    }
+                    None => {
+                        ix.remove_service(r);
+                    }
+                }
+            }
+        }
+        for (ns, name) in slices {
+            match self.slices.get(&ObjectRef::new(name).within(ns)) {
+                Some(s) => touched.extend(ix.set_slice(s)),
+                None => touched.extend(ix.remove_slice(ns, name)),
+            }
+        }
+        for r in touched {
+            changes.add(r);
+        }
+    }
+
+    /// The stores' objects as of the last snapshot, indexed (the index a snapshot shares).
+    pub fn cluster(&self) -> &ClusterIndex {
+        &self.index
     }
 
     /// Reports that `snap`'s tables were built and published (atomically swapped in), at
