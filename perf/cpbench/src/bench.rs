@@ -11,9 +11,16 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
 use dataplane::tables::{BuildError, TableBuilder, Tables, TablesHandle, TablesSpec};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use xlb::config::Config;
-use xlb::translate::{ClusterState, TranslateError, TranslateReport, Translator, object_order};
+use xlb::k8s::{Changes, ServiceRef};
+use xlb::translate::{
+    ClusterIndex, ClusterState, TranslateError, TranslateReport, Translator, UpdateStats, object_order,
+};
 
 use crate::alloc_count;
 use crate::netns::{self, NetnsError, ScratchNs};
@@ -286,44 +293,104 @@ fn translate(state: &ClusterState, cfg: &Config) -> Result<(TablesSpec, Translat
     Ok((spec, report))
 }
 
-/// The control thread's rebuild path after a change: translate with the incremental
-/// [`Translator`] (reuses the translation of every Service whose objects kept their
-/// `resourceVersion`), build with the long-lived [`TableBuilder`] (reuses slots, ids and the
-/// Maglev tables of unchanged services), publish.
+/// The control thread's rebuild path after a change, as `xlb run` takes it in Kubernetes mode:
+/// the watch event's object goes into the source's [`ClusterIndex`] (which names the touched
+/// Services), [`Translator::update`] translates and assembles only those, the long-lived
+/// [`TableBuilder`] builds from the translator's spec (no copy), publish.
 #[derive(Debug)]
 pub struct ChangePath {
+    index: ClusterIndex,
+    local: Vec<IpAddr>,
     translator: Translator,
     builder: TableBuilder,
     handle: TablesHandle,
+    stats: UpdateStats,
+}
+
+/// How long the steps of one [`ChangePath`] change took.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ChangeTimes {
+    /// [`Translator::update`] alone.
+    pub translate: Duration,
+    /// From the watch event's objects to the published tables (index, translate, build,
+    /// publish).
+    pub total: Duration,
+}
+
+/// One watch event for [`ChangePath::apply`].
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// A Service was added or changed.
+    Service(Arc<Service>),
+    /// A Service was deleted.
+    ServiceDeleted(ServiceRef),
+    /// An EndpointSlice was added or changed.
+    Slice(Arc<EndpointSlice>),
+    /// The EndpointSlice (namespace, name) was deleted.
+    SliceDeleted(String, String),
 }
 
 impl ChangePath {
-    /// Builds and publishes the first tables from `state`.
+    /// Builds and publishes the first tables from `state` (a full update).
     ///
     /// # Errors
     /// [`BenchError`] if translation or the build fails.
     pub fn new(state: &ClusterState, cfg: &Config) -> Result<Self, BenchError> {
-        let mut p =
-            Self { translator: Translator::new(), builder: TableBuilder::new(), handle: TablesHandle::default() };
-        p.apply(state, cfg)?;
+        let mut p = Self {
+            index: ClusterIndex::from_state(state),
+            local: state.local_addresses.clone(),
+            translator: Translator::new(),
+            builder: TableBuilder::new(),
+            handle: TablesHandle::default(),
+            stats: UpdateStats::default(),
+        };
+        p.publish(&Changes::Full, cfg)?;
         Ok(p)
     }
 
-    /// Rebuilds after a change of `state` and publishes.
+    /// Applies the watch events of one sync (coalesced) to the index, as the Kubernetes
+    /// source does, then translates, builds and publishes.
     ///
     /// # Errors
-    /// [`BenchError`] if translation or the build fails.
-    pub fn apply(&mut self, state: &ClusterState, cfg: &Config) -> Result<(), BenchError> {
-        let (spec, report) = self.translator.build(state, cfg)?;
-        check_report(&report)?;
-        let tables = self.builder.build(&spec)?;
-        self.handle.publish(tables);
-        Ok(())
+    /// [`BenchError`] if translation or the build fails, or the translation reports errors.
+    pub fn apply(&mut self, events: Vec<Event>, cfg: &Config) -> Result<ChangeTimes, BenchError> {
+        let t0 = Instant::now();
+        let mut changes = Changes::default();
+        for e in events {
+            match e {
+                Event::Service(s) => changes.add(self.index.set_service(s)),
+                Event::ServiceDeleted(r) => {
+                    self.index.remove_service(&r);
+                    changes.add(r);
+                }
+                Event::Slice(s) => self.index.set_slice(s).into_iter().for_each(|r| changes.add(r)),
+                Event::SliceDeleted(ns, name) => {
+                    if let Some(r) = self.index.remove_slice(&ns, &name) {
+                        changes.add(r);
+                    }
+                }
+            }
+        }
+        let translate = self.publish(&changes, cfg)?;
+        Ok(ChangeTimes { translate, total: t0.elapsed() })
     }
 
-    /// Services translated and reused by the last [`ChangePath::apply`].
-    pub fn translate_stats(&self) -> xlb::translate::TranslateStats {
-        self.translator.stats()
+    /// `Translator::update` + build + publish; returns the update's time.
+    fn publish(&mut self, changes: &Changes, cfg: &Config) -> Result<Duration, BenchError> {
+        let t = Instant::now();
+        self.stats = self.translator.update(&self.index, &self.local, changes, cfg)?;
+        let translate = t.elapsed();
+        if self.translator.report().has_errors() {
+            check_report(&self.translator.report())?;
+        }
+        let tables = self.builder.build(self.translator.spec())?;
+        self.handle.publish(tables);
+        Ok(translate)
+    }
+
+    /// What the last update did.
+    pub fn update_stats(&self) -> UpdateStats {
+        self.stats
     }
 
     /// The published tables.
@@ -436,7 +503,11 @@ fn full_builds(
     check.ok_or_else(|| BenchError::Report("no build ran".into()))
 }
 
-/// `samples` one-endpoint changes, each rebuilt and published through [`ChangePath`].
+/// `samples` one-endpoint changes, each rebuilt and published through [`ChangePath`]
+/// (`change.*`, and `change.translate.*` for `Translator::update` alone); then `samples`
+/// times one Service (with its slices) added and removed again (`add_service.*`,
+/// `remove_service.*`); and, with the counting allocator, the heap bytes two consecutive
+/// published tables keep alive beyond one (`two_snapshots.memory_bytes`).
 fn changes(
     r: &mut Report,
     p: Profile,
@@ -449,18 +520,20 @@ fn changes(
     let mut state = state.clone();
     let mut path = ChangePath::new(&state, cfg)?;
     let mut rng = Rng::new(seed);
-    let mut times = Vec::with_capacity(samples);
+    let (mut times, mut translate) = (Vec::with_capacity(samples), Vec::with_capacity(samples));
     let mut last = None;
     for k in 0..samples {
         let ch = synth::change_one_endpoint(&mut state, p, &mut rng, k);
-        let t = Instant::now();
-        path.apply(&state, cfg)?;
-        times.push(t.elapsed());
-        let st = path.translate_stats();
-        if st.translated != 1 {
+        let Some(slice) = state.endpoint_slices.get(ch.slice_index).cloned() else {
+            return Err(BenchError::Report("the changed slice is not in the state".into()));
+        };
+        let t = path.apply(vec![Event::Slice(slice)], cfg)?;
+        times.push(t.total);
+        translate.push(t.translate);
+        let st = path.update_stats();
+        if st.full || st.translated != 1 || st.assembled != 1 {
             return Err(BenchError::Report(format!(
-                "the incremental translator retranslated {} Services (reused {}) for one changed slice",
-                st.translated, st.reused
+                "one changed slice made the translator do {st:?} (expected one Service translated and assembled)"
             )));
         }
         last = Some(ch);
@@ -470,6 +543,39 @@ fn changes(
     r.push(format!("{prefix}.p99"), percentile(&times, 99.0), "ms");
     r.push(format!("{prefix}.max"), percentile(&times, 100.0), "ms");
     r.push(format!("{prefix}.samples"), times.len() as f64, "count");
+    r.push(format!("{prefix}.translate.p50"), percentile(&translate, 50.0), "ms");
+    r.push(format!("{prefix}.translate.p99"), percentile(&translate, 99.0), "ms");
+
+    // One Service added with its slices (one sync), then removed again.
+    let (mut adds, mut removes) = (Vec::with_capacity(samples), Vec::with_capacity(samples));
+    for k in 0..samples {
+        let i = p.services + k;
+        let svc = Arc::new(synth::service(i));
+        let slices: Vec<Arc<EndpointSlice>> =
+            synth::slices(i, p.endpoints, i * p.endpoints).into_iter().map(Arc::new).collect();
+        let mut events = vec![Event::Service(Arc::clone(&svc))];
+        events.extend(slices.iter().map(|sl| Event::Slice(Arc::clone(sl))));
+        adds.push(path.apply(events, cfg)?.total);
+        let added = path.update_stats();
+        let r_svc = ServiceRef::of_service(&svc);
+        let mut events = vec![Event::ServiceDeleted(r_svc.clone())];
+        events.extend(slices.iter().map(|sl| {
+            let (ns, name) = object_order(&sl.metadata);
+            Event::SliceDeleted(ns.to_owned(), name.to_owned())
+        }));
+        removes.push(path.apply(events, cfg)?.total);
+        let removed = path.update_stats();
+        if added.full || added.translated != 1 || removed.full || removed.removed != 1 {
+            return Err(BenchError::Report(format!(
+                "adding and removing {r_svc} made the translator do {added:?} and {removed:?}"
+            )));
+        }
+    }
+    for (name, d) in [("add_service", &adds), ("remove_service", &removes)] {
+        r.push(format!("{}.{}.{name}.p50", p.name, s.name()), percentile(d, 50.0), "ms");
+        r.push(format!("{}.{}.{name}.p99", p.name, s.name()), percentile(d, 99.0), "ms");
+    }
+
     let Some(ch) = last else { return Ok(false) };
     let t = path.tables();
     let svc_name = format!("{}:http", ch.service_name);
@@ -477,12 +583,29 @@ fn changes(
     let addrs: Vec<IpAddr> = svc.members.iter().filter_map(|m| t.backend(*m)).map(|b| b.addr).collect();
     let new_in = addrs.contains(&IpAddr::V4(ch.new_addr));
     let old_out = ch.old_addr.and_then(|o| o.parse::<IpAddr>().ok()).is_some_and(|o| !addrs.contains(&o));
+    drop(t);
+
+    if alloc_count::active() {
+        // Live heap with one published snapshot, then with it kept alive while one endpoint
+        // change publishes the next: what a reader still holding the old tables costs.
+        let ch = synth::change_one_endpoint(&mut state, p, &mut rng, samples);
+        let slice = state.endpoint_slices.get(ch.slice_index).cloned();
+        let bytes = alloc_count::count(|live| {
+            let one = live();
+            let old = path.tables();
+            let applied = slice.map(|sl| path.apply(vec![Event::Slice(sl)], cfg)).transpose();
+            let both = live();
+            drop(old);
+            applied.map(|_| both - one)
+        })?;
+        r.push(format!("{}.{}.two_snapshots.memory_bytes", p.name, s.name()), bytes as f64, "bytes");
+    }
     Ok(new_in && old_out)
 }
 
-/// What the Kubernetes source does before every sync (`Source::read_state` in
-/// control/src/k8s/source.rs): take the watch caches' objects (shared `Arc`s, no copy) and sort
-/// them by (namespace, name). Not part of the `change.*` figures, which start from the objects.
+/// What the Kubernetes source did before every sync until it kept its objects indexed (and
+/// what [`xlb::k8s::Snapshot::state`] still does): take the watch caches' objects (shared
+/// `Arc`s, no copy) and sort them by (namespace, name). Not part of the `change.*` figures.
 fn snapshot_copies(state: &ClusterState, repeats: usize) -> Vec<Duration> {
     (0..repeats)
         .map(|_| {
@@ -492,6 +615,21 @@ fn snapshot_copies(state: &ClusterState, repeats: usize) -> Vec<Duration> {
             copy.endpoint_slices.sort_by(|a, b| object_order(&a.metadata).cmp(&object_order(&b.metadata)));
             let d = t.elapsed();
             drop(std::hint::black_box(copy));
+            d
+        })
+        .collect()
+}
+
+/// What the Kubernetes source does for a full snapshot (the first, a relist, the periodic
+/// resync) since it keeps its objects indexed: index every object. A snapshot after a change
+/// updates only the changed objects' entries (part of the `change.*` figures).
+fn snapshot_indexes(state: &ClusterState, repeats: usize) -> Vec<Duration> {
+    (0..repeats)
+        .map(|_| {
+            let t = Instant::now();
+            let ix = ClusterIndex::from_state(state);
+            let d = t.elapsed();
+            drop(std::hint::black_box(ix));
             d
         })
         .collect()
@@ -566,7 +704,7 @@ pub fn run(o: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, BenchE
         "memory: counting allocator not installed in this binary; only VmHWM is reported".into()
     });
     r.notes.push(
-        "change path: Translator::build (incremental, by resourceVersion) + TableBuilder::build (warm builder) + publish; full build: build_spec + a fresh TableBuilder + publish".into(),
+        "change path: the event's object into a ClusterIndex + Translator::update (only the touched Services) + TableBuilder::build (warm builder) + publish; change.translate: Translator::update alone; add_service/remove_service: one Service and its slices in one sync; two_snapshots.memory_bytes: live heap while the tables before and after one endpoint change are both held, minus with the one before alone; full build: build_spec + a fresh TableBuilder + publish".into(),
     );
     let nft_ok = o.nft && netns::is_root() && netns::have_tool("nft", "--version") && netns::have_tool("ip", "-V");
     if nft_ok && o.nft_scale_divisor > 1 {
@@ -584,6 +722,7 @@ pub fn run(o: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, BenchE
         r.push(format!("{}.services", p.name), p.services as f64, "count");
         r.push(format!("{}.endpoints", p.name), (p.services * p.endpoints) as f64, "count");
         r.push_ms_summary(&format!("{}.snapshot_copy", p.name), &snapshot_copies(&state, o.repeats.max(1)));
+        r.push_ms_summary(&format!("{}.snapshot_index", p.name), &snapshot_indexes(&state, o.repeats.max(1)));
         for &s in &o.schedulers {
             let cfg = config(s)?;
             progress(&format!("profile {} scheduler {}: {} full builds", p.name, s.name(), o.repeats));

@@ -40,6 +40,17 @@ fn quick_run_measures_the_expected_tables() {
         let tables = r.get(&format!("quick.{s}.full_build.memory.tables_bytes")).unwrap();
         // At least the 2000 backend slots and 200 services must be somewhere.
         assert!(tables > 2000.0 * 16.0, "{tables}");
+        let translate = r.get(&format!("quick.{s}.change.translate.p99")).unwrap();
+        assert!(0.0 < translate && translate <= max, "Translator::update is part of the change: {translate} {max}");
+        for m in ["add_service", "remove_service"] {
+            let (p50, p99) =
+                (r.get(&format!("quick.{s}.{m}.p50")).unwrap(), r.get(&format!("quick.{s}.{m}.p99")).unwrap());
+            assert!(0.0 < p50 && p50 <= p99, "{m}: {p50} {p99}");
+        }
+        // A second snapshot costs at least the changed Service's new spec, at most a whole
+        // second copy of the tables.
+        let two = r.get(&format!("quick.{s}.two_snapshots.memory_bytes")).unwrap();
+        assert!(0.0 < two && two < 2.0 * tables, "{two} vs tables {tables}");
     }
     // Maglev tables (200 × 1021 slots) make the mh tables larger.
     assert!(
