@@ -635,6 +635,44 @@ fn snapshot_indexes(state: &ClusterState, repeats: usize) -> Vec<Duration> {
         .collect()
 }
 
+/// What `xlb run` computes after each publish besides the tables, from the flat state (as
+/// before the index) and from the index: the VIPs to announce (`announce::announced`, with
+/// `announce.mode` other than none) and the health-check Services (`health_check_services`).
+fn per_sync(r: &mut Report, p: Profile, state: &ClusterState, repeats: usize) -> Result<(), BenchError> {
+    let cfg = config(SchedulerVariant::Default)?;
+    let (spec, _) = translate(state, &cfg)?;
+    let ix = ClusterIndex::from_state(state);
+    let scope = xlb::announce::Scope::from_config(&cfg);
+    let time = |f: &dyn Fn() -> usize| -> Vec<Duration> {
+        (0..repeats)
+            .map(|_| {
+                let t = Instant::now();
+                std::hint::black_box(f());
+                t.elapsed()
+            })
+            .collect()
+    };
+    let node = "node-0";
+    let prefix = format!("{}.per_sync", p.name);
+    r.push_ms_summary(
+        &format!("{prefix}.announced_flat"),
+        &time(&|| xlb::announce::announced(state, &spec, &scope).len()),
+    );
+    r.push_ms_summary(
+        &format!("{prefix}.announced_indexed"),
+        &time(&|| xlb::announce::announced_indexed(&ix, &spec, &scope).len()),
+    );
+    r.push_ms_summary(
+        &format!("{prefix}.health_checks_flat"),
+        &time(&|| xlb::k8s::health_check_services(state, node).len()),
+    );
+    r.push_ms_summary(
+        &format!("{prefix}.health_checks_indexed"),
+        &time(&|| xlb::k8s::health_check_services_indexed(&ix, node).len()),
+    );
+    Ok(())
+}
+
 fn write_file(path: &PathBuf, text: &str) -> Result<(), BenchError> {
     std::fs::write(path, text).map_err(|source| BenchError::Io { path: path.clone(), source })
 }
@@ -723,6 +761,7 @@ pub fn run(o: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, BenchE
         r.push(format!("{}.endpoints", p.name), (p.services * p.endpoints) as f64, "count");
         r.push_ms_summary(&format!("{}.snapshot_copy", p.name), &snapshot_copies(&state, o.repeats.max(1)));
         r.push_ms_summary(&format!("{}.snapshot_index", p.name), &snapshot_indexes(&state, o.repeats.max(1)));
+        per_sync(&mut r, p, &state, o.repeats.max(1))?;
         for &s in &o.schedulers {
             let cfg = config(s)?;
             progress(&format!("profile {} scheduler {}: {} full builds", p.name, s.name(), o.repeats));
