@@ -375,6 +375,24 @@ impl ChangePath {
         Ok(ChangeTimes { translate, total: t0.elapsed() })
     }
 
+    /// [`ChangePath::apply`] without the table build and publish: the index and
+    /// `Translator::update` alone; returns the update's time. The published tables fall behind
+    /// (the next [`ChangePath::apply`] builds the difference).
+    ///
+    /// # Errors
+    /// [`BenchError`] if translation fails.
+    pub fn translate_only(&mut self, events: Vec<Event>, cfg: &Config) -> Result<Duration, BenchError> {
+        let mut changes = Changes::default();
+        for e in events {
+            if let Event::Slice(s) = e {
+                self.index.set_slice(s).into_iter().for_each(|r| changes.add(r));
+            }
+        }
+        let t = Instant::now();
+        self.stats = self.translator.update(&self.index, &self.local, &changes, cfg)?;
+        Ok(t.elapsed())
+    }
+
     /// `Translator::update` + build + publish; returns the update's time.
     fn publish(&mut self, changes: &Changes, cfg: &Config) -> Result<Duration, BenchError> {
         let t = Instant::now();
@@ -600,6 +618,19 @@ fn changes(
         })?;
         r.push(format!("{}.{}.two_snapshots.memory_bytes", p.name, s.name()), bytes as f64, "bytes");
     }
+
+    // Translator::update with no table build in between: `change.translate` above includes
+    // the allocator's deferred work left by the builder's frees (glibc consolidates its free
+    // lists in the next allocations), which this leaves out.
+    let mut alone = Vec::with_capacity(samples);
+    for k in 0..samples {
+        let ch = synth::change_one_endpoint(&mut state, p, &mut rng, samples + 1 + k);
+        if let Some(sl) = state.endpoint_slices.get(ch.slice_index).cloned() {
+            alone.push(path.translate_only(vec![Event::Slice(sl)], cfg)?);
+        }
+    }
+    r.push(format!("{prefix}.translate_alone.p50"), percentile(&alone, 50.0), "ms");
+    r.push(format!("{prefix}.translate_alone.p99"), percentile(&alone, 99.0), "ms");
     Ok(new_in && old_out)
 }
 
@@ -742,7 +773,7 @@ pub fn run(o: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, BenchE
         "memory: counting allocator not installed in this binary; only VmHWM is reported".into()
     });
     r.notes.push(
-        "change path: the event's object into a ClusterIndex + Translator::update (only the touched Services) + TableBuilder::build (warm builder) + publish; change.translate: Translator::update alone; add_service/remove_service: one Service and its slices in one sync; two_snapshots.memory_bytes: live heap while the tables before and after one endpoint change are both held, minus with the one before alone; full build: build_spec + a fresh TableBuilder + publish".into(),
+        "change path: the event's object into a ClusterIndex + Translator::update (only the touched Services) + TableBuilder::build (warm builder) + publish; change.translate: Translator::update within that path (after a build: includes the allocator's deferred work from the builder's frees); change.translate_alone: Translator::update with no build in between; add_service/remove_service: one Service and its slices in one sync; two_snapshots.memory_bytes: live heap while the tables before and after one endpoint change are both held, minus with the one before alone; full build: build_spec + a fresh TableBuilder + publish".into(),
     );
     let nft_ok = o.nft && netns::is_root() && netns::have_tool("nft", "--version") && netns::have_tool("ip", "-V");
     if nft_ok && o.nft_scale_divisor > 1 {
