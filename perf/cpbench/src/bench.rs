@@ -622,11 +622,15 @@ fn changes(
     // Translator::update with no table build in between: `change.translate` above includes
     // the allocator's deferred work left by the builder's frees (glibc consolidates its free
     // lists in the next allocations), which this leaves out.
+    // The first update after the last build absorbs that deferred work and is not counted.
     let mut alone = Vec::with_capacity(samples);
-    for k in 0..samples {
+    for k in 0..=samples {
         let ch = synth::change_one_endpoint(&mut state, p, &mut rng, samples + 1 + k);
         if let Some(sl) = state.endpoint_slices.get(ch.slice_index).cloned() {
-            alone.push(path.translate_only(vec![Event::Slice(sl)], cfg)?);
+            let d = path.translate_only(vec![Event::Slice(sl)], cfg)?;
+            if k > 0 {
+                alone.push(d);
+            }
         }
     }
     r.push(format!("{prefix}.translate_alone.p50"), percentile(&alone, 50.0), "ms");
@@ -773,7 +777,7 @@ pub fn run(o: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, BenchE
         "memory: counting allocator not installed in this binary; only VmHWM is reported".into()
     });
     r.notes.push(
-        "change path: the event's object into a ClusterIndex + Translator::update (only the touched Services) + TableBuilder::build (warm builder) + publish; change.translate: Translator::update within that path (after a build: includes the allocator's deferred work from the builder's frees); change.translate_alone: Translator::update with no build in between; add_service/remove_service: one Service and its slices in one sync; two_snapshots.memory_bytes: live heap while the tables before and after one endpoint change are both held, minus with the one before alone; full build: build_spec + a fresh TableBuilder + publish".into(),
+        "change path: the event's object into a ClusterIndex + Translator::update (only the touched Services) + TableBuilder::build (warm builder) + publish; change.translate: Translator::update within that path (after a build: includes the allocator's deferred work from the builder's frees); change.translate_alone: Translator::update with no build in between (after one uncounted update); add_service/remove_service: one Service and its slices in one sync; two_snapshots.memory_bytes: live heap while the tables before and after one endpoint change are both held, minus with the one before alone; full build: build_spec + a fresh TableBuilder + publish".into(),
     );
     let nft_ok = o.nft && netns::is_root() && netns::have_tool("nft", "--version") && netns::have_tool("ip", "-V");
     if nft_ok && o.nft_scale_divisor > 1 {
