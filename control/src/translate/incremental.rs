@@ -73,8 +73,11 @@ impl HostFacts {
 /// What one [`Translator::update`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct UpdateStats {
-    /// Everything was assembled again: the first update, [`Changes::Full`], or a change of
-    /// the config, this node's Node (name, zone, addresses) or the host's addresses.
+    /// Everything was assembled again: the first update, a change of the config, this node's
+    /// Node (name, zone, addresses) or the host's addresses, or a [`Changes::Full`] in which
+    /// more than an eighth of the Services (and more than 64) changed; a smaller
+    /// [`Changes::Full`] is applied like a change of the Services whose objects' versions
+    /// moved.
     pub full: bool,
     /// Services translated from their objects.
     pub translated: usize,
@@ -445,6 +448,19 @@ impl Incremental {
         stats
     }
 
+    /// The Services whose translation is not that of their current objects (changed,
+    /// unversioned, added), and those translated that are gone: what a
+    /// [`Changes::Full`] of the same basis must redo. O(Services).
+    fn stale(&self, index: &ClusterIndex) -> BTreeSet<ServiceRef> {
+        let mut set: BTreeSet<ServiceRef> = index
+            .services()
+            .filter(|(r, _)| self.entries.get(*r).is_none_or(|e| !up_to_date(index, r, e)))
+            .map(|(r, _)| r.clone())
+            .collect();
+        set.extend(self.entries.keys().filter(|r| index.service(r).is_none()).cloned());
+        set
+    }
+
     /// Applies the changes of the Services in `set`.
     fn partial(&mut self, index: &ClusterIndex, set: &BTreeSet<ServiceRef>) -> UpdateStats {
         let mut stats = UpdateStats::default();
@@ -614,6 +630,13 @@ impl Incremental {
     }
 }
 
+/// A [`Changes::Full`] with the same config and node is applied as a partial update when at
+/// most `1 / FULL_FRACTION` of the Services (or [`FULL_MIN`]) changed; more are translated on
+/// several threads and assembled in one pass.
+const FULL_FRACTION: usize = 8;
+/// See [`FULL_FRACTION`].
+const FULL_MIN: usize = 64;
+
 impl Translator {
     /// Brings the translation kept by the translator ([`Translator::spec`]) up to date with
     /// `cluster` after `changes`, translating again only the Services `changes` names (and
@@ -622,11 +645,13 @@ impl Translator {
     /// contend for. Every other Service keeps its `Arc<ServiceSpec>` (same pointer, same
     /// position in `spec().services`), so a `TableBuilder` that compares pointers skips it.
     ///
-    /// Everything is assembled again ([`UpdateStats::full`]) on the first update, for
-    /// [`Changes::Full`], and when `cfg`, this node's name, zone or addresses (from
-    /// `cluster.node`) or `local_addresses` (the host's, see
-    /// [`super::ClusterState::local_addresses`]) differ from the previous update's; even then
-    /// only Services whose objects' resourceVersions changed are translated again.
+    /// Everything is assembled again ([`UpdateStats::full`]) on the first update and when
+    /// `cfg`, this node's name, zone or addresses (from `cluster.node`) or `local_addresses`
+    /// (the host's, see [`super::ClusterState::local_addresses`]) differ from the previous
+    /// update's; even then only Services whose objects' resourceVersions changed are
+    /// translated again. [`Changes::Full`] (a relist, a periodic resync) compares every
+    /// Service's resourceVersions with the translated ones and redoes those that differ
+    /// (and those gone), assembling everything again only when they are many.
     ///
     /// `changes` must name every Service whose objects changed in `cluster` since the previous
     /// update (as [`crate::k8s::Snapshot::changes`] does); the result is then equal to
@@ -651,8 +676,18 @@ impl Translator {
         let node = NodeInfo::new(cluster.node.as_ref(), local_addresses, cfg, &mut report);
         let same =
             self.incr.basis.as_ref().is_some_and(|b| b.cfg == *cfg && b.node == node && b.node_issues == report.issues);
-        let stats = match changes {
-            Changes::Services(set) if same => self.incr.partial(cluster, set),
+        let stale = match changes {
+            Changes::Full if same => Some(self.incr.stale(cluster)),
+            _ => None,
+        };
+        let stats = match (changes, stale) {
+            (Changes::Services(set), _) if same => self.incr.partial(cluster, set),
+            // A full resync of the same basis (periodic, relist) in which few Services
+            // changed: the partial path over them gives the same result without assembling
+            // every Service again.
+            (_, Some(set)) if set.len() <= (self.incr.entries.len() / FULL_FRACTION).max(FULL_MIN) => {
+                self.incr.partial(cluster, &set)
+            }
             _ => {
                 let node_port_addrs = node.node_port_addresses(cfg);
                 let basis = Basis { cfg: cfg.clone(), node, node_issues: report.issues, node_port_addrs };
