@@ -278,7 +278,8 @@ struct Cached {
     no_local: NoLocalEndpoints,
 }
 
-/// How many Services the last [`Translator::build`] translated and how many it reused.
+/// How many Services the last [`Translator::build`] or [`Translator::update`] translated and
+/// how many it reused.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TranslateStats {
     /// Services translated from their objects.
@@ -298,6 +299,11 @@ pub struct TranslateStats {
 /// Service changes both Services' slice lists. Objects without a resourceVersion (from a
 /// file) are always translated. The result is always equal to [`build_spec`]'s for the same
 /// input (pinned by a test); only the time differs.
+///
+/// Two independent ways in: [`Translator::build`] walks a flat [`ClusterState`] every time
+/// (the file source, SIGHUP reloads, `xlb check`), and [`Translator::update`] keeps the whole
+/// translation ([`Translator::spec`], [`Translator::report`]) and applies a change set from
+/// an indexed [`ClusterIndex`] in O(changed Services) (the Kubernetes source).
 #[derive(Debug, Default)]
 pub struct Translator {
     /// Config and Node the cache was made with.
