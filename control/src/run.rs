@@ -1127,8 +1127,10 @@ impl Supervisor<'_> {
         let refresh_host = changes.is_none_or(xlb::k8s::Changes::is_full);
         match build(input, &self.config, self.builder, refresh_host) {
             Ok((t, report, vips)) => {
-                let unresolved = t.unresolved.clone();
                 let old = self.handle.load();
+                // Next hops that became unresolved with this build (the shards it changed);
+                // all of them are asked for again every 2 s below.
+                let unresolved: Vec<IpAddr> = t.unresolved.added_since(&old.unresolved).copied().collect();
                 self.handle.publish(t);
                 self.vips = vips;
                 // The builder knows which services it redid; `changes` is not needed for that.
@@ -1340,7 +1342,7 @@ impl Supervisor<'_> {
             if last_resolve.elapsed() > Duration::from_secs(2) {
                 let t = self.handle.load();
                 if !t.unresolved.is_empty() {
-                    resolve(&self.config, &t.unresolved);
+                    resolve(&self.config, t.unresolved.iter());
                 }
                 last_resolve = Instant::now();
             }
@@ -1504,9 +1506,9 @@ fn host_addresses() -> Option<Vec<IpAddr>> {
 
 /// Asks the kernel to resolve next hops xlb could not find (counted `no_neighbour` drops until
 /// then). Routes' gateways are resolved instead of off-link backends.
-fn resolve(config: &xlb::config::Config, addrs: &dataplane::tables::KeySet<IpAddr>) {
+fn resolve<'a>(config: &xlb::config::Config, addrs: impl IntoIterator<Item = &'a IpAddr>) {
     // `Tables::unresolved` already holds the next hops (backends or their gateways).
-    for via in addrs.iter() {
+    for via in addrs {
         for iface in &config.interfaces {
             if let Ok(ix) = nic_config::ifindex(&iface.name)
                 && let Err(e) = neighbours::resolve(ix, *via)

@@ -576,6 +576,20 @@ impl<K: MapKey> KeySet<K> {
         self.0.shared_shards(&other.0)
     }
 
+    /// The keys of this set that `old` lacks, looking only at the shards the two do not
+    /// share: O(what changed) between two snapshots of one builder (a set split differently
+    /// is compared key by key).
+    pub fn added_since<'a>(&'a self, old: &'a Self) -> impl Iterator<Item = &'a K> + 'a {
+        let same_split = self.0.shards.len() == old.0.shards.len();
+        self.0
+            .shards
+            .iter()
+            .zip(old.0.shards.iter().map(Some).chain(core::iter::repeat(None)))
+            .filter(move |(n, o)| !(same_split && o.is_some_and(|o| Arc::ptr_eq(n, o))))
+            .flat_map(|(n, _)| n.keys.iter())
+            .filter(move |k| !old.contains(k))
+    }
+
     /// Number of keys.
     pub fn len(&self) -> usize {
         self.0.len()
@@ -664,6 +678,14 @@ mod tests {
         assert_eq!(n.get(&key(5)), Some(&55));
         assert_eq!(n.get(&key(6)), None);
         n.seal();
+        let s: KeySet<VipKey> = (0..10_000).map(key).collect();
+        let mut t = s.clone();
+        t.insert(key(20_000));
+        t.remove(&key(3));
+        t.seal();
+        assert_eq!(t.added_since(&s).copied().collect::<Vec<_>>(), vec![key(20_000)]);
+        assert_eq!(s.added_since(&t).copied().collect::<Vec<_>>(), vec![key(3)]);
+        assert_eq!(t.added_since(&t).count(), 0);
         assert_eq!((n.get(&key(5)), n.get(&key(6))), (Some(&55), None), "the same once sealed");
         let h = n.find(&key(7)).unwrap();
         assert_eq!(n.entry(h), Some(&7));
