@@ -38,9 +38,9 @@ use crate::maglev::{self, MaglevBackend, MaglevTable};
 #[derive(Debug, Default)]
 pub struct TableBuilder {
     /// Per Service name: what its last build made.
-    records: HashMap<String, Record>,
+    records: HashMap<ByName, Record>,
     /// The spec pointer of each record (`Arc::as_ptr` as an address) → its name.
-    names_by_ptr: HashMap<usize, String>,
+    names_by_ptr: HashMap<usize, Arc<ServiceSpec>>,
     /// The previous spec's Service pointers in spec order (each kept alive by its record).
     order: Vec<usize>,
     /// Non-service fields of the previous spec.
@@ -88,6 +88,32 @@ struct Record {
     /// Next hops of its backends that were unresolved.
     unresolved: Box<[IpAddr]>,
     backends: usize,
+}
+
+/// A Service spec as a map key, hashed and compared by its name (`Borrow<str>`): records are
+/// keyed without a copy of the name.
+#[derive(Debug, Clone)]
+struct ByName(Arc<ServiceSpec>);
+
+impl PartialEq for ByName {
+    fn eq(&self, o: &Self) -> bool {
+        self.0.name == o.0.name
+    }
+}
+
+impl Eq for ByName {}
+
+impl core::hash::Hash for ByName {
+    fn hash<H: core::hash::Hasher>(&self, h: &mut H) {
+        // As `str` hashes, so that lookups by `&str` find it (`Borrow`).
+        self.0.name.as_str().hash(h);
+    }
+}
+
+impl core::borrow::Borrow<str> for ByName {
+    fn borrow(&self) -> &str {
+        &self.0.name
+    }
 }
 
 /// One service's backend slots by (address, port).
@@ -482,7 +508,7 @@ impl TableBuilder {
         released.extend(self.order.get(j..)?.iter().copied());
         let mut removed = Vec::new();
         for q in &released {
-            let name = self.names_by_ptr.get(q)?;
+            let name = &self.names_by_ptr.get(q)?.name;
             if !seen.contains(name.as_str()) {
                 removed.push(name.clone());
             }
@@ -508,7 +534,8 @@ impl TableBuilder {
                 return Err(BuildError::DuplicateService(s.name.clone()));
             }
         }
-        let mut removed: Vec<String> = self.records.keys().filter(|n| !names.contains(n.as_str())).cloned().collect();
+        let mut removed: Vec<String> =
+            self.records.keys().map(|n| &n.0.name).filter(|n| !names.contains(n.as_str())).cloned().collect();
         removed.sort_unstable();
         Ok(Plan { upserts: spec.services.iter().collect(), removed, full: true })
     }
@@ -904,10 +931,10 @@ impl TableBuilder {
             }
             self.total_backends += s.backends.len();
             let ptr = Arc::as_ptr(s) as usize;
-            self.names_by_ptr.insert(ptr, s.name.clone());
+            self.names_by_ptr.insert(ptr, Arc::clone(s));
             self.maglev_tables += usize::from(p.maglev.is_some());
             self.records.insert(
-                s.name.clone(),
+                ByName(Arc::clone(s)),
                 Record {
                     spec: Arc::clone(s),
                     id,
