@@ -593,6 +593,9 @@ fn serve(
     drop(first);
     telemetry.metrics.set_no_local_endpoints(report.no_local_endpoints);
     telemetry.health.updated(SystemTime::now());
+    // Ask the kernel for the next hops' MACs now rather than at the first periodic round
+    // (2 s): until they are known, new flows to those backends are dropped (`NoNeighbour`).
+    resolve(&config, tables.unresolved.iter());
     let handle = TablesHandle::new(tables);
 
     // Cores: read the allowed set before pinning anything (core_affinity reports the calling
@@ -1128,9 +1131,15 @@ impl Supervisor<'_> {
         match build(input, &self.config, self.builder, refresh_host) {
             Ok((t, report, vips)) => {
                 let old = self.handle.load();
-                // Next hops that became unresolved with this build (the shards it changed);
-                // all of them are asked for again every 2 s below.
-                let unresolved: Vec<IpAddr> = t.unresolved.added_since(&old.unresolved).copied().collect();
+                // Next hops that became unresolved with this build (the shards it changed), or
+                // all of them after a full build (a neighbour, route or interface change may
+                // have made them unresolved again); all are asked for every 2 s below too.
+                let unresolved: Vec<IpAddr> = match self.builder.tables.last_build() {
+                    dataplane::tables::BuildKind::Incremental { .. } => {
+                        t.unresolved.added_since(&old.unresolved).copied().collect()
+                    }
+                    _ => t.unresolved.iter().copied().collect(),
+                };
                 self.handle.publish(t);
                 self.vips = vips;
                 // The builder knows which services it redid; `changes` is not needed for that.
