@@ -170,6 +170,7 @@ async fn assigner_writes_pool_addresses_only_while_it_holds_the_lease_and_a_new_
     assert!(ingress(&s, "outside").is_empty());
 
     let patches = s.status_patches();
+    assert!(!patches.is_empty(), "the addresses above were written by status patches");
     assert!(patches.iter().all(|(_, m, _)| m == xlb::k8s::FIELD_MANAGER), "{patches:?}");
     assert!(
         patches.iter().all(|(_, _, p)| p["metadata"]["resourceVersion"].is_string()),

@@ -98,6 +98,7 @@ async fn initial_sync_waits_for_every_list_then_yields_the_full_state() {
     server.hold_lists(Res::Nodes, true);
     let mut source = Source::start(server.client(), source_cfg(100, 30_000), Telemetry::new(Duration::from_secs(30)));
     // Services and EndpointSlices are listed, the Node list is held: nothing may come out.
+    // That nothing happens can only be watched for a while: a bounded wait, 1.5 s.
     assert!(tokio::time::timeout(Duration::from_millis(1500), source.next_snapshot()).await.is_err());
     assert!(!source.is_ready());
     assert!(server.list_count(Res::Services) >= 1 && server.list_count(Res::EndpointSlices) >= 1);
@@ -242,6 +243,8 @@ async fn dropped_connections_keep_the_state_and_the_watch_resumes() {
     // Changes made meanwhile (kept in the server's history).
     server.delete(Res::Services, "default", "db");
     server.apply(Res::Services, service("default", "api", "10.96.0.40", &[("http", 80, 8080)]));
+    // That the state is not lost can only be watched for a while: every snapshot of a bounded
+    // 2.5 s is checked (at least one of them periodic, so the loop is not empty).
     let t0 = Instant::now();
     let mut periodic = 0;
     while t0.elapsed() < Duration::from_millis(2500) {
@@ -301,8 +304,11 @@ async fn min_sync_period_coalesces_rapid_changes() {
     const N: usize = 30;
     let server = Arc::new(seeded().await);
     let mut source = Source::start(server.client(), source_cfg(500, 30_000), Telemetry::new(Duration::from_secs(30)));
-    next(&mut source, Duration::from_secs(5)).await;
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    let first = next(&mut source, Duration::from_secs(5)).await;
+    // The condition awaited is the passing of time itself: the first snapshot older than
+    // minSyncPeriod (500 ms), with 100 ms to spare.
+    tokio::time::sleep_until((first.started + Duration::from_millis(600)).into()).await;
+    drop(first);
     let last = format!("10.244.9.{N}");
     // The writer runs while the sync loop consumes: the first change finds the previous
     // snapshot older than minSyncPeriod and goes out at once, the rest wait for the period.
@@ -366,6 +372,8 @@ fn spawn_sync_loop(mut source: Source) -> tokio::task::JoinHandle<()> {
     })
 }
 
+/// Polls `GET path` every 100 ms until it answers `code`; returns the last answer (code and
+/// body) after `within` if it never did, for the caller's assertion to show.
 async fn wait_code(addr: SocketAddr, path: &str, code: u16, within: Duration) -> (u16, String) {
     let end = Instant::now() + within;
     loop {
@@ -394,9 +402,15 @@ async fn healthz_follows_node_deletion_and_sync_age_livez_only_sync_age() {
     assert_eq!(v["nodeEligible"], json!(true));
     assert!(v["lastUpdated"].as_str().is_some_and(|s| s.ends_with(" +0000 UTC")), "{body}");
     assert!(v["currentTime"].as_str().is_some());
-    // Syncs keep going (periodic every 700 ms): still healthy after 2 × syncPeriod.
-    tokio::time::sleep(Duration::from_millis(1600)).await;
-    assert_eq!(http_get(addr, "/healthz").await.expect("GET").0, 200);
+    // Syncs keep going (periodic every 700 ms): still healthy after 2 × syncPeriod. That it
+    // does not turn unhealthy can only be watched for a while: /healthz is asked every 100 ms
+    // for a bounded 1.6 s, and must answer 200 each time.
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_millis(1600) {
+        let (code, _, body) = http_get(addr, "/healthz").await.expect("GET");
+        assert_eq!(code, 200, "unhealthy after {:?} of periodic syncs: {body}", t0.elapsed());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     // The Node is being deleted: /healthz 503 with nodeEligible false, /livez stays 200.
     let mut n = node(NODE, "192.0.2.10");
@@ -414,8 +428,8 @@ async fn healthz_follows_node_deletion_and_sync_age_livez_only_sync_age() {
 
     // The sync loop stops: after 2 × syncPeriod both fail.
     sync.abort();
-    tokio::time::sleep(sync_period * 2 + Duration::from_millis(300)).await;
-    assert_eq!(http_get(addr, "/livez").await.expect("GET").0, 503);
+    let (code, body) = wait_code(addr, "/livez", 503, sync_period * 2 + Duration::from_secs(5)).await;
+    assert_eq!(code, 503, "/livez never failed after the sync loop stopped: {body}");
     let (code, _, body) = http_get(addr, "/healthz").await.expect("GET");
     assert_eq!(code, 503);
     let v: serde_json::Value = serde_json::from_str(&body).expect("JSON body");
@@ -630,8 +644,11 @@ async fn health_check_node_port_answers_200_with_local_endpoints_else_503() {
     let s = until(&mut source, Duration::from_secs(5), |_| {}, |s| !names(s).contains("lb")).await;
     assert!(hc.sync(&xlb::k8s::health_check_services(&s.state(), NODE)).await.is_empty());
     assert!(hc.ports().is_empty());
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(http_get(addr, "/").await.is_err(), "listener closed");
+    let t0 = Instant::now();
+    while http_get(addr, "/").await.is_ok() {
+        assert!(t0.elapsed() < Duration::from_secs(5), "timed out after 5 s waiting for the listener to close");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

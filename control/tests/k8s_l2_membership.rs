@@ -160,6 +160,7 @@ async fn nothing_is_known_before_the_first_list_and_an_api_outage_keeps_the_last
     let a = start(&s, "node-a");
     let b = start(&s, "node-b");
     // The list is held: no member set yet (no VIP is taken before the others are known).
+    // That none comes can only be watched for a while: a bounded wait of two renewals.
     tokio::time::sleep(RENEW * 2).await;
     assert_eq!(a.members(Instant::now()), None, "unknown before the first list");
     s.hold_lists(Res::Leases, false);

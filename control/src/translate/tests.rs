@@ -452,7 +452,9 @@ fn tp_03_external_local_applies_to_node_port_lb_and_external_ips_only() {
 fn tp_04_external_local_keeps_the_client_ip() {
     let s = web().ty("NodePort").node_port(30080).etp_local();
     let (t, _) = run1(vec![s], vec![spread()]);
-    assert!(spec(&t, "default/web:http/external").frontends.iter().all(|f| !f.masquerade));
+    let ext = spec(&t, "default/web:http/external");
+    assert_eq!(fronts(ext), ["NodePort 192.168.1.10 TCP/30080"], "the frontends this test is about");
+    assert!(ext.frontends.iter().all(|f| !f.masquerade));
 }
 
 #[test]
@@ -636,7 +638,9 @@ fn aff_03_timeout_above_86400_seconds_is_an_error_skipping_the_service() {
 fn nat_01_cluster_ip_traffic_is_dnat_only() {
     let (t, _) = run1(vec![web().ty("NodePort").node_port(30080)], vec![]);
     let s = spec(&t, "default/web:http");
-    assert!(s.frontends.iter().filter(|f| f.kind == FrontendKind::ClusterIp).all(|f| !f.masquerade));
+    let cluster_ip: Vec<_> = s.frontends.iter().filter(|f| f.kind == FrontendKind::ClusterIp).collect();
+    assert!(!cluster_ip.is_empty(), "the Service must have a ClusterIP frontend: {:?}", s.frontends);
+    assert!(cluster_ip.iter().all(|f| !f.masquerade));
 }
 
 #[test]
@@ -644,7 +648,15 @@ fn nat_02_external_frontends_masquerade_under_cluster_policy() {
     let s = web().ty("LoadBalancer").node_port(30080).lb_ingress(&["198.51.100.7"]).external_ips(&["80.11.12.10"]);
     let (t, _) = run1(vec![s], vec![]);
     let sp = spec(&t, "default/web:http");
-    assert!(sp.frontends.iter().filter(|f| f.kind != FrontendKind::ClusterIp).all(|f| f.masquerade));
+    let external: Vec<_> = sp.frontends.iter().filter(|f| f.kind != FrontendKind::ClusterIp).collect();
+    let kinds: Vec<_> = external.iter().map(|f| f.kind).collect();
+    assert!(
+        [FrontendKind::NodePort, FrontendKind::ExternalIp, FrontendKind::LoadBalancer]
+            .iter()
+            .all(|k| kinds.contains(k)),
+        "the Service must have NodePort, ExternalIP and LoadBalancer frontends: {kinds:?}"
+    );
+    assert!(external.iter().all(|f| f.masquerade));
     assert_eq!(t.snat_v4, Some("192.168.1.10".parse().unwrap()), "SNAT to the node's primary IP");
 }
 
@@ -672,7 +684,9 @@ fn nat_06_cluster_cidr_reaches_the_tables_and_masquerade_all_overrides_it() {
     let got: Vec<String> = t.cluster_cidrs.iter().map(ToString::to_string).collect();
     assert_eq!(got, ["10.244.0.0/16", "fd44::/48"]);
     // The ClusterIP frontend itself stays DNAT-only: the dataplane masquerades per source.
-    assert!(spec(&t, "default/web:http").frontends.iter().all(|f| !f.masquerade));
+    let cluster_ip = spec(&t, "default/web:http");
+    assert_eq!(fronts(cluster_ip), ["ClusterIP 10.96.0.10 TCP/80"], "the frontend this test is about");
+    assert!(cluster_ip.frontends.iter().all(|f| !f.masquerade));
     assert!(r.issues.is_empty(), "{:?}", r.issues);
     // Without any SNAT address, off-cluster ClusterIP traffic cannot be masqueraded: warned.
     let mut no_snat = c.clone();
