@@ -6,6 +6,7 @@
 pub mod announce;
 pub mod config;
 pub mod duration;
+pub mod file_source;
 pub mod http;
 pub mod ipam;
 pub mod k8s;

@@ -330,9 +330,9 @@ fn ask(path: &std::path::Path, cmd: &str) -> ExitCode {
 }
 
 /// Loads the config file, naming the node from `$NODE_NAME` when the file does not.
-pub(crate) fn load_config(path: &std::path::Path) -> Result<xlb::config::Loaded, xlb::config::LoadError> {
-    let env = std::env::var(xlb::config::NODE_NAME_ENV).ok();
-    xlb::config::load_file_for_node(path, env.as_deref())
+pub(crate) fn load_config(path: &std::path::Path) -> Result<xlb::file_source::Loaded, xlb::file_source::LoadError> {
+    let env = std::env::var(xlb::file_source::NODE_NAME_ENV).ok();
+    xlb::file_source::load_file_for_node(path, env.as_deref())
 }
 
 /// Reloads the config file (as [`load_config`]); the file's LoadBalancer Services keep the
@@ -340,9 +340,9 @@ pub(crate) fn load_config(path: &std::path::Path) -> Result<xlb::config::Loaded,
 pub(crate) fn reload_config(
     path: &std::path::Path,
     previous: &xlb::translate::ClusterState,
-) -> Result<xlb::config::Loaded, xlb::config::LoadError> {
-    let env = std::env::var(xlb::config::NODE_NAME_ENV).ok();
-    xlb::config::reload_file_for_node(path, env.as_deref(), previous)
+) -> Result<xlb::file_source::Loaded, xlb::file_source::LoadError> {
+    let env = std::env::var(xlb::file_source::NODE_NAME_ENV).ok();
+    xlb::file_source::reload_file_for_node(path, env.as_deref(), previous)
 }
 
 /// `xlb check`: load, translate, build, print.

@@ -47,7 +47,7 @@ async fn client_from_files(
 ) -> (kube::Client, xlb::config::Config) {
     let kc = dir.write("kubeconfig.yaml", &kubeconfig(&server.url()));
     let cfg_path = dir.write("config.yaml", config_text);
-    let cfg = xlb::config::load_file(&cfg_path).expect("config loads").config;
+    let cfg = xlb::file_source::load_file(&cfg_path).expect("config loads").config;
     let client = xlb::k8s::client(Some(Path::new(&kc)), &cfg.client_connection).await.expect("client");
     (client, cfg)
 }
@@ -99,7 +99,7 @@ async fn kube_proxy_configuration_qps_and_burst_pace_the_api_client() {
 
     // A negative burst is refused at load, naming the field, as kube-proxy's validation does.
     let bad = dir.write("bad.yaml", &kube_proxy_configuration("{qps: 5, burst: -1}"));
-    let e = xlb::config::load_file(&bad).expect_err("burst -1 refused").to_string();
+    let e = xlb::file_source::load_file(&bad).expect_err("burst -1 refused").to_string();
     assert!(e.contains("clientConnection.burst"), "{e}");
 }
 

@@ -415,7 +415,7 @@ fn daemonset_reaches_the_api_server_directly_and_names_its_node() {
     // The node's name comes from the downward API, because the ConfigMap names no node.
     let node = env(c, "NODE_NAME").value_from.as_ref().and_then(|v| v.field_ref.as_ref());
     assert_eq!(node.map(|f| f.field_path.as_str()), Some("spec.nodeName"));
-    assert_eq!(xlb::config::NODE_NAME_ENV, "NODE_NAME");
+    assert_eq!(xlb::file_source::NODE_NAME_ENV, "NODE_NAME");
 
     // xlb reads config.yaml from the ConfigMap mounted at /etc/xlb.
     let configmap: ConfigMap = one("ConfigMap");
@@ -504,7 +504,7 @@ fn configmap_text() -> String {
 }
 
 fn configmap_config() -> xlb::config::Config {
-    match xlb::config::load_str(&configmap_text(), "configmap.yaml:config.yaml") {
+    match xlb::file_source::load_str(&configmap_text(), "configmap.yaml:config.yaml") {
         Ok(l) => l.config,
         Err(e) => panic!("{e}"),
     }
@@ -513,14 +513,15 @@ fn configmap_config() -> xlb::config::Config {
 #[test]
 fn configmap_config_yaml_loads_as_an_xlb_configuration_and_takes_the_node_name_from_the_environment() {
     let text = configmap_text();
-    let loaded = xlb::config::load_str(&text, "config.yaml").unwrap_or_else(|e| panic!("{e}"));
+    let loaded = xlb::file_source::load_str(&text, "config.yaml").unwrap_or_else(|e| panic!("{e}"));
     assert!(loaded.notes.is_empty(), "{:?}", loaded.notes);
     assert!(loaded.cluster.services.is_empty() && loaded.cluster.endpoint_slices.is_empty(), "only the config");
     assert_eq!(loaded.config.node_name(), None, "the node name comes from $NODE_NAME");
     assert!(!loaded.config.interfaces.is_empty(), "`xlb run` needs an interface");
 
     // What xlb does with the DaemonSet's NODE_NAME.
-    let loaded = xlb::config::load_str_for_node(&text, "config.yaml", Some("node-a")).unwrap_or_else(|e| panic!("{e}"));
+    let loaded =
+        xlb::file_source::load_str_for_node(&text, "config.yaml", Some("node-a")).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(loaded.config.node_name(), Some("node-a"));
 }
 

@@ -32,7 +32,7 @@ use crate::synth::{self, Profile, Rng};
 pub enum BenchError {
     /// The xlb configuration document did not load.
     #[error("benchmark configuration: {0}")]
-    Config(#[from] xlb::config::LoadError),
+    Config(#[from] xlb::file_source::LoadError),
     /// `build_spec` refused the configuration.
     #[error(transparent)]
     Translate(#[from] TranslateError),
@@ -90,7 +90,7 @@ pub fn config(s: SchedulerVariant) -> Result<Config, BenchError> {
     if s == SchedulerVariant::Maglev {
         yaml.push_str("ipvs: {scheduler: mh}\n");
     }
-    Ok(xlb::config::load_str(&yaml, "xlb-cpbench")?.config)
+    Ok(xlb::file_source::load_str(&yaml, "xlb-cpbench")?.config)
 }
 
 /// What to run.

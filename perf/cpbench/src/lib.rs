@@ -1,7 +1,7 @@
 //! xlb control-plane scale benchmark, and the kube-proxy rulesets it compares against.
 //!
 //! - [`nft`] / [`iptables`]: from the same inputs xlb uses (the config file of
-//!   [`xlb::config::load_file`], translated by [`xlb::translate::build_spec`]), the ruleset
+//!   [`xlb::file_source::load_file`], translated by [`xlb::translate::build_spec`]), the ruleset
 //!   kube-proxy's nftables or iptables mode would program (`pkg/proxy/nftables/proxier.go`,
 //!   `pkg/proxy/iptables/proxier.go` in kubernetes/kubernetes), and the nftables partial-sync
 //!   transaction for one changed Service. Bin `kube-proxy-rules`.
@@ -37,7 +37,7 @@ pub enum Mode {
 pub enum RulesError {
     /// The config file did not load.
     #[error(transparent)]
-    Load(#[from] xlb::config::LoadError),
+    Load(#[from] xlb::file_source::LoadError),
     /// The configuration is invalid for translation.
     #[error(transparent)]
     Translate(#[from] xlb::translate::TranslateError),
@@ -50,7 +50,7 @@ pub enum RulesError {
 ///
 /// # Errors
 /// [`RulesError::Translate`] for an invalid configuration.
-pub fn spec_of(loaded: &xlb::config::Loaded) -> Result<(TablesSpec, xlb::translate::TranslateReport), RulesError> {
+pub fn spec_of(loaded: &xlb::file_source::Loaded) -> Result<(TablesSpec, xlb::translate::TranslateReport), RulesError> {
     Ok(xlb::translate::build_spec(&loaded.cluster, &loaded.config)?)
 }
 
@@ -71,7 +71,7 @@ pub fn ruleset(spec: &TablesSpec, mode: Mode) -> Result<String, RulesError> {
 /// # Errors
 /// [`RulesError`] when the file does not load or translate.
 pub fn ruleset_from_file(path: &Path, mode: Mode) -> Result<(String, xlb::translate::TranslateReport), RulesError> {
-    let loaded = xlb::config::load_file(path)?;
+    let loaded = xlb::file_source::load_file(path)?;
     let (spec, report) = spec_of(&loaded)?;
     Ok((ruleset(&spec, mode)?, report))
 }

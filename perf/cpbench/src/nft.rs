@@ -576,7 +576,7 @@ pub(crate) mod tests {
     }
 
     pub(crate) fn spec(docs: &str) -> TablesSpec {
-        let l = xlb::config::load_str(&format!("{HEAD}{docs}"), "test").unwrap();
+        let l = xlb::file_source::load_str(&format!("{HEAD}{docs}"), "test").unwrap();
         let (spec, report) = xlb::translate::build_spec(&l.cluster, &l.config).unwrap();
         assert!(!report.has_errors(), "{:?}", report.issues);
         spec

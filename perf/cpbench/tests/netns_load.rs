@@ -98,7 +98,7 @@ endpoints:
 "#;
 
 fn spec(ep2: &str) -> dataplane::tables::TablesSpec {
-    let l = xlb::config::load_str(&CONFIG.replace("EP2", ep2), "test").unwrap();
+    let l = xlb::file_source::load_str(&CONFIG.replace("EP2", ep2), "test").unwrap();
     let (spec, report) = xlb::translate::build_spec(&l.cluster, &l.config).unwrap();
     assert!(!report.has_errors(), "{:?}", report.issues);
     spec
