@@ -6,7 +6,7 @@ use dataplane::tables::{
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::*;
-use crate::config::Config;
+use crate::config::{Config, NodePortAddress};
 use crate::test_support::*;
 
 /// Builds, and checks that the dataplane accepts the result.
