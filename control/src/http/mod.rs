@@ -75,6 +75,43 @@ impl Telemetry {
     }
 }
 
+/// The Kubernetes source's reports go to `/metrics` and the health servers.
+impl crate::k8s::SourceObserver for Telemetry {
+    fn change_queued(&self, at: std::time::SystemTime) {
+        self.metrics.set_last_queued(at);
+        self.health.queued_update(at);
+    }
+
+    fn service_changed(&self) {
+        self.metrics.count_service_changes(1);
+    }
+
+    fn endpoints_changed(&self) {
+        self.metrics.count_endpoint_changes(1);
+    }
+
+    fn node_seen(&self, node: Option<&k8s_openapi::api::core::v1::Node>) {
+        self.health.sync_node(node);
+    }
+
+    fn watch_error(&self, resource: &'static str) {
+        self.metrics.count_watch_error(resource);
+    }
+
+    fn published(&self, p: crate::k8s::Published<'_>) {
+        self.metrics.observe_sync(p.took);
+        self.metrics.set_last_sync(p.at);
+        for d in p.programming {
+            self.metrics.observe_network_programming(*d);
+        }
+        self.metrics.set_no_local_endpoints(p.no_local_endpoints);
+        self.health.updated(p.at);
+        if let Some(q) = p.pending_since {
+            self.health.queued_update(q);
+        }
+    }
+}
+
 /// A running server. Dropping it stops the listener at once (open connections finish);
 /// [`shutdown`](Self::shutdown) stops it gracefully and waits.
 #[derive(Debug)]

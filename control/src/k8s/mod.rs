@@ -111,7 +111,9 @@ pub use membership::{
     LEASE_PREFIX, MEMBER_LABEL, MemberTable, Membership, MembershipConfig, MembershipStats, lease_name,
 };
 pub use ratelimit::{DEFAULT_BURST, DEFAULT_QPS, RateLimit, RateLimitError, RateLimitLayer, RateLimitService};
-pub use source::{ANNOTATION_LAST_CHANGE_TRIGGER_TIME, Snapshot, Source, SourceConfig, SyncReason};
+pub use source::{
+    ANNOTATION_LAST_CHANGE_TRIGGER_TIME, Published, Snapshot, Source, SourceConfig, SourceObserver, SyncReason,
+};
 
 /// Errors of the Kubernetes source.
 #[derive(Debug, thiserror::Error)]

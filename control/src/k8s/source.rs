@@ -16,9 +16,46 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use crate::config::Config;
-use crate::http::Telemetry;
 use crate::k8s::{Changes, K8sError, ServiceRef};
 use crate::translate::{ClusterIndex, ClusterState, TranslateReport, object_order};
+
+/// Where the Kubernetes source reports what it sees and what it published: implemented by
+/// the HTTP layer's [`crate::http::Telemetry`] (`/metrics`, `/healthz`, `/livez`), or by a
+/// test's recorder. The source depends on this interface, not on the HTTP layer.
+pub trait SourceObserver: Send + Sync + std::fmt::Debug {
+    /// A change was queued at `at` (`kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds`,
+    /// and `/healthz`'s pending update, HC-02).
+    fn change_queued(&self, at: SystemTime);
+    /// One Service add, update or delete (`kubeproxy_sync_proxy_rules_service_changes_total`).
+    fn service_changed(&self);
+    /// One EndpointSlice add, update or delete (`..._endpoint_changes_total`).
+    fn endpoints_changed(&self);
+    /// This node's Node object as last seen (`None`: absent), for `/healthz`'s node
+    /// eligibility (HC-03).
+    fn node_seen(&self, node: Option<&Node>);
+    /// A watch of `resource` (`services`, `endpointslices`, `nodes`) failed and is retried.
+    fn watch_error(&self, resource: &'static str);
+    /// A snapshot's tables were published ([`Source::published`]).
+    fn published(&self, p: Published<'_>);
+}
+
+/// What [`SourceObserver::published`] is told, as kube-proxy's `syncProxyRules` records at
+/// its end.
+#[derive(Debug, Clone, Copy)]
+pub struct Published<'a> {
+    /// From the snapshot's start to the publication
+    /// (`kubeproxy_sync_proxy_rules_duration_seconds`).
+    pub took: Duration,
+    /// When it was published (`..._last_timestamp_seconds`; `/healthz`'s last update).
+    pub at: SystemTime,
+    /// Per change in the snapshot, from its trigger time to now
+    /// (`kubeproxy_network_programming_duration_seconds`, MET-03).
+    pub programming: &'a [Duration],
+    /// MET-04 counts from the translation's report.
+    pub no_local_endpoints: crate::translate::NoLocalEndpoints,
+    /// The oldest change that arrived during the sync and is still pending, if any.
+    pub pending_since: Option<SystemTime>,
+}
 
 /// Annotation the EndpointSlice controller sets to the time of the Pod or Service change that
 /// caused the slice's last update (kube-proxy's network programming latency starts there).
@@ -179,7 +216,7 @@ struct Pending {
 struct Shared {
     pending: Mutex<Pending>,
     notify: Notify,
-    telemetry: Telemetry,
+    telemetry: Arc<dyn SourceObserver>,
     started: SystemTime,
     node_name: String,
 }
@@ -199,12 +236,11 @@ impl Shared {
             // this process's latency.
             p.triggers.push(trigger.filter(|t| *t >= self.started).unwrap_or(now));
         }
-        self.telemetry.metrics.set_last_queued(now);
-        self.telemetry.health.queued_update(now);
+        self.telemetry.change_queued(now);
     }
 
     fn service_event(&self, s: &Service) {
-        self.telemetry.metrics.count_service_changes(1);
+        self.telemetry.service_changed();
         let mut p = self.lock();
         p.changes.add(ServiceRef::of_service(s));
         self.queue(&mut p, None);
@@ -225,7 +261,7 @@ impl Shared {
             self.notify.notify_one();
             return;
         };
-        self.telemetry.metrics.count_endpoint_changes(1);
+        self.telemetry.endpoints_changed();
         let trigger = if deleted { None } else { trigger_time(s) };
         let mut p = self.lock();
         p.changes.add(r);
@@ -237,7 +273,7 @@ impl Shared {
 
     fn node_event(&self, store: &Store<Node>) {
         let node = find_node(store, &self.node_name);
-        self.telemetry.health.sync_node(node.as_deref());
+        self.telemetry.node_seen(node.as_deref());
         let fp = NodeFingerprint::of(node.as_deref());
         let mut p = self.lock();
         if p.node != fp {
@@ -341,7 +377,8 @@ impl Source {
     /// # Panics
     /// Outside a Tokio runtime context (call it inside `Runtime::block_on`, a task, or after
     /// `Handle::enter`).
-    pub fn start(client: Client, cfg: SourceConfig, telemetry: Telemetry) -> Self {
+    pub fn start(client: Client, cfg: SourceConfig, telemetry: impl SourceObserver + 'static) -> Self {
+        let telemetry: Arc<dyn SourceObserver> = Arc::new(telemetry);
         let shared = Arc::new(Shared {
             pending: Mutex::new(Pending::default()),
             notify: Notify::new(),
@@ -562,22 +599,19 @@ impl Source {
     /// - the health server's last update (`/healthz` and `/livez`, HC-02, SYNC-05).
     pub fn published(&self, snap: &Snapshot, report: &TranslateReport) {
         let now = SystemTime::now();
-        let m = &self.shared.telemetry.metrics;
-        m.observe_sync(snap.started.elapsed());
-        m.set_last_sync(now);
-        for t in &snap.triggers {
-            m.observe_network_programming(now.duration_since(*t).unwrap_or_default());
-        }
-        m.set_no_local_endpoints(report.no_local_endpoints);
-        let health = &self.shared.telemetry.health;
-        health.updated(now);
+        let programming: Vec<Duration> =
+            snap.triggers.iter().map(|t| now.duration_since(*t).unwrap_or_default()).collect();
+        // Changes that arrived during this sync are still pending.
         let p = self.shared.lock();
-        if p.dirty
-            && let Some(q) = p.oldest_queued
-        {
-            // Changes that arrived during this sync are still pending.
-            health.queued_update(q);
-        }
+        let pending = if p.dirty { p.oldest_queued } else { None };
+        drop(p);
+        self.shared.telemetry.published(Published {
+            took: snap.started.elapsed(),
+            at: now,
+            programming: &programming,
+            no_local_endpoints: report.no_local_endpoints,
+            pending_since: pending,
+        });
     }
 
     /// Reports that `snap` could not be built or published (the running tables stay). Its
@@ -650,7 +684,7 @@ async fn node_loop(
                         tracing::warn!(node = shared.node_name, "this node's Node object does not exist (yet)");
                     }
                     shared.lock().node = NodeFingerprint::of(node.as_deref());
-                    shared.telemetry.health.sync_node(node.as_deref());
+                    shared.telemetry.node_seen(node.as_deref());
                     shared.list_done(Kind::Nodes);
                 } else {
                     // A relist: only a node that really changed makes a full resync.
@@ -669,5 +703,5 @@ fn watch_error(shared: &Shared, kind: Kind, e: &watcher::Error) {
         error = %e,
         "watch error; retrying with backoff, the last good objects stay"
     );
-    shared.telemetry.metrics.count_watch_error(kind.resource());
+    shared.telemetry.watch_error(kind.resource());
 }
