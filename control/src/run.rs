@@ -1117,10 +1117,11 @@ type K8s = (xlb::k8s::Source, xlb::http::HealthCheckServers, String);
 impl Supervisor<'_> {
     /// Rebuilds from `input` and publishes; on error logs and keeps the running tables.
     /// `changes`: what changed since the tables last published, when only the source's
-    /// objects changed (nothing else the build reads); the steering maps then get only the
-    /// touched Services' entries, and the host's interfaces and neighbours are not read
-    /// again. `None` (or [`xlb::k8s::Changes::Full`]) compares the whole sets and reads the
-    /// host again, and so does the periodic resync.
+    /// objects changed (nothing else the build reads): the host's interfaces and neighbours
+    /// are then not read again; `None` (or [`xlb::k8s::Changes::Full`]) reads them again.
+    /// The steering maps get only the entries of the services the builder redid
+    /// ([`TableBuilder::changed_ids`]) after an incremental build, and the whole sets are
+    /// compared after a full build, an error and every `syncPeriod`.
     fn rebuild(
         &mut self,
         input: Input<'_>,
@@ -1142,8 +1143,7 @@ impl Supervisor<'_> {
                 };
                 self.handle.publish(t);
                 self.vips = vips;
-                // The builder knows which services it redid; `changes` is not needed for that.
-                let _ = changes;
+                // The services the builder redid (`None` after a full build).
                 let mut touched = self.builder.tables.changed_ids().map(<[u32]>::to_vec);
                 if self.last_verify.elapsed() >= self.config.sync_period {
                     // SYNC-04: the periodic resync also repairs outside changes to the maps.
