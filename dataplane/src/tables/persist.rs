@@ -4,13 +4,15 @@
 //!
 //! - [`Chunked`]: an array in fixed chunks of [`CHUNK`] elements behind `Arc`s. Reading
 //!   element `i` is two loads (`chunks[i >> 8]`, then the element). Writing element `i` copies
-//!   its chunk if another snapshot shares it ([`Arc::make_mut`]) and the chunk pointer array
-//!   (`len / 256` pointers) once per snapshot.
+//!   its chunk if another snapshot shares it (`Arc::get_mut`, else a copy off the common path)
+//!   and the chunk pointer array (`len / 256` pointers) once per snapshot.
 //! - [`KeyMap`]: open addressing with linear probing split into up to [`MAX_SHARDS`] shards by
 //!   hash bits, each shard behind an `Arc`; keys are 16-byte addresses with protocol and port
 //!   ([`MapKey`]). Hashed with folded multiplies (as foldhash does) under seeds drawn at random
 //!   when the map is first built, so made-up destinations cannot aim at long probe runs. An
-//!   insert or removal copies one shard (about 64 keys) and rebuilds its slot array.
+//!   insert or removal copies one shard (about 64 keys) if it is shared and drops its slot
+//!   array (lookups in it scan its keys) until [`KeyMap::seal`] rebuilds the slot arrays of
+//!   the changed shards; the builder seals before it publishes.
 //!
 //! The same shape is used by VPP's bihash (buckets of small pages) and by Cilium's per-Service
 //! BPF map updates: a change rewrites what it touches.
