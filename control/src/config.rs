@@ -898,21 +898,7 @@ impl<'de> Deserialize<'de> for NeighbourPort {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::file_source::{DocError, LoadError, Loaded, load_str};
-
-    const HEAD: &str = "apiVersion: xlb.dev/v1alpha1\nkind: XlbConfiguration\n";
-
-    fn load(text: &str) -> Result<Loaded, LoadError> {
-        load_str(text, "test.yaml")
-    }
-
-    fn errors(text: &str) -> Vec<DocError> {
-        match load(text) {
-            Err(LoadError::Invalid { errors, .. }) => errors,
-            Err(e) => panic!("unexpected error {e}"),
-            Ok(_) => panic!("expected an error"),
-        }
-    }
+    use crate::file_source::tests::{HEAD, errors, load};
 
     #[test]
     fn cfg_03_04_07_defaults_match_kube_proxy() {

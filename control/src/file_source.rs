@@ -597,7 +597,7 @@ fn yaml_message(e: &serde_saphyr::Error) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::net::IpAddr;
     use std::time::Duration;
 
@@ -606,13 +606,16 @@ mod tests {
 
     use super::*;
 
-    const HEAD: &str = "apiVersion: xlb.dev/v1alpha1\nkind: XlbConfiguration\n";
+    /// The header of an `XlbConfiguration` document (the config module's tests use these too).
+    pub(crate) const HEAD: &str = "apiVersion: xlb.dev/v1alpha1\nkind: XlbConfiguration\n";
 
-    fn load(text: &str) -> Result<Loaded, LoadError> {
+    /// Loads `text` as the file `test.yaml`.
+    pub(crate) fn load(text: &str) -> Result<Loaded, LoadError> {
         load_str(text, "test.yaml")
     }
 
-    fn errors(text: &str) -> Vec<DocError> {
+    /// The errors of loading `text`; panics if it loads or fails otherwise.
+    pub(crate) fn errors(text: &str) -> Vec<DocError> {
         match load(text) {
             Err(LoadError::Invalid { errors, .. }) => errors,
             Err(e) => panic!("unexpected error {e}"),
