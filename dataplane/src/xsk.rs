@@ -977,6 +977,13 @@ impl Xsk {
                 // (`xp_assign_dev_shared`).
                 port.zero_copy = first.zero_copy;
             }
+            // The fill ring is filled before the socket enters the XSKMAP: a frame redirected
+            // to a socket with an empty fill ring is dropped (`rx_fill_ring_empty_descs`,
+            // `rx_dropped`), and traffic may already be arriving (IPv6 DAD and MLD right
+            // after the link came up, a peer's retries).
+            out.ports.push(port);
+            let last = out.ports.len() - 1;
+            out.refill(last);
             if cfg.load_default_program {
                 let at = match progs.iter().position(|(n, _)| n == ifname) {
                     Some(i) => i,
@@ -990,16 +997,12 @@ impl Xsk {
                         progs.len() - 1
                     }
                 };
-                if let Some((_, p)) = progs.get(at) {
+                if let (Some((_, p)), Some(port)) = (progs.get(at), out.ports.get(last)) {
                     p.insert(ifname, *queue, port.fd.as_fd())?;
                 }
             }
-            out.ports.push(port);
         }
         out.programs = progs.into_iter().map(|(_, p)| p).collect();
-        for i in 0..out.ports.len() {
-            out.refill(i);
-        }
         Ok(out)
     }
 
