@@ -466,8 +466,31 @@ pub struct Conntrack<A: CtFamily> {
     nfree: usize,
     sweep_at: usize,
     last_reclaim_s: u32,
-    /// Bit `hash >> 58` of every entry placed since [`Conntrack::mark`].
-    placed: u64,
+    /// A 1,024-bit filter of the entries placed since [`Conntrack::mark`]: bit `hash >> 54`
+    /// of each ([`placed_bit`]).
+    placed: [u64; PLACED_WORDS],
+}
+
+/// Words of [`Conntrack::may_have_placed`]'s filter: 1,024 bits, so that the up to 128
+/// entries a batch of 64 new flows places leave most of it clear (a 64-bit filter was
+/// mostly set halfway through such a batch, and each set bit sends a new flow to a second
+/// probe it does not need).
+const PLACED_WORDS: usize = 16;
+
+/// Word and bit of hash `h` in the placed filter: its top 10 bits.
+#[inline]
+fn placed_bit(h: u64) -> (usize, u64) {
+    ((h >> 60) as usize, 1 << ((h >> 54) & 63))
+}
+
+/// Records hash `h` in the placed filter (a free function: `insert` holds the buckets and
+/// records borrowed while it does).
+#[inline]
+fn note_placed(filter: &mut [u64; PLACED_WORDS], h: u64) {
+    let (w, bit) = placed_bit(h);
+    if let Some(x) = filter.get_mut(w) {
+        *x |= bit;
+    }
 }
 
 /// Number of buckets for `capacity` flows: two entries per flow at [`TARGET_LOAD`].
@@ -501,7 +524,7 @@ impl<A: CtFamily> Conntrack<A> {
             nfree: 0,
             sweep_at: 0,
             last_reclaim_s: u32::MAX,
-            placed: 0,
+            placed: [0; PLACED_WORDS],
         }
     }
 
@@ -532,7 +555,7 @@ impl<A: CtFamily> Conntrack<A> {
     /// the start of every batch).
     #[inline]
     pub fn mark(&mut self) {
-        self.placed = 0;
+        self.placed = [0; PLACED_WORDS];
     }
 
     /// Whether an entry with hash `h` may have been placed since [`Conntrack::mark`]: `false`
@@ -540,7 +563,8 @@ impl<A: CtFamily> Conntrack<A> {
     /// otherwise), so find-or-insert need not probe again.
     #[inline]
     pub fn may_have_placed(&self, h: u64) -> bool {
-        self.placed & (1 << (h >> 58)) != 0
+        let (w, bit) = placed_bit(h);
+        self.placed.get(w).is_some_and(|&x| x & bit != 0)
     }
 
     /// Number of flows.
@@ -713,11 +737,11 @@ impl<A: CtFamily> Conntrack<A> {
                         fl.free(rs, id);
                         return Err(Full);
                     }
-                    self.placed |= 1 << (rh >> 58);
+                    note_placed(&mut self.placed, rh);
                 }
             }
         }
-        self.placed |= 1 << (fwd_hash >> 58);
+        note_placed(&mut self.placed, fwd_hash);
         if !place(bs, nb, fwd_hash, id << 1, meta) {
             if rec.has_reply() {
                 unplace(bs, nb, A::hash_key(&rec.reply_key(), &seeds), id << 1 | 1);
