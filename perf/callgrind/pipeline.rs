@@ -11,7 +11,11 @@
 //! - `new_flow`: SYNs of distinct flows not in conntrack (`2K` ≤ 200,000, the room the
 //!   conntrack capacity leaves; MIX is ignored);
 //! - `snat_reply`: replies from the backends of established SNAT flows to the SNAT address;
-//! - `dsr_ipip`: ACKs of established IPIP DSR flows (encapsulated into the tailroom).
+//! - `dsr_ipip`: ACKs of established IPIP DSR flows (encapsulated into the tailroom);
+//! - `syn_flood`: SYNs of distinct new flows into a conntrack that earlier SYNs filled
+//!   ([`SYN_FLOOD_CAPACITY`] flows, none established, as under a SYN flood): every one evicts
+//!   the oldest half-open flow near its bucket. This world holds no established flows (MIX is
+//!   ignored).
 //!
 //! MIX (`uniform`, `zipf`, `hot`) picks the flow of each packet (see the scenario). `batch`
 //! runs batches of 64 frames rotated over 4,096 buffers at headroom 0 through
@@ -28,7 +32,7 @@ use std::hint::black_box;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use dataplane::process::Verdict;
+use dataplane::process::{Pipeline, PipelineConfig, Verdict};
 
 #[path = "scenario.rs"]
 #[allow(dead_code, reason = "shared with the criterion bench, which uses other items")]
@@ -132,6 +136,30 @@ enum Mode {
     Copy,
 }
 
+/// Conntrack capacity of the `syn_flood` profile: the `maxPerCore` of `make bench`'s xlb
+/// config (perf/bench), so the table is as full as in the live SYN-flood runs.
+const SYN_FLOOD_CAPACITY: usize = 1 << 18;
+
+/// The `syn_flood` world: the DNAT tables and a worker whose conntrack ([`SYN_FLOOD_CAPACITY`])
+/// is full of half-open flows (one SYN each of new flows `0..SYN_FLOOD_CAPACITY`), and the
+/// SYN templates of the next `n` new flows.
+///
+/// # Panics
+/// If a filling SYN is not forwarded or the table is not full afterwards.
+fn syn_flood_world(n: usize) -> (World, scenario::Templates) {
+    let (_, tables) = scenario::tables_of(Kind::Dnat);
+    let cfg = PipelineConfig { conntrack_capacity: SYN_FLOOD_CAPACITY, ..scenario::config() };
+    let mut pipeline = Pipeline::new(cfg, 0x5eed);
+    let fill = scenario::new_syn_templates(SYN_FLOOD_CAPACITY);
+    let not_tx = scenario::run_all(&mut pipeline, &tables, &fill, &mut Arena::new(0));
+    assert_eq!(not_tx, 0, "the filling SYNs must be forwarded");
+    assert_eq!(pipeline.families().v4.ct.len(), SYN_FLOOD_CAPACITY, "the table is full");
+    let tpl = scenario::Templates::new(n, |i| {
+        scenario::tcp_frame(scenario::new_flow(SYN_FLOOD_CAPACITY + i), dataplane::wire::tcp_flags::SYN)
+    });
+    (World { kind: Kind::Dnat, tables, pipeline, buf: scenario::PacketBuf::default() }, tpl)
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     let [_, mode, profile, mix, k] = args.as_slice() else { return usage() };
@@ -144,6 +172,12 @@ fn main() -> ExitCode {
     let (Some(mix), Ok(k)) = (Mix::from_name(mix), k.parse::<usize>()) else { return usage() };
     if k == 0 {
         return usage();
+    }
+    if profile == "syn_flood" {
+        let (mut w, tpl) = syn_flood_world(2 * k);
+        let stream = Stream::new(&tpl, &scenario::in_order(2 * k));
+        drop(tpl);
+        return measure(&mut w, &stream, k, mode, profile, mix);
     }
     let kind = match profile.as_str() {
         "established" | "new_flow" => Kind::Dnat,
@@ -167,16 +201,21 @@ fn main() -> ExitCode {
         if profile == "new_flow" { scenario::in_order(2 * k) } else { scenario::sequence(mix, FLOWS, 0x5eed_0001) };
     let stream = Stream::new(&tpl, &seq);
     drop(seq);
+    measure(&mut w, &stream, k, mode, profile, mix)
+}
+
+/// Runs `2k` packets of `stream` through `w`, collecting only the last `k` under callgrind.
+fn measure(w: &mut World, stream: &Stream, k: usize, mode: Mode, profile: &str, mix: Mix) -> ExitCode {
     let mut arena = Arena::new(0);
     let mut at = 0;
     callgrind::start();
     if std::env::var_os("CG_TOGGLE_FIRST").is_some() {
         callgrind::toggle_collect();
     }
-    let warm = packets(&mut w, &mut arena, &stream, &mut at, k, mode);
+    let warm = packets(w, &mut arena, stream, &mut at, k, mode);
     callgrind::toggle_collect();
     let start = Instant::now();
-    let not_tx = packets(&mut w, &mut arena, &stream, &mut at, k, mode);
+    let not_tx = packets(w, &mut arena, stream, &mut at, k, mode);
     let ns = start.elapsed().as_nanos() as f64 / k as f64;
     callgrind::toggle_collect();
     callgrind::stop();
@@ -194,7 +233,7 @@ fn main() -> ExitCode {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: callgrind-pipeline batch|single|copy established|new_flow|snat_reply|dsr_ipip uniform|zipf|hot K"
+        "usage: callgrind-pipeline batch|single|copy established|new_flow|snat_reply|dsr_ipip|syn_flood uniform|zipf|hot K"
     );
     ExitCode::from(2)
 }

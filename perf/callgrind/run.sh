@@ -35,6 +35,7 @@ runs=(
   "batch new_flow uniform 50000"
   "batch snat_reply uniform 50000"
   "batch dsr_ipip uniform 50000"
+  "batch syn_flood uniform 50000"
   "batch established zipf 50000"
   "batch established hot 50000"
   "single established uniform 50000"
