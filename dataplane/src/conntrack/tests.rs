@@ -174,6 +174,63 @@ fn full_table_of_syn_flows_evicts_an_unestablished_one_per_new_flow_in_o1() {
     assert_eq!(insert(&mut full, rec(999, 100, CtState::SynSent), 0, |_| {}), Err(Full));
 }
 
+proptest! {
+    /// The SSE2 victim choice and the slot-by-slot loop agree on any two buckets: free slots,
+    /// marked and unmarked entries, every age and clock, ties.
+    #[test]
+    fn the_vector_victim_choice_is_the_slot_by_slot_one(
+        tags in proptest::array::uniform16(prop_oneof![Just(0u16), 1u16..4, any::<u16>()]),
+        meta in proptest::array::uniform16(prop_oneof![Just(0u8), Just(EVICTABLE), any::<u8>(), 0x80u8..0x84]),
+        now in any::<u8>(),
+    ) {
+        let mut a = Bucket::zeroed();
+        let mut b = Bucket::zeroed();
+        a.tags.copy_from_slice(&tags[..SLOTS]);
+        b.tags.copy_from_slice(&tags[SLOTS..]);
+        a.meta.copy_from_slice(&meta[..SLOTS]);
+        b.meta.copy_from_slice(&meta[SLOTS..]);
+        let now7 = now & 0x7f;
+        prop_assert_eq!(oldest_evictable(&a, &b, now7), oldest_evictable_scalar(&a, &b, now7));
+    }
+}
+
+#[test]
+fn a_new_flow_whose_home_buckets_hold_nothing_evictable_evicts_a_little_further_on() {
+    let cap = 256;
+    let mut ct = Conntrack::<V4>::with_seeds(cap, SEEDS);
+    for i in 0..cap as u16 {
+        insert(&mut ct, rec(i, 1000, CtState::SynSent), 0, |_| {}).unwrap();
+    }
+    // The flows with an entry in the home bucket of a new key or the next get established
+    // (record and eviction hints), so those two buckets hold nothing evictable.
+    let nb = ct.nb as usize;
+    let i = 30_000u16;
+    let home = ct.home(ct.hash(&key(i)));
+    let ids: Vec<u32> = [home, (home + 1) % nb]
+        .iter()
+        .flat_map(|&b| ct.buckets.as_slice()[b].tags.iter().zip(ct.buckets.as_slice()[b].refs).collect::<Vec<_>>())
+        .filter(|&(&t, _)| t != 0)
+        .map(|(_, r)| r >> 1)
+        .collect();
+    assert!(!ids.is_empty(), "the home buckets of a full table hold entries");
+    for id in ids {
+        ct.rec_mut(id).unwrap().state = CtState::Established as u8;
+        let r = *ct.rec(id).unwrap();
+        for k in [r.fwd_key(), r.reply_key()] {
+            if let Some(hit) = ct.find(&k, ct.hash(&k)) {
+                ct.set_evictable(&hit, false);
+            }
+        }
+    }
+    let victim = ct.victim_near(ct.hash(&key(i)), age(5));
+    assert!(victim.is_some_and(|(b, _)| b != home && b != (home + 1) % nb), "{victim:?}");
+    let mut evicted = Vec::new();
+    insert(&mut ct, rec(i, 1000, CtState::SynSent), 5, |x| evicted.push(x)).expect("room made further on");
+    assert_eq!(evicted.len(), 1);
+    assert!(evicted[0].evicted && evicted[0].state == CtState::SynSent);
+    assert_eq!(ct.len(), cap);
+}
+
 #[test]
 fn eviction_prefers_the_oldest_evictable_flow_of_the_bucket() {
     let mut ct = Conntrack::<V4>::with_seeds(2, SEEDS);
