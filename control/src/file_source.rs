@@ -23,8 +23,8 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
+use crate::cluster::ClusterState;
 use crate::config::{API_VERSION, Config, KIND};
-use crate::translate::ClusterState;
 
 /// A loaded and validated config file.
 #[derive(Debug, Clone)]

@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod announce;
+pub mod cluster;
 pub mod config;
 pub mod duration;
 pub mod file_source;

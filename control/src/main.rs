@@ -339,7 +339,7 @@ pub(crate) fn load_config(path: &std::path::Path) -> Result<xlb::file_source::Lo
 /// pool addresses they hold in `previous`.
 pub(crate) fn reload_config(
     path: &std::path::Path,
-    previous: &xlb::translate::ClusterState,
+    previous: &xlb::cluster::ClusterState,
 ) -> Result<xlb::file_source::Loaded, xlb::file_source::LoadError> {
     let env = std::env::var(xlb::file_source::NODE_NAME_ENV).ok();
     xlb::file_source::reload_file_for_node(path, env.as_deref(), previous)

@@ -41,8 +41,8 @@ use dataplane::worker::{self, Fabric, PuntPort, WorkerHandle, WorkerSpec, Worker
 use dataplane::xsk::{BusyPoll, CopyMode, XskConfig, XskExport};
 use nic_config::{Steering, XdpMode, neighbours};
 use xlb::announce::{Announcement, Applied, PrefixSet};
+use xlb::cluster::{ClusterIndex, ClusterState};
 use xlb::steer::{steer_delta, steer_sets};
-use xlb::translate::{ClusterIndex, ClusterState};
 
 use crate::admin;
 
@@ -225,7 +225,7 @@ enum Input<'a> {
         /// The source's objects.
         index: &'a ClusterIndex,
         /// The Services changed since the previous build.
-        changes: &'a xlb::k8s::Changes,
+        changes: &'a xlb::cluster::Changes,
         /// The host's addresses ([`ClusterState::local_addresses`]).
         local: &'a [IpAddr],
     },
@@ -1118,17 +1118,17 @@ impl Supervisor<'_> {
     /// Rebuilds from `input` and publishes; on error logs and keeps the running tables.
     /// `changes`: what changed since the tables last published, when only the source's
     /// objects changed (nothing else the build reads): the host's interfaces and neighbours
-    /// are then not read again; `None` (or [`xlb::k8s::Changes::Full`]) reads them again.
+    /// are then not read again; `None` (or [`xlb::cluster::Changes::Full`]) reads them again.
     /// The steering maps get only the entries of the services the builder redid
     /// ([`TableBuilder::changed_ids`]) after an incremental build, and the whole sets are
     /// compared after a full build, an error and every `syncPeriod`.
     fn rebuild(
         &mut self,
         input: Input<'_>,
-        changes: Option<&xlb::k8s::Changes>,
+        changes: Option<&xlb::cluster::Changes>,
     ) -> Option<xlb::translate::TranslateReport> {
         let started = Instant::now();
-        let refresh_host = changes.is_none_or(xlb::k8s::Changes::is_full);
+        let refresh_host = changes.is_none_or(xlb::cluster::Changes::is_full);
         match build(input, &self.config, self.builder, refresh_host) {
             Ok((t, report, vips)) => {
                 let old = self.handle.load();
@@ -1258,8 +1258,11 @@ impl Supervisor<'_> {
                         }
                         if k8s.is_none() {
                             let m = &self.telemetry.metrics;
-                            m.count_service_changes(xlb::k8s::object_changes(&cluster.services, &l.cluster.services));
-                            m.count_endpoint_changes(xlb::k8s::object_changes(
+                            m.count_service_changes(xlb::cluster::object_changes(
+                                &cluster.services,
+                                &l.cluster.services,
+                            ));
+                            m.count_endpoint_changes(xlb::cluster::object_changes(
                                 &cluster.endpoint_slices,
                                 &l.cluster.endpoint_slices,
                             ));
@@ -1334,7 +1337,7 @@ impl Supervisor<'_> {
             if dirty {
                 dirty = false;
                 last_periodic = Instant::now();
-                let none = xlb::k8s::Changes::default();
+                let none = xlb::cluster::Changes::default();
                 let input = match k8s.as_deref() {
                     Some((src, _, _)) => {
                         Input::Cluster { index: src.cluster(), changes: &none, local: &cluster.local_addresses }

@@ -91,14 +91,14 @@ fn object_of(name: &str) -> (&str, &str) {
 /// The ids, in `t` or `u`, of the table services of the Services `refs` (by namespace and
 /// name): what [`steer_delta`] takes when only the Kubernetes change set is known. O(services).
 #[cfg(test)]
-fn ids_of(t: &Tables, u: &Tables, refs: &std::collections::BTreeSet<crate::k8s::ServiceRef>) -> Vec<u32> {
+fn ids_of(t: &Tables, u: &Tables, refs: &std::collections::BTreeSet<crate::cluster::ServiceRef>) -> Vec<u32> {
     let mut ids: Vec<u32> = t
         .services
         .iter()
         .chain(u.services.iter())
         .filter(|s| {
             let (ns, name) = object_of(&s.name);
-            refs.contains(&crate::k8s::ServiceRef::new(ns, name))
+            refs.contains(&crate::cluster::ServiceRef::new(ns, name))
         })
         .map(|s| s.id)
         .collect();
@@ -179,7 +179,7 @@ mod tests {
 
     use dataplane::tables::{TableBuilder, Tables};
 
-    use crate::k8s::ServiceRef;
+    use crate::cluster::ServiceRef;
 
     use super::*;
     use crate::test_support::*;

@@ -12,8 +12,9 @@ use k8s_openapi::api::discovery::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use crate::cluster::{ClusterState, LABEL_SERVICE_NAME};
 use crate::config::Config;
-use crate::translate::{ClusterState, LABEL_SERVICE_NAME, LABEL_ZONE};
+use crate::translate::LABEL_ZONE;
 
 /// Our node's name in tests.
 pub(crate) const NODE: &str = "node-a";

@@ -13,10 +13,11 @@ use dataplane::tables::{TableBuilder, TablesSpec};
 use serde_json::json;
 use support::fake_apiserver::{FakeApiServer, Res};
 use support::{NODE, http_get, http_get_with, node, service, slice};
+use xlb::cluster::{Changes, ServiceRef};
 use xlb::http::{
     BackendStats, DataplaneView, EndpointCounts, HealthCheckServers, ServiceStats, Telemetry, WorkerStats,
 };
-use xlb::k8s::{Changes, ServiceRef, Snapshot, Source, SourceConfig, SyncReason};
+use xlb::k8s::{Snapshot, Source, SourceConfig, SyncReason};
 
 fn source_cfg(min_sync_ms: u64, sync_ms: u64) -> SourceConfig {
     SourceConfig {
@@ -722,7 +723,7 @@ fn full_rebuild_timing_1000_services() {
         );
     }
     let node = serde_json::from_value(node(NODE, "192.0.2.10")).expect("node");
-    let state = xlb::translate::ClusterState {
+    let state = xlb::cluster::ClusterState {
         services: services.into_iter().map(std::sync::Arc::new).collect(),
         endpoint_slices: slices.into_iter().map(std::sync::Arc::new).collect(),
         node: Some(node),

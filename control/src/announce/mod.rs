@@ -30,9 +30,9 @@ use std::time::{Duration, Instant};
 
 use dataplane::tables::{FrontendKind, TablesSpec};
 
+use crate::cluster::{ClusterIndex, ClusterState, ServiceRef};
 use crate::config::Config;
-use crate::k8s::ServiceRef;
-use crate::translate::{ClusterIndex, ClusterState, TranslateError};
+use crate::translate::TranslateError;
 use k8s_openapi::api::core::v1::Service;
 
 pub use bird::Bird;

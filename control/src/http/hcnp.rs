@@ -11,8 +11,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
 
+use crate::cluster::ServiceRef;
 use crate::http::{HttpError, ProxyHealth, ServerHandle, json_response, serve_router};
-use crate::k8s::ServiceRef;
 
 /// One Service that needs a health check server on this node.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -99,7 +99,7 @@ pub struct ServiceKey {
 impl ServiceKey {
     /// The key of `svc`.
     pub fn of(svc: &Service) -> Self {
-        let (ns, name) = crate::translate::object_order(&svc.metadata);
+        let (ns, name) = crate::cluster::object_order(&svc.metadata);
         Self { namespace: ns.to_owned(), name: name.to_owned() }
     }
 }

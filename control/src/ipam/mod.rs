@@ -561,8 +561,8 @@ pub fn crd_yaml() -> Result<String, serde_saphyr::SerializeError> {
 /// carried over.
 pub fn assign_standalone(
     cfg: &crate::config::Config,
-    cluster: &mut crate::translate::ClusterState,
-    previous: Option<&crate::translate::ClusterState>,
+    cluster: &mut crate::cluster::ClusterState,
+    previous: Option<&crate::cluster::ClusterState>,
 ) -> Vec<String> {
     let pools = cfg.pool_set();
     let filter = ClassFilter::from_config(cfg);

@@ -227,7 +227,7 @@ async fn reconcile(
     }
     memory.no_pools = false;
     let mut svcs = services.state();
-    svcs.sort_by(|a, b| crate::translate::object_order(&a.metadata).cmp(&crate::translate::object_order(&b.metadata)));
+    svcs.sort_by(|a, b| crate::cluster::object_order(&a.metadata).cmp(&crate::cluster::object_order(&b.metadata)));
     let assignment = ipam::assign(&set, &svcs, filter, Options::default());
     let mut failures = BTreeMap::new();
     for (key, o) in &assignment.services {

@@ -2,12 +2,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::cluster::{ClusterIndex, ClusterState, ServiceRef};
 use crate::http::HealthCheckService;
-use crate::k8s::ServiceRef;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-
-use crate::translate::{ClusterIndex, ClusterState};
 
 /// The Services that need a health check server on this node, with the number of this node's
 /// ready endpoints for each.
@@ -116,7 +114,7 @@ mod tests {
             metadata: ObjectMeta {
                 namespace: Some("default".into()),
                 name: Some(name.into()),
-                labels: Some([(crate::translate::LABEL_SERVICE_NAME.to_owned(), svc.to_owned())].into()),
+                labels: Some([(crate::cluster::LABEL_SERVICE_NAME.to_owned(), svc.to_owned())].into()),
                 ..Default::default()
             },
             address_type: "IPv4".into(),

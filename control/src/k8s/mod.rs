@@ -68,14 +68,14 @@
 //! ```
 //!
 //! # Rebuilding only what changed (SYNC-03)
-//! The source keeps the watch caches' objects indexed ([`crate::translate::ClusterIndex`]:
+//! The source keeps the watch caches' objects indexed ([`crate::cluster::ClusterIndex`]:
 //! Services by namespace and name, EndpointSlices by their Service), and brings the index up
 //! to date from the objects each watch event names, so a snapshot after one change costs
 //! O(log objects), not a copy and sort of every object; a relist, the first and the periodic
 //! snapshots index everything again. [`Snapshot::changes`] names the Services a snapshot
-//! touches ([`ServiceRef`]; slices map to their Service through `kubernetes.io/service-name`,
+//! touches ([`crate::cluster::ServiceRef`]; slices map to their Service through `kubernetes.io/service-name`,
 //! and a slice that moved away or lost its label also names the Service it left), or is
-//! [`Changes::Full`]. The control thread's [`crate::translate::Translator::update`] translates
+//! [`crate::cluster::Changes::Full`]. The control thread's [`crate::translate::Translator::update`] translates
 //! and assembles again only those Services (and, even for a full one, translates only the
 //! Services whose `resourceVersion`s changed), keeping every other Service's spec (`Arc`), and
 //! a `TableBuilder` rebuilds only what it finds changed. The snapshot holds the watch caches'
@@ -94,7 +94,6 @@
 //! (`crate::announce::l2::owner`).
 
 mod assigner;
-mod changes;
 mod hcnp;
 mod lease;
 mod membership;
@@ -104,7 +103,6 @@ mod source;
 use std::path::{Path, PathBuf};
 
 pub use assigner::{Assigner, AssignerConfig, AssignerStats, FIELD_MANAGER};
-pub use changes::{Changes, ServiceRef, object_changes};
 pub use hcnp::{health_check_services, health_check_services_indexed};
 pub use lease::{LeaseConfig, LeaseLock};
 pub use membership::{

@@ -15,9 +15,10 @@ use kube::{Api, Client, Resource};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
+use crate::cluster::{Changes, ClusterIndex, ClusterState, ServiceRef, object_order};
 use crate::config::Config;
-use crate::k8s::{Changes, K8sError, ServiceRef};
-use crate::translate::{ClusterIndex, ClusterState, TranslateReport, object_order};
+use crate::k8s::K8sError;
+use crate::translate::TranslateReport;
 
 /// Where the Kubernetes source reports what it sees and what it published: implemented by
 /// the HTTP layer's [`crate::http::Telemetry`] (`/metrics`, `/healthz`, `/livez`), or by a

@@ -13,10 +13,10 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use super::{
-    ANNOTATION_SCHEDULER, Cached, ClusterState, Ctx, Family, FastMap, FastSet, Issue, LABEL_SERVICE_NAME, NodeInfo,
-    PLACEHOLDER_MTU, Pending, Severity, TranslateReport, TranslateStats, Versions, object_order, par_map,
-    translate_service,
+    ANNOTATION_SCHEDULER, Cached, Ctx, Family, FastMap, FastSet, Issue, NodeInfo, PLACEHOLDER_MTU, Pending, Severity,
+    TranslateReport, TranslateStats, Versions, par_map, translate_service,
 };
+use crate::cluster::{ClusterState, LABEL_SERVICE_NAME, object_order};
 use crate::config::Config;
 
 /// The body of [`Translator::build`](super::Translator::build) (and so of

@@ -17,12 +17,12 @@ use dataplane::tables::{KernelRouteSpec, L4Proto, NeighbourSpec, ServiceSpec, Ta
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use super::{
-    Cached, ClusterIndex, Ctx, Family, FastMap, Issue, NoLocalEndpoints, NodeInfo, Pending, TranslateError,
-    TranslateReport, Translator, Versions, frontend_taken, globals, maglev_overflow, name_taken, needs_snat, par_map,
-    snat_missing, translate_service,
+    Cached, Ctx, Family, FastMap, Issue, NoLocalEndpoints, NodeInfo, Pending, TranslateError, TranslateReport,
+    Translator, Versions, frontend_taken, globals, maglev_overflow, name_taken, needs_snat, par_map, snat_missing,
+    translate_service,
 };
+use crate::cluster::{Changes, ClusterIndex, ServiceRef};
 use crate::config::Config;
-use crate::k8s::{Changes, ServiceRef};
 
 /// A Service as the claims maps name it (shared, so a claim costs no string copies).
 type Key = Arc<ServiceRef>;
@@ -647,7 +647,7 @@ impl Translator {
     ///
     /// Everything is assembled again ([`UpdateStats::full`]) on the first update and when
     /// `cfg`, this node's name, zone or addresses (from `cluster.node`) or `local_addresses`
-    /// (the host's, see [`super::ClusterState::local_addresses`]) differ from the previous
+    /// (the host's, see [`crate::cluster::ClusterState::local_addresses`]) differ from the previous
     /// update's; even then only Services whose objects' resourceVersions changed are
     /// translated again. [`Changes::Full`] (a relist, a periodic resync) compares every
     /// Service's resourceVersions with the translated ones and redoes those that differ

@@ -52,7 +52,6 @@
 mod assemble;
 mod fields;
 mod incremental;
-mod index;
 mod node;
 mod report;
 mod select;
@@ -61,24 +60,19 @@ mod service;
 mod tests;
 
 use std::collections::{HashMap, HashSet};
-use std::net::IpAddr;
-use std::sync::Arc;
 
 use dataplane::tables::TablesSpec;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use crate::cluster::ClusterState;
 use crate::config::Config;
 use assemble::{assemble, frontend_taken, globals, maglev_overflow, name_taken, needs_snat, snat_missing};
 pub use incremental::{HostFacts, UpdateStats};
-pub use index::ClusterIndex;
 use node::{Family, NodeInfo};
 pub use report::{Issue, NoLocalEndpoints, Severity, TranslateError, TranslateReport};
 use service::{Ctx, Pending, translate_service};
 
-/// Label that joins an EndpointSlice to its Service (EPS-01).
-pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
 /// Label that hands a Service to another proxy; kube-proxy ignores such Services, so do we.
 pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
 /// Node label with the node's zone (TOPO-10).
@@ -104,26 +98,6 @@ pub const AFFINITY_MAX_TIMEOUT_S: u32 = 86400;
 /// MTU (bytes) given to ports until the running process reads the interface's own.
 pub const PLACEHOLDER_MTU: u16 = 1500;
 
-/// The Kubernetes objects a table is built from. Objects are shared (`Arc`): the Kubernetes
-/// source hands over the watch caches' own objects, so a snapshot copies pointers, not
-/// objects (a deep copy of 10,000 Services and their slices took ~58 ms).
-#[derive(Debug, Clone, Default)]
-pub struct ClusterState {
-    /// Every Service (any namespace).
-    pub services: Vec<Arc<Service>>,
-    /// Every EndpointSlice (any namespace).
-    pub endpoint_slices: Vec<Arc<EndpointSlice>>,
-    /// This node's own Node object, if known (addresses, zone label).
-    pub node: Option<Node>,
-    /// Addresses of this host's interfaces (`RTM_GETADDR` in the namespace xlb runs in; `xlb
-    /// run` reads them and follows changes). NodePorts answer on them too, after the config's
-    /// `nodeAddresses` and the Node's `status.addresses`, when `nodePortAddresses` lets them
-    /// (NPA-02: unset = all; NPA-01: CIDRs), as kube-proxy's `--dst-type LOCAL` match does
-    /// (NPA-04); they never count as the node's primary address (NPA-07). Loopback and IPv6
-    /// link-local addresses are left out. Empty in `xlb check` and in tests unless set.
-    pub local_addresses: Vec<IpAddr>,
-}
-
 /// Builds the dataplane's [`TablesSpec`] from Kubernetes objects and the xlb configuration.
 ///
 /// Pure and deterministic: Services are emitted sorted by namespace and name, then port
@@ -137,13 +111,6 @@ pub struct ClusterState {
 /// [`TranslateReport`].
 pub fn build_spec(input: &ClusterState, cfg: &Config) -> Result<(TablesSpec, TranslateReport), TranslateError> {
     Translator::new().build(input, cfg)
-}
-
-/// The order objects are taken in: namespace (`default` when unset, as everywhere in the
-/// translation), then name. Services are translated in this order; the Kubernetes source
-/// hands its snapshot over sorted by it, so the translation need not sort again.
-pub fn object_order(m: &ObjectMeta) -> (&str, &str) {
-    (m.namespace.as_deref().unwrap_or("default"), m.name.as_deref().unwrap_or_default())
 }
 
 /// Hash map with foldhash (the keys are our own objects' names, not attacker-chosen packets).
@@ -215,7 +182,7 @@ pub struct TranslateStats {
 /// Two independent ways in: [`Translator::build`] walks a flat [`ClusterState`] every time
 /// (the file source, SIGHUP reloads, `xlb check`), and [`Translator::update`] keeps the whole
 /// translation ([`Translator::spec`], [`Translator::report`]) and applies a change set from
-/// an indexed [`ClusterIndex`] in O(changed Services) (the Kubernetes source).
+/// an indexed [`ClusterIndex`](crate::cluster::ClusterIndex) in O(changed Services) (the Kubernetes source).
 #[derive(Debug, Default)]
 pub struct Translator {
     /// Config and Node the cache was made with.

@@ -1,5 +1,7 @@
 //! One test per rule of the rule book (`seed-features.md`), named after its ID.
 
+use std::sync::Arc;
+
 use dataplane::tables::{
     EmptyAction, ForwardingMode, FrontendKind, L4Proto, Scheduler, ServiceSpec, TableBuilder, TablesSpec,
 };

@@ -16,11 +16,9 @@ use std::sync::Arc;
 use dataplane::tables::{BuildError, TableBuilder, Tables, TablesHandle, TablesSpec};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use xlb::cluster::{Changes, ClusterIndex, ClusterState, ServiceRef, object_order};
 use xlb::config::Config;
-use xlb::k8s::{Changes, ServiceRef};
-use xlb::translate::{
-    ClusterIndex, ClusterState, TranslateError, TranslateReport, Translator, UpdateStats, object_order,
-};
+use xlb::translate::{TranslateError, TranslateReport, Translator, UpdateStats};
 
 use crate::alloc_count;
 use crate::netns::{self, NetnsError, ScratchNs};

@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use xlb::translate::{ClusterState, LABEL_SERVICE_NAME};
+use xlb::cluster::{ClusterState, LABEL_SERVICE_NAME};
 
 /// Endpoints per EndpointSlice (the EndpointSlice controller's default maximum).
 pub const MAX_ENDPOINTS_PER_SLICE: usize = 100;

@@ -9,9 +9,9 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
-use super::super::{ClusterIndex, build_spec};
+use super::super::build_spec;
 use super::*;
-use crate::k8s::{Changes, ServiceRef};
+use crate::cluster::{Changes, ClusterIndex, ServiceRef};
 use crate::test_support::*;
 
 /// xorshift64* (deterministic, no dependency).

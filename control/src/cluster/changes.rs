@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::translate::LABEL_SERVICE_NAME;
+use super::LABEL_SERVICE_NAME;
 
 /// A Service by namespace and name (kube-proxy's `types.NamespacedName`).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -8,8 +8,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
-use super::{ClusterState, FastMap, object_order};
-use crate::k8s::ServiceRef;
+use super::{ClusterState, FastMap, ServiceRef, object_order};
 
 /// The objects a table is built from, indexed: Services by (namespace, name), EndpointSlices
 /// grouped by (namespace, `kubernetes.io/service-name` label) and by slice name within a
