@@ -12,6 +12,7 @@ pub mod http;
 pub mod ipam;
 pub mod k8s;
 pub mod kubeproxy;
+pub mod orchestrate;
 pub mod show;
 pub mod steer;
 pub mod translate;

@@ -13,17 +13,19 @@
 //! bind the HTTP ports → create the punt device → start the workers (bind or adopt their
 //! sockets, import their flows) → put the workers' sockets into the XSKMAP → attach the
 //! programs (after a hand-over, once the previous xlb has let go of its own). Then, until
-//! SIGINT/SIGTERM: reload
-//! on SIGHUP or when the file changes (a bad file is logged with its document, object and
-//! field, and the running tables stay), rebuild when a neighbour changes, ask the kernel to
-//! resolve unresolved next hops, and answer the admin socket. On exit the workers stop and every program and map is removed
-//! (the maps are not pinned, so closing them frees them); on a hand-over request the workers
-//! stop, their flows go to the new process, and the programs are detached when it is ready;
-//! then the process exits, or idles until a signal (`--after-handover wait`). With
-//! `$NOTIFY_SOCKET` set, the service manager hears when it forwards and when it stops
-//! ([`crate::notify`]).
+//! SIGINT/SIGTERM: reload on SIGHUP or when the file changes (a bad file is logged with its
+//! document, object and field, and the running tables stay), rebuild when a neighbour
+//! changes, ask the kernel to resolve unresolved next hops, and answer the admin socket. On
+//! exit the workers stop and every program and map is removed (the maps are not pinned, so
+//! closing them frees them); on a hand-over request the workers stop, their flows go to the
+//! new process, and the programs are detached when it is ready; then the process exits, or
+//! idles until a signal (`--after-handover wait`). With `$NOTIFY_SOCKET` set, the service
+//! manager hears when it forwards and when it stops ([`crate::notify`]).
+//!
+//! How a build is published (translation, tables, steering maps, next hops) and the workers'
+//! settings are decided in the library ([`xlb::orchestrate`]), where they are unit-tested;
+//! this module runs them: threads, signals, workers, sockets, the hand-over.
 
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -33,23 +35,18 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context, Result, bail};
 use dataplane::addr::Cidr;
 use dataplane::affinity::AffinityTable;
-use dataplane::conntrack::Timeouts;
-use dataplane::process::PipelineConfig;
 use dataplane::process::snapshot::Snapshot;
-use dataplane::tables::{KernelRouteSpec, NeighbourSpec, TableBuilder, Tables, TablesHandle};
+use dataplane::tables::{KernelRouteSpec, Tables, TablesHandle};
 use dataplane::worker::{self, Fabric, PuntPort, WorkerHandle, WorkerSpec, WorkerStart};
-use dataplane::xsk::{BusyPoll, CopyMode, XskConfig, XskExport};
+use dataplane::xsk::XskExport;
 use nic_config::{Steering, XdpMode, neighbours};
 use xlb::announce::{Announcement, Applied, PrefixSet};
-use xlb::cluster::{ClusterIndex, ClusterState};
-use xlb::steer::{steer_delta, steer_sets};
+use xlb::cluster::ClusterState;
+use xlb::orchestrate::{
+    Builders, Built, Input, Kernel as _, LiveKernel, Publisher, pipeline_config, worker_ports, xsk_config, xsk_layout,
+};
 
 use crate::admin;
-
-/// SNAT source ports xlb uses: above Linux's default ephemeral range (32768–60999,
-/// `net.ipv4.ip_local_port_range`) and above common listening ports, so replies to the node's
-/// own connections never land in xlb when the SNAT address is a node address.
-pub(crate) const SNAT_PORTS: (u16, u16) = (61000, 65535);
 
 /// After a start that finds a dead xlb's steering program, how long replies of no tracked flow
 /// are dropped instead of handed to the kernel ([`WorkerSpec::untracked_replies_dropped_until`]):
@@ -119,7 +116,8 @@ enum Start {
 #[derive(Debug)]
 struct Resume {
     /// The config last loaded, with the settings that only a start applies (interfaces,
-    /// cores, `afXdp`, `puntDevice`) as the stopped workers ran them ([`resume_config`]).
+    /// cores, `afXdp`, `puntDevice`) as the stopped workers ran them
+    /// ([`xlb::orchestrate::resume_config`]).
     config: xlb::config::Config,
     /// The cluster state last built from (standalone: the file's objects as last loaded).
     cluster: ClusterState,
@@ -130,241 +128,9 @@ struct Resume {
     sockets: Option<Vec<XskExport>>,
 }
 
-/// The sockets of worker `w`: one (interface, queue) per interface, the worker's queue in
-/// its `queues` list (or queue `w`).
-fn worker_ports(config: &xlb::config::Config, w: usize) -> Vec<(String, u32)> {
-    config
-        .interfaces
-        .iter()
-        .map(|i| (i.name.clone(), i.queues.get(w).copied().unwrap_or(u32::try_from(w).unwrap_or(0))))
-        .collect()
-}
-
-/// The workers' AF_XDP settings from `afXdp`.
-fn xsk_config(config: &xlb::config::Config) -> XskConfig {
-    XskConfig {
-        frame_count: config.af_xdp.frames,
-        copy_mode: match config.af_xdp.zero_copy.as_str() {
-            "copy" => CopyMode::Copy,
-            "zerocopy" => CopyMode::ZeroCopy,
-            _ => CopyMode::Auto,
-        },
-        need_wakeup: !config.af_xdp.busy_poll,
-        busy_poll: config
-            .af_xdp
-            .prefer_busy_poll
-            .then_some(BusyPoll { usecs: config.af_xdp.busy_poll_usecs, budget: config.af_xdp.busy_poll_budget }),
-        ..XskConfig::default()
-    }
-}
-
-/// The AF_XDP socket layout of `nworkers` workers under `config`, as one word (no spaces):
-/// what must be equal for a new process to adopt the old one's sockets at a hand-over
-/// (frames, frame size, ring size, bind mode, need-wakeup; per worker its interfaces and
-/// queues in port order), e.g. `f8192x2048r2048mautow1;0=eth0:0,eth1:0;1=eth0:1,eth1:1`.
-pub(crate) fn xsk_layout(config: &xlb::config::Config, nworkers: usize) -> String {
-    let x = xsk_config(config);
-    let mode = match x.copy_mode {
-        CopyMode::Auto => "auto",
-        CopyMode::Copy => "copy",
-        CopyMode::ZeroCopy => "zerocopy",
-    };
-    let mut s = format!("f{}x{}r{}m{}w{}", x.frame_count, x.frame_size, x.ring_size, mode, u8::from(x.need_wakeup));
-    for w in 0..nworkers {
-        let ports: Vec<String> = worker_ports(config, w).iter().map(|(i, q)| format!("{i}:{q}")).collect();
-        s.push_str(&format!(";{w}={}", ports.join(",")));
-    }
-    s
-}
-
-/// The config a process resumes with after a failed hand-over: `latest` (the last reload),
-/// except the settings that take effect only at a start, which stay as `started` (what the
-/// workers ran with): a reload accepted them without applying them, and the new xlb may have
-/// failed on exactly those (e.g. `afXdp.zeroCopy: zerocopy` on a NIC without it).
-fn resume_config(latest: xlb::config::Config, started: &xlb::config::Config) -> xlb::config::Config {
-    xlb::config::Config {
-        interfaces: started.interfaces.clone(),
-        cores: started.cores.clone(),
-        af_xdp: started.af_xdp.clone(),
-        punt_device: started.punt_device.clone(),
-        ..latest
-    }
-}
-
 /// How often, and how many times, a resuming process tries to bind its HTTP ports: the
 /// failed new xlb may still be closing its listeners.
 const RESUME_BIND_TRIES: (u32, Duration) = (25, Duration::from_millis(200));
-
-/// What survives from one table build to the next: the translation cache and the builder's
-/// backend slots and Maglev tables, so a change redoes only the Services it touches (SYNC-03).
-#[derive(Debug, Default)]
-struct Builders {
-    translator: xlb::translate::Translator,
-    tables: TableBuilder,
-    /// The kernel's routes as last read (`routeTables`); reread when a route notification
-    /// arrives, on a config reload and every `syncPeriod`, not for every build.
-    routes: Vec<KernelRouteSpec>,
-    /// The interfaces' MACs and MTUs, the kernel's neighbours and `routes` as last read
-    /// ([`host_facts`]); read again for every build that is not only a change of Services
-    /// (a neighbour or route notification, a reload, a periodic resync, the host's
-    /// addresses), not for each change.
-    host: Option<xlb::translate::HostFacts>,
-}
-
-/// What a build translates.
-#[derive(Debug, Clone, Copy)]
-enum Input<'a> {
-    /// Standalone: the config file's objects, translated in full ([`Translator::build`]).
-    ///
-    /// [`Translator::build`]: xlb::translate::Translator::build
-    File(&'a ClusterState),
-    /// Kubernetes: the source's index and what changed in it since the last build
-    /// ([`Translator::update`](xlb::translate::Translator::update)), with the host's
-    /// addresses.
-    Cluster {
-        /// The source's objects.
-        index: &'a ClusterIndex,
-        /// The Services changed since the previous build.
-        changes: &'a xlb::cluster::Changes,
-        /// The host's addresses ([`ClusterState::local_addresses`]).
-        local: &'a [IpAddr],
-    },
-}
-
-/// What a build gives besides the tables: the translation's report and the VIPs this node
-/// announces while it is healthy ([`xlb::announce::announced`]).
-type Built = (Tables, xlb::translate::TranslateReport, PrefixSet);
-
-/// Translates and builds tables. `refresh_host`: read the interfaces, neighbours and
-/// `/proc` again ([`host_facts`]); otherwise the last facts are reused (a change of Services
-/// needs none of them).
-fn build(input: Input<'_>, config: &xlb::config::Config, b: &mut Builders, refresh_host: bool) -> Result<Built> {
-    let host = match b.host.take() {
-        Some(h) if !refresh_host => h,
-        _ => host_facts(config, &b.routes)?,
-    };
-    let scope = xlb::announce::Scope::from_config(config);
-    let announce = config.announce.mode != xlb::config::AnnounceMode::None;
-    let (t, report, vips) = match input {
-        Input::File(cluster) => {
-            let (mut spec, report) = b.translator.build(cluster, config)?;
-            host.apply(&mut spec);
-            let vips = if announce { xlb::announce::announced(cluster, &spec, &scope) } else { PrefixSet::new() };
-            let t = b.tables.build(&spec).map_err(|e| anyhow::anyhow!("the tables cannot be built: {e}"))?;
-            (t, report, vips)
-        }
-        Input::Cluster { index, changes, local } => {
-            b.translator.update(index, local, changes, config)?;
-            b.translator.set_host(host.clone());
-            let spec = b.translator.spec();
-            let vips = if announce { xlb::announce::announced_indexed(index, spec, &scope) } else { PrefixSet::new() };
-            let t = b.tables.build(spec).map_err(|e| anyhow::anyhow!("the tables cannot be built: {e}"))?;
-            (t, b.translator.report(), vips)
-        }
-    };
-    b.host = Some(host);
-    for i in &report.issues {
-        tracing::warn!("{i}");
-    }
-    let (tr, mg) = (b.translator.stats(), b.tables.maglev_stats());
-    tracing::debug!(
-        translated = tr.translated,
-        reused = tr.reused,
-        maglev_built = mg.built,
-        maglev_reused = mg.reused,
-        maglev_threads = mg.threads,
-        "tables built"
-    );
-    Ok((t, report, vips))
-}
-
-/// What the file cannot know: interface MACs and MTUs, the kernel's neighbours on the served
-/// interfaces and its routes (main table; the config's `routes` override them), and how the
-/// kernel hashes multipath routes.
-fn host_facts(cfg: &xlb::config::Config, routes: &[KernelRouteSpec]) -> Result<xlb::translate::HostFacts> {
-    // How the kernel spreads flows over multipath routes (ip-sysctl.rst): 1 = L4 (ports).
-    let multipath_l4 =
-        std::fs::read_to_string("/proc/sys/net/ipv4/fib_multipath_hash_policy").is_ok_and(|v| v.trim() == "1");
-    let mut ports = Vec::with_capacity(cfg.interfaces.len());
-    let mut ifindex_to_port = BTreeMap::new();
-    for (i, iface) in cfg.interfaces.iter().enumerate() {
-        let info = nic_config::interface_info(&iface.name).with_context(|| format!("interface {}", iface.name))?;
-        ports.push((info.mac.unwrap_or([0; 6]), u16::try_from(info.mtu).unwrap_or(1500)));
-        ifindex_to_port.insert(info.ifindex, u8::try_from(i).unwrap_or(0));
-    }
-    let mut neighbours = Vec::new();
-    for (ifindex, port) in &ifindex_to_port {
-        for n in neighbours::dump(Some(*ifindex))? {
-            if let Some(mac) = n.usable_mac() {
-                neighbours.push(NeighbourSpec { addr: n.ip, mac, port: *port });
-            }
-        }
-    }
-    Ok(xlb::translate::HostFacts { ports, neighbours, kernel_routes: routes.to_vec(), multipath_l4 })
-}
-
-pub(crate) fn pipeline_config(cfg: &xlb::config::Config, id: u16, workers: u16) -> PipelineConfig {
-    let secs = |d: Duration| u32::try_from(d.as_secs()).unwrap_or(u32::MAX).max(1);
-    PipelineConfig {
-        worker_id: id,
-        workers,
-        conntrack_capacity: cfg.conntrack.max_per_core.max(1024) as usize,
-        timeouts: Timeouts {
-            tcp_established_s: secs(cfg.conntrack.tcp_established_timeout),
-            tcp_fin_s: secs(cfg.conntrack.tcp_fin_timeout),
-            udp_s: secs(cfg.conntrack.udp_timeout),
-            ..Timeouts::default()
-        },
-        snat_ports: SNAT_PORTS,
-        ..PipelineConfig::default()
-    }
-}
-
-/// Makes every steering program's maps match `t` (only the changed entries are written; see
-/// [`Steering::verify_next_sync`]). After a failure the next sync compares with the kernel.
-fn sync_steering(steering: &mut [Steering], t: &Tables) -> Result<()> {
-    let s = steer_sets(t, SNAT_PORTS);
-    for st in steering {
-        let r = (|| {
-            st.sync_services(&s.services)?;
-            st.sync_vip_addrs(&s.vip_addrs)?;
-            st.sync_snat(&s.snat)?;
-            st.sync_endpoints(&s.endpoints)
-        })();
-        if let Err(e) = r {
-            st.verify_next_sync();
-            return Err(e.into());
-        }
-    }
-    Ok(())
-}
-
-/// Brings the steering maps from `old` to `new` when the build from one to the other was
-/// incremental and redid only the services with the ids in `changed`
-/// ([`TableBuilder::changed_ids`]): writes only those services' keys that differ
-/// ([`steer_delta`]). Falls back to [`sync_steering`] when the change reaches further or a
-/// program's maps are not known (first sync, after an error, after
-/// [`Steering::verify_next_sync`]).
-fn sync_steering_touched(steering: &mut [Steering], old: &Tables, new: &Tables, changed: &[u32]) -> Result<()> {
-    let Some(d) = steer_delta(old, new, changed) else {
-        return sync_steering(steering, new);
-    };
-    let mut known = true;
-    for st in steering.iter_mut() {
-        // Each call writes nothing and returns false when that map's contents are unknown;
-        // the maps are known or unknown together (verify_next_sync forgets all of them).
-        let r = (|| -> std::result::Result<bool, nic_config::NicError> {
-            Ok(st.update_services(&d.services_insert, &d.services_remove)?
-                && st.update_vip_addrs(&d.vip_addrs_insert, &d.vip_addrs_remove)?
-                && st.update_endpoints(&d.endpoints_insert, &d.endpoints_remove)?)
-        })();
-        match r {
-            Ok(k) => known &= k,
-            Err(e) => return Err(e.into()),
-        }
-    }
-    if known { Ok(()) } else { sync_steering(steering, new) }
-}
 
 fn mtime(p: &Path) -> Option<SystemTime> {
     std::fs::metadata(p).and_then(|m| m.modified()).ok()
@@ -575,7 +341,8 @@ fn serve(
         }
     };
     cluster.local_addresses = host_addresses().unwrap_or_default();
-    let mut builder = Builders { routes: kernel_routes(&config).unwrap_or_default(), ..Builders::default() };
+    let mut publisher = Publisher::new(Builders::new(kernel_routes(&config).unwrap_or_default()), Instant::now());
+    let builder = &mut publisher.builders;
     // A full build translates and builds Maglev tables on the CPUs the workers leave (at least
     // the control thread's own); the helper threads are not pinned.
     let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
@@ -587,15 +354,15 @@ fn serve(
         Some(snap) => Input::Cluster { index: &snap.cluster, changes: &snap.changes, local: &cluster.local_addresses },
         None => Input::File(&cluster),
     };
-    let (tables, report, vips) =
-        build(input, &config, &mut builder, true).with_context(|| path.display().to_string())?;
+    // The first build asks the kernel for the next hops' MACs at once rather than at the first
+    // periodic round (2 s): until they are known, new flows to those backends are dropped
+    // (`NoNeighbour`). The punt device does not exist yet: no reply rules to sync.
+    let Built { tables, report, vips } =
+        publisher.first(input, &config, &mut LiveKernel { punt: false }).with_context(|| path.display().to_string())?;
     // The source updates its index in place only when no snapshot holds it.
     drop(first);
     telemetry.metrics.set_no_local_endpoints(report.no_local_endpoints);
     telemetry.health.updated(SystemTime::now());
-    // Ask the kernel for the next hops' MACs now rather than at the first periodic round
-    // (2 s): until they are known, new flows to those backends are dropped (`NoNeighbour`).
-    resolve(&config, tables.unresolved.iter());
     let handle = TablesHandle::new(tables);
 
     // Cores: read the allowed set before pinning anything (core_affinity reports the calling
@@ -650,7 +417,7 @@ fn serve(
         };
         parked.push(worker::park(spec, handle.clone(), fabric.clone(), wstop.clone())?);
     }
-    sync_steering(&mut steering, &handle.load())?;
+    publisher.start(&mut steering, &handle.load(), Instant::now())?;
     if takeover {
         let started = Instant::now();
         match crate::handover::request(&admin_socket, Some(&xsk_layout(&config, nworkers))) {
@@ -751,6 +518,7 @@ fn serve(
     if let Some(ms) = phase_ms() {
         tracing::info!(phase = "punt", ms, "hand-over phase (new): punt device created");
     }
+    let mut kernel = LiveKernel { punt: !punt_queues.is_empty() };
     if !restore.affinity.is_empty() {
         let (imported, gone) = affinity.import(&handle.load(), &restore.affinity, worker::clock_s());
         tracing::info!(imported, gone, "hand-over: ClientIP affinity records taken over");
@@ -806,7 +574,7 @@ fn serve(
             }
             tracing::info!(worker = h.id, core = ?cores.get(w), ?ports, ms = phase_ms(), "worker started");
         }
-        sync_reply_rules(!punt_queues.is_empty(), &handle.load());
+        kernel.sync_reply_rules(&handle.load());
         if let Some(ms) = phase_ms() {
             tracing::info!(phase = "steering", ms, "hand-over phase (new): sockets in the maps, reply rules synced");
         }
@@ -879,15 +647,13 @@ fn serve(
         let mut sup = Supervisor {
             path: &path,
             config: config.clone(),
-            builder: &mut builder,
+            publisher: &mut publisher,
             handle: &handle,
             steering: &mut steering,
             telemetry: &telemetry,
             rt: &rt,
             iface_stats,
-            last_verify: Instant::now(),
-            steer_full: true,
-            punt: !punt_queues.is_empty(),
+            kernel,
             handover: handover_rx,
             announcement,
             vips,
@@ -989,7 +755,7 @@ fn serve(
     // At a hand-over the reply rules stay: they are the new process's too (it syncs them to
     // its own tables), and removing them now would race with it.
     if !punt_queues.is_empty() && !handing_over {
-        sync_reply_rules(true, &Tables::empty());
+        LiveKernel { punt: true }.sync_reply_rules(&Tables::empty());
         if let Err(e) = nic_config::rules::set_bypass(&config.punt_device, false) {
             tracing::warn!(error = %e, "removing the punt device's bypass rule");
         }
@@ -1053,7 +819,7 @@ fn serve(
                         "hand-over failed after this xlb stopped its workers: it serves again with its flows"
                     );
                     Ok(Ended::Resume(Box::new(Resume {
-                        config: resume_config(latest, &config),
+                        config: xlb::orchestrate::resume_config(latest, &config),
                         cluster,
                         flows,
                         sockets: kept,
@@ -1082,21 +848,16 @@ fn serve(
 struct Supervisor<'a> {
     path: &'a Path,
     config: xlb::config::Config,
-    builder: &'a mut Builders,
+    publisher: &'a mut Publisher,
     handle: &'a TablesHandle,
     steering: &'a mut [Steering],
     telemetry: &'a xlb::http::Telemetry,
     rt: &'a tokio::runtime::Runtime,
     /// The steering programs' counters for `/metrics`, refreshed once a second.
     iface_stats: xlb::http::InterfaceStatsCell,
-    /// When the steering maps were last compared with the kernel's (once per `syncPeriod`).
-    last_verify: Instant,
-    /// The next steering sync must compare the whole sets: a build failed since the last
-    /// publish (its inputs, such as a reloaded configuration, are not in any change set), or
-    /// the last sync failed.
-    steer_full: bool,
-    /// The punt device exists (so reply rules are kept in sync).
-    punt: bool,
+    /// The host as the publishes read and ask it (neighbours, reply rules when the punt
+    /// device exists).
+    kernel: LiveKernel,
     /// Hand-over requests from the admin socket ([`crate::handover`]).
     handover: std::sync::mpsc::Receiver<(std::os::unix::net::UnixStream, Option<String>)>,
     /// The VIP announcer (`announce.mode` other than `none`).
@@ -1115,13 +876,11 @@ struct Supervisor<'a> {
 type K8s = (xlb::k8s::Source, xlb::http::HealthCheckServers, String);
 
 impl Supervisor<'_> {
-    /// Rebuilds from `input` and publishes; on error logs and keeps the running tables.
-    /// `changes`: what changed since the tables last published, when only the source's
-    /// objects changed (nothing else the build reads): the host's interfaces and neighbours
-    /// are then not read again; `None` (or [`xlb::cluster::Changes::Full`]) reads them again.
-    /// The steering maps get only the entries of the services the builder redid
-    /// ([`TableBuilder::changed_ids`]) after an incremental build, and the whole sets are
-    /// compared after a full build, an error and every `syncPeriod`.
+    /// Rebuilds from `input` and publishes ([`Publisher::publish`]); on error logs and keeps
+    /// the running tables. `changes`: what changed since the tables last published, when only
+    /// the source's objects changed (nothing else the build reads): the host's interfaces and
+    /// neighbours are then not read again; `None` (or [`xlb::cluster::Changes::Full`]) reads
+    /// them again.
     fn rebuild(
         &mut self,
         input: Input<'_>,
@@ -1129,51 +888,28 @@ impl Supervisor<'_> {
     ) -> Option<xlb::translate::TranslateReport> {
         let started = Instant::now();
         let refresh_host = changes.is_none_or(xlb::cluster::Changes::is_full);
-        match build(input, &self.config, self.builder, refresh_host) {
-            Ok((t, report, vips)) => {
-                let old = self.handle.load();
-                // Next hops that became unresolved with this build (the shards it changed), or
-                // all of them after a full build (a neighbour, route or interface change may
-                // have made them unresolved again); all are asked for every 2 s below too.
-                let unresolved: Vec<IpAddr> = match self.builder.tables.last_build() {
-                    dataplane::tables::BuildKind::Incremental { .. } => {
-                        t.unresolved.added_since(&old.unresolved).copied().collect()
-                    }
-                    _ => t.unresolved.iter().copied().collect(),
-                };
-                self.handle.publish(t);
-                self.vips = vips;
-                // The services the builder redid (`None` after a full build).
-                let mut touched = self.builder.tables.changed_ids().map(<[u32]>::to_vec);
-                if self.last_verify.elapsed() >= self.config.sync_period {
-                    // SYNC-04: the periodic resync also repairs outside changes to the maps.
-                    self.last_verify = Instant::now();
-                    self.steering.iter_mut().for_each(Steering::verify_next_sync);
-                    touched = None;
-                }
-                if std::mem::take(&mut self.steer_full) {
-                    touched = None;
-                }
-                let new = self.handle.load();
-                let synced = match touched {
-                    Some(s) => sync_steering_touched(self.steering, &old, &new, &s),
-                    None => sync_steering(self.steering, &new),
-                };
-                drop(old);
-                if let Err(e) = synced {
-                    self.steer_full = true;
+        let published = self.publisher.publish(
+            input,
+            &self.config,
+            refresh_host,
+            self.handle,
+            self.steering,
+            &mut self.kernel,
+            started,
+        );
+        match published {
+            Ok(p) => {
+                self.vips = p.vips;
+                if let Err(e) = p.steering {
                     tracing::error!(error = %e, "steering maps");
                 }
-                sync_reply_rules(self.punt, &self.handle.load());
-                resolve(&self.config, &unresolved);
                 self.telemetry.metrics.observe_sync(started.elapsed());
-                self.telemetry.metrics.set_no_local_endpoints(report.no_local_endpoints);
+                self.telemetry.metrics.set_no_local_endpoints(p.report.no_local_endpoints);
                 self.telemetry.metrics.set_last_sync(SystemTime::now());
                 self.telemetry.health.updated(SystemTime::now());
-                Some(report)
+                Some(p.report)
             }
             Err(e) => {
-                self.steer_full = true;
                 tracing::error!("{}: {e:#}; keeping the running tables", self.path.display());
                 None
             }
@@ -1254,21 +990,12 @@ impl Supervisor<'_> {
                         // The interfaces may have changed, and with them which routes lead
                         // through the kernel.
                         if let Some(r) = kernel_routes(&self.config) {
-                            self.builder.routes = r;
+                            self.publisher.builders.routes = r;
                         }
                         if k8s.is_none() {
-                            let m = &self.telemetry.metrics;
-                            m.count_service_changes(xlb::cluster::object_changes(
-                                &cluster.services,
-                                &l.cluster.services,
-                            ));
-                            m.count_endpoint_changes(xlb::cluster::object_changes(
-                                &cluster.endpoint_slices,
-                                &l.cluster.endpoint_slices,
-                            ));
-                            let local = std::mem::take(&mut cluster.local_addresses);
-                            *cluster = l.cluster;
-                            cluster.local_addresses = local;
+                            let (services, endpoints) = xlb::orchestrate::take_reloaded(cluster, l.cluster);
+                            self.telemetry.metrics.count_service_changes(services);
+                            self.telemetry.metrics.count_endpoint_changes(endpoints);
                         }
                         dirty = true;
                         tracing::info!(config = %self.path.display(), "configuration reloaded");
@@ -1316,10 +1043,10 @@ impl Supervisor<'_> {
             if announced || last_route_read.elapsed() >= self.config.sync_period {
                 last_route_read = Instant::now();
                 if let Some(r) = kernel_routes(&self.config)
-                    && r != self.builder.routes
+                    && r != self.publisher.builders.routes
                 {
                     tracing::info!(routes = r.len(), "the kernel's routes changed");
-                    self.builder.routes = r;
+                    self.publisher.builders.routes = r;
                     dirty = true;
                 }
             }
@@ -1354,7 +1081,8 @@ impl Supervisor<'_> {
             if last_resolve.elapsed() > Duration::from_secs(2) {
                 let t = self.handle.load();
                 if !t.unresolved.is_empty() {
-                    resolve(&self.config, t.unresolved.iter());
+                    let all: Vec<IpAddr> = t.unresolved.iter().copied().collect();
+                    self.kernel.resolve(&self.config, &all);
                 }
                 last_resolve = Instant::now();
             }
@@ -1516,21 +1244,6 @@ fn host_addresses() -> Option<Vec<IpAddr>> {
     }
 }
 
-/// Asks the kernel to resolve next hops xlb could not find (counted `no_neighbour` drops until
-/// then). Routes' gateways are resolved instead of off-link backends.
-fn resolve<'a>(config: &xlb::config::Config, addrs: impl IntoIterator<Item = &'a IpAddr>) {
-    // `Tables::unresolved` already holds the next hops (backends or their gateways).
-    for via in addrs {
-        for iface in &config.interfaces {
-            if let Ok(ix) = nic_config::ifindex(&iface.name)
-                && let Err(e) = neighbours::resolve(ix, *via)
-            {
-                tracing::debug!(address = %via, error = %e, "neighbour resolve");
-            }
-        }
-    }
-}
-
 /// A punt-device queue as the workers use it.
 struct Tun(nic_config::punt::PuntQueue);
 
@@ -1541,24 +1254,6 @@ impl dataplane::worker::KernelQueue for Tun {
 
     fn recv(&self, buf: &mut [u8]) -> std::io::Result<usize> {
         self.0.recv(buf)
-    }
-}
-
-/// Makes xlb's policy rules match [`Tables::kernel_endpoints`]: the replies of backends
-/// reached through the kernel are routed into the punt device. Logged, not fatal.
-fn sync_reply_rules(punt: bool, t: &Tables) {
-    if !punt {
-        return;
-    }
-    let want = t
-        .kernel_endpoints
-        .iter()
-        .map(|&(src, proto, sport)| nic_config::rules::ReplyRule { src, proto, sport })
-        .collect();
-    match nic_config::rules::sync_reply_rules(&want) {
-        Ok((0, 0)) => {}
-        Ok((added, deleted)) => tracing::info!(added, deleted, "reply rules of backends reached through the kernel"),
-        Err(e) => tracing::error!(error = %e, "reply rules"),
     }
 }
 

@@ -168,7 +168,7 @@ impl Tracer {
                 .build(&spec)
                 .map_err(|e| anyhow::anyhow!("{}: the tables cannot be built: {e}", config.display()))?;
         }
-        let mut cfg = crate::run::pipeline_config(&loaded.config, 0, 1);
+        let mut cfg = xlb::orchestrate::pipeline_config(&loaded.config, 0, 1);
         cfg.max_services = tables.services.len().max(1);
         cfg.max_backends = tables.backends.len().max(1);
         let pipe = Pipeline::new(cfg, seed);
