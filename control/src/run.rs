@@ -171,16 +171,17 @@ impl Shutdown {
 
     /// Whether to stop now; on the first SIGTERM, starts the drain (health goes 503). The
     /// service manager hears `STOPPING=1` when the drain starts or, without one, when this
-    /// first answers yes.
-    fn due(&self, health: &xlb::http::ProxyHealth, grace: Duration) -> bool {
-        let due = self.check(health, grace);
+    /// first answers yes. `now`: the time of the question (the drain's grace period is
+    /// measured with it).
+    fn due(&self, health: &xlb::http::ProxyHealth, grace: Duration, now: Instant) -> bool {
+        let due = self.check(health, grace, now);
         if (due || self.draining()) && !self.stopping_sent.replace(true) {
             crate::notify::stopping();
         }
         due
     }
 
-    fn check(&self, health: &xlb::http::ProxyHealth, grace: Duration) -> bool {
+    fn check(&self, health: &xlb::http::ProxyHealth, grace: Duration, now: Instant) -> bool {
         if self.interrupt.load(Ordering::Relaxed) {
             return true;
         }
@@ -189,7 +190,7 @@ impl Shutdown {
             None if term && grace.is_zero() => true,
             None if term => {
                 health.begin_drain();
-                self.drain_since.set(Some(Instant::now()));
+                self.drain_since.set(Some(now));
                 tracing::info!(
                     grace = %xlb::duration::format_go_duration(grace),
                     "SIGTERM: draining (healthz and healthCheckNodePorts answer 503, forwarding goes on)"
@@ -201,7 +202,7 @@ impl Shutdown {
                 tracing::info!("second SIGTERM: stopping now");
                 true
             }
-            Some(t) => t.elapsed() >= grace,
+            Some(t) => now.saturating_duration_since(t) >= grace,
         }
     }
 
@@ -957,7 +958,7 @@ impl Supervisor<'_> {
         let mut last_periodic = Instant::now();
         let mut last_stats: Option<Instant> = None;
         let mut last_addrs = Instant::now();
-        while !shutdown.due(&self.telemetry.health, self.config.shutdown_grace_period) {
+        while !shutdown.due(&self.telemetry.health, self.config.shutdown_grace_period, Instant::now()) {
             if let Ok(stream) = self.handover.try_recv() {
                 // The prefix files stay as they are: the new xlb announces the same VIPs, and
                 // BIRD keeps announcing them meanwhile.
@@ -1303,27 +1304,27 @@ mod tests {
     #[test]
     fn lb_06_sigterm_drains_for_the_grace_period_then_stops() {
         let (s, h) = (shutdown(), xlb::http::ProxyHealth::new(Duration::from_secs(30)));
-        let grace = Duration::from_millis(200);
-        assert!(!s.due(&h, grace), "no signal");
+        let (grace, t0) = (Duration::from_secs(30), Instant::now());
+        assert!(!s.due(&h, grace, t0), "no signal");
         s.term.store(true, Ordering::Relaxed);
-        assert!(!s.due(&h, grace), "SIGTERM starts the drain, it does not stop");
+        assert!(!s.due(&h, grace, t0), "SIGTERM starts the drain, it does not stop");
         assert!(h.is_draining() && !h.serving());
-        assert!(!s.due(&h, grace), "still draining");
-        std::thread::sleep(Duration::from_millis(250));
-        assert!(s.due(&h, grace), "grace period over");
+        assert!(!s.due(&h, grace, t0 + grace - Duration::from_millis(1)), "still draining");
+        assert!(s.due(&h, grace, t0 + grace), "grace period over");
     }
 
     #[test]
     fn lb_06_second_sigterm_or_sigint_stops_at_once() {
         let (s, h) = (shutdown(), xlb::http::ProxyHealth::new(Duration::from_secs(30)));
         let grace = Duration::from_secs(60);
+        let t0 = Instant::now();
         s.term.store(true, Ordering::Relaxed);
-        assert!(!s.due(&h, grace));
+        assert!(!s.due(&h, grace, t0));
         s.term.store(true, Ordering::Relaxed);
-        assert!(s.due(&h, grace), "second SIGTERM");
+        assert!(s.due(&h, grace, t0), "second SIGTERM");
         let (s, h) = (shutdown(), xlb::http::ProxyHealth::new(Duration::from_secs(30)));
         s.interrupt.store(true, Ordering::Relaxed);
-        assert!(s.due(&h, grace), "SIGINT does not drain");
+        assert!(s.due(&h, grace, t0), "SIGINT does not drain");
         assert!(!h.is_draining());
     }
 
@@ -1331,6 +1332,6 @@ mod tests {
     fn lb_06_zero_grace_period_stops_at_once_on_sigterm() {
         let (s, h) = (shutdown(), xlb::http::ProxyHealth::new(Duration::from_secs(30)));
         s.term.store(true, Ordering::Relaxed);
-        assert!(s.due(&h, Duration::ZERO));
+        assert!(s.due(&h, Duration::ZERO, Instant::now()));
     }
 }

@@ -153,18 +153,26 @@ impl ProxyHealth {
         (!stale && !pending_late, i.last_updated)
     }
 
-    /// `/healthz` (HC-01..03).
+    /// `/healthz` (HC-01..03), now.
     pub fn healthz(&self) -> HealthStatus {
-        let now = SystemTime::now();
+        self.healthz_at(SystemTime::now())
+    }
+
+    /// `/healthz` as it answers at `now`.
+    pub fn healthz_at(&self, now: SystemTime) -> HealthStatus {
         let (ok, last) = self.proxy_health(now);
         let node_eligible = self.node_eligible();
         let healthy = ok && node_eligible && !self.is_draining();
         HealthStatus { healthy, last_updated: if healthy { Some(now) } else { last }, current_time: now, node_eligible }
     }
 
-    /// `/livez` (HC-04).
+    /// `/livez` (HC-04), now.
     pub fn livez(&self) -> HealthStatus {
-        let now = SystemTime::now();
+        self.livez_at(SystemTime::now())
+    }
+
+    /// `/livez` as it answers at `now`.
+    pub fn livez_at(&self, now: SystemTime) -> HealthStatus {
         let (healthy, last) = self.proxy_health(now);
         HealthStatus {
             healthy,

@@ -280,20 +280,28 @@ mod tests {
 
     #[test]
     fn hc_02_health_times_out_after_twice_sync_period() {
-        let h = ProxyHealth::with_timeout(Duration::from_millis(50));
-        assert!(h.healthz().healthy, "healthy while starting");
-        h.updated(SystemTime::now());
-        assert!(h.healthz().healthy);
-        std::thread::sleep(Duration::from_millis(80));
-        assert!(!h.healthz().healthy, "no sync for longer than the timeout");
-        assert!(!h.livez().healthy);
-        h.updated(SystemTime::now());
-        assert!(h.livez().healthy);
-        // A change queued long ago and not synced since (kube-proxy's rule).
-        h.queued_update(SystemTime::now() - Duration::from_secs(1));
-        assert!(!h.healthz().healthy);
-        h.updated(SystemTime::now());
-        assert!(h.healthz().healthy);
+        let timeout = Duration::from_secs(60);
+        let h = ProxyHealth::new(timeout / 2);
+        assert_eq!(h.timeout(), timeout);
+        // Times are given, not waited for: `t0` is at least the health's creation.
+        let t0 = SystemTime::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        assert!(h.healthz_at(at(59)).healthy, "healthy while starting");
+        assert!(!h.healthz_at(at(61)).healthy, "never synced: stale a timeout after the start");
+        h.updated(at(100));
+        assert!(h.healthz_at(at(159)).healthy && h.livez_at(at(159)).healthy);
+        assert!(!h.healthz_at(at(161)).healthy, "no sync for longer than the timeout");
+        assert!(!h.livez_at(at(161)).healthy);
+        h.updated(at(161));
+        assert!(h.livez_at(at(162)).healthy);
+        // A change queued long ago and not synced since (kube-proxy's rule), while the last
+        // sync is recent.
+        h.queued_update(at(150));
+        assert!(h.healthz_at(at(209)).healthy, "pending for less than the timeout");
+        assert!(!h.healthz_at(at(211)).healthy, "pending for longer than the timeout");
+        assert!(!h.livez_at(at(211)).healthy);
+        h.updated(at(211));
+        assert!(h.healthz_at(at(212)).healthy);
     }
 
     #[test]

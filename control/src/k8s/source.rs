@@ -313,6 +313,46 @@ fn after(t: Instant, d: Duration) -> Instant {
     t.checked_add(d.min(Duration::from_secs(365 * 86_400))).unwrap_or(t)
 }
 
+/// Whether a snapshot is due at `now` (`Ok(reason)`), else when one will be if nothing changes
+/// before (`Err(Some(when))`; `Err(None)` while an initial list is missing). `last_sync`: when
+/// the last snapshot was yielded. A change is yielded once the last snapshot is `minSyncPeriod`
+/// old (and after a failed sync not before [`Pending::not_before`]), a periodic resync once it
+/// is `syncPeriod` old, whichever comes first. Time is a parameter: the timing is tested
+/// without waiting.
+fn sync_due(
+    p: &Pending,
+    last_sync: Option<Instant>,
+    cfg: &SourceConfig,
+    now: Instant,
+) -> Result<SyncReason, Option<Instant>> {
+    if !p.ready.iter().all(|r| *r) {
+        return Err(None);
+    }
+    let Some(last) = last_sync else { return Ok(SyncReason::Initial) };
+    let periodic = after(last, cfg.sync_period);
+    if p.dirty {
+        let min = after(last, cfg.min_sync_period);
+        let due = p.not_before.map_or(min, |t| t.max(min));
+        if now >= due {
+            return Ok(SyncReason::Changes);
+        }
+        if now >= periodic {
+            return Ok(SyncReason::Periodic);
+        }
+        return Err(Some(due.min(periodic)));
+    }
+    if now >= periodic {
+        return Ok(SyncReason::Periodic);
+    }
+    Err(Some(periodic))
+}
+
+/// The earliest retry after a sync that failed at `now`: `minSyncPeriod` later, at least
+/// [`MIN_RETRY`].
+fn retry_not_before(now: Instant, cfg: &SourceConfig) -> Instant {
+    after(now, cfg.min_sync_period.max(MIN_RETRY))
+}
+
 fn trigger_time(s: &EndpointSlice) -> Option<SystemTime> {
     let v = s.metadata.annotations.as_ref()?.get(ANNOTATION_LAST_CHANGE_TRIGGER_TIME)?;
     let ts: k8s_openapi::jiff::Timestamp = v.parse().ok()?;
@@ -483,28 +523,9 @@ impl Source {
         }
     }
 
-    /// `Ok(reason)` if a snapshot is due, else `Err(when)`.
+    /// `Ok(reason)` if a snapshot is due, else `Err(when)` ([`sync_due`]).
     fn deadline(&self, p: &Pending, now: Instant) -> Result<SyncReason, Option<Instant>> {
-        if !p.ready.iter().all(|r| *r) {
-            return Err(None);
-        }
-        let Some(last) = self.last_sync else { return Ok(SyncReason::Initial) };
-        let periodic = after(last, self.cfg.sync_period);
-        if p.dirty {
-            let min = after(last, self.cfg.min_sync_period);
-            let due = p.not_before.map_or(min, |t| t.max(min));
-            if now >= due {
-                return Ok(SyncReason::Changes);
-            }
-            if now >= periodic {
-                return Ok(SyncReason::Periodic);
-            }
-            return Err(Some(due.min(periodic)));
-        }
-        if now >= periodic {
-            return Ok(SyncReason::Periodic);
-        }
-        Err(Some(periodic))
+        sync_due(p, self.last_sync, &self.cfg, now)
     }
 
     fn poll_due(&mut self, now: Instant) -> Result<Snapshot, Option<Instant>> {
@@ -622,7 +643,7 @@ impl Source {
         let mut p = self.shared.lock();
         p.changes.set_full();
         p.dirty = true;
-        p.not_before = Some(after(Instant::now(), self.cfg.min_sync_period.max(MIN_RETRY)));
+        p.not_before = Some(retry_not_before(Instant::now(), &self.cfg));
         p.oldest_queued = Some(match (p.oldest_queued, snap.oldest_queued) {
             (Some(a), Some(b)) => a.min(b),
             (a, b) => a.or(b).unwrap_or_else(SystemTime::now),
@@ -705,4 +726,71 @@ fn watch_error(shared: &Shared, kind: Kind, e: &watcher::Error) {
         "watch error; retrying with backoff, the last good objects stay"
     );
     shared.telemetry.watch_error(kind.resource());
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
+    use super::*;
+
+    fn ready() -> Pending {
+        Pending { ready: [true; 3], ..Pending::default() }
+    }
+
+    fn cfg(min_ms: u64, period_ms: u64) -> SourceConfig {
+        SourceConfig {
+            min_sync_period: Duration::from_millis(min_ms),
+            sync_period: Duration::from_millis(period_ms),
+            ..SourceConfig::new("node-a")
+        }
+    }
+
+    #[test]
+    fn nothing_until_every_initial_list_then_the_initial_snapshot() {
+        let (c, now) = (cfg(500, 30_000), Instant::now());
+        let mut p = Pending { ready: [true, true, false], dirty: true, ..Pending::default() };
+        assert_eq!(sync_due(&p, None, &c, now), Err(None), "the Node is not listed yet");
+        p.ready = [true; 3];
+        assert_eq!(sync_due(&p, None, &c, now), Ok(SyncReason::Initial));
+    }
+
+    #[test]
+    fn sync_01_a_change_waits_until_the_last_snapshot_is_min_sync_period_old() {
+        let (c, t0) = (cfg(500, 30_000), Instant::now());
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let mut p = ready();
+        p.dirty = true;
+        assert_eq!(sync_due(&p, Some(t0), &c, ms(100)), Err(Some(ms(500))), "coalesced until then");
+        assert_eq!(sync_due(&p, Some(t0), &c, ms(499)), Err(Some(ms(500))));
+        assert_eq!(sync_due(&p, Some(t0), &c, ms(500)), Ok(SyncReason::Changes));
+        assert_eq!(sync_due(&p, Some(t0), &c, ms(10_000)), Ok(SyncReason::Changes), "an old snapshot: at once");
+        let zero = cfg(0, 30_000);
+        assert_eq!(sync_due(&p, Some(t0), &zero, t0), Ok(SyncReason::Changes), "minSyncPeriod 0: every change");
+    }
+
+    #[test]
+    fn sync_04_a_full_resync_when_nothing_was_yielded_for_sync_period() {
+        let (c, t0) = (cfg(500, 30_000), Instant::now());
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let p = ready();
+        assert_eq!(sync_due(&p, Some(t0), &c, ms(29_999)), Err(Some(ms(30_000))));
+        assert_eq!(sync_due(&p, Some(t0), &c, ms(30_000)), Ok(SyncReason::Periodic));
+    }
+
+    #[test]
+    fn a_failed_sync_is_retried_after_min_sync_period_at_least_a_second() {
+        let (c, t0) = (cfg(100, 30_000), Instant::now());
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        assert_eq!(retry_not_before(t0, &c), ms(1000), "MIN_RETRY when minSyncPeriod is shorter");
+        assert_eq!(retry_not_before(t0, &cfg(2500, 30_000)), ms(2500));
+        let mut p = ready();
+        p.dirty = true;
+        p.not_before = Some(retry_not_before(t0, &c));
+        assert_eq!(sync_due(&p, Some(t0), &c, ms(100)), Err(Some(ms(1000))), "minSyncPeriod alone would allow it");
+        assert_eq!(sync_due(&p, Some(t0), &c, ms(1000)), Ok(SyncReason::Changes));
+        // A retry later than the periodic resync: the resync comes first.
+        p.not_before = Some(ms(40_000));
+        assert_eq!(sync_due(&p, Some(t0), &c, ms(29_000)), Err(Some(ms(30_000))));
+        assert_eq!(sync_due(&p, Some(t0), &c, ms(30_000)), Ok(SyncReason::Periodic));
+    }
 }
