@@ -742,7 +742,13 @@ fn lb_01_source_ranges_apply_to_load_balancer_frontends_only() {
         .source_ranges(&["143.231.0.0/16", "10.1.2.3/8"]);
     let (t, r) = run1(vec![s], vec![]);
     assert!(r.issues.is_empty(), "{:?}", r.issues);
-    for f in &spec(&t, "default/web:http").frontends {
+    let frontends = &spec(&t, "default/web:http").frontends;
+    let kinds: Vec<FrontendKind> = frontends.iter().map(|f| f.kind).collect();
+    assert!(
+        kinds.contains(&FrontendKind::LoadBalancer) && kinds.contains(&FrontendKind::ClusterIp),
+        "a LoadBalancer frontend and another one, or the loop below checks nothing: {kinds:?}"
+    );
+    for f in frontends {
         let want: Vec<String> = if f.kind == FrontendKind::LoadBalancer {
             vec!["143.231.0.0/16".into(), "10.0.0.0/8".into()]
         } else {
