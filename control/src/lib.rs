@@ -1,6 +1,10 @@
-//! xlb control plane: the configuration file, the translation of Kubernetes objects into
-//! dataplane tables, and their display. The `xlb` binary (`main.rs`) wires these together;
-//! the Kubernetes source will call the same [`translate::build_spec`].
+//! xlb control plane as a library: the configuration ([`config`]), the two sources of the
+//! cluster state ([`file_source`], [`k8s`]) and the state itself ([`cluster`]), its
+//! translation into dataplane tables ([`translate`]), how `xlb run` publishes them and keeps
+//! the steering maps in step ([`orchestrate`], [`steer`]), VIP announcement ([`announce`]),
+//! address assignment ([`ipam`]), health and metrics ([`http`]) and the tables' display
+//! ([`show`]). The `xlb` binary (`main.rs`, `run.rs`) adds the processes' threads, signals,
+//! workers and sockets.
 #![forbid(unsafe_code)]
 
 pub mod announce;

@@ -1,5 +1,7 @@
 //! Translation of Kubernetes objects into dataplane tables: the one pure function
-//! [`build_spec`], shared by `xlb run --config` (standalone) and the Kubernetes source.
+//! [`build_spec`], shared by `xlb run --config` (standalone) and the Kubernetes source. The
+//! objects come as the cluster state of [`crate::cluster`] (flat, or indexed for
+//! [`Translator::update`]).
 //!
 //! # What becomes what
 //! Each Service port (PORT-02) and each address family of the Service's `spec.clusterIPs`
