@@ -160,9 +160,14 @@ async fn nothing_is_known_before_the_first_list_and_an_api_outage_keeps_the_last
     let a = start(&s, "node-a");
     let b = start(&s, "node-b");
     // The list is held: no member set yet (no VIP is taken before the others are known).
-    // That none comes can only be watched for a while: a bounded wait of two renewals.
-    tokio::time::sleep(RENEW * 2).await;
+    // That none comes can only be watched for a while: until both nodes' tasks have written
+    // their Leases twice (so they run, and renewing is not what makes members known).
+    wait_for("two renewals of each node while the list is held", Duration::from_secs(5), || {
+        (a.stats().renewals >= 2 && b.stats().renewals >= 2).then_some(())
+    })
+    .await;
     assert_eq!(a.members(Instant::now()), None, "unknown before the first list");
+    assert_eq!(b.members(Instant::now()), None, "unknown before the first list");
     s.hold_lists(Res::Leases, false);
     wait_for("a sees both", Duration::from_secs(5), || {
         (a.members(Instant::now()) == Some(set(&["node-a", "node-b"]))).then_some(())
