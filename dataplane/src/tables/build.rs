@@ -760,14 +760,16 @@ impl TableBuilder {
         }
         t.backends.resize(self.next_slot);
         t.services.slots.resize(self.next_id as usize);
+        // A fresh snapshot's maps are built at the end from these lists, shard by shard
+        // (`KeyMap::extend_absent`), rather than key by key.
+        let (mut new_vips, mut new_endpoints, mut new_unresolved) = (Vec::new(), Vec::new(), Vec::new());
+        let frontends: usize = plan.upserts.iter().map(|s| s.frontends.len()).sum();
+        let backends: usize = plan.upserts.iter().map(|s| s.backends.len()).sum();
         if fresh {
             // Sized once rather than grown (and rehashed, resharded) key by key.
-            let frontends = plan.upserts.iter().map(|s| s.frontends.len()).sum();
-            let backends: usize = plan.upserts.iter().map(|s| s.backends.len()).sum();
-            t.vips.reserve(frontends);
-            t.vip_addrs.reserve(frontends);
-            t.endpoints.reserve(backends);
-            t.unresolved.reserve(backends);
+            new_vips.reserve(frontends);
+            new_endpoints.reserve(backends);
+            new_unresolved.reserve(backends);
             self.endpoint_refs.reserve(backends);
             self.unresolved_refs.reserve(backends);
             self.addr_kinds.reserve(frontends);
@@ -777,10 +779,10 @@ impl TableBuilder {
 
         for (((s, p), id), rs) in plan.upserts.iter().zip(prepared).zip(ids).zip(refs) {
             let mut members = Vec::with_capacity(s.backends.len());
-            let mut eligible = Vec::new();
-            let mut weights = Vec::new();
+            let mut eligible = Vec::with_capacity(s.backends.len());
+            let mut weights = Vec::with_capacity(s.backends.len());
             let mut by_addr = Vec::with_capacity(s.backends.len());
-            let mut unresolved = Vec::new();
+            let mut unresolved = Vec::with_capacity(s.backends.len());
             // Per backend: its next hop is the kernel ([`NextHop::Kernel`]), from the one route lookup.
             let mut via_kernel = Vec::with_capacity(s.backends.len());
             let mut slots = SlotMap::with_capacity(s.backends.len());
@@ -836,6 +838,7 @@ impl TableBuilder {
             let mut endpoint_keys = Vec::new();
             let mut kernel = Vec::new();
             if s.mode == ForwardingMode::Nat {
+                endpoint_keys.reserve(s.backends.len() * s.frontends.iter().filter(|f| !f.masquerade).count());
                 for (b, _) in s.backends.iter().zip(&via_kernel).filter(|(_, k)| **k) {
                     for pr in s.frontends.iter().map(|f| f.proto) {
                         kernel.push((b.addr, pr as u8, b.port));
@@ -860,7 +863,11 @@ impl TableBuilder {
                 *c += 1;
                 if *c == 1 {
                     // A count at 0 is taken out of the map and the set at once (`undo`).
-                    t.endpoints.insert_absent(*k);
+                    if fresh {
+                        new_endpoints.push(*k);
+                    } else {
+                        t.endpoints.insert_absent(*k);
+                    }
                 }
             }
             kernel.sort_unstable();
@@ -876,7 +883,11 @@ impl TableBuilder {
                 let c = self.unresolved_refs.entry(*a).or_insert(0);
                 *c += 1;
                 if *c == 1 {
-                    t.unresolved.insert_absent(*a);
+                    if fresh {
+                        new_unresolved.push(*a);
+                    } else {
+                        t.unresolved.insert_absent(*a);
+                    }
                 }
             }
             // Only `sh`/`dh` read the bucket table (1 KiB per service).
@@ -909,16 +920,18 @@ impl TableBuilder {
                 let kind = addr_kind(f.kind);
                 // Absent: validated unique among the upserts, and every other owner it had was
                 // removed or changed, so taken out in step 1.
-                t.vips.insert_absent(
-                    k,
-                    FrontendEntry {
-                        service: id,
-                        svc: Arc::clone(&svc),
-                        kind: f.kind,
-                        masquerade: f.masquerade,
-                        source_ranges: f.source_ranges.clone().into_boxed_slice(),
-                    },
-                );
+                let entry = FrontendEntry {
+                    service: id,
+                    svc: Arc::clone(&svc),
+                    kind: f.kind,
+                    masquerade: f.masquerade,
+                    source_ranges: f.source_ranges.clone().into_boxed_slice(),
+                };
+                if fresh {
+                    new_vips.push((k, entry));
+                } else {
+                    t.vips.insert_absent(k, entry);
+                }
                 if let Some(c) = self.addr_kinds.entry(k.addr).or_insert([0; 3]).get_mut(kind_index(kind)) {
                     *c += 1;
                 }
@@ -953,12 +966,18 @@ impl TableBuilder {
 
         // 3. Shared keys whose reference counts crossed zero.
         if fresh {
-            // Everything is new: one pass over the counts, no lookups.
-            for (a, counts) in &self.addr_kinds {
-                if let Some(k) = KINDS.iter().zip(counts).filter(|(_, c)| **c > 0).map(|(k, _)| *k).max() {
-                    t.vip_addrs.insert_absent(*a, k);
-                }
-            }
+            // Everything is new: one pass over the counts, no lookups; each map built whole.
+            let addrs = self
+                .addr_kinds
+                .iter()
+                .filter_map(|(a, counts)| {
+                    KINDS.iter().zip(counts).filter(|(_, c)| **c > 0).map(|(k, _)| (*a, *k)).max_by_key(|(_, k)| *k)
+                })
+                .collect();
+            t.vip_addrs.extend_absent(addrs, frontends);
+            t.vips.extend_absent(new_vips, frontends);
+            t.endpoints.extend_absent(new_endpoints, backends);
+            t.unresolved.extend_absent(new_unresolved, backends);
         }
         for a in touched_addrs {
             let counts = self.addr_kinds.get(&a).copied().unwrap_or([0; 3]);
@@ -1291,6 +1310,65 @@ mod tests {
         }
         assert!(incremental > 300, "{incremental} incremental builds");
         assert!(errors > 5, "{errors} refused builds");
+    }
+
+    #[test]
+    fn a_fresh_build_says_what_inserting_every_service_into_an_empty_snapshot_says() {
+        // A full build makes its maps whole (`KeyMap::extend_absent`) and its per-service
+        // pieces in one pass; an incremental build from an empty spec puts the same services
+        // in one key at a time. 3,000 random services: shared endpoints and node addresses,
+        // every scheduler, DSR and NAT, unresolved next hops.
+        let mut rng = Rng(0x1234_5678_9abc_def1);
+        let mut spec = globals(0);
+        let mut b = TableBuilder::new();
+        b.build(&spec).unwrap();
+        assert_eq!(b.last_build(), BuildKind::Full);
+        let mut used = HashSet::new();
+        let mut own = 0u32;
+        for i in 0..3000u32 {
+            let mut s = service(&format!("ns/s{i:05}"), 1, &mut rng);
+            // Unique frontends: the ClusterIP from the service's number.
+            s.frontends[0].addr = format!("10.96.{}.{}", i / 250, i % 250 + 1).parse().unwrap();
+            s.frontends.retain(|f| f.kind != FrontendKind::ExternalIp || used.insert(f.addr));
+            if let Some(f) = s.frontends.get_mut(1).filter(|f| f.kind == FrontendKind::NodePort) {
+                f.port = 30000 + u16::try_from(i % 2000).unwrap();
+                if !used.insert(IpAddr::from([0, 0, (f.port >> 8) as u8, f.port as u8])) {
+                    s.frontends.truncate(1);
+                }
+            }
+            // Half the backends the service's own, with no neighbour entry (the others from the
+            // small shared pool).
+            for be in s.backends.iter_mut().skip(1).step_by(2) {
+                be.addr = format!("10.244.{}.{}", 1 + own / 250, own % 250 + 1).parse().unwrap();
+                own += 1;
+            }
+            spec.services.push(Arc::new(s));
+        }
+        let incremental = b.build(&spec).unwrap();
+        assert_eq!(b.last_build(), BuildKind::Incremental { upserted: 3000, removed: 0 });
+        let mut fresh_builder = TableBuilder::new();
+        let fresh = fresh_builder.build(&spec).unwrap();
+        assert_eq!(fresh_builder.last_build(), BuildKind::Full);
+        assert!(
+            fresh.endpoints.len() > 1000 && fresh.unresolved.len() > 1000 && fresh.vip_addrs.len() >= 3000,
+            "{} endpoints, {} unresolved, {} addresses",
+            fresh.endpoints.len(),
+            fresh.unresolved.len(),
+            fresh.vip_addrs.len()
+        );
+        assert_eq!(describe(&fresh), describe(&incremental));
+        // The maps look up the same keys.
+        for (k, e) in incremental.vips.iter() {
+            assert_eq!(fresh.vips.get(k).map(|f| &*f.svc.name), Some(&*e.svc.name));
+        }
+        assert!(incremental.endpoints.iter().all(|k| fresh.endpoints.contains(k)));
+        assert!(incremental.unresolved.iter().all(|a| fresh.unresolved.contains(a)));
+        assert!(incremental.vip_addrs.iter().all(|(a, k)| fresh.vip_addrs.get(a) == Some(k)));
+        // And a change after either build comes out the same.
+        let s = Arc::make_mut(&mut spec.services[1234]);
+        s.backends.clear();
+        assert_eq!(describe(&b.build(&spec).unwrap()), describe(&fresh_builder.build(&spec).unwrap()));
+        assert!(matches!(fresh_builder.last_build(), BuildKind::Incremental { upserted: 1, .. }));
     }
 
     #[test]

@@ -190,7 +190,7 @@ const TAKEN: u32 = 1 << 24;
 /// Entries per shard that a [`KeyMap`] handle can name (20 bits).
 const ENTRY_BITS: u32 = 20;
 
-#[derive(Copy, Clone, Debug, Default)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 struct Slot {
     addr: [u64; 2],
     /// `port << 8 | proto | TAKEN`; 0 = free.
@@ -434,6 +434,77 @@ impl<K: MapKey, V: Clone> KeyMap<K, V> {
         self.len += 1;
     }
 
+    /// Puts `items` in, whose keys the caller knows are distinct and absent (as
+    /// [`KeyMap::insert_absent`]), and seals: into an empty map, what [`KeyMap::reserve`]
+    /// of `hint`, an `insert_absent` of each item in order and [`KeyMap::seal`] make (the
+    /// same shards, each with its keys in the same order), built shard by shard: every key
+    /// is hashed once and written once into its shard's arrays, with no copy-on-write check
+    /// and no random walk over the shards' `Arc`s per key (a full build). When `hint` is below
+    /// the number of items so that the one-by-one path would reshard on the way, the shards
+    /// hold the same keys, but not always in the same order. Into a map that is not empty,
+    /// the items go in one by one.
+    pub fn extend_absent(&mut self, items: Vec<(K, V)>, hint: usize) {
+        if self.len > 0 {
+            self.reserve(hint);
+            for (k, v) in items {
+                self.insert_absent(k, v);
+            }
+            self.seal();
+            return;
+        }
+        let want = |n: usize| n.div_ceil(KEYS_PER_SHARD).next_power_of_two().clamp(1, MAX_SHARDS);
+        // The shard count `reserve(hint)` leaves, then the doublings `insert_absent` would make
+        // on the way (it reshards when a key would go beyond 2 × KEYS_PER_SHARD per shard).
+        let mut n_shards = self.shards.len().max(want(hint));
+        while items.len() > n_shards * KEYS_PER_SHARD * 2 && n_shards < MAX_SHARDS {
+            n_shards = want(n_shards * KEYS_PER_SHARD * 2 + 1);
+        }
+        let seeds = self.seeds;
+        let mask = n_shards - 1;
+        let shard_of: Vec<u32> = items
+            .iter()
+            .map(|(k, _)| {
+                let (addr, pp) = k.words();
+                // As `locate`: bits 40..52 of the hash.
+                u32::try_from((hash(seeds, addr, pp | TAKEN) >> 40) as usize & mask).unwrap_or(0)
+            })
+            .collect();
+        let mut counts = vec![0usize; n_shards];
+        for &s in &shard_of {
+            if let Some(c) = counts.get_mut(s as usize) {
+                *c += 1;
+            }
+        }
+        let mut shards: Vec<Shard<K, V>> = counts
+            .iter()
+            .map(|&c| {
+                let mut s = Shard::empty();
+                s.keys.reserve_exact(c);
+                s.values.reserve_exact(c);
+                s
+            })
+            .collect();
+        let mut len = 0;
+        for ((k, v), s) in items.into_iter().zip(shard_of) {
+            let Some(sh) = shards.get_mut(s as usize) else { continue };
+            // As `insert_absent`: a shard of 2^20 keys refuses more (unreachable below 2^32).
+            if sh.keys.len() >= (1 << ENTRY_BITS) - 1 {
+                continue;
+            }
+            sh.keys.push(k);
+            sh.values.push(v);
+            len += 1;
+        }
+        self.shards = shards
+            .into_iter()
+            .map(|mut s| {
+                s.reindex(seeds);
+                Arc::new(s)
+            })
+            .collect();
+        self.len = len;
+    }
+
     /// Removes `k`; returns its value. Copies `k`'s shard if it is shared. Lookups in the
     /// changed shard scan it until [`KeyMap::seal`].
     pub fn remove(&mut self, k: &K) -> Option<V> {
@@ -563,6 +634,11 @@ impl<K: MapKey> KeySet<K> {
         self.0.remove(k).is_some()
     }
 
+    /// [`KeyMap::extend_absent`].
+    pub fn extend_absent(&mut self, keys: Vec<K>, hint: usize) {
+        self.0.extend_absent(keys.into_iter().map(|k| (k, ())).collect(), hint);
+    }
+
     /// [`KeyMap::seal`].
     pub fn seal(&mut self) {
         self.0.seal();
@@ -665,6 +741,55 @@ mod tests {
         let mut want: Vec<_> = model.into_iter().collect();
         want.sort_by_key(|(k, _)| (k.addr, k.port));
         assert_eq!(all, want);
+    }
+
+    /// Every shard of `a` and `b`: keys, values and slot arrays (what a lookup reads).
+    fn same_shards(a: &KeyMap<VipKey, u32>, b: &KeyMap<VipKey, u32>) -> bool {
+        a.len == b.len
+            && a.shards.len() == b.shards.len()
+            && a.shards.iter().zip(&b.shards).all(|(x, y)| {
+                x.keys == y.keys
+                    && x.values == y.values
+                    && x.slots == y.slots
+                    && x.mask == y.mask
+                    && !x.dirty
+                    && !y.dirty
+            })
+    }
+
+    #[test]
+    fn extend_absent_builds_the_shards_that_reserve_insert_absent_and_seal_build() {
+        for (n, hint) in [(0, 0), (1, 1), (100, 100), (10_000, 10_000), (10_000, 2_000), (300_000, 300_000), (5_000, 0)]
+        {
+            let items: Vec<(VipKey, u32)> = (0..n).map(|i| (key(i), i)).collect();
+            let empty: KeyMap<VipKey, u32> = KeyMap::new();
+            let mut one_by_one = empty.clone();
+            one_by_one.reserve(hint);
+            for (k, v) in items.iter().copied() {
+                one_by_one.insert_absent(k, v);
+            }
+            one_by_one.seal();
+            let mut bulk = empty.clone();
+            bulk.extend_absent(items.clone(), hint);
+            assert_eq!(bulk.len(), n as usize);
+            assert_eq!(bulk.shard_count(), one_by_one.shard_count(), "{n} keys, hint {hint}");
+            if hint >= n as usize {
+                assert!(same_shards(&bulk, &one_by_one), "{n} keys, hint {hint}: shard for shard");
+            }
+            for (k, v) in &items {
+                assert_eq!(bulk.get(k), Some(v));
+            }
+            assert_eq!(bulk.get(&key(n + 1)), None);
+            // Into a map that has keys: one by one, the same content.
+            let mut more = bulk.clone();
+            more.extend_absent(vec![(key(n + 5), 7)], 1);
+            assert_eq!((more.len(), more.get(&key(n + 5))), (n as usize + 1, Some(&7)));
+            assert_eq!(bulk.get(&key(n + 5)), None, "the clone is left as it was");
+        }
+        let set: KeySet<VipKey> = KeySet::default();
+        let mut s = set.clone();
+        s.extend_absent((0..1000).map(key).collect(), 1000);
+        assert!((0..1000).all(|i| s.contains(&key(i))) && !s.contains(&key(1000)) && s.len() == 1000);
     }
 
     #[test]
