@@ -858,14 +858,15 @@ impl TableBuilder {
                     }
                 }
             }
-            for k in &endpoint_keys {
-                let c = self.endpoint_refs.entry(*k).or_insert(0);
-                *c += 1;
-                if *c == 1 {
-                    // A count at 0 is taken out of the map and the set at once (`undo`).
-                    if fresh {
-                        new_endpoints.push(*k);
-                    } else {
+            if fresh {
+                // Counted at the end, beside the other maps (`count_new`).
+                new_endpoints.extend_from_slice(&endpoint_keys);
+            } else {
+                for k in &endpoint_keys {
+                    let c = self.endpoint_refs.entry(*k).or_insert(0);
+                    *c += 1;
+                    if *c == 1 {
+                        // A count at 0 is taken out of the map and the set at once (`undo`).
                         t.endpoints.insert_absent(*k);
                     }
                 }
@@ -879,13 +880,13 @@ impl TableBuilder {
             }
             unresolved.sort_unstable();
             unresolved.dedup();
-            for a in &unresolved {
-                let c = self.unresolved_refs.entry(*a).or_insert(0);
-                *c += 1;
-                if *c == 1 {
-                    if fresh {
-                        new_unresolved.push(*a);
-                    } else {
+            if fresh {
+                new_unresolved.extend_from_slice(&unresolved);
+            } else {
+                for a in &unresolved {
+                    let c = self.unresolved_refs.entry(*a).or_insert(0);
+                    *c += 1;
+                    if *c == 1 {
                         t.unresolved.insert_absent(*a);
                     }
                 }
@@ -974,10 +975,44 @@ impl TableBuilder {
                     KINDS.iter().zip(counts).filter(|(_, c)| **c > 0).map(|(k, _)| (*a, *k)).max_by_key(|(_, k)| *k)
                 })
                 .collect();
-            t.vip_addrs.extend_absent(addrs, frontends);
-            t.vips.extend_absent(new_vips, frontends);
-            t.endpoints.extend_absent(new_endpoints, backends);
-            t.unresolved.extend_absent(new_unresolved, backends);
+            // The steered endpoints (counted, then made whole) on one thread, the rest on
+            // another when the build may use two: the same maps and counts as one thread's.
+            let one_thread = self.build_threads() == 1;
+            let (endpoint_refs, unresolved_refs) = (&mut self.endpoint_refs, &mut self.unresolved_refs);
+            let (endpoints, unresolved, vips, vip_addrs) =
+                (&mut t.endpoints, &mut t.unresolved, &mut t.vips, &mut t.vip_addrs);
+            // Taken by whichever thread gets to it first (a helper that could not be started
+            // leaves it to this one).
+            let job = std::sync::Mutex::new(Some((endpoint_refs, new_endpoints, endpoints)));
+            let steered = || {
+                let taken = job.lock().ok().and_then(|mut j| j.take());
+                if let Some((refs, keys, set)) = taken {
+                    let new = count_new(refs, keys);
+                    set.extend_absent(new, backends);
+                }
+            };
+            let rest = move || {
+                let new = count_new(unresolved_refs, new_unresolved);
+                unresolved.extend_absent(new, backends);
+                vips.extend_absent(new_vips, frontends);
+                vip_addrs.extend_absent(addrs, frontends);
+            };
+            if one_thread {
+                steered();
+                rest();
+            } else {
+                std::thread::scope(|sc| {
+                    let helper = std::thread::Builder::new().name("xlb-tables".into()).spawn_scoped(sc, steered);
+                    rest();
+                    if let Ok(h) = helper
+                        && let Err(p) = h.join()
+                    {
+                        // A bug in the helper: the build must not go on with half a map.
+                        std::panic::resume_unwind(p);
+                    }
+                    steered();
+                });
+            }
         }
         for a in touched_addrs {
             let counts = self.addr_kinds.get(&a).copied().unwrap_or([0; 3]);
@@ -1048,6 +1083,20 @@ impl TableBuilder {
         }
         self.free.push(BackendRef::new(b.index(), (b.0 >> 20).wrapping_add(1)));
     }
+}
+
+/// Adds one reference per entry of `keys` to `refs` and returns the keys whose count went
+/// from 0 to 1, in the order of their first entry (what a map of those keys lacks).
+fn count_new<K: Copy + Eq + core::hash::Hash>(refs: &mut HashMap<K, u32>, keys: Vec<K>) -> Vec<K> {
+    let mut new = Vec::with_capacity(keys.len());
+    for k in keys {
+        let c = refs.entry(k).or_insert(0);
+        *c += 1;
+        if *c == 1 {
+            new.push(k);
+        }
+    }
+    new
 }
 
 /// IPVS `sh`/`dh` bucket fill (`ip_vs_sh_populate`): walk the backends round robin, giving
@@ -1357,6 +1406,9 @@ mod tests {
             fresh.vip_addrs.len()
         );
         assert_eq!(describe(&fresh), describe(&incremental));
+        let mut one_thread = TableBuilder::new();
+        one_thread.set_build_threads(1);
+        assert_eq!(describe(&one_thread.build(&spec).unwrap()), describe(&fresh), "one thread or two: the same");
         // The maps look up the same keys.
         for (k, e) in incremental.vips.iter() {
             assert_eq!(fresh.vips.get(k).map(|f| &*f.svc.name), Some(&*e.svc.name));
