@@ -19,6 +19,10 @@ use super::{
 use crate::cluster::{ClusterState, LABEL_SERVICE_NAME, object_order};
 use crate::config::Config;
 
+/// A translation made by this build, with the versions it was made from (`None` for
+/// unversioned objects, which are not cached).
+type Fresh = (Option<Versions>, Cached);
+
 /// The body of [`Translator::build`](super::Translator::build) (and so of
 /// [`build_spec`](super::build_spec)): every Service through `cache`, then the cross-Service
 /// checks (table names, frontend collisions) and the global fields. Entries of Services that
@@ -67,13 +71,19 @@ pub(super) fn assemble(
         let name = svc.metadata.name.as_deref().unwrap_or_default();
         slices.get(&(ns, name)).map_or(&[][..], Vec::as_slice)
     }
+    // A cache that starts empty (`build_spec`'s) has nothing to look up or to drop: no key is
+    // built for a lookup, and no set of the Services seen.
+    let was_empty = cache.is_empty();
     let stale: Vec<&Service> = services
         .iter()
         .copied()
         .filter(|svc| {
             let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
             let name = svc.metadata.name.as_deref().unwrap_or_default();
-            !cache.get(&(ns.to_owned(), name.to_owned())).is_some_and(|(v, _)| v.matches(svc, slices_for(&slices, svc)))
+            was_empty
+                || !cache
+                    .get(&(ns.to_owned(), name.to_owned()))
+                    .is_some_and(|(v, _)| v.matches(svc, slices_for(&slices, svc)))
         })
         .collect();
     let mut translated = par_map(stale.len(), threads, |i| {
@@ -85,44 +95,44 @@ pub(super) fn assemble(
     .into_iter()
     .zip(stale)
     .peekable();
-    let mut seen: FastSet<(String, String)> = FastSet::default();
-    seen.reserve(input.services.len());
-    let mut order: Vec<((String, String), Option<Cached>)> = Vec::with_capacity(services.len());
+    // Per Service: its cache key and its new translation (with the versions it was made from,
+    // `None` for unversioned objects), or `None` when the cache's entry is up to date. New
+    // translations go into the cache after pass 2, moved rather than copied.
+    let mut order: Vec<((String, String), Option<Fresh>)> = Vec::with_capacity(services.len());
     for svc in &services {
         let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
         let name = svc.metadata.name.as_deref().unwrap_or_default();
-        let svc_slices = slices_for(&slices, svc);
         let key = (ns.to_owned(), name.to_owned());
-        let mut uncached = None;
         // `stale` is in Service order: its next entry is this Service if it was translated.
         let fresh = translated.next_if(|(_, s)| std::ptr::eq(*s, *svc)).and_then(|(c, _)| c);
-        if let Some(c) = fresh {
-            stats.translated += 1;
-            match Versions::of(svc, svc_slices) {
-                Some(versions) => {
-                    cache.insert(key.clone(), (versions, c));
-                }
-                None => {
+        let new = match fresh {
+            Some(c) => {
+                stats.translated += 1;
+                let versions = Versions::of(svc, slices_for(&slices, svc));
+                if versions.is_none() && !was_empty {
                     cache.remove(&key);
-                    uncached = Some(c);
                 }
+                Some((versions, c))
             }
-        } else {
-            stats.reused += 1;
-        }
-        seen.insert(key.clone());
-        order.push((key, uncached));
+            None => {
+                stats.reused += 1;
+                None
+            }
+        };
+        order.push((key, new));
     }
-    cache.retain(|k, _| seen.contains(k));
+    if !was_empty {
+        let seen: FastSet<(&str, &str)> = services.iter().map(|s| object_order(&s.metadata)).collect();
+        cache.retain(|(ns, name), _| seen.contains(&(ns.as_str(), name.as_str())));
+    }
 
     // Pass 2: the cross-Service checks, in Service order, reading the translations in place
     // (specs are shared with the cache; only one that loses a frontend is copied).
     let mut claimed: FastMap<(IpAddr, L4Proto, u16), &str> = FastMap::default();
     let mut names: FastSet<&str> = FastSet::default();
     let mut out = Vec::with_capacity(order.len());
-    let cache = &*cache;
-    for ((key, uncached), svc) in order.iter().zip(&services) {
-        let Some(c) = uncached.as_ref().or_else(|| cache.get(key).map(|(_, c)| c)) else { continue };
+    for ((key, new), svc) in order.iter().zip(&services) {
+        let Some(c) = new.as_ref().map(|(_, c)| c).or_else(|| cache.get(key).map(|(_, c)| c)) else { continue };
         report.issues.extend(c.issues.iter().cloned());
         report.no_local_endpoints.internal += c.no_local.internal;
         report.no_local_endpoints.external += c.no_local.external;
@@ -165,6 +175,13 @@ pub(super) fn assemble(
                 let frontends = kept.into_iter().cloned().collect();
                 out.push(Arc::new(ServiceSpec { frontends, ..ServiceSpec::clone(p) }));
             }
+        }
+    }
+
+    drop((claimed, names));
+    for (key, new) in order {
+        if let Some((Some(versions), c)) = new {
+            cache.insert(key, (versions, c));
         }
     }
 
