@@ -16,6 +16,12 @@
 //! one Service to another within one build), then puts in the new and changed ones. Shared
 //! keys (an address carrying frontends of several Services, an endpoint backing two Services)
 //! are reference-counted here, off the published tables.
+//!
+//! A full build starts from an empty snapshot and makes its four sharded maps in one piece
+//! each from lists gathered service by service ([`super::persist::KeyMap::extend_absent`]),
+//! the steered endpoints (counted and made into their set) on a second thread beside the
+//! rest; the Maglev tables on [`TableBuilder::set_build_threads`] threads. An incremental build
+//! puts keys in one at a time. Both make the same snapshot (pinned by the tests below).
 #![deny(clippy::panic, clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 
 use std::collections::BTreeMap;

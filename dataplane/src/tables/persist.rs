@@ -12,7 +12,8 @@
 //!   when the map is first built, so made-up destinations cannot aim at long probe runs. An
 //!   insert or removal copies one shard (about 64 keys) if it is shared and drops its slot
 //!   array (lookups in it scan its keys) until [`KeyMap::seal`] rebuilds the slot arrays of
-//!   the changed shards; the builder seals before it publishes.
+//!   the changed shards; the builder seals before it publishes. A full build makes each map in
+//!   one piece instead ([`KeyMap::extend_absent`]: the same shards, written shard by shard).
 //!
 //! The same shape is used by VPP's bihash (buckets of small pages) and by Cilium's per-Service
 //! BPF map updates: a change rewrites what it touches.
