@@ -428,8 +428,8 @@ fn check_of(p: Profile, s: SchedulerVariant, t: &Tables) -> BuildCheck {
     }
 }
 
-/// Full builds from objects: `build_spec` + `TableBuilder::build` (fresh builder, as at
-/// start-up; translation and Maglev tables on `available_parallelism` threads) +
+/// Full builds from objects: a new [`Translator`]'s build (kept until after the timing, as
+/// `xlb run` keeps its own) + `TableBuilder::build` (fresh builder, as at start-up; translation and Maglev tables on `available_parallelism` threads) +
 /// `TablesHandle::publish`, `repeats` times with the allocator's counting off; each repeat
 /// also translates with a one-thread `Translator` and builds with a one-thread builder
 /// (`translate_serial`, `build_serial`, `total_serial`), so serial and parallel are compared
