@@ -158,20 +158,12 @@ pub(super) fn translate_service(
     }
 
     // Traffic policies (TP-01..03).
-    let etp = parse_policy(spec.external_traffic_policy.as_deref()).ok_or_else(|| {
-        svc_err(
-            label,
-            "spec.externalTrafficPolicy",
-            format!("{:?} is not Cluster or Local", spec.external_traffic_policy.as_deref().unwrap_or_default()),
-        )
-    })?;
-    let itp = parse_policy(spec.internal_traffic_policy.as_deref()).ok_or_else(|| {
-        svc_err(
-            label,
-            "spec.internalTrafficPolicy",
-            format!("{:?} is not Cluster or Local", spec.internal_traffic_policy.as_deref().unwrap_or_default()),
-        )
-    })?;
+    let policy = |field: &str, v: Option<&str>| {
+        parse_policy(v)
+            .ok_or_else(|| svc_err(label, field, format!("{:?} is not Cluster or Local", v.unwrap_or_default())))
+    };
+    let etp = policy("spec.externalTrafficPolicy", spec.external_traffic_policy.as_deref())?;
+    let itp = policy("spec.internalTrafficPolicy", spec.internal_traffic_policy.as_deref())?;
 
     // Session affinity (AFF-01..03).
     let affinity = match spec.session_affinity.as_deref().unwrap_or("None") {

@@ -869,9 +869,7 @@ impl TableBuilder {
                 new_endpoints.extend_from_slice(&endpoint_keys);
             } else {
                 for k in &endpoint_keys {
-                    let c = self.endpoint_refs.entry(*k).or_insert(0);
-                    *c += 1;
-                    if *c == 1 {
+                    if add_ref(&mut self.endpoint_refs, *k) {
                         // A count at 0 is taken out of the map and the set at once (`undo`).
                         t.endpoints.insert_absent(*k);
                     }
@@ -890,9 +888,7 @@ impl TableBuilder {
                 new_unresolved.extend_from_slice(&unresolved);
             } else {
                 for a in &unresolved {
-                    let c = self.unresolved_refs.entry(*a).or_insert(0);
-                    *c += 1;
-                    if *c == 1 {
+                    if add_ref(&mut self.unresolved_refs, *a) {
                         t.unresolved.insert_absent(*a);
                     }
                 }
@@ -1094,15 +1090,15 @@ impl TableBuilder {
 /// Adds one reference per entry of `keys` to `refs` and returns the keys whose count went
 /// from 0 to 1, in the order of their first entry (what a map of those keys lacks).
 fn count_new<K: Copy + Eq + core::hash::Hash>(refs: &mut HashMap<K, u32>, keys: Vec<K>) -> Vec<K> {
-    let mut new = Vec::with_capacity(keys.len());
-    for k in keys {
-        let c = refs.entry(k).or_insert(0);
-        *c += 1;
-        if *c == 1 {
-            new.push(k);
-        }
-    }
-    new
+    keys.into_iter().filter(|&k| add_ref(refs, k)).collect()
+}
+
+/// Adds one reference to `k` in `refs`; whether it is the first (the count went from 0 to 1).
+#[inline]
+fn add_ref<K: Eq + core::hash::Hash>(refs: &mut HashMap<K, u32>, k: K) -> bool {
+    let c = refs.entry(k).or_insert(0);
+    *c += 1;
+    *c == 1
 }
 
 /// IPVS `sh`/`dh` bucket fill (`ip_vs_sh_populate`): walk the backends round robin, giving
