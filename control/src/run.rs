@@ -587,6 +587,15 @@ fn serve(
         if let Some(ms) = phase_ms() {
             tracing::info!(phase = "go", ms, "hand-over phase (new): released; the workers take frames");
         }
+        // The rules are this process's alone now: an earlier xlb's punt device under another
+        // name (a hand-over to a new `puntDevice`, or a crash) left its bypass rule, and with
+        // no punt device here its reply rules would route pods' replies into nothing.
+        let own_punt = (!punt_queues.is_empty()).then_some(config.punt_device.as_str());
+        match nic_config::rules::remove_leftovers(own_punt) {
+            Ok((0, 0)) => {}
+            Ok((bypass, reply)) => tracing::info!(bypass, reply, "policy rules an earlier xlb left removed"),
+            Err(e) => tracing::warn!(error = %e, "policy rules an earlier xlb left"),
+        }
         // `<admin socket>.xdp`: "IFNAME PROG_ID" per interface, written once attached and
         // removed on a clean stop, so the next start recognises a dead xlb's program even
         // without CAP_SYS_ADMIN (which reading program names needs).

@@ -69,6 +69,60 @@ pub fn set_bypass(ifname: &str, on: bool) -> Result<(), NicError> {
     Ok(())
 }
 
+/// The devices named by bypass rules now in the kernel (`pref 99 iif IFNAME lookup main`, as
+/// [`set_bypass`] adds them), either family.
+///
+/// # Errors
+/// [`NicError::Netlink`] if the `RTM_GETRULE` dump fails.
+pub fn bypass_devices() -> Result<BTreeSet<String>, NicError> {
+    const OP: &str = "RTM_GETRULE dump";
+    let mut out = BTreeSet::new();
+    for fam in [AddressFamily::Inet, AddressFamily::Inet6] {
+        let mut msg = RuleMessage::default();
+        msg.header.family = fam;
+        let mut sock = RouteSocket::new(OP)?;
+        for m in sock.request(OP, RouteNetlinkMessage::GetRule(msg), NLM_F_DUMP)? {
+            let RouteNetlinkMessage::NewRule(r) = m else { continue };
+            let (mut iif, mut prio, mut table) = (None, None, None);
+            for a in &r.attributes {
+                match a {
+                    RuleAttribute::Iifname(n) => iif = Some(n.clone()),
+                    RuleAttribute::Priority(p) => prio = Some(*p),
+                    RuleAttribute::Table(t) => table = Some(*t),
+                    _ => {}
+                }
+            }
+            if prio == Some(BYPASS_RULE_PRIORITY)
+                && table == Some(crate::routes::TABLE_MAIN)
+                && let Some(iif) = iif
+            {
+                out.insert(iif);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Removes what an earlier xlb's punt device left in the rules once this process owns them
+/// (after a hand-over, or at the start after a crash): the bypass rules of every device but
+/// `punt` and, when this process has no punt device (`punt` is `None`), every reply rule.
+/// Returns (bypass devices, reply rules) removed. Harmless when nothing is left.
+///
+/// # Errors
+/// [`NicError::Netlink`] naming the request that failed; what was removed before it stays
+/// removed.
+pub fn remove_leftovers(punt: Option<&str>) -> Result<(usize, usize), NicError> {
+    let mut devices = 0;
+    for dev in bypass_devices()? {
+        if Some(dev.as_str()) != punt {
+            set_bypass(&dev, false)?;
+            devices += 1;
+        }
+    }
+    let replies = if punt.is_none() { sync_reply_rules(&BTreeSet::new())?.1 } else { 0 };
+    Ok((devices, replies))
+}
+
 /// Replies from this (source address, IP protocol, source port) are routed into the punt device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ReplyRule {

@@ -366,5 +366,22 @@ mod tests {
             set_bypass("xlbpunt1", false).unwrap();
         });
         assert!(!pair.lb.ip(&["rule", "show"]).contains("xlbpunt1"), "bypass rule deleted");
+
+        // What an earlier xlb left: the bypass rule of its device (another name) goes, this
+        // process's own stays; with no punt device of its own, its reply rules go too.
+        use nic_config::rules::{bypass_devices, remove_leftovers};
+        pair.lb.run_in(|| {
+            set_bypass("xlbold", true).unwrap();
+            set_bypass("xlbpunt1", true).unwrap();
+            assert_eq!(sync_reply_rules(&want).unwrap(), (1, 0));
+            assert_eq!(bypass_devices().unwrap(), ["xlbold".to_owned(), "xlbpunt1".to_owned()].into());
+            assert_eq!(remove_leftovers(Some("xlbpunt1")).unwrap(), (1, 0));
+            assert_eq!(bypass_devices().unwrap(), ["xlbpunt1".to_owned()].into());
+            assert_eq!(reply_rules().unwrap(), want, "reply rules stay while there is a punt device");
+            assert_eq!(remove_leftovers(None).unwrap(), (1, 1));
+            assert_eq!(remove_leftovers(None).unwrap(), (0, 0), "nothing left the second time");
+        });
+        let rules = pair.lb.ip(&["rule", "show"]);
+        assert!(!rules.contains("xlbold") && !rules.contains("xlbpunt1") && !rules.contains("7777"), "{rules}");
     }
 }

@@ -1108,6 +1108,89 @@ mod xlb {
         assert_eq!(stats.event("flow_imported"), 0, "{}", evidence(&fresh));
     }
 
+    /// Hand-over with a backend reached through the kernel (issue 11): be4, the pod behind a
+    /// veth on the lb node, is reached through the punt device, and its replies come back by
+    /// the reply rule. 8 kept-alive connections to it through `demo/local` (10.250.100.32) go
+    /// on across a hand-over on the same config (the new process's queues join the old one's
+    /// device `xlb0` before the old one lets go) and across one to a config that names another
+    /// punt device (`xlb1`: the reply table's routes move to it; the new process removes
+    /// `xlb0`'s bypass rule, and `xlb0` goes with the old process). A last hand-over to a
+    /// config without a punt device leaves no reply rule, no bypass rule and no device.
+    #[test]
+    fn handover_keeps_connections_through_the_punt_device_and_leaves_no_rule_of_a_device_gone() {
+        if skip_without_root("handover_keeps_connections_through_the_punt_device_and_leaves_no_rule_of_a_device_gone") {
+            return;
+        }
+        let tb = testbed();
+        let mut xlb = start_xlb(&tb);
+        let ip = |args: &[&str]| tb.exec_ok(Role::Lb, args).unwrap_or_default();
+        let reply_rule = "from 10.250.40.2 ipproto tcp sport 80 lookup 7892066";
+        assert!(
+            wait_for(Duration::from_secs(5), || ip(&["ip", "rule", "show"]).contains(reply_rule).then_some(()))
+                .is_some(),
+            "no reply rule: {}{}",
+            ip(&["ip", "rule", "show"]),
+            evidence(&xlb)
+        );
+        let mut conns = open_keepalive(&tb, SocketAddr::new(Ipv4Addr::new(10, 250, 100, 32).into(), HTTP_PORT), 8);
+        assert!(conns.iter().all(|(_, b)| *b == 4), "setup: be4 serves demo/local");
+        let with_device = |dev: &str| {
+            CONFIG.replacen("nodeName: xlb-node\n", &format!("nodeName: xlb-node\npuntDevice: \"{dev}\"\n"), 1)
+        };
+
+        for (step, dev) in [("same config", "xlb0"), ("another punt device", "xlb1")] {
+            std::fs::write(xlb.config_path(), with_device(dev)).expect("config");
+            let (new, status) = xlb.take_over(&tb).unwrap_or_else(|e| panic!("{step}: take-over: {e}"));
+            assert!(status.success(), "{step}: the old xlb exits cleanly: {status}\n{}", xlb.log());
+            xlb = new;
+            let bad = use_keepalive(&mut conns);
+            assert!(bad.is_empty(), "{step}: connections to be4 broken: {bad:?}{}", evidence(&xlb));
+            let stats = XlbStats::parse(&xlb.stats().expect("stats"));
+            assert!(stats.xsk("to_kernel") >= 8 && stats.xsk("from_kernel") >= 8, "{step}{}", evidence(&xlb));
+            assert_eq!(stats.event("new_flow"), 0, "{step}: the flows were imported{}", evidence(&xlb));
+            let rules = ip(&["ip", "rule", "show"]);
+            assert!(rules.contains(reply_rule), "{step}: {rules}");
+            assert!(rules.contains(&format!("iif {dev} lookup main")), "{step}: {rules}");
+            let table = ip(&["ip", "route", "show", "table", "7892066"]);
+            assert!(table.contains(&format!("dev {dev}")), "{step}: reply table {table}");
+        }
+        let rules = ip(&["ip", "rule", "show"]);
+        assert!(!rules.contains("xlb0"), "xlb0's bypass rule is left behind: {rules}");
+        assert!(
+            wait_for(Duration::from_secs(5), || (!tb
+                .exec(Role::Lb, &["ip", "link", "show", "dev", "xlb0"])
+                .ok()?
+                .status
+                .success())
+            .then_some(()))
+            .is_some(),
+            "xlb0 is left behind"
+        );
+
+        std::fs::write(xlb.config_path(), with_device("")).expect("config");
+        let (new, status) = xlb.take_over(&tb).unwrap_or_else(|e| panic!("no punt device: take-over: {e}"));
+        assert!(status.success(), "no punt device: the old xlb exits cleanly: {status}\n{}", xlb.log());
+        xlb = new;
+        let rules = ip(&["ip", "rule", "show"]);
+        assert!(!rules.contains("7892066") && !rules.contains("xlb1"), "rules left behind: {rules}{}", evidence(&xlb));
+        assert!(
+            xlb.log().contains("policy rules an earlier xlb left removed"),
+            "the new xlb says what it removed{}",
+            evidence(&xlb)
+        );
+        assert!(
+            wait_for(Duration::from_secs(5), || (!tb
+                .exec(Role::Lb, &["ip", "link", "show", "dev", "xlb1"])
+                .ok()?
+                .status
+                .success())
+            .then_some(()))
+            .is_some(),
+            "xlb1 is left behind"
+        );
+        drop(xlb);
+    }
+
     /// Crash safety (issue 11): after `kill -9` the steering program stays attached to eth0
     /// (attached through netlink, it outlives the process) and, with no socket left in its
     /// map, drops xlb's frames while the node's own address answers ping; the next `xlb run`
