@@ -24,7 +24,9 @@
 #   per path, placement and search profile, then one trial at the no-drop rate for its p50/p99
 #   latency), BENCH_SEARCH_PROFILES ("udp64_1k syn64"; quick: "udp64_1k"), BENCH_SEARCH_TRIALS
 #   (8; quick: 5), BENCH_PLACEMENTS ("split shared shared-rt"; see "placements" below),
-#   BENCH_BUILD=0 (use built binaries as they are),
+#   BENCH_BUILD=0 (use built binaries as they are), BENCH_PERF=1 (each trial also records a
+#   cpu-clock profile of the forwarder's CPU with `perf record -g` after the warm-up, into
+#   $LOGS/PROFILE-PLACEMENT-PATH-REPEAT.perf.data; this VM has no PMU, cpu-clock needs none),
 #   BENCH_BIN_DIR (default $CARGO_TARGET_DIR/release or target/release), BENCH_PREFIX
 #   (namespace prefix, default xlbbench), BENCH_OUT (perf/results), BENCH_COMMAND (the command
 #   line recorded in the report).
@@ -67,6 +69,7 @@ TRAFGEN_PATHS=${BENCH_TRAFGEN_PATHS:-"a b c"}
 CPS=${BENCH_CPS:-1}
 CPS_PATHS=${BENCH_CPS_PATHS:-"b c d"}
 SEARCH=${BENCH_SEARCH:-1}
+PERF=${BENCH_PERF:-0}
 BUILD=${BENCH_BUILD:-1}
 P=${BENCH_PREFIX:-xlbbench}
 OUT=${BENCH_OUT:-$ROOT/perf/results}
@@ -368,10 +371,17 @@ trial() {
     path_down "$path" "$lp"
     failed "$path" "$prof" "$rep" "$WHY"; return
   fi
+  local perf_pid=
+  if [ "$PERF" = 1 ]; then
+    (sleep "$WARMUP"; exec perf record -q -e cpu-clock -F 2999 -g -C "$FWD_CPU" -o "$lp.perf.data" \
+      -- sleep "$SECS") >"$lp.perf.err" 2>&1 &
+    perf_pid=$!
+  fi
   # shellcheck disable=SC2046,SC2086
   timeout $((WARMUP + SECS + 60)) "$PKTGEN" run $(pktgen_common) $args --rate 0 \
     --duration "$SECS" --warmup "$WARMUP" --json >"$lp.pktgen.json" 2>"$lp.pktgen.err"
   local rc=$?
+  [ -n "$perf_pid" ] && wait "$perf_pid"
   path_down "$path" "$lp"
   if [ $rc -ne 0 ] || ! jq -e '.rx_pps' "$lp.pktgen.json" >/dev/null 2>&1; then
     failed "$path" "$prof" "$rep" "xlb-pktgen exited $rc: $(tail -n 3 "$lp.pktgen.err" | tr '\n' ' ')"; return
