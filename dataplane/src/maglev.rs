@@ -504,10 +504,7 @@ impl MaglevTable {
         if let Some(slot) =
             flow_hash.checked_rem(len).and_then(|i| usize::try_from(i).ok()).and_then(|i| self.slots.get(i))
         {
-            #[cfg(target_arch = "x86_64")]
-            safe_arch::prefetch_t0(slot);
-            #[cfg(not(target_arch = "x86_64"))]
-            let _ = slot;
+            crate::prefetch(slot);
         }
     }
 

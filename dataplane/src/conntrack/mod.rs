@@ -51,6 +51,7 @@ mod mem;
 use bytemuck::{Pod, Zeroable};
 
 use crate::addr::{Family, V4, V6};
+use crate::prefetch;
 use crate::tables::BackendRef;
 use crate::wire::tcp_flags;
 use mem::Region;
@@ -1288,14 +1289,6 @@ fn find_in<A: CtFamily>(
 #[inline]
 fn age(now_s: u32) -> u8 {
     (now_s & 0x7f) as u8
-}
-
-#[inline]
-fn prefetch<T>(x: &T) {
-    #[cfg(target_arch = "x86_64")]
-    safe_arch::prefetch_t0(x);
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = x;
 }
 
 /// Conntrack timeouts in seconds (seed CT-04; IPVS defaults).

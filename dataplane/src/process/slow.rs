@@ -10,6 +10,7 @@ use crate::frag::{FragAction, FragEntry, FragKey};
 use crate::icmp;
 use crate::maglev;
 use crate::nat::{self, Packet};
+use crate::prefetch;
 use crate::sched::FlowInfo;
 use crate::tables::{
     Backend, BackendRef, EmptyAction, ForwardingMode, FrontendEntry, FrontendKind, Hop, KERNEL_PORT, Scheduler, Tables,
@@ -119,14 +120,6 @@ pub(super) fn stage_misses<A: Fam>(st: &mut FamState<A>, c: &Common, t: &Tables,
         };
         ct.prefetch_bucket(ct.hash(&FlowKey { src: baddr, dst, sport: b.port, dport, proto: l.key.proto }));
     }
-}
-
-#[inline]
-fn prefetch<T>(x: &T) {
-    #[cfg(target_arch = "x86_64")]
-    safe_arch::prefetch_t0(x);
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = x;
 }
 
 /// A frame the fast parser did not take: parse it in full, then as [`run`].
