@@ -588,8 +588,9 @@ fn serve(
             tracing::info!(phase = "go", ms, "hand-over phase (new): released; the workers take frames");
         }
         // The rules are this process's alone now: an earlier xlb's punt device under another
-        // name (a hand-over to a new `puntDevice`, or a crash) left its bypass rule, and with
-        // no punt device here its reply rules would route pods' replies into nothing.
+        // name (a hand-over to a new `puntDevice`, or a crash) left its bypass rule; and with
+        // no punt device here, its reply rules would send pods' replies into its device, which
+        // no process reads any more, until the device goes (then the rules fall through).
         let own_punt = (!punt_queues.is_empty()).then_some(config.punt_device.as_str());
         match nic_config::rules::remove_leftovers(own_punt) {
             Ok((0, 0)) => {}
