@@ -75,29 +75,22 @@ pub fn set_bypass(ifname: &str, on: bool) -> Result<(), NicError> {
 /// # Errors
 /// [`NicError::Netlink`] if the `RTM_GETRULE` dump fails.
 pub fn bypass_devices() -> Result<BTreeSet<String>, NicError> {
-    const OP: &str = "RTM_GETRULE dump";
     let mut out = BTreeSet::new();
-    for fam in [AddressFamily::Inet, AddressFamily::Inet6] {
-        let mut msg = RuleMessage::default();
-        msg.header.family = fam;
-        let mut sock = RouteSocket::new(OP)?;
-        for m in sock.request(OP, RouteNetlinkMessage::GetRule(msg), NLM_F_DUMP)? {
-            let RouteNetlinkMessage::NewRule(r) = m else { continue };
-            let (mut iif, mut prio, mut table) = (None, None, None);
-            for a in &r.attributes {
-                match a {
-                    RuleAttribute::Iifname(n) => iif = Some(n.clone()),
-                    RuleAttribute::Priority(p) => prio = Some(*p),
-                    RuleAttribute::Table(t) => table = Some(*t),
-                    _ => {}
-                }
+    for r in dump_rules()? {
+        let (mut iif, mut prio, mut table) = (None, None, None);
+        for a in r.attributes {
+            match a {
+                RuleAttribute::Iifname(n) => iif = Some(n),
+                RuleAttribute::Priority(p) => prio = Some(p),
+                RuleAttribute::Table(t) => table = Some(t),
+                _ => {}
             }
-            if prio == Some(BYPASS_RULE_PRIORITY)
-                && table == Some(crate::routes::TABLE_MAIN)
-                && let Some(iif) = iif
-            {
-                out.insert(iif);
-            }
+        }
+        if prio == Some(BYPASS_RULE_PRIORITY)
+            && table == Some(crate::routes::TABLE_MAIN)
+            && let Some(iif) = iif
+        {
+            out.insert(iif);
         }
     }
     Ok(out)
@@ -159,30 +152,40 @@ fn message(r: &ReplyRule) -> RuleMessage {
 /// # Errors
 /// [`NicError::Netlink`] if the `RTM_GETRULE` dump fails.
 pub fn reply_rules() -> Result<BTreeSet<ReplyRule>, NicError> {
-    const OP: &str = "RTM_GETRULE dump";
     let mut out = BTreeSet::new();
+    for r in dump_rules()? {
+        let (mut src, mut prio, mut table, mut proto, mut sport) = (None, None, None, None, None);
+        for a in &r.attributes {
+            match a {
+                RuleAttribute::Source(s) => src = Some(*s),
+                RuleAttribute::Priority(p) => prio = Some(*p),
+                RuleAttribute::Table(t) => table = Some(*t),
+                RuleAttribute::IpProtocol(p) => proto = Some(u8::from(*p)),
+                RuleAttribute::SourcePortRange(p) if p.start == p.end => sport = Some(p.start),
+                _ => {}
+            }
+        }
+        if prio == Some(REPLY_RULE_PRIORITY)
+            && table == Some(REPLY_TABLE)
+            && let (Some(src), Some(proto), Some(sport)) = (src, proto, sport)
+        {
+            out.insert(ReplyRule { src, proto, sport });
+        }
+    }
+    Ok(out)
+}
+
+/// Every policy rule in the kernel, IPv4 then IPv6 (`RTM_GETRULE` dumps).
+fn dump_rules() -> Result<Vec<RuleMessage>, NicError> {
+    const OP: &str = "RTM_GETRULE dump";
+    let mut out = Vec::new();
     for fam in [AddressFamily::Inet, AddressFamily::Inet6] {
         let mut msg = RuleMessage::default();
         msg.header.family = fam;
         let mut sock = RouteSocket::new(OP)?;
         for m in sock.request(OP, RouteNetlinkMessage::GetRule(msg), NLM_F_DUMP)? {
-            let RouteNetlinkMessage::NewRule(r) = m else { continue };
-            let (mut src, mut prio, mut table, mut proto, mut sport) = (None, None, None, None, None);
-            for a in &r.attributes {
-                match a {
-                    RuleAttribute::Source(s) => src = Some(*s),
-                    RuleAttribute::Priority(p) => prio = Some(*p),
-                    RuleAttribute::Table(t) => table = Some(*t),
-                    RuleAttribute::IpProtocol(p) => proto = Some(u8::from(*p)),
-                    RuleAttribute::SourcePortRange(p) if p.start == p.end => sport = Some(p.start),
-                    _ => {}
-                }
-            }
-            if prio == Some(REPLY_RULE_PRIORITY)
-                && table == Some(REPLY_TABLE)
-                && let (Some(src), Some(proto), Some(sport)) = (src, proto, sport)
-            {
-                out.insert(ReplyRule { src, proto, sport });
+            if let RouteNetlinkMessage::NewRule(r) = m {
+                out.push(r);
             }
         }
     }
