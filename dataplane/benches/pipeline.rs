@@ -51,7 +51,7 @@ use criterion::{BenchmarkGroup, Criterion, Throughput, measurement::WallTime};
 use dataplane::addr::{V4, V6};
 use dataplane::conntrack;
 use dataplane::maglev::{DEFAULT_MAX_TABLE_SIZE, MaglevBackend, MaglevTable, backend_key};
-use dataplane::process::Verdict;
+use dataplane::process::{SWEEP_BUDGET, Verdict};
 use dataplane::tables::TablesHandle;
 
 #[path = "../../perf/callgrind/scenario.rs"]
@@ -394,9 +394,11 @@ fn single(g: &mut BenchmarkGroup<'_, WallTime>, b: &mut Bench, acks: &Templates)
     b.clock = scenario::expire_new_flows(&mut b.w.pipeline, &b.w.tables, clock);
 }
 
-/// One conntrack sweep step as `begin_batch` runs it every `sweep_interval_ms`: one step of
-/// each family, with the established flows in place. Each iteration moves the clock by one
-/// interval (nothing expires: established flows time out after 2^30 s).
+/// One conntrack sweep step as the workers do it every `sweep_interval_ms`: one step of each
+/// family, with the established flows in place, [`SWEEP_BUDGET`] records per `begin_batch`
+/// (the figure is the whole step: every `begin_batch` until none of it is left). Each
+/// iteration moves the clock by one interval (nothing expires: established flows time out
+/// after 2^30 s).
 fn sweep_step(g: &mut BenchmarkGroup<'_, WallTime>, b: &mut Bench) {
     let step = b.w.pipeline.config().sweep_interval_ms.max(1);
     let mut clock = b.clock;
@@ -407,12 +409,21 @@ fn sweep_step(g: &mut BenchmarkGroup<'_, WallTime>, b: &mut Bench) {
             for _ in 0..iters {
                 clock += step;
                 w.pipeline.begin_batch(&w.tables, clock);
+                while pending(&w.pipeline) > 0 {
+                    w.pipeline.begin_batch(&w.tables, clock);
+                }
             }
             start.elapsed()
         })
     });
     b.clock = clock;
     fact("conntrack_sweep_interval_ms", step, "ms");
+    fact("conntrack_sweep_budget_records", SWEEP_BUDGET, "records");
+}
+
+/// Records of the started sweep steps not visited yet (both families).
+fn pending(p: &dataplane::process::Pipeline) -> u32 {
+    p.families().v4.ct.sweep_pending() + p.families().v6.ct.sweep_pending()
 }
 
 /// `n` equal-weight backends 10.x.y.1:80 (as `benches/maglev.rs`).

@@ -390,6 +390,10 @@ pub fn park(
             }
             let seed = u64::from(id) ^ std::process::id() as u64 ^ 0x9E37_79B9_7F4A_7C15;
             let mut pipeline = Pipeline::with_affinity(spec.pipeline.clone(), seed, spec.affinity.clone());
+            // On the worker's own core (its memory node), before any packet.
+            let started = Instant::now();
+            let bytes = pipeline.prefault();
+            tracing::debug!(worker = id, bytes, ms = started.elapsed().as_secs_f64() * 1e3, "flow tables committed");
             let _ = parked_tx.send(());
             // Parked: no CPU until the start (or until the control thread gives up on it).
             let Ok(mut start) = go_rx.recv() else { return None };

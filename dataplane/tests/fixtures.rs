@@ -15,7 +15,7 @@ use dataplane::addr::Cidr;
 use dataplane::build::{self, CLIENT_MAC, Frame, IpOpts, LB_MAC, icmp_message, sctp_packet, tcp_segment, udp_datagram};
 use dataplane::counters::{DropReason, Event};
 use dataplane::nat::Packet;
-use dataplane::process::{Pipeline, PipelineConfig, Verdict};
+use dataplane::process::{Pipeline, PipelineConfig, SWEEP_BUDGET, Verdict};
 use dataplane::tables::*;
 use dataplane::wire::{proto, tcp_flags::*};
 
@@ -1510,4 +1510,41 @@ fn mid_stream_tcp_is_picked_up_on_the_same_backend_with_consistent_schedulers() 
             assert!(spread.len() > 1, "client ports spread over backends: {spread:?}");
         }
     }
+}
+
+/// The sweep of a batch's `begin_batch` does at most [`SWEEP_BUDGET`] records per family, and
+/// the steps still expire every flow within a pass: 20,000 half-open flows (a step of 313
+/// records, more than the budget) expire together, and no `begin_batch` removes more than
+/// the budget of them.
+#[test]
+fn begin_batch_expires_a_wave_of_flows_at_most_the_sweep_budget_per_call() {
+    let f = v4();
+    let cfg = PipelineConfig { conntrack_capacity: 32_768, ..PipelineConfig::default() };
+    let t = TableBuilder::new().build(&spec(f, vec![])).unwrap();
+    let mut p = Pipeline::new(cfg, 7);
+    p.begin_batch(&t, 1_000);
+    let syns: Vec<Vec<u8>> = (0..20_000u16).map(|i| tcp(f.client, 10_000 + i, f.vip, 80, SYN, 64, IN)).collect();
+    assert!(run_frames(&mut p, &t, &syns).iter().all(|(v, _)| *v == Verdict::Tx { port: 0 }));
+    assert_eq!(p.families().v4.ct.len(), 20_000);
+    // SYN_SENT flows time out after 60 s: all of them have at 70 s.
+    let expired = |p: &Pipeline| p.counters().events_of(Event::ConntrackExpired);
+    let (mut calls, mut most) = (0, 0);
+    for step in 0..dataplane::conntrack::SHARDS as u64 {
+        let now = 70_000 + step * 100;
+        loop {
+            let before = expired(&p);
+            p.begin_batch(&t, now);
+            let n = expired(&p) - before;
+            assert!(n <= u64::from(SWEEP_BUDGET), "one begin_batch expired {n} flows");
+            most = most.max(n);
+            calls += 1;
+            if p.families().v4.ct.sweep_pending() == 0 {
+                break;
+            }
+        }
+    }
+    assert_eq!(p.families().v4.ct.len(), 0, "a pass expired every flow");
+    assert_eq!(expired(&p), 20_000);
+    assert_eq!(most, u64::from(SWEEP_BUDGET), "the budget bounded some call");
+    assert_eq!(calls, 128, "two calls per step of 313 records");
 }

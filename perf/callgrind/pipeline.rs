@@ -27,6 +27,16 @@
 //! running worker's would) and collects only around the measured packets (callgrind client
 //! requests), so `Collected` divided by `K` is per packet. `perf/callgrind/run.sh` does exactly
 //! that. Outside valgrind the client requests are no-ops and the driver prints the wall time.
+//!
+//! `callgrind-pipeline jitter syn_flood uniform BATCHES` (natively, not under valgrind) times
+//! each batch instead: the `syn_flood` world, then `BATCHES` batches of 64 new SYNs with the
+//! clock moving `JITTER_STEP_US` (default 100 µs, 640,000 SYNs per second) per batch from
+//! `JITTER_START_MS` (default the fill's time; 62,500 puts the run in the second when every
+//! filling flow's SYN timeout has passed, so the sweep expires them), on a conntrack of
+//! `JITTER_CAPACITY` flows (default 262,144), committed first as the workers commit theirs
+//! (`JITTER_PREFAULT=0` leaves it to be faulted in by the packets). It prints the batches'
+//! p50, p99, p99.9 and maximum (`syn_flood_batch_*_ns`) and the ten slowest: what a worker's
+//! RX ring has to absorb.
 
 use std::hint::black_box;
 use std::process::ExitCode;
@@ -147,15 +157,19 @@ const SYN_FLOOD_CAPACITY: usize = 1 << 18;
 /// # Panics
 /// If a filling SYN is not forwarded or the table is not full afterwards.
 fn syn_flood_world(n: usize) -> (World, scenario::Templates) {
+    syn_flood_world_of(SYN_FLOOD_CAPACITY, n)
+}
+
+fn syn_flood_world_of(cap: usize, n: usize) -> (World, scenario::Templates) {
     let (_, tables) = scenario::tables_of(Kind::Dnat);
-    let cfg = PipelineConfig { conntrack_capacity: SYN_FLOOD_CAPACITY, ..scenario::config() };
+    let cfg = PipelineConfig { conntrack_capacity: cap, ..scenario::config() };
     let mut pipeline = Pipeline::new(cfg, 0x5eed);
-    let fill = scenario::new_syn_templates(SYN_FLOOD_CAPACITY);
+    let fill = scenario::new_syn_templates(cap);
     let not_tx = scenario::run_all(&mut pipeline, &tables, &fill, &mut Arena::new(0));
     assert_eq!(not_tx, 0, "the filling SYNs must be forwarded");
-    assert_eq!(pipeline.families().v4.ct.len(), SYN_FLOOD_CAPACITY, "the table is full");
+    assert_eq!(pipeline.families().v4.ct.len(), cap, "the table is full");
     let tpl = scenario::Templates::new(n, |i| {
-        scenario::tcp_frame(scenario::new_flow(SYN_FLOOD_CAPACITY + i), dataplane::wire::tcp_flags::SYN)
+        scenario::tcp_frame(scenario::new_flow(cap + i), dataplane::wire::tcp_flags::SYN)
     });
     (World { kind: Kind::Dnat, tables, pipeline, buf: scenario::PacketBuf::default() }, tpl)
 }
@@ -164,7 +178,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     let [_, mode, profile, mix, k] = args.as_slice() else { return usage() };
     let mode = match mode.as_str() {
-        "batch" => Mode::Batch,
+        "batch" | "jitter" => Mode::Batch,
         "single" => Mode::Single,
         "copy" => Mode::Copy,
         _ => return usage(),
@@ -172,6 +186,9 @@ fn main() -> ExitCode {
     let (Some(mix), Ok(k)) = (Mix::from_name(mix), k.parse::<usize>()) else { return usage() };
     if k == 0 {
         return usage();
+    }
+    if args.get(1).is_some_and(|m| m == "jitter") {
+        return if profile == "syn_flood" { jitter(k) } else { usage() };
     }
     if profile == "syn_flood" {
         let (mut w, tpl) = syn_flood_world(2 * k);
@@ -233,7 +250,57 @@ fn measure(w: &mut World, stream: &Stream, k: usize, mode: Mode, profile: &str, 
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: callgrind-pipeline batch|single|copy established|new_flow|snat_reply|dsr_ipip|syn_flood uniform|zipf|hot K"
+        "usage: callgrind-pipeline batch|single|copy established|new_flow|snat_reply|dsr_ipip|syn_flood uniform|zipf|hot K\n       callgrind-pipeline jitter syn_flood uniform BATCHES"
     );
     ExitCode::from(2)
+}
+
+/// The `jitter` mode: the wall time of each batch of a SYN flood into a full table while the
+/// clock moves as it does live (see the module docs); prints the distribution and the ten
+/// slowest batches. Not for valgrind.
+fn jitter(batches: usize) -> ExitCode {
+    let env = |name: &str, default: u64| std::env::var(name).ok().and_then(|s| s.parse().ok()).unwrap_or(default);
+    let cap = usize::try_from(env("JITTER_CAPACITY", SYN_FLOOD_CAPACITY as u64)).unwrap_or(SYN_FLOOD_CAPACITY);
+    let (start_ms, step_us, prefault) =
+        (env("JITTER_START_MS", NOW_MS), env("JITTER_STEP_US", 100), env("JITTER_PREFAULT", 1));
+    let n = batches * BATCH;
+    let (mut w, tpl) = syn_flood_world_of(cap, n);
+    let stream = Stream::new(&tpl, &scenario::in_order(n));
+    drop(tpl);
+    if prefault != 0 {
+        let t0 = Instant::now();
+        let bytes = w.pipeline.prefault();
+        eprintln!("prefault: {bytes} bytes in {:.1} ms", t0.elapsed().as_secs_f64() * 1e3);
+    }
+    let mut arena = Arena::new(0);
+    // Touch every frame buffer once (untimed), as a running worker's UMEM is.
+    for _ in 0..scenario::BUFFERS / BATCH {
+        arena.run(None, stream.frames(0, BATCH), stream.frame_len());
+    }
+    let at_ms = |b: usize| start_ms + (b as u64).saturating_mul(step_us) / 1000;
+    let mut times: Vec<(u64, usize)> = Vec::with_capacity(batches);
+    let mut not_tx = 0;
+    for b in 0..batches {
+        let t0 = Instant::now();
+        w.pipeline.begin_batch(&w.tables, at_ms(b));
+        not_tx += arena.run(Some((&mut w.pipeline, &w.tables)), stream.frames(b * BATCH, BATCH), stream.frame_len());
+        times.push((u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX), b));
+    }
+    if not_tx != 0 {
+        eprintln!("jitter: {not_tx} SYNs were not forwarded");
+        return ExitCode::FAILURE;
+    }
+    let mut sorted: Vec<u64> = times.iter().map(|x| x.0).collect();
+    sorted.sort_unstable();
+    let q = |num: usize, den: usize| sorted.get((sorted.len() - 1) * num / den).copied().unwrap_or(0);
+    println!("syn_flood_flows {cap} flows");
+    println!("syn_flood_batch_p50_ns {} ns", q(1, 2));
+    println!("syn_flood_batch_p99_ns {} ns", q(99, 100));
+    println!("syn_flood_batch_p999_ns {} ns", q(999, 1000));
+    println!("syn_flood_batch_max_ns {} ns", q(1, 1));
+    times.sort_unstable_by_key(|&(ns, _)| core::cmp::Reverse(ns));
+    for (ns, b) in times.iter().take(10) {
+        eprintln!("  batch {b} at {} ms: {ns} ns", at_ms(*b));
+    }
+    ExitCode::SUCCESS
 }

@@ -40,9 +40,21 @@
 //! second and the not-established flows of the swept range are evicted; else the new flow is
 //! refused ([`Full`]).
 //!
-//! Expiry is checked on lookup ([`Conntrack::lookup`]) and by [`Conntrack::sweep`], which
-//! visits one [`SHARDS`]th of the slab per call. Timeouts follow IPVS (`ipvsadm --set`; seed
+//! Expiry is checked on lookup ([`Conntrack::lookup`]) and by the sweep, which visits one
+//! [`SHARDS`]th of the slab per step ([`Conntrack::sweep`]); the batch pipeline starts a step
+//! every `sweep_interval_ms` and does it a bounded number of records per batch
+//! ([`Conntrack::sweep_begin`], [`Conntrack::sweep_some`]), so that expiring many flows at once
+//! does not hold up one batch for milliseconds. Timeouts follow IPVS (`ipvsadm --set`; seed
 //! CT-04): established 900 s, FIN 120 s, UDP 300 s, all configurable.
+//!
+//! # Memory
+//!
+//! The arrays are reserved whole and committed page by page as they are first written, so a
+//! table nobody uses costs nothing. A worker commits its tables before it takes traffic
+//! ([`Conntrack::prefault`]): the first write to a page of a huge-page region otherwise
+//! faults on the packet path, where it zeroes 2 MiB and may wait for the kernel to compact
+//! memory (up to 4.5 ms measured for one batch, docs/benchmarks.md). A worker's memory is then
+//! its tables' full size from the start, as with Katran's and Cilium's preallocated maps.
 
 #![deny(clippy::panic, clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 
@@ -536,6 +548,9 @@ pub struct Conntrack<A: CtFamily> {
     free: Region<u32>,
     nfree: usize,
     sweep_at: usize,
+    /// What is left of the step [`Conntrack::sweep_begin`] started, for
+    /// [`Conntrack::sweep_some`].
+    pending: core::ops::Range<u32>,
     last_reclaim_s: u32,
     /// A 1,024-bit filter of the entries placed since [`Conntrack::mark`]: bit `hash >> 54`
     /// of each ([`placed_bit`]).
@@ -594,6 +609,7 @@ impl<A: CtFamily> Conntrack<A> {
             free: Region::new(capacity),
             nfree: 0,
             sweep_at: 0,
+            pending: 0..0,
             last_reclaim_s: u32::MAX,
             placed: [0; PLACED_WORDS],
         }
@@ -653,6 +669,13 @@ impl<A: CtFamily> Conntrack<A> {
     /// Maximum number of flows.
     pub fn capacity(&self) -> usize {
         self.capacity
+    }
+
+    /// Commits the table's memory now (index, record slab, free list; see the module docs),
+    /// keeping what is in it; returns the bytes committed. A worker calls this before it takes
+    /// traffic, so that no page of the table is first touched by a packet.
+    pub fn prefault(&mut self) -> usize {
+        self.buckets.prefault() + self.recs.prefault() + self.free.prefault()
     }
 
     /// Bytes reserved: buckets plus the whole record slab (virtual memory).
@@ -862,6 +885,38 @@ impl<A: CtFamily> Conntrack<A> {
     /// used). Returns the number of flows removed.
     pub fn sweep(&mut self, now_s: u32, mut on_remove: impl FnMut(Removed)) -> usize {
         let range = self.sweep_range();
+        self.expire_range(range, now_s, &mut on_remove)
+    }
+
+    /// Starts the next sweep step, to be done [`Conntrack::sweep_some`] at a time, unless the
+    /// last one is not done yet (then the steps fall behind rather than any call doing more
+    /// than its share).
+    pub fn sweep_begin(&mut self) {
+        if self.pending.is_empty() {
+            self.pending = self.sweep_range();
+        }
+    }
+
+    /// Visits at most `max` records of the step [`Conntrack::sweep_begin`] started and removes
+    /// the expired ones; returns how many. The batch pipeline calls it once per batch, so that
+    /// a step of a large table (16,384 records at 1,048,576 flows) costs no batch more than
+    /// `max` records' work, even when every one of them has expired.
+    pub fn sweep_some(&mut self, now_s: u32, max: u32, mut on_remove: impl FnMut(Removed)) -> usize {
+        if self.pending.is_empty() {
+            return 0;
+        }
+        let (start, end) = (self.pending.start, self.pending.end.min(self.hw));
+        let stop = start.saturating_add(max).min(end);
+        self.pending = stop..end;
+        self.expire_range(start..stop, now_s, &mut on_remove)
+    }
+
+    /// Records of the started step not visited yet.
+    pub fn sweep_pending(&self) -> u32 {
+        self.pending.end.min(self.hw).saturating_sub(self.pending.start)
+    }
+
+    fn expire_range(&mut self, range: core::ops::Range<u32>, now_s: u32, on_remove: &mut impl FnMut(Removed)) -> usize {
         let mut removed = 0;
         for id in range {
             let expired = self.recs.as_slice().get(id as usize).is_some_and(|r| r.in_use() && r.expires_s < now_s);

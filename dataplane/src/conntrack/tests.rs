@@ -288,6 +288,46 @@ fn a_full_sweep_pass_removes_every_expired_flow_and_only_those() {
 }
 
 #[test]
+fn a_sweep_step_done_in_budgeted_parts_removes_what_the_whole_step_removes_and_no_part_more_than_its_budget() {
+    let fill = |ct: &mut Conntrack<V4>| {
+        for i in 0..6400u16 {
+            insert(ct, rec(i, if i % 2 == 0 { 50 } else { 500 }, CtState::Established), 0, |_| {}).unwrap();
+        }
+    };
+    let mut whole = Conntrack::<V4>::with_seeds(6400, SEEDS);
+    let mut parts = Conntrack::<V4>::with_seeds(6400, SEEDS);
+    fill(&mut whole);
+    fill(&mut parts);
+    for step in 0..SHARDS {
+        let mut expected = Vec::new();
+        whole.sweep(100, |r| expected.push(r.backend));
+        parts.sweep_begin();
+        assert_eq!(parts.sweep_pending(), 100, "step {step}: 6,400 records in 64 steps");
+        let (mut got, mut calls) = (Vec::new(), 0);
+        while parts.sweep_pending() > 0 {
+            let mut n = 0;
+            let removed = parts.sweep_some(100, 30, |r| {
+                n += 1;
+                got.push(r.backend);
+            });
+            assert_eq!(removed, n);
+            assert!(n <= 30, "step {step}: {n} removed by one call of 30 visits");
+            // Beginning the next step before this one is done changes nothing.
+            let left = parts.sweep_pending();
+            if left > 0 {
+                parts.sweep_begin();
+                assert_eq!(parts.sweep_pending(), left, "step {step}: a second begin restarted the step");
+            }
+            calls += 1;
+        }
+        assert_eq!(calls, 4, "step {step}: 100 records, 30 at a time");
+        assert_eq!(got, expected, "step {step}");
+        assert_eq!(parts.sweep_some(100, 30, |_| panic!("the step is done")), 0);
+    }
+    assert_eq!((whole.len(), parts.len()), (3200, 3200));
+}
+
+#[test]
 fn displaced_entries_are_found_and_removal_restores_overflow_counts() {
     // Force collisions: a table whose index is only two buckets.
     let mut ct = Conntrack::<V4>::with_seeds(1, SEEDS);

@@ -54,6 +54,14 @@ use crate::wire::{self, Fast, FastFrame, proto};
 /// Most frames [`Pipeline::process_batch`] works on at once (longer slices are cut).
 pub const BATCH: usize = 64;
 
+/// Most conntrack records of each family the sweep visits per [`Pipeline::begin_batch`]
+/// ([`Conntrack::sweep_some`]): at most about 80 µs of work per batch when all of them have
+/// expired (`callgrind-pipeline jitter`, docs/benchmarks.md). A worker begins a batch at
+/// least once a millisecond (it sleeps in `poll(2)` for at most 1 ms), so a step of up to
+/// 25,600 records (a table of 1,638,400 flows) is done within its 100 ms interval even when
+/// idle; steps of larger tables fall behind and a pass takes longer.
+pub const SWEEP_BUDGET: u32 = 256;
+
 /// What to do with a frame after [`Pipeline::process`].
 #[derive(Copy, Clone, PartialEq, Eq, Debug)]
 pub enum Verdict {
@@ -98,7 +106,8 @@ pub struct PipelineConfig {
     pub frag_timeout_s: u32,
     /// Maximum ClientIP affinity records (the table is shared by the node's workers).
     pub affinity_capacity: usize,
-    /// Interval between conntrack sweep steps, in milliseconds.
+    /// Interval between conntrack sweep steps, in milliseconds (each step one
+    /// [`conntrack::SHARDS`]th of the records, done [`SWEEP_BUDGET`] records per batch).
     pub sweep_interval_ms: u64,
     /// Service counter slots (largest service id + 1 that will be counted).
     pub max_services: usize,
@@ -551,6 +560,12 @@ impl Pipeline {
         }
     }
 
+    /// Commits the memory of both families' flow tables now ([`Conntrack::prefault`]); returns
+    /// the bytes committed. Workers call it once, before they take traffic.
+    pub fn prefault(&mut self) -> usize {
+        self.fam.v4.ct.prefault() + self.fam.v6.ct.prefault()
+    }
+
     /// The counters this worker writes.
     pub fn counters(&self) -> &Arc<WorkerCounters> {
         &self.c.counters
@@ -583,11 +598,12 @@ impl Pipeline {
         }
         if now_ms.saturating_sub(self.c.last_sweep_ms) >= self.c.cfg.sweep_interval_ms {
             self.c.last_sweep_ms = now_ms;
-            let now = self.c.now_s;
-            let c = &mut self.c;
-            self.fam.v4.ct.sweep(now, |r| c.on_removed(r));
-            self.fam.v6.ct.sweep(now, |r| c.on_removed(r));
+            self.fam.v4.ct.sweep_begin();
+            self.fam.v6.ct.sweep_begin();
         }
+        let (now, c) = (self.c.now_s, &mut self.c);
+        self.fam.v4.ct.sweep_some(now, SWEEP_BUDGET, |r| c.on_removed(r));
+        self.fam.v6.ct.sweep_some(now, SWEEP_BUDGET, |r| c.on_removed(r));
         self.c.counters.ct_entries.set((self.fam.v4.ct.len() + self.fam.v6.ct.len()) as u64);
     }
 
