@@ -53,7 +53,7 @@
 //! table nobody uses costs nothing. A worker commits its tables before it takes traffic
 //! ([`Conntrack::prefault`]): the first write to a page of a huge-page region otherwise
 //! faults on the packet path, where it zeroes 2 MiB and may wait for the kernel to compact
-//! memory (up to 4.5 ms measured for one batch, docs/benchmarks.md). A worker's memory is then
+//! memory (up to 4.9 ms measured for one batch, docs/benchmarks.md). A worker's memory is then
 //! its tables' full size from the start, as with Katran's and Cilium's preallocated maps.
 
 #![deny(clippy::panic, clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
