@@ -1056,6 +1056,7 @@ impl<A: CtFamily> Conntrack<A> {
         self.hw = 0;
         self.nfree = 0;
         self.len = 0;
+        self.pending = 0..0;
     }
 }
 
