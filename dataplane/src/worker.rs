@@ -393,7 +393,7 @@ pub fn park(
             // On the worker's own core (its memory node), before any packet.
             let started = Instant::now();
             let bytes = pipeline.prefault();
-            tracing::debug!(worker = id, bytes, ms = started.elapsed().as_secs_f64() * 1e3, "flow tables committed");
+            tracing::info!(worker = id, bytes, ms = started.elapsed().as_secs_f64() * 1e3, "flow tables committed");
             let _ = parked_tx.send(());
             // Parked: no CPU until the start (or until the control thread gives up on it).
             let Ok(mut start) = go_rx.recv() else { return None };
