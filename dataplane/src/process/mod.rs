@@ -55,11 +55,13 @@ use crate::wire::{self, Fast, FastFrame, proto};
 pub const BATCH: usize = 64;
 
 /// Most conntrack records of each family the sweep visits per [`Pipeline::begin_batch`]
-/// ([`Conntrack::sweep_some`]): at most about 80 µs of work per batch when all of them have
-/// expired (`callgrind-pipeline jitter`, docs/benchmarks.md). A worker begins a batch at
-/// least once a millisecond (it sleeps in `poll(2)` for at most 1 ms), so a step of up to
-/// 25,600 records (a table of 1,638,400 flows) is done within its 100 ms interval even when
-/// idle; steps of larger tables fall behind and a pass takes longer.
+/// ([`Conntrack::sweep_some`]). When all of them have expired, the slowest batch of a SYN
+/// flood into a 1,048,576-flow table measured 122–150 µs against a median of 15 µs
+/// (`callgrind-pipeline jitter`, docs/benchmarks.md); a whole step at once took up to
+/// 6.2 ms. A worker begins a batch at least once a millisecond (it sleeps in `poll(2)` for
+/// at most 1 ms), so a step of up to 25,600 records (a table of 1,638,400 flows) is done
+/// within its 100 ms interval even when idle; steps of larger tables fall behind and a pass
+/// takes longer.
 pub const SWEEP_BUDGET: u32 = 256;
 
 /// What to do with a frame after [`Pipeline::process`].
