@@ -32,8 +32,10 @@ demo-ecmp: build-release
 	bash deploy/demo-ecmp.sh
 
 ## Pipeline benchmarks (issue 2): criterion (1,000 VIPs, 10,000 backends, 1,000,000 flows),
-## then instructions per packet under callgrind; ends with one `NAME VALUE UNIT` line per
-## figure. About 3 minutes on the 2-core VM. See docs/benchmarks.md.
+## then instructions per packet under callgrind, then the batch times of a SYN flood into a
+## full 1,048,576-flow table during an expiry wave (`callgrind-pipeline jitter`); ends with
+## one `NAME VALUE UNIT` line per figure. About 5 minutes on the 2-core VM. See
+## docs/benchmarks.md.
 BENCH_TARGET = $(or $(CARGO_TARGET_DIR),target)
 BENCH_OUT = $(BENCH_TARGET)/xlb-bench
 .PHONY: bench-pipeline
@@ -42,8 +44,10 @@ bench-pipeline:
 	mkdir -p $(BENCH_OUT)
 	set -o pipefail; $(CARGO) bench -p dataplane --bench pipeline 2>&1 | tee $(BENCH_OUT)/criterion.log
 	set -o pipefail; bash perf/callgrind/run.sh $(BENCH_OUT) | tee $(BENCH_OUT)/callgrind.txt
+	set -o pipefail; JITTER_CAPACITY=1048576 JITTER_START_MS=62500 $(BENCH_TARGET)/release/callgrind-pipeline jitter syn_flood uniform 30000 2>&1 | tee $(BENCH_OUT)/jitter.txt
 	@echo "== bench-pipeline summary (commit $$(git rev-parse --short HEAD 2>/dev/null)) =="
 	@python3 perf/callgrind/summary.py $(BENCH_TARGET)/criterion $(BENCH_OUT)/criterion.log $(BENCH_OUT)/callgrind.txt
+	@grep -E '^syn_flood_' $(BENCH_OUT)/jitter.txt
 
 ## Side-by-side packet and connection rates (issue 5): the AF_XDP ceiling (xlb-macfwd), xlb,
 ## kube-proxy's nftables and iptables rulesets for the same Services, driven by xlb-pktgen
