@@ -160,6 +160,8 @@ fn syn_flood_world(n: usize) -> (World, scenario::Templates) {
     syn_flood_world_of(SYN_FLOOD_CAPACITY, n)
 }
 
+/// [`syn_flood_world`] with a conntrack of `cap` flows (the `jitter` mode's
+/// `JITTER_CAPACITY`).
 fn syn_flood_world_of(cap: usize, n: usize) -> (World, scenario::Templates) {
     let (_, tables) = scenario::tables_of(Kind::Dnat);
     let cfg = PipelineConfig { conntrack_capacity: cap, ..scenario::config() };
