@@ -95,11 +95,19 @@ mod tests {
 
             let mut watcher = pair.lb.run_in(|| NeighbourWatcher::new().unwrap());
             pair.lb.run_in(|| neighbours::resolve(idx, peer)).expect("resolve");
-            let n = wait_for(LONG, "the kernel to resolve the client", || {
-                pair.lb
+            let n = wait_for(LONG, &format!("the kernel to resolve the client's {peer}"), || {
+                let found = pair
+                    .lb
                     .run_in(|| neighbours::dump(Some(idx)).unwrap())
                     .into_iter()
-                    .find(|n| n.ip == peer && n.usable_mac().is_some())
+                    .find(|n| n.ip == peer && n.usable_mac().is_some());
+                if found.is_none() {
+                    // Asked again while it is not resolved, as xlb asks again for its unresolved
+                    // next hops: the first probes can go out before the fresh veth pair passes
+                    // frames, and after its retries the kernel leaves the entry FAILED.
+                    pair.lb.run_in(|| neighbours::resolve(idx, peer)).expect("resolve again");
+                }
+                found
             });
             assert_eq!(n.mac, Some(pair.client_mac), "{peer} resolved to the client's MAC");
             // The watcher saw it too.
