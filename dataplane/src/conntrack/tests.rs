@@ -251,8 +251,9 @@ fn full_table_evicts_expired_then_refuses() {
         insert(&mut ct, rec(i, 100, CtState::Established), 0, |_| {}).unwrap();
     }
     assert_eq!(insert(&mut ct, rec(999, 100, CtState::Established), 0, |_| {}), Err(Full));
-    // Once everything has expired, a refused insert sweeps one step's share, at most once per
-    // second; within SHARDS seconds some step holding an expired flow is swept.
+    // Once everything has expired, a refused insert sweeps (at most RECLAIM_BUDGET records of)
+    // the current step, at most once per second; within SHARDS seconds some step holding an
+    // expired flow is swept.
     let mut n = 0;
     let mut at = None;
     for sec in 200..200 + SHARDS as u32 {
@@ -529,4 +530,32 @@ proptest! {
             prop_assert!(ct.find(&key(*i), ct.hash(&key(*i))).is_some());
         }
     }
+}
+
+#[test]
+fn a_full_tables_reclaim_expires_at_most_its_budget_in_one_insert_and_leaves_the_rest_of_the_step() {
+    let cap = 1 << 16;
+    let mut ct = Conntrack::<V4>::with_seeds(cap, SEEDS);
+    let mk = |i: u32, expires: u32| {
+        let mut r = rec((i & 0xffff) as u16, expires, CtState::Established);
+        r.client = V4((0x0a00_0000 | (i >> 16)).to_be_bytes());
+        r.reply_dst = r.client;
+        r
+    };
+    for i in 0..cap as u32 {
+        insert(&mut ct, mk(i, 100), 0, |_| {}).unwrap();
+    }
+    // Full of established flows (nothing to evict near any key), every one expired at 200 s:
+    // the insert reclaims RECLAIM_BUDGET of the current step's 1,024 records, not all of them.
+    let mut removed = 0;
+    insert(&mut ct, mk(cap as u32, 5000), 200, |r| {
+        assert!(!r.evicted, "expired, not evicted");
+        removed += 1;
+    })
+    .expect("room made");
+    assert_eq!(removed, RECLAIM_BUDGET as usize);
+    assert_eq!(ct.len(), cap - RECLAIM_BUDGET as usize + 1);
+    assert_eq!(ct.sweep_pending(), 1024 - RECLAIM_BUDGET, "the rest of the step is left to the sweep");
+    // The room it made serves the next flows without another reclaim.
+    insert(&mut ct, mk(cap as u32 + 1, 5000), 200, |_| panic!("nothing to remove")).expect("room left");
 }
