@@ -409,7 +409,7 @@ fn sweep_step(g: &mut BenchmarkGroup<'_, WallTime>, b: &mut Bench) {
             for _ in 0..iters {
                 clock += step;
                 w.pipeline.begin_batch(&w.tables, clock);
-                while pending(&w.pipeline) > 0 {
+                while w.pipeline.sweep_pending() > 0 {
                     w.pipeline.begin_batch(&w.tables, clock);
                 }
             }
@@ -419,11 +419,6 @@ fn sweep_step(g: &mut BenchmarkGroup<'_, WallTime>, b: &mut Bench) {
     b.clock = clock;
     fact("conntrack_sweep_interval_ms", step, "ms");
     fact("conntrack_sweep_budget_records", SWEEP_BUDGET, "records");
-}
-
-/// Records of the started sweep steps not visited yet (both families).
-fn pending(p: &dataplane::process::Pipeline) -> u32 {
-    p.families().v4.ct.sweep_pending() + p.families().v6.ct.sweep_pending()
 }
 
 /// `n` equal-weight backends 10.x.y.1:80 (as `benches/maglev.rs`).

@@ -1538,7 +1538,7 @@ fn begin_batch_expires_a_wave_of_flows_at_most_the_sweep_budget_per_call() {
             assert!(n <= u64::from(SWEEP_BUDGET), "one begin_batch expired {n} flows");
             most = most.max(n);
             calls += 1;
-            if p.families().v4.ct.sweep_pending() == 0 {
+            if p.sweep_pending() == 0 {
                 break;
             }
         }

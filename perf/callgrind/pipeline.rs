@@ -179,6 +179,7 @@ fn syn_flood_world_of(cap: usize, n: usize) -> (World, scenario::Templates) {
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     let [_, mode, profile, mix, k] = args.as_slice() else { return usage() };
+    let is_jitter = mode == "jitter";
     let mode = match mode.as_str() {
         "batch" | "jitter" => Mode::Batch,
         "single" => Mode::Single,
@@ -189,7 +190,7 @@ fn main() -> ExitCode {
     if k == 0 {
         return usage();
     }
-    if args.get(1).is_some_and(|m| m == "jitter") {
+    if is_jitter {
         return if profile == "syn_flood" { jitter(k) } else { usage() };
     }
     if profile == "syn_flood" {

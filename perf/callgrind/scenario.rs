@@ -555,7 +555,7 @@ pub(crate) fn expire_new_flows(p: &mut Pipeline, t: &Tables, now_ms: u64) -> u64
         now += step;
         p.begin_batch(t, now);
         // The step is done SWEEP_BUDGET records per batch: finish it at the same time.
-        while p.families().v4.ct.sweep_pending() + p.families().v6.ct.sweep_pending() > 0 {
+        while p.sweep_pending() > 0 {
             p.begin_batch(t, now);
         }
     }

@@ -888,10 +888,11 @@ impl<A: CtFamily> Conntrack<A> {
     }
 
     /// Expires one step's share of the records ([`SHARDS`] steps per pass over the records ever
-    /// used). Returns the number of flows removed.
-    pub fn sweep(&mut self, now_s: u32, mut on_remove: impl FnMut(Removed)) -> usize {
-        let range = self.sweep_range();
-        self.expire_range(range, now_s, &mut on_remove)
+    /// used) in one call: the rest of the step [`Conntrack::sweep_begin`] started if it is not
+    /// done, else the next step. Returns the number of flows removed.
+    pub fn sweep(&mut self, now_s: u32, on_remove: impl FnMut(Removed)) -> usize {
+        self.sweep_begin();
+        self.sweep_some(now_s, u32::MAX, on_remove)
     }
 
     /// Starts the next sweep step, to be done [`Conntrack::sweep_some`] at a time, unless the
@@ -914,17 +915,8 @@ impl<A: CtFamily> Conntrack<A> {
         let (start, end) = (self.pending.start, self.pending.end.min(self.hw));
         let stop = start.saturating_add(max).min(end);
         self.pending = stop..end;
-        self.expire_range(start..stop, now_s, &mut on_remove)
-    }
-
-    /// Records of the started step not visited yet.
-    pub fn sweep_pending(&self) -> u32 {
-        self.pending.end.min(self.hw).saturating_sub(self.pending.start)
-    }
-
-    fn expire_range(&mut self, range: core::ops::Range<u32>, now_s: u32, on_remove: &mut impl FnMut(Removed)) -> usize {
         let mut removed = 0;
-        for id in range {
+        for id in start..stop {
             let expired = self.recs.as_slice().get(id as usize).is_some_and(|r| r.in_use() && r.expires_s < now_s);
             if expired && let Some(r) = self.remove(id) {
                 removed += 1;
@@ -932,6 +924,11 @@ impl<A: CtFamily> Conntrack<A> {
             }
         }
         removed
+    }
+
+    /// Records of the started step not visited yet.
+    pub fn sweep_pending(&self) -> u32 {
+        self.pending.end.min(self.hw).saturating_sub(self.pending.start)
     }
 
     /// The records the next sweep step visits; advances the step.

@@ -568,6 +568,12 @@ impl Pipeline {
         self.fam.v4.ct.prefault() + self.fam.v6.ct.prefault()
     }
 
+    /// Conntrack records of both families' started sweep steps that [`Pipeline::begin_batch`]
+    /// has not visited yet ([`Conntrack::sweep_pending`]): 0 once the steps are done.
+    pub fn sweep_pending(&self) -> u32 {
+        self.fam.v4.ct.sweep_pending() + self.fam.v6.ct.sweep_pending()
+    }
+
     /// The counters this worker writes.
     pub fn counters(&self) -> &Arc<WorkerCounters> {
         &self.c.counters
