@@ -187,30 +187,18 @@ struct Lane<A> {
     miss: bool,
 }
 
-/// The fast-parsed packets of one family in the current batch, and what the miss stage
-/// computed for those that missed.
+/// The fast-parsed packets of one family in the current batch.
 #[derive(Debug)]
 struct Lanes<A> {
     l: Box<[Lane<A>; BATCH]>,
     n: usize,
-    /// Backend a Maglev service picks for lane `i`, computed (and prefetched) by the miss stage.
-    pick: [Option<BackendRef>; BATCH],
-    /// Frontend of lane `i` found by the miss stage ([`FE_NONE`]: none; [`FE_UNKNOWN`]: not
-    /// looked up).
-    fe: [u32; BATCH],
-    /// The Maglev flow hash behind `pick` (between the miss stage's two loops).
+    /// The Maglev flow hash of lane `i` (between the miss stage's loops).
     hash_m: [u64; BATCH],
 }
 
 impl<A: Copy + Default> Lanes<A> {
     fn new() -> Self {
-        Self {
-            l: Box::new([Lane::default(); BATCH]),
-            n: 0,
-            pick: [None; BATCH],
-            fe: [FE_UNKNOWN; BATCH],
-            hash_m: [0; BATCH],
-        }
+        Self { l: Box::new([Lane::default(); BATCH]), n: 0, hash_m: [0; BATCH] }
     }
 
     #[inline]
@@ -680,24 +668,8 @@ impl Pipeline {
         let (slow4, tx4) = fast::stage::<V4>(&mut self.fam.v4, &mut self.c, pkts, verdicts);
         let (slow6, tx6) = fast::stage::<V6>(&mut self.fam.v6, &mut self.c, pkts, verdicts);
         self.slow |= slow4 | slow6;
-        // Stage 4: the misses' frontends and Maglev picks, prefetched.
         if self.slow != 0 {
-            slow::stage_misses::<V4>(&mut self.fam.v4, &self.c, t, self.slow);
-            slow::stage_misses::<V6>(&mut self.fam.v6, &self.c, t, self.slow);
-        }
-        // Stage 5: everything else, in arrival order.
-        let mut rest = self.slow;
-        while rest != 0 {
-            let i = rest.trailing_zeros() as usize;
-            rest &= rest - 1;
-            let (Some(pkt), Some(v)) = (pkts.get_mut(i), verdicts.get_mut(i)) else { continue };
-            let lane = self.lane_of.get(i).copied().unwrap_or(NO_LANE);
-            let l = usize::from(lane & !V6_LANE);
-            *v = match lane {
-                NO_LANE => slow::run_frame(&mut self.fam, &mut self.c, t, pkt, in_port),
-                _ if lane & V6_LANE != 0 => slow::run_lane::<V6>(&mut self.fam, &mut self.c, t, pkt, l, in_port),
-                _ => slow::run_lane::<V4>(&mut self.fam, &mut self.c, t, pkt, l, in_port),
-            };
+            self.stages_slow(t, pkts, in_port, verdicts);
         }
         self.fam.v4.end_batch();
         self.fam.v6.end_batch();
@@ -711,6 +683,32 @@ impl Pipeline {
             }
         }
         tally.flush(&self.c.counters, n as u64);
+    }
+
+    /// Stages 4 and 5 for the packets in `self.slow`. Kept out of line: the fast stages'
+    /// code (the whole of an established packet's path) is then the same whatever is done
+    /// here.
+    #[inline(never)]
+    fn stages_slow(&mut self, t: &Tables, pkts: &mut [Packet<'_>], in_port: u8, verdicts: &mut [Verdict]) {
+        // Stage 4: the misses' frontends and Maglev picks, prefetched.
+        let mut m = slow::Misses::new();
+        slow::stage_misses::<V4>(&mut self.fam.v4, &self.c, t, self.slow, &mut m);
+        slow::stage_misses::<V6>(&mut self.fam.v6, &self.c, t, self.slow, &mut m);
+        // Stage 5: everything else, in arrival order.
+        let mut rest = self.slow;
+        while rest != 0 {
+            let i = rest.trailing_zeros() as usize;
+            rest &= rest - 1;
+            let (Some(pkt), Some(v)) = (pkts.get_mut(i), verdicts.get_mut(i)) else { continue };
+            let lane = self.lane_of.get(i).copied().unwrap_or(NO_LANE);
+            let l = usize::from(lane & !V6_LANE);
+            let (fam, c) = (&mut self.fam, &mut self.c);
+            *v = match lane {
+                NO_LANE => slow::run_frame(fam, c, t, pkt, in_port),
+                _ if lane & V6_LANE != 0 => slow::run_lane::<V6>(fam, c, t, pkt, l, m.of(i), in_port),
+                _ => slow::run_lane::<V4>(fam, c, t, pkt, l, m.of(i), in_port),
+            };
+        }
     }
 
     /// Lists tracked flows of both families (for `xlb conntrack`; allocates).
@@ -762,11 +760,6 @@ fn gen32(t: &Tables) -> u32 {
     let g = t.generation as u32;
     g | u32::from(g == 0 && t.generation != 0)
 }
-
-/// [`Lanes::fe`]: the miss stage found no frontend.
-const FE_NONE: u32 = u32::MAX - 1;
-/// [`Lanes::fe`]: the miss stage did not look.
-const FE_UNKNOWN: u32 = u32::MAX;
 
 /// `lane_of` value of a packet the fast parser did not take.
 const NO_LANE: u8 = u8::MAX;

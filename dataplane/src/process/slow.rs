@@ -13,22 +13,58 @@ use crate::nat::{self, Packet};
 use crate::prefetch;
 use crate::sched::FlowInfo;
 use crate::tables::{
-    Backend, BackendRef, EmptyAction, ForwardingMode, FrontendEntry, FrontendKind, Hop, KERNEL_PORT, Scheduler, Tables,
+    Backend, EmptyAction, ForwardingMode, FrontendEntry, FrontendKind, Hop, KERNEL_PORT, Scheduler, Tables,
     VipAddrKind, VipKey, multipath_hash,
 };
 use crate::wire::{self, Frag, L3, Parsed, proto, tcp_flags};
 
-use super::{Common, FE_NONE, FE_UNKNOWN, Fam, FamState, Families, Verdict};
+use super::{BATCH, Common, Fam, FamState, Families, Verdict};
+
+/// What stage 4 found for the batch's missed packets, by packet index, for stage 5:
+/// references into the tables the batch runs on, so that the slow path does not walk the
+/// frontend map and the backend slots again (after the batch's inserts may have evicted the
+/// lines those walks read).
+pub(super) struct Misses<'t> {
+    /// The frontend of packet `i`: `None` if stage 4 did not look it up, `Some(None)` if
+    /// there is none.
+    fe: [Option<Option<&'t FrontendEntry>>; BATCH],
+    /// The backend a Maglev service without affinity picks for packet `i`.
+    pick: [Option<&'t Backend>; BATCH],
+}
+
+impl<'t> Misses<'t> {
+    /// Nothing found yet.
+    #[inline]
+    pub(super) fn new() -> Self {
+        Self { fe: [None; BATCH], pick: [None; BATCH] }
+    }
+
+    /// What stage 4 found for packet `i`.
+    #[inline]
+    pub(super) fn of(&self, i: usize) -> MissHint<'t> {
+        MissHint { fe: self.fe.get(i).copied().flatten(), pick: self.pick.get(i).copied().flatten() }
+    }
+}
+
+/// What stage 4 found for one packet (see [`Misses`]).
+#[derive(Copy, Clone, Debug)]
+pub(super) struct MissHint<'t> {
+    /// `None`: not looked up; `Some(None)`: no frontend.
+    fe: Option<Option<&'t FrontendEntry>>,
+    /// The Maglev pick.
+    pick: Option<&'t Backend>,
+}
 
 /// What the earlier stages learnt of a fast-parsed packet that the slow path uses.
 #[derive(Copy, Clone, Debug)]
-struct Hint<A> {
+struct Hint<'t, A> {
     key: FlowKey<A>,
     hash: u64,
     /// The Maglev pick of the miss stage.
-    pick: Option<BackendRef>,
-    /// The frontend the miss stage found ([`FE_NONE`], [`FE_UNKNOWN`]).
-    fe: u32,
+    pick: Option<&'t Backend>,
+    /// The frontend the miss stage found: `None` if it did not look, `Some(None)` if there
+    /// is none.
+    fe: Option<Option<&'t FrontendEntry>>,
     /// The flow table had no entry for the key in stage 3.
     missed: bool,
 }
@@ -36,37 +72,35 @@ struct Hint<A> {
 /// Stage 4, for the lanes that missed: finds each one's frontend; for a Maglev service without
 /// affinity computes the pick, prefetching the lookup-table slot, then the backend, then the
 /// bucket where the new flow's reply entry will go; and prefetches the records the inserts will
-/// take. The slow path then finds all of it in cache.
-pub(super) fn stage_misses<A: Fam>(st: &mut FamState<A>, c: &Common, t: &Tables, slow: u64) {
+/// take. The slow path then finds all of it in cache, and what was found in `m`.
+pub(super) fn stage_misses<'t, A: Fam>(st: &mut FamState<A>, c: &Common, t: &'t Tables, slow: u64, m: &mut Misses<'t>) {
     let (lanes, ct) = (&mut st.lanes, &st.ct);
     let mut misses = 0;
-    let mut maglev = false;
+    // Lanes whose Maglev slot is to be read (bit = lane index).
+    let mut maglev = 0u64;
     for (i, l) in lanes.l.get(..lanes.n).unwrap_or(&[]).iter().enumerate() {
-        let (Some(pick), Some(fe_of)) = (lanes.pick.get_mut(i), lanes.fe.get_mut(i)) else { continue };
-        *pick = None;
-        *fe_of = FE_UNKNOWN;
         if !l.miss || slow & (1 << (l.pkt & 63)) == 0 {
             continue;
         }
         ct.prefetch_alloc(misses);
         misses += 1;
 
-        let idx = t.find_frontend(l.key.dst.to_mapped(), l.key.proto, l.key.dport);
-        *fe_of = idx.unwrap_or(FE_NONE);
-        let Some(fe) = idx.and_then(|i| t.frontend_at(i)) else { continue };
+        let fe = t.frontend(l.key.dst.to_mapped(), l.key.proto, l.key.dport);
+        if let Some(x) = m.fe.get_mut(usize::from(l.pkt)) {
+            *x = Some(fe);
+        }
+        let Some(fe) = fe else { continue };
         let svc = &*fe.svc;
-        let (Scheduler::Maglev { port }, None, Some(m)) = (svc.scheduler, svc.affinity_timeout_s, svc.maglev.as_ref())
+        let (Scheduler::Maglev { port }, None, Some(mt)) = (svc.scheduler, svc.affinity_timeout_s, svc.maglev.as_ref())
         else {
             continue;
         };
         let h = maglev::source_hash(l.key.src.octets(), port.then_some(l.key.sport));
-        m.prefetch(h);
-        // Marks the lane until the slot is read below.
-        *pick = Some(BackendRef(u32::MAX));
+        mt.prefetch(h);
         if let Some(x) = lanes.hash_m.get_mut(i) {
             *x = h;
         }
-        maglev = true;
+        maglev |= 1 << (i & 63);
     }
     // Inserts that will evict: the victim's record was prefetched by the tag stage; now the
     // bucket of its other entry.
@@ -81,32 +115,37 @@ pub(super) fn stage_misses<A: Fam>(st: &mut FamState<A>, c: &Common, t: &Tables,
             }
         }
     }
-    if !maglev {
+    if maglev == 0 {
         return;
     }
-    for i in 0..lanes.n {
-        let (Some(pick), Some(&h)) = (lanes.pick.get_mut(i), lanes.hash_m.get(i)) else { continue };
-        if *pick != Some(BackendRef(u32::MAX)) {
-            continue;
-        }
-        *pick = None;
-        let Some(fe) = lanes.fe.get(i).and_then(|&f| t.frontend_at(f)) else { continue };
+    let mut rest = maglev;
+    while rest != 0 {
+        let i = rest.trailing_zeros() as usize;
+        rest &= rest - 1;
+        let (Some(l), Some(&h)) = (lanes.l.get(i), lanes.hash_m.get(i)) else { continue };
+        let p = usize::from(l.pkt);
+        let Some(Some(Some(fe))) = m.fe.get(p) else { continue };
         let svc = &*fe.svc;
-        let Some(m) = svc.maglev.as_ref() else { continue };
-        let r = svc.eligible.get(m.lookup(h) as usize).copied();
-        if let Some(r) = r
-            && let Some(Some(b)) = t.backends.get(r.index())
-        {
+        let Some(mt) = svc.maglev.as_ref() else { continue };
+        let b = svc.eligible.get(mt.lookup(h) as usize).and_then(|&r| t.backend(r));
+        if let Some(b) = b {
             prefetch(b);
         }
-        *pick = r;
+        if let Some(x) = m.pick.get_mut(p) {
+            *x = b;
+        }
     }
     // The reply entries: for SNAT flows, guess the ports in the order the slow path will take
     // them (a wrong guess only costs the prefetch).
     let mut snat_port = c.snat_cursor;
-    for (l, (pick, fe)) in lanes.l.get(..lanes.n).unwrap_or(&[]).iter().zip(lanes.pick.iter().zip(lanes.fe.iter())) {
-        let (Some(r), Some(fe)) = (pick, t.frontend_at(*fe)) else { continue };
-        let (Some(b), svc) = (t.backend(*r), &*fe.svc) else { continue };
+    let mut rest = maglev;
+    while rest != 0 {
+        let i = rest.trailing_zeros() as usize;
+        rest &= rest - 1;
+        let Some(l) = lanes.l.get(i) else { continue };
+        let p = usize::from(l.pkt);
+        let (Some(Some(Some(fe))), Some(Some(b))) = (m.fe.get(p), m.pick.get(p)) else { continue };
+        let svc = &*fe.svc;
         let Some(baddr) = A::from_ip(b.addr) else { continue };
         if svc.mode != ForwardingMode::Nat {
             continue;
@@ -160,15 +199,14 @@ pub(super) fn run_lane<A: Fam>(
     t: &Tables,
     pkt: &mut Packet<'_>,
     lane: usize,
+    found: MissHint<'_>,
     in_port: u8,
 ) -> Verdict {
     let st = A::state(fam);
-    let (Some(l), Some(&pick), Some(&fe)) =
-        (st.lanes.as_slice().get(lane), st.lanes.pick.get(lane), st.lanes.fe.get(lane))
-    else {
+    let Some(l) = st.lanes.as_slice().get(lane) else {
         return run_frame(fam, c, t, pkt, in_port);
     };
-    let hint = Hint { key: l.key, hash: l.hash, pick, fe, missed: l.miss };
+    let hint = Hint { key: l.key, hash: l.hash, pick: found.pick, fe: found.fe, missed: l.miss };
     // What the fast parser found, as the full parser's view (the same value, see
     // `wire::parse_fast`).
     let l3 = usize::from(l.l3);
@@ -185,7 +223,9 @@ pub(super) fn run_lane<A: Fam>(
         frag: Frag::None,
         frag_hdr: 0,
     };
-    run::<A>(fam, c, t, pkt, &p, Some(hint), in_port)
+    // A fast-parsed packet is TCP or UDP and not fragmented: `run`'s ICMP and fragment
+    // cases do not apply.
+    run_l4::<A>(A::state(fam), c, t, pkt, &p, &hint, in_port)
 }
 
 /// Is the packet addressed to something only xlb serves (a cluster IP, a LoadBalancer or
@@ -225,7 +265,7 @@ fn run<A: Fam>(
     t: &Tables,
     pkt: &mut Packet<'_>,
     p: &Parsed,
-    hint: Option<Hint<A>>,
+    hint: Option<Hint<'_, A>>,
     in_port: u8,
 ) -> Verdict {
     let st = A::state(fam);
@@ -239,49 +279,63 @@ fn run<A: Fam>(
     if let Frag::Later { id } = p.frag {
         return later_fragment::<A>(st, c, t, pkt, p, FragKey { src, dst, id, proto: p.proto });
     }
-    let l4_ok = matches!(p.proto, proto::TCP | proto::UDP | proto::SCTP);
-    let dm = dst.to_mapped();
-    if l4_ok {
+    if matches!(p.proto, proto::TCP | proto::UDP | proto::SCTP) {
         let hint = match hint {
             Some(h) => h,
             None => {
                 let key = FlowKey { src, dst, sport: p.sport, dport: p.dport, proto: p.proto };
-                Hint { key, hash: st.ct.hash(&key), pick: None, fe: FE_UNKNOWN, missed: false }
+                Hint { key, hash: st.ct.hash(&key), pick: None, fe: None, missed: false }
             }
         };
-        let fe = match hint.fe {
-            FE_UNKNOWN => t.frontend(dm, p.proto, p.dport),
-            FE_NONE => None,
-            i => t.frontend_at(i),
-        };
-        if let Some(fe) = fe {
-            return forward::<A>(st, c, t, pkt, p, fe, &hint, in_port);
-        }
-        let (key, h) = (hint.key, hint.hash);
-        match lookup(st, c, &key, h) {
-            Found::Live(hit) if hit.dir == Dir::Reply => return reply::<A>(st, c, t, pkt, p, hit),
-            Found::Expired => {
-                return if A::snat(t) == Some(dst) { Verdict::Drop(DropReason::SnatUntracked) } else { Verdict::Pass };
-            }
-            // A forward entry of a flow whose frontend left the tables: not forwarded.
-            Found::Live(_) | Found::Miss => {}
-        }
-        if A::snat(t) == Some(dst) {
-            return match c.cfg.snat_owner(p.dport) {
-                Some(w) if w != c.cfg.worker_id => Verdict::Handoff { worker: w },
-                _ => Verdict::Drop(DropReason::SnatUntracked),
-            };
-        }
-        if c.cfg.workers > 1 && t.endpoints.contains(&VipKey { addr: src.to_mapped(), port: p.sport, proto: p.proto }) {
-            // A reply from a backend that this worker has no flow for: RSS may have put it
-            // on another queue than its forward packets. The next worker looks.
-            return Verdict::Handoff { worker: (c.cfg.worker_id + 1) % c.cfg.workers };
-        }
-        if t.vip_addrs.get(&dm) == Some(&VipAddrKind::ClusterIp) {
-            return reject::<A>(c, pkt, p, in_port);
-        }
-    } else if p.proto != A::ICMP && t.vip_addrs.get(&dm).is_some_and(|k| *k >= VipAddrKind::Service) {
+        return run_l4::<A>(st, c, t, pkt, p, &hint, in_port);
+    }
+    if p.proto != A::ICMP && t.vip_addrs.get(&dst.to_mapped()).is_some_and(|k| *k >= VipAddrKind::Service) {
         return Verdict::Drop(DropReason::UnsupportedProtocol);
+    }
+    Verdict::Pass
+}
+
+/// [`run`] for a TCP, UDP or SCTP packet that is not a later fragment: to a frontend, a reply
+/// of a tracked flow, or neither.
+fn run_l4<A: Fam>(
+    st: &mut FamState<A>,
+    c: &mut Common,
+    t: &Tables,
+    pkt: &mut Packet<'_>,
+    p: &Parsed,
+    hint: &Hint<'_, A>,
+    in_port: u8,
+) -> Verdict {
+    let (key, h) = (hint.key, hint.hash);
+    let (src, dst) = (key.src, key.dst);
+    let fe = match hint.fe {
+        None => t.frontend(dst.to_mapped(), p.proto, p.dport),
+        Some(fe) => fe,
+    };
+    if let Some(fe) = fe {
+        return forward::<A>(st, c, t, pkt, p, fe, hint, in_port);
+    }
+    match lookup(st, c, &key, h) {
+        Found::Live(hit) if hit.dir == Dir::Reply => return reply::<A>(st, c, t, pkt, p, hit),
+        Found::Expired => {
+            return if A::snat(t) == Some(dst) { Verdict::Drop(DropReason::SnatUntracked) } else { Verdict::Pass };
+        }
+        // A forward entry of a flow whose frontend left the tables: not forwarded.
+        Found::Live(_) | Found::Miss => {}
+    }
+    if A::snat(t) == Some(dst) {
+        return match c.cfg.snat_owner(p.dport) {
+            Some(w) if w != c.cfg.worker_id => Verdict::Handoff { worker: w },
+            _ => Verdict::Drop(DropReason::SnatUntracked),
+        };
+    }
+    if c.cfg.workers > 1 && t.endpoints.contains(&VipKey { addr: src.to_mapped(), port: p.sport, proto: p.proto }) {
+        // A reply from a backend that this worker has no flow for: RSS may have put it
+        // on another queue than its forward packets. The next worker looks.
+        return Verdict::Handoff { worker: (c.cfg.worker_id + 1) % c.cfg.workers };
+    }
+    if t.vip_addrs.get(&dst.to_mapped()) == Some(&VipAddrKind::ClusterIp) {
+        return reject::<A>(c, pkt, p, in_port);
     }
     Verdict::Pass
 }
@@ -321,7 +375,7 @@ fn forward<A: Fam>(
     pkt: &mut Packet<'_>,
     p: &Parsed,
     fe: &FrontendEntry,
-    hint: &Hint<A>,
+    hint: &Hint<'_, A>,
     in_port: u8,
 ) -> Verdict {
     let (key, h, pick) = (hint.key, hint.hash, hint.pick);
@@ -514,7 +568,7 @@ fn new_flow<A: Fam>(
     fe: &FrontendEntry,
     key: FlowKey<A>,
     h: u64,
-    pick: Option<BackendRef>,
+    pick: Option<&Backend>,
     in_port: u8,
 ) -> Verdict {
     let svc = &*fe.svc;
@@ -531,14 +585,14 @@ fn new_flow<A: Fam>(
         chosen = Some(r);
     }
     let chosen = match (chosen, pick) {
-        (Some(r), _) => Some(r),
-        (None, Some(r)) if matches!(svc.scheduler, Scheduler::Maglev { .. }) => Some(r),
+        (Some(r), _) => t.backend(r),
+        (None, Some(b)) if matches!(svc.scheduler, Scheduler::Maglev { .. }) => Some(b),
         _ => {
             let info = FlowInfo { src: key.src.octets(), sport: key.sport, dst: key.dst.octets() };
-            c.sched.pick(fe.service as usize, svc, info)
+            c.sched.pick(fe.service as usize, svc, info).and_then(|r| t.backend(r))
         }
     };
-    let Some(b) = chosen.and_then(|r| t.backend(r)) else {
+    let Some(b) = chosen else {
         return match svc.when_empty {
             EmptyAction::Reject => reject::<A>(c, pkt, p, in_port),
             EmptyAction::Drop => Verdict::Drop(DropReason::NoEndpointsDrop),

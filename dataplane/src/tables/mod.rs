@@ -892,19 +892,6 @@ impl Tables {
     pub fn frontend(&self, addr: [u8; 16], proto: u8, port: u16) -> Option<&FrontendEntry> {
         self.vips.get(&VipKey { addr, port, proto })
     }
-
-    /// A handle for the frontend of (address, protocol, port), for [`Tables::frontend_at`]
-    /// on the same snapshot.
-    #[inline]
-    pub fn find_frontend(&self, addr: [u8; 16], proto: u8, port: u16) -> Option<u32> {
-        self.vips.find(&VipKey { addr, port, proto })
-    }
-
-    /// The frontend a handle from [`Tables::find_frontend`] names.
-    #[inline]
-    pub fn frontend_at(&self, handle: u32) -> Option<&FrontendEntry> {
-        self.vips.entry(handle)
-    }
 }
 
 /// Why a [`TablesSpec`] cannot be built. The previous tables stay published.
