@@ -44,6 +44,14 @@ impl ConnCounts {
         Some(c)
     }
 
+    /// Prefetches the counts of `r` (the batch's miss stage, before the slow path adds a flow).
+    #[inline]
+    pub fn prefetch(&self, r: BackendRef) {
+        if let Some(c) = self.slots.get(r.index()) {
+            crate::prefetch(c);
+        }
+    }
+
     /// A flow to `r` appeared, in the active or inactive class.
     #[inline]
     pub fn add(&mut self, r: BackendRef, active: bool) {
