@@ -747,7 +747,7 @@ impl<A: CtFamily> Conntrack<A> {
         let r = self.recs.as_slice().get(hit.id as usize)?;
         if r.expires_s < now_s {
             if let Some(r) = self.remove(hit.id) {
-                on_remove(Removed { backend: r.backend, state: r.ct_state(), evicted: false });
+                on_remove(r);
             }
             return None;
         }
@@ -856,21 +856,26 @@ impl<A: CtFamily> Conntrack<A> {
         Ok(id)
     }
 
-    /// Removes flow `id` (both entries) and returns its record; `None` if it was not in use.
-    pub fn remove(&mut self, id: RecId) -> Option<Rec<A>> {
+    /// Removes flow `id` (both entries) and says what it was (its backend and state,
+    /// `evicted: false`); `None` if it was not in use. The record is read in place, not
+    /// copied out (an eviction under a SYN flood removes a flow per new flow).
+    pub fn remove(&mut self, id: RecId) -> Option<Removed> {
         let (nb, seeds) = (self.nb, self.seeds);
         let (bs, rs) = (self.buckets.as_mut_slice(), self.recs.as_mut_slice());
-        let rec = *rs.get(id as usize)?;
+        let rec = rs.get(id as usize)?;
         if !rec.in_use() {
             return None;
         }
-        unplace(bs, nb, A::hash_key(&rec.fwd_key(), &seeds), id << 1);
-        if rec.has_reply() {
-            unplace(bs, nb, A::hash_key(&rec.reply_key(), &seeds), id << 1 | 1);
+        let gone = Removed { backend: rec.backend, state: rec.ct_state(), evicted: false };
+        let fh = A::hash_key(&rec.fwd_key(), &seeds);
+        let rh = rec.has_reply().then(|| A::hash_key(&rec.reply_key(), &seeds));
+        unplace(bs, nb, fh, id << 1);
+        if let Some(rh) = rh {
+            unplace(bs, nb, rh, id << 1 | 1);
         }
         FreeList { stack: self.free.as_mut_slice(), n: &mut self.nfree, hw: &mut self.hw, cap: rs.len() }.free(rs, id);
         self.len -= 1;
-        Some(rec)
+        Some(gone)
     }
 
     /// Removes flow `id`'s reply entry and marks it [`flow_flags::NO_REPLY`] (its replies are no
@@ -920,7 +925,7 @@ impl<A: CtFamily> Conntrack<A> {
             let expired = self.recs.as_slice().get(id as usize).is_some_and(|r| r.in_use() && r.expires_s < now_s);
             if expired && let Some(r) = self.remove(id) {
                 removed += 1;
-                on_remove(Removed { backend: r.backend, state: r.ct_state(), evicted: false });
+                on_remove(r);
             }
         }
         removed
@@ -986,14 +991,29 @@ impl<A: CtFamily> Conntrack<A> {
     /// the record of the flow [`Conntrack::insert`] would evict, `step` 1 (later, when that
     /// record has arrived) the bucket of its other entry, which the eviction must clear. The
     /// batch pipeline's miss stage runs both over its new flows so that a full table's
-    /// evictions find what they touch in cache. Only hints: nothing changes.
+    /// evictions find what they touch in cache. Only hints: nothing changes. Returns the
+    /// victim's entry (as [`Conntrack::prefetch_victim_other`] takes it), or [`Probe::NONE`] if
+    /// there is none.
     #[inline]
-    pub fn prefetch_victim(&self, h: u64, now_s: u32, step: u8) {
-        let Some((b, s)) = self.victim_near(h, age(now_s)) else { return };
-        let Some(&r) = self.buckets.as_slice().get(b).and_then(|bk| bk.refs.get(s)) else { return };
-        let Some(rec) = self.recs.as_slice().get((r >> 1) as usize) else { return };
+    pub fn prefetch_victim(&self, h: u64, now_s: u32, step: u8) -> u32 {
+        let Some((b, s)) = self.victim_near(h, age(now_s)) else { return Probe::NONE };
+        let Some(&r) = self.buckets.as_slice().get(b).and_then(|bk| bk.refs.get(s)) else { return Probe::NONE };
         if step == 0 {
-            prefetch(rec);
+            if let Some(rec) = self.recs.as_slice().get((r >> 1) as usize) {
+                prefetch(rec);
+            }
+        } else {
+            self.prefetch_victim_other(r);
+        }
+        r
+    }
+
+    /// Step 1 of [`Conntrack::prefetch_victim`] for the victim entry step 0 returned (a hint:
+    /// if the batch's earlier inserts changed the table since, only the prefetch is wasted).
+    #[inline]
+    pub fn prefetch_victim_other(&self, r: u32) {
+        let Some(rec) = self.recs.as_slice().get((r >> 1) as usize) else { return };
+        if !rec.in_use() {
             return;
         }
         let other = match dir_of(r) {
@@ -1023,7 +1043,7 @@ impl<A: CtFamily> Conntrack<A> {
                 continue;
             }
             if let Some(x) = self.remove(id) {
-                on_remove(Removed { backend: x.backend, state: x.ct_state(), evicted: true });
+                on_remove(Removed { evicted: true, ..x });
                 return true;
             }
             return false;
@@ -1037,7 +1057,7 @@ impl<A: CtFamily> Conntrack<A> {
             let evictable =
                 self.recs.as_slice().get(id as usize).is_some_and(|r| r.in_use() && r.ct_state().is_evictable());
             if evictable && let Some(r) = self.remove(id) {
-                on_remove(Removed { backend: r.backend, state: r.ct_state(), evicted: true });
+                on_remove(Removed { evicted: true, ..r });
             }
         }
     }

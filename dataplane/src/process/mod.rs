@@ -192,13 +192,26 @@ struct Lane<A> {
 struct Lanes<A> {
     l: Box<[Lane<A>; BATCH]>,
     n: usize,
+    /// The tag stage found the table full and set `victim` of every lane.
+    victims: bool,
+    /// When [`Lanes::victims`]: for lane `i` whose key matched no tag, the entry of the flow
+    /// its insert would evict, as the tag stage found it ([`conntrack::Probe::NONE`]: none),
+    /// for the miss stage's prefetch. (Beside the lanes, not in them: the fast stages read
+    /// the lanes, and this is only for a full table's new flows.)
+    victim: [u32; BATCH],
     /// The Maglev flow hash of lane `i` (between the miss stage's loops).
     hash_m: [u64; BATCH],
 }
 
 impl<A: Copy + Default> Lanes<A> {
     fn new() -> Self {
-        Self { l: Box::new([Lane::default(); BATCH]), n: 0, hash_m: [0; BATCH] }
+        Self {
+            l: Box::new([Lane::default(); BATCH]),
+            n: 0,
+            victims: false,
+            victim: [conntrack::Probe::NONE; BATCH],
+            hash_m: [0; BATCH],
+        }
     }
 
     #[inline]
@@ -801,11 +814,15 @@ fn stage_tags<A: CtFamily>(st: &mut FamState<A>, now_s: u32) {
         l.probe = view.probe(l.hash);
         l.miss = false;
     }
-    if st.ct.len() >= st.ct.capacity() {
-        for l in st.lanes.as_slice() {
-            if l.probe.first == conntrack::Probe::NONE {
-                st.ct.prefetch_victim(l.hash, now_s, 0);
-            }
+    st.lanes.victims = st.ct.len() >= st.ct.capacity();
+    if st.lanes.victims {
+        let lanes = &mut st.lanes;
+        for (l, v) in lanes.l.get(..lanes.n).unwrap_or(&[]).iter().zip(lanes.victim.iter_mut()) {
+            *v = if l.probe.first == conntrack::Probe::NONE {
+                st.ct.prefetch_victim(l.hash, now_s, 0)
+            } else {
+                conntrack::Probe::NONE
+            };
         }
     }
 }

@@ -106,11 +106,15 @@ pub(super) fn stage_misses<'t, A: Fam>(st: &mut FamState<A>, c: &Common, t: &'t 
     // bucket of its other entry.
     if ct.len() + misses > ct.capacity() {
         let mut k = 0;
-        for l in lanes.l.get(..lanes.n).unwrap_or(&[]).iter() {
+        for (l, &v) in lanes.l.get(..lanes.n).unwrap_or(&[]).iter().zip(lanes.victim.iter()) {
             if l.miss && slow & (1 << (l.pkt & 63)) != 0 {
                 k += 1;
                 if ct.len() + k > ct.capacity() {
-                    ct.prefetch_victim(l.hash, c.now_s, 1);
+                    if lanes.victims && v != conntrack::Probe::NONE {
+                        ct.prefetch_victim_other(v);
+                    } else {
+                        ct.prefetch_victim(l.hash, c.now_s, 1);
+                    }
                 }
             }
         }
@@ -257,7 +261,7 @@ fn lookup<A: Fam>(st: &mut FamState<A>, c: &mut Common, k: &FlowKey<A>, h: u64) 
         return Found::Live(hit);
     }
     if let Some(r) = st.ct.remove(hit.id) {
-        c.on_removed(conntrack::Removed { backend: r.backend, state: r.ct_state(), evicted: false });
+        c.on_removed(r);
     }
     Found::Expired
 }
@@ -447,7 +451,7 @@ fn forward<A: Fam>(
 
 fn remove_flow<A: Fam>(st: &mut FamState<A>, c: &mut Common, id: conntrack::RecId) {
     if let Some(r) = st.ct.remove(id) {
-        c.sched.conns.sub(r.backend, r.ct_state().is_active());
+        c.sched.conns.sub(r.backend, r.state.is_active());
     }
 }
 
