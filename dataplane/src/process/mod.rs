@@ -724,7 +724,7 @@ impl Pipeline {
         // Stage 5: everything else, in arrival order.
         let mut rest = self.slow;
         while rest != 0 {
-            let i = rest.trailing_zeros() as usize;
+            let i = rest.trailing_zeros() as usize & 63;
             rest &= rest - 1;
             let (Some(pkt), Some(v)) = (pkts.get_mut(i), verdicts.get_mut(i)) else { continue };
             let lane = self.lane_of.get(i).copied().unwrap_or(NO_LANE);

@@ -86,7 +86,8 @@ pub(super) fn stage_misses<'t, A: Fam>(st: &mut FamState<A>, c: &Common, t: &'t 
         misses += 1;
 
         let fe = t.frontend(l.key.dst.to_mapped(), l.key.proto, l.key.dport);
-        if let Some(x) = m.fe.get_mut(usize::from(l.pkt)) {
+        // `& 63` here and below: indices below BATCH = 64, so the bounds checks fold away.
+        if let Some(x) = m.fe.get_mut(usize::from(l.pkt & 63)) {
             *x = Some(fe);
         }
         let Some(fe) = fe else { continue };
@@ -97,7 +98,7 @@ pub(super) fn stage_misses<'t, A: Fam>(st: &mut FamState<A>, c: &Common, t: &'t 
         };
         let h = maglev::source_hash(l.key.src.octets(), port.then_some(l.key.sport));
         mt.prefetch(h);
-        if let Some(x) = lanes.hash_m.get_mut(i) {
+        if let Some(x) = lanes.hash_m.get_mut(i & 63) {
             *x = h;
         }
         maglev |= 1 << (i & 63);
@@ -124,10 +125,10 @@ pub(super) fn stage_misses<'t, A: Fam>(st: &mut FamState<A>, c: &Common, t: &'t 
     }
     let mut rest = maglev;
     while rest != 0 {
-        let i = rest.trailing_zeros() as usize;
+        let i = rest.trailing_zeros() as usize & 63;
         rest &= rest - 1;
         let (Some(l), Some(&h)) = (lanes.l.get(i), lanes.hash_m.get(i)) else { continue };
-        let p = usize::from(l.pkt);
+        let p = usize::from(l.pkt & 63);
         let Some(Some(Some(fe))) = m.fe.get(p) else { continue };
         let svc = &*fe.svc;
         let Some(mt) = svc.maglev.as_ref() else { continue };
@@ -147,10 +148,10 @@ pub(super) fn stage_misses<'t, A: Fam>(st: &mut FamState<A>, c: &Common, t: &'t 
     let mut snat_port = c.snat_cursor;
     let mut rest = maglev;
     while rest != 0 {
-        let i = rest.trailing_zeros() as usize;
+        let i = rest.trailing_zeros() as usize & 63;
         rest &= rest - 1;
         let Some(l) = lanes.l.get(i) else { continue };
-        let p = usize::from(l.pkt);
+        let p = usize::from(l.pkt & 63);
         let (Some(Some(Some(fe))), Some(Some(b))) = (m.fe.get(p), m.pick.get(p)) else { continue };
         let svc = &*fe.svc;
         let Some(baddr) = A::from_ip(b.addr) else { continue };
