@@ -1150,7 +1150,7 @@ mod tests {
             let maglev: Option<Vec<String>> = s
                 .maglev
                 .as_ref()
-                .map(|m| (0..m.size()).map(|i| b(&s.eligible[m.slots()[i as usize] as usize])).collect::<Vec<_>>());
+                .map(|m| m.slots().into_iter().map(|i| b(&s.eligible[i as usize])).collect::<Vec<_>>());
             let mut fk = s.frontend_keys.to_vec();
             fk.sort_by_key(|k| (k.addr, k.port, k.proto));
             let mut ek = s.endpoint_keys.to_vec();
