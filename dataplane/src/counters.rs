@@ -1,4 +1,4 @@
-//! Drop reasons, events and per-worker counters, each declared once ([`declare_counters!`]).
+//! Drop reasons, events and per-worker counters, each declared once (`declare_counters!`).
 //!
 //! Every drop has a stable number (never renumbered; new reasons are appended), a name for
 //! metrics (`xlb_drops_total{reason="..."}`) and a per-worker counter. Counters are single

@@ -110,14 +110,15 @@ use xxhash_rust::xxh3::{Xxh3, xxh3_64_with_seed};
 /// table (paper §3.4). 65537 is Katran's default ring size
 /// (`kDefaultChRingSize`); the paper recommends `M >= 100 * N` for a
 /// per-backend share within about 1 % of the ideal, so 65537 suits up to
-/// about 650 backends and 1048573 (4 MiB of `u32` slots) up to about
+/// about 650 backends and 1048573 (2 MiB of 16-bit slots) up to about
 /// 10,000. A fixed list (as Cilium's `maglev.tableSize`) keeps every
 /// instance on the same `M`.
 pub const TABLE_SIZES: &[u32] =
     &[251, 509, 1021, 2039, 4093, 8191, 16_381, 32_749, 65_537, 131_071, 262_139, 524_287, 1_048_573];
 
 /// Default upper bound for [`table_size_for`]: 65537 slots (Katran's
-/// default ring size), 256 KiB per service with `u32` entries.
+/// default ring size), 128 KiB per service (16-bit slots, up to 65,536
+/// backends; 256 KiB with 32-bit slots beyond that).
 pub const DEFAULT_MAX_TABLE_SIZE: u32 = 65537;
 
 /// xxh3 seed for a backend's permutation offset (`offset = h % M`).
@@ -367,9 +368,10 @@ impl MaglevTable {
     /// (Katran's rule; within `1 + max(w)/mean(w)` slots of `M * w / sum(w)`).
     /// Time is 9-12 probes per slot in the measured cases plus the weight
     /// rounds (O(M·N·max/sum) by scanning, or O(M log N) with the heap when
-    /// weights are skewed); memory is the `4·M`-byte table plus a 128 KiB
-    /// zeroed bitmap (`M/8` bytes of it touched; [`Self::build_in`] reuses one) and O(N)
-    /// scratch.
+    /// weights are skewed); memory is the `2·M`-byte table (`4·M` beyond
+    /// 65,536 backends) plus a 128 KiB zeroed bitmap (`M/8` bytes of it
+    /// touched) and `4·M` bytes of fill slots ([`Self::build_in`] reuses both)
+    /// and O(N) scratch.
     ///
     /// # Errors
     ///

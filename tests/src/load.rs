@@ -240,7 +240,7 @@ pub struct Streams {
 
 impl Streams {
     /// Opens `n` connections from the client to `dest`, reads each greeting, and starts
-    /// streaming: one [`MESSAGE_LEN`]-byte message every `pause` per connection.
+    /// streaming: one `MESSAGE_LEN`-byte message every `pause` per connection.
     ///
     /// # Errors
     /// When the client namespace cannot be entered, a connection cannot be made, or its

@@ -3,7 +3,7 @@
 //! # Layout
 //!
 //! One table per address family per worker, two arrays in anonymous memory
-//! ([`mem::Region`], `MADV_HUGEPAGE`):
+//! (`mem::Region`, `MADV_HUGEPAGE`):
 //!
 //! - **records** ([`FlowRecord`]), a slab of `capacity` fixed-size records, one per flow: 64
 //!   bytes for IPv4 (one cache line), 128 for IPv6. A record holds the flow's two tuples, its

@@ -13,14 +13,14 @@
 //! 3. **rewrite**: the key is checked against the record; a packet of a known flow whose
 //!    record was stamped with the current tables generation is rewritten from the record's
 //!    precomputed fields (addresses, ports, RFC 1624 checksum deltas with the TTL decrement
-//!    folded in, next-hop MAC and port) and queued for TX ([`fast`]);
+//!    folded in, next-hop MAC and port) and queued for TX (`fast`);
 //! 4. **misses**: packets of unknown flows form a sub-batch: frontend lookup, then for Maglev
 //!    services the lookup-table slot is computed and prefetched, then the chosen backend;
 //! 5. **slow path**, in the order the packets arrived: new flows (affinity, scheduler, SNAT
 //!    port, insert), flows whose record is stale (the tables changed: the backend is checked —
 //!    gone means a TCP RST or a UDP re-selection — and the record refreshed), TCP connection
 //!    reuse, ICMP errors, fragments, rejects, and every frame the fast parser left
-//!    ([`slow`]).
+//!    (`slow`).
 //!
 //! The result is the same as processing the packets one at a time with [`Pipeline::process`]
 //! (a batch of one), with one exception: under a full conntrack table a new flow may evict

@@ -5,7 +5,7 @@
 //!   kube-proxy's nftables or iptables mode would program (`pkg/proxy/nftables/proxier.go`,
 //!   `pkg/proxy/iptables/proxier.go` in kubernetes/kubernetes), and the nftables partial-sync
 //!   transaction for one changed Service. Bin `kube-proxy-rules`.
-//! - [`synth`] / [`bench`]: synthetic clusters of k8s-openapi objects and the timings and
+//! - [`synth`] / [`bench`](mod@bench): synthetic clusters of k8s-openapi objects and the timings and
 //!   memory of xlb's table builds, full and after one EndpointSlice change, next to `nft -f`
 //!   of kube-proxy's ruleset. Bin `xlb-cpbench`.
 #![deny(unsafe_code)]

@@ -484,7 +484,7 @@ impl Generator {
 /// Frames per `receive` call.
 const RX_BATCH: usize = 256;
 
-/// Receives up to [`RX_BATCH`] frames from port 0 of `xsk`, counts them into `tally`, gives the frames
+/// Receives up to `RX_BATCH` frames from port 0 of `xsk`, counts them into `tally`, gives the frames
 /// back and refills the fill ring. `ids` = (warmup, measured) run ids.
 pub fn receive_into(
     xsk: &mut Xsk,
