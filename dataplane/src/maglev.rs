@@ -310,9 +310,8 @@ pub struct MaglevTable {
 }
 
 /// The slots of a [`MaglevTable`]: 16-bit backend indices when the backend slice has at most
-/// 65,536 entries (every Service of a real cluster), which halves the table's memory (2 KiB
-/// instead of 4 KiB at M = 1021; 20 MB less for 10,000 such Services, per snapshot), else
-/// 32-bit ones.
+/// 65,536 entries, which halves the table's memory (2 KiB instead of 4 KiB at M = 1021; 20 MB
+/// less for 10,000 such Services, per snapshot); 32-bit ones for a larger slice.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Slots {
     Narrow(Box<[u16]>),
