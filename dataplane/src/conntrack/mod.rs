@@ -715,11 +715,6 @@ impl<A: CtFamily> Conntrack<A> {
         home_of(h, self.nb)
     }
 
-    #[inline]
-    fn next(&self, b: usize) -> usize {
-        if b + 1 >= self.nb as usize { 0 } else { b + 1 }
-    }
-
     /// The table's arrays for the batch stages that only read: prefetch the home bucket
     /// (stage 1), compare its tags (stage 2).
     #[inline]
@@ -808,12 +803,19 @@ impl<A: CtFamily> Conntrack<A> {
         now_s: u32,
         mut on_remove: impl FnMut(Removed),
     ) -> Result<RecId, Full> {
-        if self.len >= self.capacity {
-            self.make_room(fwd_hash, now_s, &mut on_remove)?;
-        }
         let (nb, seeds) = (self.nb, self.seeds);
+        let full = self.len >= self.capacity;
+        // The arrays are borrowed once for the whole insert, eviction included (each borrow of
+        // a mapped region is a few checks; a SYN into a full table made a dozen of them).
         let (bs, rs) = (self.buckets.as_mut_slice(), self.recs.as_mut_slice());
         let mut fl = FreeList { stack: self.free.as_mut_slice(), n: &mut self.nfree, hw: &mut self.hw, cap: rs.len() };
+        if full {
+            if evict_in(bs, rs, &mut fl, nb, &seeds, fwd_hash, age(now_s), &mut on_remove) {
+                self.len -= 1;
+            } else {
+                return self.insert_after_reclaim(rec, fwd_hash, now_s, on_remove);
+            }
+        }
         let id = fl.alloc().ok_or(Full)?;
         let meta = age(now_s) | if rec.ct_state().is_evictable() { EVICTABLE } else { 0 };
         rec.flags &= !(flow_flags::NO_REPLY | flow_flags::DEFERRED);
@@ -860,20 +862,9 @@ impl<A: CtFamily> Conntrack<A> {
     /// `evicted: false`); `None` if it was not in use. The record is read in place, not
     /// copied out (an eviction under a SYN flood removes a flow per new flow).
     pub fn remove(&mut self, id: RecId) -> Option<Removed> {
-        let (nb, seeds) = (self.nb, self.seeds);
         let (bs, rs) = (self.buckets.as_mut_slice(), self.recs.as_mut_slice());
-        let rec = rs.get(id as usize)?;
-        if !rec.in_use() {
-            return None;
-        }
-        let gone = Removed { backend: rec.backend, state: rec.ct_state(), evicted: false };
-        let fh = A::hash_key(&rec.fwd_key(), &seeds);
-        let rh = rec.has_reply().then(|| A::hash_key(&rec.reply_key(), &seeds));
-        unplace(bs, nb, fh, id << 1);
-        if let Some(rh) = rh {
-            unplace(bs, nb, rh, id << 1 | 1);
-        }
-        FreeList { stack: self.free.as_mut_slice(), n: &mut self.nfree, hw: &mut self.hw, cap: rs.len() }.free(rs, id);
+        let mut fl = FreeList { stack: self.free.as_mut_slice(), n: &mut self.nfree, hw: &mut self.hw, cap: rs.len() };
+        let gone = remove_in(bs, rs, &mut fl, self.nb, &self.seeds, id)?;
         self.len -= 1;
         Some(gone)
     }
@@ -946,25 +937,34 @@ impl<A: CtFamily> Conntrack<A> {
     }
 
     /// Frees a record for a new flow (see the module docs).
-    fn make_room(&mut self, h: u64, now_s: u32, on_remove: &mut impl FnMut(Removed)) -> Result<(), Full> {
-        if self.evict_near(h, now_s, on_remove) {
-            return Ok(());
-        }
-        // Reclaim at most once per second: when the table is full of live established flows,
-        // each refused flow then costs one bucket probe, not a scan. The reclaim goes on with
-        // the sweep's current step, at most RECLAIM_BUDGET records of it, so that one insert
-        // never expires a whole step (16,384 records at 1,048,576 flows: 1.3 ms with every
-        // record expired and in cache).
+    /// [`Conntrack::insert`] into a full table where nothing near the new flow could be evicted.
+    /// Reclaim at most once per second: when the table is full of live established flows,
+    /// each refused flow then costs one bucket probe, not a scan. The reclaim goes on with
+    /// the sweep's current step, at most RECLAIM_BUDGET records of it, so that one insert
+    /// never expires a whole step (16,384 records at 1,048,576 flows: 1.3 ms with every
+    /// record expired and in cache).
+    #[cold]
+    fn insert_after_reclaim(
+        &mut self,
+        rec: Rec<A>,
+        fwd_hash: u64,
+        now_s: u32,
+        mut on_remove: impl FnMut(Removed),
+    ) -> Result<RecId, Full> {
         if self.last_reclaim_s != now_s {
             self.last_reclaim_s = now_s;
             self.sweep_begin();
             let start = self.pending.start;
-            self.sweep_some(now_s, RECLAIM_BUDGET, &mut *on_remove);
+            self.sweep_some(now_s, RECLAIM_BUDGET, &mut on_remove);
             if self.len >= self.capacity {
-                self.early_drop(start..self.pending.start, on_remove);
+                self.early_drop(start..self.pending.start, &mut on_remove);
             }
         }
-        if self.len >= self.capacity { Err(Full) } else { Ok(()) }
+        if self.len >= self.capacity {
+            return Err(Full);
+        }
+        // Not full now, so this insert evicts nothing and does not come back here.
+        self.insert(rec, fwd_hash, now_s, on_remove)
     }
 
     /// The entry [`Conntrack::evict_near`] would try first for hash `h`: the oldest marked
@@ -973,18 +973,7 @@ impl<A: CtFamily> Conntrack<A> {
     /// (bucket, slot).
     #[inline]
     fn victim_near(&self, h: u64, now7: u8) -> Option<(usize, usize)> {
-        let bs = self.buckets.as_slice();
-        let mut b = self.home(h);
-        for _ in 0..EVICT_REACH / EVICT_BUCKETS {
-            let b2 = self.next(b);
-            if let (Some(x), Some(y)) = (bs.get(b), bs.get(b2))
-                && let Some(i) = oldest_evictable(x, y, now7)
-            {
-                return Some(if i < SLOTS { (b, i) } else { (b2, i - SLOTS) });
-            }
-            b = self.next(b2);
-        }
-        None
+        victim_in(self.buckets.as_slice(), self.nb, h, now7)
     }
 
     /// For a new flow of hash `h` that will need room (the table is full): `step` 0 prefetches
@@ -1022,33 +1011,6 @@ impl<A: CtFamily> Conntrack<A> {
             Dir::Reply => rec.fwd_key(),
         };
         self.prefetch_bucket(self.hash(&other));
-    }
-
-    /// Evicts the oldest evictable flow with an entry in the home bucket of `h` or the next
-    /// [`EVICT_BUCKETS`] − 1. Returns whether one was evicted.
-    fn evict_near(&mut self, h: u64, now_s: u32, on_remove: &mut impl FnMut(Removed)) -> bool {
-        let now7 = age(now_s);
-        // A hint can be stale (the flow got established since): then it is cleared and the
-        // next oldest is tried; bounded by the slots looked at.
-        for _ in 0..SLOTS * EVICT_REACH {
-            let Some((b, s)) = self.victim_near(h, now7) else { return false };
-            let Some(r) = self.buckets.as_slice().get(b).and_then(|bk| bk.refs.get(s)).copied() else { return false };
-            let id = r >> 1;
-            let evictable =
-                self.recs.as_slice().get(id as usize).is_some_and(|x| x.in_use() && x.ct_state().is_evictable());
-            if !evictable {
-                if let Some(m) = self.buckets.as_mut_slice().get_mut(b).and_then(|bk| bk.meta.get_mut(s)) {
-                    *m &= !EVICTABLE;
-                }
-                continue;
-            }
-            if let Some(x) = self.remove(id) {
-                on_remove(Removed { evicted: true, ..x });
-                return true;
-            }
-            return false;
-        }
-        false
     }
 
     /// Evicts the not-established flows of `range` (the records the reclaim just swept).
@@ -1291,6 +1253,87 @@ fn place(buckets: &mut [Bucket], nb: u64, h: u64, r: u32, meta: u8) -> bool {
         b = if b + 1 >= nb { 0 } else { b + 1 };
     }
     false
+}
+
+/// The entry [`Conntrack::insert`] would evict for hash `h` (see [`Conntrack::victim_near`]),
+/// over the table's buckets, as (bucket, slot).
+#[inline]
+fn victim_in(bs: &[Bucket], nb: u64, h: u64, now7: u8) -> Option<(usize, usize)> {
+    let next = |b: usize| if b + 1 >= nb as usize { 0 } else { b + 1 };
+    let mut b = home_of(h, nb);
+    for _ in 0..EVICT_REACH / EVICT_BUCKETS {
+        let b2 = next(b);
+        if let (Some(x), Some(y)) = (bs.get(b), bs.get(b2))
+            && let Some(i) = oldest_evictable(x, y, now7)
+        {
+            return Some(if i < SLOTS { (b, i) } else { (b2, i - SLOTS) });
+        }
+        b = next(b2);
+    }
+    None
+}
+
+/// Evicts the oldest evictable flow with an entry in the home bucket of `h` or the next ones,
+/// up to [`EVICT_REACH`] buckets ([`victim_in`]), and reports it through `on_remove`. Returns
+/// whether one was evicted; the caller counts it out of the table's length.
+#[expect(clippy::too_many_arguments, reason = "the table's arrays, borrowed once by insert")]
+#[inline]
+fn evict_in<A: CtFamily>(
+    bs: &mut [Bucket],
+    rs: &mut [Rec<A>],
+    fl: &mut FreeList<'_>,
+    nb: u64,
+    seeds: &[u64; 5],
+    h: u64,
+    now7: u8,
+    on_remove: &mut impl FnMut(Removed),
+) -> bool {
+    // A hint can be stale (the flow got established since): then it is cleared and the
+    // next oldest is tried; bounded by the slots looked at.
+    for _ in 0..SLOTS * EVICT_REACH {
+        let Some((b, s)) = victim_in(bs, nb, h, now7) else { return false };
+        let Some(r) = bs.get(b).and_then(|bk| bk.refs.get(s)).copied() else { return false };
+        let id = r >> 1;
+        let evictable = rs.get(id as usize).is_some_and(|x| x.in_use() && x.ct_state().is_evictable());
+        if !evictable {
+            if let Some(m) = bs.get_mut(b).and_then(|bk| bk.meta.get_mut(s)) {
+                *m &= !EVICTABLE;
+            }
+            continue;
+        }
+        if let Some(x) = remove_in(bs, rs, fl, nb, seeds, id) {
+            on_remove(Removed { evicted: true, ..x });
+            return true;
+        }
+        return false;
+    }
+    false
+}
+
+/// Removes flow `id` (both entries) over the table's arrays, as [`Conntrack::remove`] (which
+/// also counts it out of the table's length).
+#[inline]
+fn remove_in<A: CtFamily>(
+    bs: &mut [Bucket],
+    rs: &mut [Rec<A>],
+    fl: &mut FreeList<'_>,
+    nb: u64,
+    seeds: &[u64; 5],
+    id: RecId,
+) -> Option<Removed> {
+    let rec = rs.get(id as usize)?;
+    if !rec.in_use() {
+        return None;
+    }
+    let gone = Removed { backend: rec.backend, state: rec.ct_state(), evicted: false };
+    let fh = A::hash_key(&rec.fwd_key(), seeds);
+    let rh = rec.has_reply().then(|| A::hash_key(&rec.reply_key(), seeds));
+    unplace(bs, nb, fh, id << 1);
+    if let Some(rh) = rh {
+        unplace(bs, nb, rh, id << 1 | 1);
+    }
+    fl.free(rs, id);
+    Some(gone)
 }
 
 /// Clears entry `r` (hash `h`) and the overflow counts it added. Returns whether it was found.

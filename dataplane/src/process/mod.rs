@@ -816,13 +816,21 @@ fn stage_tags<A: CtFamily>(st: &mut FamState<A>, now_s: u32) {
     }
     st.lanes.victims = st.ct.len() >= st.ct.capacity();
     if st.lanes.victims {
-        let lanes = &mut st.lanes;
-        for (l, v) in lanes.l.get(..lanes.n).unwrap_or(&[]).iter().zip(lanes.victim.iter_mut()) {
-            *v = if l.probe.first == conntrack::Probe::NONE {
-                st.ct.prefetch_victim(l.hash, now_s, 0)
-            } else {
-                conntrack::Probe::NONE
-            };
-        }
+        stage_victims(st, now_s);
+    }
+}
+
+/// The full-table part of stage 2: each lane whose key matched no tag notes the victim its
+/// insert would evict and prefetches its record. Out of line, so that the fast stages' code
+/// (all of an established packet's path) does not carry it.
+#[inline(never)]
+fn stage_victims<A: CtFamily>(st: &mut FamState<A>, now_s: u32) {
+    let lanes = &mut st.lanes;
+    for (l, v) in lanes.l.get(..lanes.n).unwrap_or(&[]).iter().zip(lanes.victim.iter_mut()) {
+        *v = if l.probe.first == conntrack::Probe::NONE {
+            st.ct.prefetch_victim(l.hash, now_s, 0)
+        } else {
+            conntrack::Probe::NONE
+        };
     }
 }
