@@ -936,13 +936,12 @@ impl<A: CtFamily> Conntrack<A> {
         start..start.saturating_add(chunk).min(self.hw)
     }
 
-    /// Frees a record for a new flow (see the module docs).
-    /// [`Conntrack::insert`] into a full table where nothing near the new flow could be evicted.
-    /// Reclaim at most once per second: when the table is full of live established flows,
-    /// each refused flow then costs one bucket probe, not a scan. The reclaim goes on with
-    /// the sweep's current step, at most RECLAIM_BUDGET records of it, so that one insert
-    /// never expires a whole step (16,384 records at 1,048,576 flows: 1.3 ms with every
-    /// record expired and in cache).
+    /// [`Conntrack::insert`] into a full table where nothing near the new flow could be evicted
+    /// (see the module docs). It reclaims at most once per second: when the table is full of
+    /// live established flows, each refused flow then costs one bucket probe, not a scan. The
+    /// reclaim goes on with the sweep's current step, at most RECLAIM_BUDGET records of it, so
+    /// that one insert never expires a whole step (16,384 records at 1,048,576 flows: 1.3 ms
+    /// with every record expired and in cache).
     #[cold]
     fn insert_after_reclaim(
         &mut self,
@@ -967,7 +966,7 @@ impl<A: CtFamily> Conntrack<A> {
         self.insert(rec, fwd_hash, now_s, on_remove)
     }
 
-    /// The entry [`Conntrack::evict_near`] would try first for hash `h`: the oldest marked
+    /// The entry an insert's eviction (`evict_in`) would try first for hash `h`: the oldest marked
     /// evictable in the home bucket of `h` or the next (the first of equals, home bucket first);
     /// if neither holds one, the same over the next two buckets, up to [`EVICT_REACH`]; as
     /// (bucket, slot).
