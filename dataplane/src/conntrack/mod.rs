@@ -806,7 +806,7 @@ impl<A: CtFamily> Conntrack<A> {
         let (nb, seeds) = (self.nb, self.seeds);
         let full = self.len >= self.capacity;
         // The arrays are borrowed once for the whole insert, eviction included (each borrow of
-        // a mapped region is a few checks; a SYN into a full table made a dozen of them).
+        // a mapped region is a few checks; an insert that evicted made nine).
         let (bs, rs) = (self.buckets.as_mut_slice(), self.recs.as_mut_slice());
         let mut fl = FreeList { stack: self.free.as_mut_slice(), n: &mut self.nfree, hw: &mut self.hw, cap: rs.len() };
         if full {
