@@ -55,16 +55,18 @@ pub(super) struct MissHint<'t> {
     pick: Option<&'t Backend>,
 }
 
+impl MissHint<'_> {
+    /// Stage 4 did not look at the packet.
+    const NONE: Self = Self { fe: None, pick: None };
+}
+
 /// What the earlier stages learnt of a fast-parsed packet that the slow path uses.
 #[derive(Copy, Clone, Debug)]
 struct Hint<'t, A> {
     key: FlowKey<A>,
     hash: u64,
-    /// The Maglev pick of the miss stage.
-    pick: Option<&'t Backend>,
-    /// The frontend the miss stage found: `None` if it did not look, `Some(None)` if there
-    /// is none.
-    fe: Option<Option<&'t FrontendEntry>>,
+    /// What the miss stage found.
+    found: MissHint<'t>,
     /// The flow table had no entry for the key in stage 3.
     missed: bool,
 }
@@ -215,7 +217,7 @@ pub(super) fn run_lane<A: Fam>(
     let Some(l) = st.lanes.as_slice().get(lane) else {
         return run_frame(fam, c, t, pkt, in_port);
     };
-    let hint = Hint { key: l.key, hash: l.hash, pick: found.pick, fe: found.fe, missed: l.miss };
+    let hint = Hint { key: l.key, hash: l.hash, found, missed: l.miss };
     // What the fast parser found, as the full parser's view (the same value, see
     // `wire::parse_fast`).
     let l3 = usize::from(l.l3);
@@ -293,7 +295,7 @@ fn run<A: Fam>(
             Some(h) => h,
             None => {
                 let key = FlowKey { src, dst, sport: p.sport, dport: p.dport, proto: p.proto };
-                Hint { key, hash: st.ct.hash(&key), pick: None, fe: None, missed: false }
+                Hint { key, hash: st.ct.hash(&key), found: MissHint::NONE, missed: false }
             }
         };
         return run_l4::<A>(st, c, t, pkt, p, &hint, in_port);
@@ -317,7 +319,7 @@ fn run_l4<A: Fam>(
 ) -> Verdict {
     let (key, h) = (hint.key, hint.hash);
     let (src, dst) = (key.src, key.dst);
-    let fe = match hint.fe {
+    let fe = match hint.found.fe {
         None => t.frontend(dst.to_mapped(), p.proto, p.dport),
         Some(fe) => fe,
     };
@@ -387,7 +389,7 @@ fn forward<A: Fam>(
     hint: &Hint<'_, A>,
     in_port: u8,
 ) -> Verdict {
-    let (key, h, pick) = (hint.key, hint.hash, hint.pick);
+    let (key, h, pick) = (hint.key, hint.hash, hint.found.pick);
     if !fe.source_ranges.is_empty() && !fe.source_ranges.iter().any(|r| r.contains_octets(key.src.octets())) {
         return Verdict::Drop(DropReason::SourceRangeDenied);
     }
