@@ -328,8 +328,9 @@ struct Filler {
     /// Permutation positions this backend may still visit (starts at
     /// `M + 1`); a guard, never reached for prime `M`.
     budget: u32,
-    /// Index in the caller's slice, written into the slots.
-    index: u32,
+    /// Rank in key order among all the backends (weight 0 included), written into the fill's
+    /// slots; the built table maps ranks back to indices in the caller's slice.
+    rank: u32,
     /// Weight, `1..=u32::MAX`.
     weight: u64,
     /// Katran's `cum_weight`, `< max weight` between rounds (scan loop).
@@ -428,10 +429,11 @@ impl MaglevTable {
             }
         }
         let m = u64::from(size);
-        let fillers: Vec<Filler> = order
-            .iter()
-            .filter(|&&(_, _, w)| w > 0)
-            .map(|&(key, index, weight)| {
+        // Ranks fit u32: `order` has at most 2^32 entries (checked above).
+        let fillers: Vec<Filler> = (0u32..)
+            .zip(&order)
+            .filter(|&(_, &(_, _, w))| w > 0)
+            .map(|(rank, &(key, _, weight))| {
                 let bytes = key.as_bytes();
                 let offset = xxh3_64_with_seed(bytes, OFFSET_SEED) % m;
                 let skip = xxh3_64_with_seed(bytes, SKIP_SEED) % (m - 1) + 1;
@@ -442,7 +444,7 @@ impl MaglevTable {
                     // One more than M: the two-probe loop may look one
                     // position past the last one it needs.
                     budget: size + 1,
-                    index,
+                    rank,
                     weight: u64::from(weight),
                     acc: 0,
                     placed: 0,
@@ -478,13 +480,18 @@ impl MaglevTable {
         let words = usize::try_from(size / 64 + 1).unwrap_or(usize::MAX);
         fill.occupied.iter_mut().take(words).for_each(|w| *w = 0);
         filled?;
-        let checksum = checksum_of(size, &order, fill.slots);
+        let ranks = fill.slots.as_slice();
+        let checksum = checksum_of(size, &order, ranks);
+        // The fill wrote key-order ranks; the table holds indices in `backends`. They are the
+        // same when the caller gave the backends in key order (one pass less).
+        let in_key_order = (0u32..).zip(&order).all(|(r, &(_, index, _))| r == index);
+        let index_of = |r: u32| if in_key_order { r } else { order.get(r as usize).map_or(0, |&(_, i, _)| i) };
         // Indices name positions in `backends`, so they fit 16 bits when it has at most 2^16.
         let slots = if backends.len() <= 1 << 16 {
             #[expect(clippy::cast_possible_truncation, reason = "every index < backends.len() <= 2^16")]
-            Slots::Narrow(fill.slots.iter().map(|&i| i as u16).collect())
+            Slots::Narrow(ranks.iter().map(|&r| index_of(r) as u16).collect())
         } else {
-            Slots::Wide(fill.slots.as_slice().into())
+            Slots::Wide(ranks.iter().map(|&r| index_of(r)).collect())
         };
         Ok(Self { slots, size, checksum })
     }
@@ -573,25 +580,21 @@ impl MaglevTable {
 }
 
 /// [`MaglevTable::checksum`] of a filled table: `order` is every backend as `(key, caller
-/// index, weight)` sorted by key, `slots` the caller indices the fill wrote.
-fn checksum_of(size: u32, order: &[(BackendKey, u32, u32)], slots: &[u32]) -> u64 {
+/// index, weight)` sorted by key, `ranks` the slots as the fill wrote them (each the rank in
+/// `order` of the backend it names).
+fn checksum_of(size: u32, order: &[(BackendKey, u32, u32)], ranks: &[u32]) -> u64 {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
     h.update(&size.to_le_bytes());
-    let mut rank = vec![0u32; order.len()];
-    for (r, (key, index, weight)) in (0u32..).zip(order) {
-        if let Some(x) = usize::try_from(*index).ok().and_then(|i| rank.get_mut(i)) {
-            *x = r;
-        }
+    for (key, _, weight) in order {
         h.update(&[key.len]);
         h.update(key.as_bytes());
         h.update(&weight.to_le_bytes());
     }
     // Slots as ranks, 4 bytes each, hashed in 4 KiB chunks.
     let mut buf = [0u8; 4096];
-    for chunk in slots.chunks(buf.len() / 4) {
+    for chunk in ranks.chunks(buf.len() / 4) {
         let mut n = 0;
-        for (dst, &slot) in buf.chunks_exact_mut(4).zip(chunk) {
-            let r = usize::try_from(slot).ok().and_then(|i| rank.get(i)).copied().unwrap_or(u32::MAX);
+        for (dst, &r) in buf.chunks_exact_mut(4).zip(chunk) {
             dst.copy_from_slice(&r.to_le_bytes());
             n += 4;
         }
@@ -624,8 +627,8 @@ const _: () = {
 #[derive(Debug, Clone)]
 pub struct MaglevScratch {
     /// `OCCUPIED_WORDS` words, zero between builds.
-    occupied: Vec<u64>,
-    /// The slots being filled (`M` of them during a build).
+    occupied: Box<[u64; OCCUPIED_WORDS]>,
+    /// The slots being filled (`M` of them during a build), as key-order ranks.
     slots: Vec<u32>,
 }
 
@@ -633,7 +636,7 @@ impl MaglevScratch {
     /// A zeroed bitmap (one 128 KiB allocation).
     #[must_use]
     pub fn new() -> Self {
-        Self { occupied: vec![0; OCCUPIED_WORDS], slots: Vec::new() }
+        Self { occupied: Box::new([0; OCCUPIED_WORDS]), slots: Vec::new() }
     }
 }
 
@@ -657,10 +660,10 @@ const ENDGAME_COST: u32 = 1;
 
 /// The table being filled: slots plus an occupancy bitmap.
 struct Fill<'a> {
-    /// Output, valid where `occupied` has the bit set; the scratch's.
+    /// Output (key-order ranks), valid where `occupied` has the bit set; the scratch's.
     slots: &'a mut Vec<u32>,
     /// One bit per slot (8 KiB in use at M = 65537, so probing stays in L1); the scratch's.
-    occupied: &'a mut Vec<u64>,
+    occupied: &'a mut [u64; OCCUPIED_WORDS],
     /// `M`.
     size: u32,
     /// Slots still free.
@@ -678,7 +681,7 @@ struct Fill<'a> {
 impl<'a> Fill<'a> {
     /// An empty table of `size` slots over `occupied` (zero, `OCCUPIED_WORDS` words), written
     /// into `slots`.
-    fn new(size: u32, occupied: &'a mut Vec<u64>, slots: &'a mut Vec<u32>) -> Self {
+    fn new(size: u32, occupied: &'a mut [u64; OCCUPIED_WORDS], slots: &'a mut Vec<u32>) -> Self {
         slots.clear();
         slots.resize(usize::try_from(size).unwrap_or(0), 0);
         Self {
@@ -754,12 +757,9 @@ impl<'a> Fill<'a> {
         let visited = u32::try_from(steps + 1).map_err(|_| exhausted.clone())?;
         f.budget = f.budget.checked_sub(visited).ok_or(exhausted.clone())?;
         let p = self.free.swap_remove(i);
-        let Ok(occupied) = <&mut [u64; OCCUPIED_WORDS]>::try_from(self.occupied.as_mut_slice()) else {
-            return Err(exhausted);
-        };
-        try_take(occupied, p);
+        try_take(self.occupied, p);
         let slot = self.slots.get_mut(p as usize).ok_or(exhausted)?;
-        *slot = f.index;
+        *slot = f.rank;
         let next = p + f.skip;
         f.pos = next.min(next.wrapping_sub(self.size));
         self.left -= 1;
@@ -787,10 +787,8 @@ impl<'a> Fill<'a> {
         let step = f.skip;
         let step2 = wrap(step + step);
         let (mut pos, mut budget) = (f.pos, f.budget);
-        // A fixed-size view, so the masked index below needs no check.
-        let Ok(occupied) = <&mut [u64; OCCUPIED_WORDS]>::try_from(self.occupied.as_mut_slice()) else {
-            return Err(exhausted);
-        };
+        // A fixed-size bitmap, so the masked index below needs no check.
+        let occupied = &mut *self.occupied;
         loop {
             // Two probes per iteration; refunded below if the first wins.
             let Some(b) = budget.checked_sub(2) else {
@@ -811,7 +809,7 @@ impl<'a> Fill<'a> {
             let Some(slot) = self.slots.get_mut(taken as usize) else {
                 return Err(exhausted);
             };
-            *slot = f.index;
+            *slot = f.rank;
             f.pos = next;
             f.budget = budget;
             self.left -= 1;
