@@ -1074,6 +1074,18 @@ mod tests {
     const GOLDEN_251_CHECKSUM: u64 = 0x238d_b338_460f_f191;
 
     #[test]
+    fn golden_backends_given_in_reverse_name_the_same_backend_in_every_slot() {
+        // The fill works in key order; a caller's slice in another order gets its own indices.
+        let mut reversed = golden_backends();
+        reversed.reverse();
+        let last = u32::try_from(reversed.len() - 1).unwrap();
+        let table = MaglevTable::build(&reversed, 251).unwrap();
+        let expected: Vec<u32> = GOLDEN_251.iter().map(|&i| last - i).collect();
+        assert_eq!(table.slots(), expected);
+        assert_eq!(table.checksum(), GOLDEN_251_CHECKSUM);
+    }
+
+    #[test]
     fn checksum_changes_with_a_weight_a_backend_or_the_size() {
         let base = MaglevTable::build(&golden_backends(), 251).unwrap().checksum();
         let mut heavier = golden_backends();
