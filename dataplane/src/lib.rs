@@ -8,7 +8,9 @@
 //!    ICMP error translation and generation, the fragment table.
 //! 4. [`process`]: the pipeline, one call per frame returning a [`process::Verdict`].
 //!
-//! [`build`] makes frames for tests, benchmarks and fuzz seeds; it is not used per packet.
+//! [`build`] makes frames for tests, benchmarks and fuzz seeds; [`par`] maps over Services on
+//! a few threads for the table builds (layer 2) and the control crate's translation. Neither is
+//! used per packet.
 #![deny(unsafe_code)]
 
 pub mod addr;
@@ -21,6 +23,7 @@ pub mod frag;
 pub mod icmp;
 pub mod maglev;
 pub mod nat;
+pub mod par;
 pub mod process;
 pub mod sched;
 pub mod tables;

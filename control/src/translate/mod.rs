@@ -253,37 +253,12 @@ pub const TRANSLATE_PER_CLAIM: usize = 64;
 /// (a Service of 10 endpoints takes a few microseconds; a thread tens to start).
 pub const TRANSLATE_PER_THREAD: usize = 512;
 
-/// `(0..n).map(f)` on up to `threads` threads (scoped; the calling thread is one), in index
-/// order. A helper that cannot be started or that panicked leaves its indices to the
-/// calling thread, so the result is always complete and equal to the one-thread result.
+/// `(0..n).map(f)` on up to `threads` threads (the calling thread is one), in index order,
+/// claiming [`TRANSLATE_PER_CLAIM`] indices at a time, and another thread only for every
+/// [`TRANSLATE_PER_THREAD`] Services ([`dataplane::par::par_map`]: a helper that cannot be
+/// started or that panicked leaves its indices to the calling thread, so the result is always
+/// complete and equal to the one-thread result).
 fn par_map<T: Send>(n: usize, threads: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
     let threads = threads.min(n / TRANSLATE_PER_THREAD).max(1);
-    if threads == 1 {
-        return (0..n).map(&f).collect();
-    }
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let work = || {
-        let mut out = Vec::new();
-        loop {
-            let from = next.fetch_add(TRANSLATE_PER_CLAIM, std::sync::atomic::Ordering::Relaxed);
-            if from >= n {
-                break;
-            }
-            out.extend((from..n.min(from + TRANSLATE_PER_CLAIM)).map(|i| (i, f(i))));
-        }
-        out
-    };
-    let mut results: Vec<Option<T>> = std::iter::repeat_with(|| None).take(n).collect();
-    std::thread::scope(|s| {
-        let helpers: Vec<_> = (1..threads)
-            .filter_map(|_| std::thread::Builder::new().name("xlb-translate".into()).spawn_scoped(s, work).ok())
-            .collect();
-        let mine = work();
-        for (i, r) in helpers.into_iter().filter_map(|h| h.join().ok()).flatten().chain(mine) {
-            if let Some(slot) = results.get_mut(i) {
-                *slot = Some(r);
-            }
-        }
-    });
-    results.into_iter().enumerate().map(|(i, r)| r.unwrap_or_else(|| f(i))).collect()
+    dataplane::par::par_map(n, threads, TRANSLATE_PER_CLAIM, "xlb-translate", || (), |(), i| f(i)).0
 }

@@ -83,8 +83,6 @@ pub struct TableBuilder {
 struct Record {
     spec: Arc<ServiceSpec>,
     id: u32,
-    /// Backend slots by (address, port).
-    slots: SlotMap,
     maglev: Option<MaglevCached>,
     /// The service it built: its frontend keys (in `spec.frontends` order) and the keys it put
     /// into [`Tables::endpoints`] (counted in `endpoint_refs`).
@@ -121,9 +119,6 @@ impl core::borrow::Borrow<str> for ByName {
         &self.0.name
     }
 }
-
-/// One service's backend slots by (address, port).
-type SlotMap = HashMap<(IpAddr, u16), BackendRef>;
 
 /// A Maglev table and the input it was built from (eligible backends in order, and M).
 #[derive(Debug, Clone)]
@@ -229,50 +224,18 @@ fn build_maglev_tables(
     max_m: u32,
     threads: usize,
 ) -> (Vec<Result<MaglevTable, maglev::MaglevError>>, usize) {
-    let one = |mb: &[MaglevBackend], scratch: &mut maglev::MaglevScratch| {
-        maglev::table_size_for(mb.len(), max_m).and_then(|m| MaglevTable::build_in(mb, m, scratch))
-    };
     let threads = threads.min(jobs.len() / MAGLEV_JOBS_PER_THREAD).max(1);
-    let mut scratch = maglev::MaglevScratch::new();
-    if threads == 1 {
-        return (jobs.iter().map(|mb| one(mb, &mut scratch)).collect(), 1);
-    }
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    // Claims the next chunk of jobs and builds it; (job index, result) pairs.
-    let work = |scratch: &mut maglev::MaglevScratch| {
-        let mut out = Vec::new();
-        loop {
-            let from = next.fetch_add(MAGLEV_JOBS_PER_CLAIM, std::sync::atomic::Ordering::Relaxed);
-            let Some(chunk) = jobs.get(from..jobs.len().min(from + MAGLEV_JOBS_PER_CLAIM)) else { break };
-            if chunk.is_empty() {
-                break;
-            }
-            out.extend(chunk.iter().zip(from..).map(|(mb, i)| (i, one(mb, scratch))));
-        }
-        out
-    };
-    let mut results: Vec<Option<Result<MaglevTable, maglev::MaglevError>>> = Vec::new();
-    results.resize_with(jobs.len(), || None);
-    let mut used = 1;
-    std::thread::scope(|s| {
-        let helpers: Vec<_> = (1..threads)
-            .filter_map(|_| {
-                std::thread::Builder::new()
-                    .name("xlb-maglev".into())
-                    .spawn_scoped(s, || work(&mut maglev::MaglevScratch::new()))
-                    .ok()
-            })
-            .collect();
-        used += helpers.len();
-        let mine = work(&mut scratch);
-        for (i, r) in helpers.into_iter().filter_map(|h| h.join().ok()).flatten().chain(mine) {
-            if let Some(slot) = results.get_mut(i) {
-                *slot = Some(r);
-            }
-        }
-    });
-    // Jobs of a helper that panicked: built here, in order.
-    (jobs.iter().zip(results).map(|(mb, r)| r.unwrap_or_else(|| one(mb, &mut scratch))).collect(), used)
+    crate::par::par_map(
+        jobs.len(),
+        threads,
+        MAGLEV_JOBS_PER_CLAIM,
+        "xlb-maglev",
+        maglev::MaglevScratch::new,
+        |scratch, i| {
+            let mb = jobs.get(i).copied().unwrap_or_default();
+            maglev::table_size_for(mb.len(), max_m).and_then(|m| MaglevTable::build_in(mb, m, scratch))
+        },
+    )
 }
 
 /// Number of buckets of the `sh`/`dh` static hash table (IPVS `IP_VS_SH_TAB_SIZE` is 256).
@@ -290,7 +253,6 @@ struct Plan<'a> {
 /// What validation worked out for one upserted Service (nothing committed yet).
 struct Prepared {
     maglev: Option<MaglevCached>,
-    cum: Vec<u32>,
 }
 
 fn addr_kind(k: FrontendKind) -> VipAddrKind {
@@ -625,13 +587,9 @@ impl TableBuilder {
             } else {
                 None
             };
-            let mut cum = Vec::with_capacity(eligible.len());
-            let mut sum: Option<u32> = Some(0);
-            for b in &eligible {
-                sum = sum.and_then(|t| t.checked_add(u32::from(b.weight)));
-                cum.push(sum.unwrap_or(0));
-            }
-            pending.push((maglev, sum.map(|_| cum)));
+            // The running sum of the weights (`Service::cum_weights`) must fit 32 bits.
+            let fits = eligible.iter().try_fold(0u32, |sum, b| sum.checked_add(u32::from(b.weight))).is_some();
+            pending.push((maglev, fits));
         }
         let pending_reused = pending.iter().filter(|(m, _)| m.as_ref().is_some_and(|(_, c)| c.is_some())).count();
         let jobs: Vec<&[MaglevBackend]> =
@@ -641,7 +599,7 @@ impl TableBuilder {
         drop(jobs);
         let mut built = built.into_iter();
         let mut out = Vec::with_capacity(plan.upserts.len());
-        for (s, (maglev, cum)) in plan.upserts.iter().zip(pending) {
+        for (s, (maglev, fits)) in plan.upserts.iter().zip(pending) {
             let maglev = match maglev {
                 None => None,
                 Some((input, Some(table))) => Some(MaglevCached { input, max_m, table }),
@@ -657,8 +615,10 @@ impl TableBuilder {
                     }
                 },
             };
-            let cum = cum.ok_or_else(|| BuildError::WeightOverflow(s.name.clone()))?;
-            out.push(Prepared { maglev, cum });
+            if !fits {
+                return Err(BuildError::WeightOverflow(s.name.clone()));
+            }
+            out.push(Prepared { maglev });
         }
         let reused = pending_reused;
         Ok((out, MaglevBuildStats { built: n_built, reused, threads }))
@@ -672,7 +632,9 @@ impl TableBuilder {
 
         self.changed.clear();
         // 1. Undo what removed and changed Services put in; free their slots and ids.
-        let mut old_slots: Vec<Option<(u32, SlotMap)>> = Vec::with_capacity(plan.upserts.len());
+        // Per upsert: its id and, per backend of its new spec, the slot it keeps (a backend of
+        // that address and port was in the Service's last build), if it was built before.
+        let mut old_slots: Vec<Option<(u32, Vec<Option<BackendRef>>)>> = Vec::with_capacity(plan.upserts.len());
         for name in &plan.removed {
             let Some(r) = self.records.remove(name.as_str()) else { continue };
             self.names_by_ptr.remove(&(Arc::as_ptr(&r.spec) as usize));
@@ -684,7 +646,7 @@ impl TableBuilder {
                     *s = None;
                 }
             }
-            for b in r.slots.into_values() {
+            for &(_, _, b) in &r.svc.by_addr {
                 self.free_slot(b, t, fresh);
             }
             self.free_ids.push(r.id);
@@ -699,14 +661,21 @@ impl TableBuilder {
             if !fresh {
                 self.undo(&r, t, &mut touched_addrs, &mut kernel_changed);
             }
-            let mut prev = r.slots;
-            let mut keep = SlotMap::with_capacity(s.backends.len());
-            for b in &s.backends {
-                if let Some(x) = prev.remove(&(b.addr, b.port)) {
-                    keep.insert((b.addr, b.port), x);
-                }
-            }
-            for b in prev.into_values() {
+            // The last build's slots by (address, port), sorted: each goes to at most one
+            // backend of the new spec; the rest are freed.
+            let prev = &r.svc.by_addr;
+            let mut kept = vec![false; prev.len()];
+            let keep = s
+                .backends
+                .iter()
+                .map(|b| {
+                    let i = prev.binary_search_by(|&(a, p, _)| (a, p).cmp(&(b.addr, b.port))).ok()?;
+                    let k = kept.get_mut(i).filter(|k| !**k)?;
+                    *k = true;
+                    prev.get(i).map(|&(_, _, r)| r)
+                })
+                .collect();
+            for (&(_, _, b), _) in prev.iter().zip(&kept).filter(|(_, k)| !**k) {
                 self.free_slot(b, t, fresh);
             }
             old_slots.push(Some((r.id, keep)));
@@ -746,12 +715,10 @@ impl TableBuilder {
             };
             ids.push(id);
             self.changed.push(id);
-            let keep = old.as_mut().map(|(_, m)| core::mem::take(m)).unwrap_or_default();
-            let rs = s
-                .backends
-                .iter()
-                .map(|b| match keep.get(&(b.addr, b.port)) {
-                    Some(r) => *r,
+            let keep = old.as_mut().map(|(_, k)| core::mem::take(k)).unwrap_or_default();
+            let rs = (0..s.backends.len())
+                .map(|j| match keep.get(j).copied().flatten() {
+                    Some(r) => r,
                     None => match self.free.pop() {
                         Some(r) => r,
                         None => {
@@ -788,13 +755,11 @@ impl TableBuilder {
             let mut eligible = Vec::with_capacity(s.backends.len());
             let mut weights = Vec::with_capacity(s.backends.len());
             let mut by_addr = Vec::with_capacity(s.backends.len());
-            let mut unresolved = Vec::with_capacity(s.backends.len());
+            let mut unresolved = Vec::new();
             // Per backend: its next hop is the kernel ([`NextHop::Kernel`]), from the one route lookup.
             let mut via_kernel = Vec::with_capacity(s.backends.len());
-            let mut slots = SlotMap::with_capacity(s.backends.len());
             for (b, r) in s.backends.iter().zip(&rs) {
                 let r = *r;
-                slots.insert((b.addr, b.port), r);
                 members.push(r);
                 by_addr.push((b.addr, b.port, r));
                 if b.eligible && b.weight > 0 {
@@ -899,6 +864,14 @@ impl TableBuilder {
             } else {
                 Box::default()
             };
+            // The running sum of the weights (validation checked that it fits).
+            let cum_weights = weights
+                .iter()
+                .scan(0u32, |sum, &w| {
+                    *sum = sum.saturating_add(u32::from(w));
+                    Some(*sum)
+                })
+                .collect();
             by_addr.sort_unstable_by_key(|&(a, p, _)| (a, p));
             let service = Service {
                 id,
@@ -911,7 +884,7 @@ impl TableBuilder {
                 by_addr: by_addr.into_boxed_slice(),
                 eligible: eligible.into_boxed_slice(),
                 weights: weights.into_boxed_slice(),
-                cum_weights: p.cum.into_boxed_slice(),
+                cum_weights,
                 maglev: p.maglev.as_ref().map(|m| m.table.clone()),
                 hash_buckets,
                 frontend_keys: s.frontends.iter().map(frontend_key).collect(),
@@ -954,7 +927,6 @@ impl TableBuilder {
                 Record {
                     spec: Arc::clone(s),
                     id,
-                    slots,
                     maglev: p.maglev,
                     svc: Arc::clone(&svc),
                     kernel: kernel.into_boxed_slice(),

@@ -1137,6 +1137,35 @@ mod tests {
     }
 
     #[test]
+    fn a_changed_service_keeps_each_backends_slot_whatever_the_order_and_frees_the_rest() {
+        let mut b = TableBuilder::new();
+        let spec = |backends: &[(&str, u16)]| TablesSpec {
+            services: vec![svc("a", "10.96.0.1", backends).into()],
+            ..Default::default()
+        };
+        let t1 = b.build(&spec(&[("10.0.0.1", 80), ("10.0.0.2", 80), ("10.0.0.3", 80), ("10.0.0.3", 81)])).unwrap();
+        let slot = |t: &Tables, addr: &str, port: u16| {
+            t.services[0]
+                .by_addr
+                .iter()
+                .find(|(a, p, _)| *a == addr.parse::<IpAddr>().unwrap() && *p == port)
+                .unwrap()
+                .2
+        };
+        // Reversed, one backend gone and one new: the three left keep their refs.
+        let t2 = b.build(&spec(&[("10.0.0.3", 81), ("10.0.0.9", 80), ("10.0.0.3", 80), ("10.0.0.1", 80)])).unwrap();
+        for (addr, port) in [("10.0.0.3", 81), ("10.0.0.3", 80), ("10.0.0.1", 80)] {
+            assert_eq!(slot(&t2, addr, port), slot(&t1, addr, port), "{addr}:{port}");
+            assert_eq!(t2.backend(slot(&t2, addr, port)).unwrap().port, port);
+        }
+        // 10.0.0.2's slot was freed and given to 10.0.0.9 under a new generation.
+        let (gone, new) = (slot(&t1, "10.0.0.2", 80), slot(&t2, "10.0.0.9", 80));
+        assert!(t2.backend(gone).is_none());
+        assert_eq!((new.index(), new == gone), (gone.index(), false));
+        assert_eq!(b.slot_count(), 4, "no slot leaked or added");
+    }
+
+    #[test]
     fn a_rebuild_computes_only_the_maglev_tables_whose_backends_changed() {
         let mut b = TableBuilder::new();
         let spec = |c_backends: &[(&str, u16)]| TablesSpec {
