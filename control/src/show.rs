@@ -173,7 +173,6 @@ mod tests {
             eligible,
             conditions: Conditions { ready, serving: ready || terminating, terminating },
             node_local: false,
-            zone: None,
         };
         TablesSpec {
             services: vec![std::sync::Arc::new(ServiceSpec {

@@ -303,7 +303,6 @@ mod tests {
                         eligible: true,
                         conditions: Conditions::default(),
                         node_local: false,
-                        zone: None,
                     })
                     .collect(),
             })],

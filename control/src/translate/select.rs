@@ -27,8 +27,6 @@ pub(crate) struct Ep {
     pub terminating: bool,
     /// `nodeName` equals this node's name (TP-05).
     pub local: bool,
-    /// `endpoints[].zone`.
-    pub zone: Option<String>,
     /// `hints.forZones[].name`; `None` when there are no zone hints.
     pub zone_hints: Option<BTreeSet<String>>,
     /// `hints.forNodes[].name`; `None` when there are no node hints.

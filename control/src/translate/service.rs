@@ -60,7 +60,8 @@ pub(super) fn translate_service(
     let Some(spec) = svc.spec.as_ref() else {
         return Err(svc_err(label, "spec", "missing"));
     };
-    let annotations = meta.annotations.clone().unwrap_or_default();
+    let no_annotations = BTreeMap::new();
+    let annotations = meta.annotations.as_ref().unwrap_or(&no_annotations);
 
     // Service type (SVC-01, SVC-02, SVC-05, SVC-06, SVC-12).
     let ty = spec.type_.as_deref().unwrap_or("ClusterIP");
@@ -338,7 +339,6 @@ pub(super) fn translate_service(
                         eligible,
                         conditions: Conditions { ready: e.ready, serving: e.serving, terminating: e.terminating },
                         node_local: e.local,
-                        zone: e.zone.clone(),
                     })
                     .collect()
             };
@@ -393,11 +393,14 @@ pub(super) fn gather_endpoints(
         if slice.address_type != fam.name() {
             continue;
         }
-        let label = format!(
-            "EndpointSlice {}/{}",
-            slice.metadata.namespace.as_deref().unwrap_or("default"),
-            slice.metadata.name.as_deref().unwrap_or_default()
-        );
+        // Made only for an issue (most slices have none).
+        let label = || {
+            format!(
+                "EndpointSlice {}/{}",
+                slice.metadata.namespace.as_deref().unwrap_or("default"),
+                slice.metadata.name.as_deref().unwrap_or_default()
+            )
+        };
         // PORT-04 / EPS-04: the slice port whose name (and protocol) matches the Service port.
         let Some((si, sp)) = slice.ports.iter().flatten().enumerate().find(|(_, sp)| {
             sp.name.as_deref().unwrap_or("") == p.name && parse_proto(sp.protocol.as_deref()) == Some(p.proto)
@@ -410,7 +413,7 @@ pub(super) fn gather_endpoints(
                 None => {
                     report.issues.push(Issue {
                         severity: Severity::Warning,
-                        object: label,
+                        object: label(),
                         field: format!("ports[{si}].port"),
                         message: format!("{n} is not in 1..=65535; this slice's endpoints are ignored"),
                     });
@@ -423,7 +426,7 @@ pub(super) fn gather_endpoints(
                 None => {
                     report.issues.push(Issue {
                         severity: Severity::Warning,
-                        object: label,
+                        object: label(),
                         field: format!("ports[{si}].port"),
                         message: "missing and the Service's targetPort is a name; this slice's endpoints are ignored"
                             .into(),
@@ -440,7 +443,7 @@ pub(super) fn gather_endpoints(
                 Ok(a) => {
                     report.issues.push(Issue {
                         severity: Severity::Warning,
-                        object: label.clone(),
+                        object: label(),
                         field: format!("endpoints[{ei}].addresses[0]"),
                         message: format!("{a} is not {} like the slice's addressType; ignored", fam.name()),
                     });
@@ -449,7 +452,7 @@ pub(super) fn gather_endpoints(
                 Err(_) => {
                     report.issues.push(Issue {
                         severity: Severity::Warning,
-                        object: label.clone(),
+                        object: label(),
                         field: format!("endpoints[{ei}].addresses[0]"),
                         message: format!("{a0:?} is not an IP address; ignored"),
                     });
@@ -473,7 +476,6 @@ pub(super) fn gather_endpoints(
                 serving,
                 terminating,
                 local,
-                zone: e.zone.clone(),
                 zone_hints: hint_set(
                     hints.and_then(|h| h.for_zones.as_ref()).map(|z| z.iter().map(|z| z.name.clone()).collect()),
                 ),

@@ -302,13 +302,11 @@ pub struct BackendSpec {
     pub conditions: Conditions,
     /// Endpoint is on this node (`nodeName` equals our Node's name, TP-05).
     pub node_local: bool,
-    /// Endpoint zone (`endpoints[].zone`), if known.
-    pub zone: Option<String>,
 }
 
 impl BackendSpec {
     /// A ready endpoint (ready and serving, not terminating, EPS-05) that takes new flows with
-    /// weight 1 (G-08), not on this node, in no zone.
+    /// weight 1 (G-08), not on this node.
     pub fn ready(addr: IpAddr, port: u16) -> Self {
         Self {
             addr,
@@ -317,7 +315,6 @@ impl BackendSpec {
             eligible: true,
             conditions: Conditions { ready: true, serving: true, terminating: false },
             node_local: false,
-            zone: None,
         }
     }
 }
