@@ -86,11 +86,15 @@ pub(super) fn assemble(
                     .is_some_and(|(v, _)| v.matches(svc, slices_for(&slices, svc)))
         })
         .collect();
+    // Each translation with its cache key and the versions it was made from (made on the
+    // same threads: two strings per Service and two per slice).
     let mut translated = par_map(stale.len(), threads, |i| {
         let svc = stale.get(i)?;
+        let svc_slices = slices_for(&slices, svc);
         let mut own = TranslateReport::default();
-        let result = translate_service(svc, slices_for(&slices, svc), &ctx, &label_of(svc), &mut own);
-        Some(Cached { result, issues: own.issues, no_local: own.no_local_endpoints })
+        let result = translate_service(svc, svc_slices, &ctx, &label_of(svc), &mut own);
+        let cached = Cached { result, issues: own.issues, no_local: own.no_local_endpoints };
+        Some((cache_key(svc), Versions::of(svc, svc_slices), cached))
     })
     .into_iter()
     .zip(stale)
@@ -100,26 +104,21 @@ pub(super) fn assemble(
     // translations go into the cache after pass 2, moved rather than copied.
     let mut order: Vec<((String, String), Option<Fresh>)> = Vec::with_capacity(services.len());
     for svc in &services {
-        let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
-        let name = svc.metadata.name.as_deref().unwrap_or_default();
-        let key = (ns.to_owned(), name.to_owned());
         // `stale` is in Service order: its next entry is this Service if it was translated.
         let fresh = translated.next_if(|(_, s)| std::ptr::eq(*s, *svc)).and_then(|(c, _)| c);
-        let new = match fresh {
-            Some(c) => {
+        match fresh {
+            Some((key, versions, c)) => {
                 stats.translated += 1;
-                let versions = Versions::of(svc, slices_for(&slices, svc));
                 if versions.is_none() && !was_empty {
                     cache.remove(&key);
                 }
-                Some((versions, c))
+                order.push((key, Some((versions, c))));
             }
             None => {
                 stats.reused += 1;
-                None
+                order.push((cache_key(svc), None));
             }
-        };
-        order.push((key, new));
+        }
     }
     if !was_empty {
         let seen: FastSet<(&str, &str)> = services.iter().map(|s| object_order(&s.metadata)).collect();
@@ -179,6 +178,9 @@ pub(super) fn assemble(
     }
 
     drop((claimed, names));
+    if was_empty {
+        cache.reserve(order.len());
+    }
     for (key, new) in order {
         if let Some((Some(versions), c)) = new {
             cache.insert(key, (versions, c));
@@ -194,6 +196,12 @@ pub(super) fn assemble(
     report.issues.sort();
     report.issues.dedup();
     (spec, report, stats)
+}
+
+/// A Service's key in the translator's cache: (namespace, name).
+fn cache_key(svc: &Service) -> (String, String) {
+    let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
+    (ns.to_owned(), svc.metadata.name.clone().unwrap_or_default())
 }
 
 /// The name-collision issue: a later spec named like an earlier one (table names are unique).
