@@ -57,8 +57,8 @@ pub(super) fn assemble(
 
     let ctx = Ctx { cfg, node: &node, node_port_addrs: &node_port_addrs };
     let label_of = |svc: &Service| {
-        let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
-        format!("Service {ns}/{}", svc.metadata.name.as_deref().unwrap_or_default())
+        let (ns, name) = object_order(&svc.metadata);
+        format!("Service {ns}/{name}")
     };
     // Pass 1: bring every Service's translation up to date (translating only those whose
     // objects changed, on several threads when there are many: `par_map`). Translations of
@@ -67,9 +67,7 @@ pub(super) fn assemble(
         slices: &'m FastMap<(&'m str, &'m str), Vec<&'m EndpointSlice>>,
         svc: &'m Service,
     ) -> &'m [&'m EndpointSlice] {
-        let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
-        let name = svc.metadata.name.as_deref().unwrap_or_default();
-        slices.get(&(ns, name)).map_or(&[][..], Vec::as_slice)
+        slices.get(&object_order(&svc.metadata)).map_or(&[][..], Vec::as_slice)
     }
     // A cache that starts empty (`build_spec`'s) has nothing to look up or to drop: no key is
     // built for a lookup, and no set of the Services seen.
@@ -78,12 +76,7 @@ pub(super) fn assemble(
         .iter()
         .copied()
         .filter(|svc| {
-            let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
-            let name = svc.metadata.name.as_deref().unwrap_or_default();
-            was_empty
-                || !cache
-                    .get(&(ns.to_owned(), name.to_owned()))
-                    .is_some_and(|(v, _)| v.matches(svc, slices_for(&slices, svc)))
+            was_empty || !cache.get(&cache_key(svc)).is_some_and(|(v, _)| v.matches(svc, slices_for(&slices, svc)))
         })
         .collect();
     // Each translation with its cache key and the versions it was made from (made on the
@@ -198,10 +191,10 @@ pub(super) fn assemble(
     (spec, report, stats)
 }
 
-/// A Service's key in the translator's cache: (namespace, name).
+/// A Service's key in the translator's cache: its [`object_order`] (namespace, name), owned.
 fn cache_key(svc: &Service) -> (String, String) {
-    let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
-    (ns.to_owned(), svc.metadata.name.clone().unwrap_or_default())
+    let (ns, name) = object_order(&svc.metadata);
+    (ns.to_owned(), name.to_owned())
 }
 
 /// The name-collision issue: a later spec named like an earlier one (table names are unique).
