@@ -108,7 +108,7 @@ fn rewrite<A: Fam>(c: &Common, dir: Dir, r: &Rec<A>, pkt: &mut Packet<'_>, l: &L
                 smac: c.port_mac(r.out_port),
                 dmac: r.hop_mac,
             };
-            nat::<A>(pkt.frame_mut(), l.l3, tcp, to).then_some(Verdict::Tx { port: r.out_port })
+            nat::<A>(from_head(pkt), l.l3, tcp, to).then_some(Verdict::Tx { port: r.out_port })
         }
         Dir::Reply => {
             let to = |h: &[u8]| {
@@ -125,10 +125,17 @@ fn rewrite<A: Fam>(c: &Common, dir: Dir, r: &Rec<A>, pkt: &mut Packet<'_>, l: &L
                     dmac: r.peer_mac,
                 }
             };
-            nat::<A>(pkt.frame_mut(), l.l3, tcp, to).then_some(Verdict::Tx { port: r.in_port })
+            nat::<A>(from_head(pkt), l.l3, tcp, to).then_some(Verdict::Tx { port: r.in_port })
         }
         Dir::Forward => dsr::<A>(c, r, pkt, usize::from(l.l3), usize::from(l.end)),
     }
+}
+
+/// The buffer from the frame's first byte on. The NAT rewrite writes only the headers, which
+/// the fast parser found inside the frame, so it needs no view that ends with the frame.
+#[inline(always)]
+fn from_head<'b>(pkt: &'b mut Packet<'_>) -> &'b mut [u8] {
+    pkt.buf.get_mut(pkt.head..).unwrap_or(&mut [])
 }
 
 /// Whether a parsed packet has the fast parser's shape (TCP or UDP, not fragmented, right after
