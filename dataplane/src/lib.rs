@@ -4,8 +4,9 @@
 //! 1. [`addr`], [`csum`], [`wire`]: address families, RFC 1071/1624 checksums, header views.
 //! 2. [`tables`], [`maglev`], [`conntrack`], [`counters`]: immutable service tables and
 //!    Maglev lookup tables, per-worker flow state, per-worker counters.
-//! 3. [`sched`], [`nat`], [`icmp`], [`frag`]: IPVS-style schedulers, NAT/DSR rewrites,
-//!    ICMP error translation and generation, the fragment table.
+//! 3. [`sched`], [`affinity`], [`nat`], [`icmp`], [`frag`]: IPVS-style schedulers, the node's
+//!    ClientIP affinity records, NAT/DSR rewrites, ICMP error translation and generation, the
+//!    fragment table.
 //! 4. [`process`]: the pipeline, one call per frame returning a [`process::Verdict`].
 //!
 //! [`build`] makes frames for tests, benchmarks and fuzz seeds; [`par`] maps over Services on
