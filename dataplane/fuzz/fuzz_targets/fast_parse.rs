@@ -1,5 +1,7 @@
 //! Fuzz target: the fixed-offset fast parser against the full parser. Wherever the fast parser
-//! takes a frame, the full parser must give exactly the same view of it (issue 9).
+//! takes a frame, the full parser must give exactly the same view of it (issue 9); and the
+//! common shape's parser (`parse_fast_v4_tcp`) must give what the fast parser gives for that
+//! shape, and nothing for any other frame.
 #![no_main]
 
 use dataplane::wire;
@@ -11,4 +13,10 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(l3, l3_full, "family");
         assert_eq!(wire::parse(data), Ok(Some(p)), "fast and full parser disagree");
     }
+    // The common shape's parser: the fast parser's result for untagged IPv4 TCP, else nothing.
+    let common = match wire::parse_fast_frame(data) {
+        Some(wire::FastFrame::V4(x)) if x.l3 == 14 && x.proto == wire::proto::TCP => Some(x),
+        _ => None,
+    };
+    assert_eq!(wire::parse_fast_v4_tcp(data), common, "common-shape and fast parser disagree");
 });

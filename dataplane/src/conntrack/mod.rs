@@ -1138,8 +1138,9 @@ impl<A: CtFamily> ViewMut<'_, A> {
 
     /// The entry for `k` (hash `h`) and its record, using what [`View::probe`] found: the
     /// record of the first tag match is checked first (its key almost always matches), the rest
-    /// of the probe only when the probe says the key may be elsewhere.
-    #[inline]
+    /// of the probe only when the probe says the key may be elsewhere. Always inlined into the
+    /// pipeline's stage 3 instances (a call measured 30 to 45 more instructions per packet).
+    #[inline(always)]
     pub fn resolve(&mut self, k: &FlowKey<A>, h: u64, probe: &Probe) -> Option<(Hit, &mut Rec<A>)> {
         let id = probe.first >> 1;
         let dir = dir_of(probe.first);
