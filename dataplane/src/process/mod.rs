@@ -13,8 +13,9 @@
 //!    ([`wire::parse_fast_v4_tcp`]): a batch whose frames all have it runs instances of stages
 //!    1 to 3 made for it, with the shape's offsets and protocol as constants
 //!    (`Pipeline::batch_shaped`, `fast::stage_shaped`); at the first frame of another shape
-//!    the batch starts again on the general path (the frames before it are parsed twice).
-//!    What each path costs is measured in `docs/benchmarks.md`;
+//!    the batch starts again on the general path (the frames before it are parsed twice), and
+//!    after such a batch the next 16 go to the general path at once. What each path costs is
+//!    measured in `docs/benchmarks.md`;
 //! 2. **tags**: the bucket's tags are compared and the record of the first match prefetched;
 //! 3. **rewrite**: the key is checked against the record; a packet of a known flow whose
 //!    record was stamped with the current tables generation is rewritten from the record's
