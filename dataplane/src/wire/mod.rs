@@ -395,52 +395,12 @@ pub fn parse_fast_frame(f: &[u8]) -> Option<FastFrame> {
 /// a path of its own for batches of this shape (`process`).
 #[inline(always)]
 pub fn parse_fast_v4_tcp(f: &[u8]) -> Option<Fast<V4>> {
-    let h = f.first_chunk::<{ ETH_LEN + 20 + 20 }>()?;
-    let &[
-        ..,
-        e0,
-        e1,
-        vihl,
-        _,
-        t0,
-        t1,
-        _,
-        _,
-        f0,
-        f1,
-        _,
-        proto,
-        _,
-        _,
-        a0,
-        a1,
-        a2,
-        a3,
-        b0,
-        b1,
-        b2,
-        b3,
-        s0,
-        s1,
-        d0,
-        d1,
-        _,
-        _,
-        _,
-        _,
-        _,
-        _,
-        _,
-        _,
-        off,
-        flags,
-        _,
-        _,
-        _,
-        _,
-        _,
-        _,
-    ] = h;
+    // Offsets: Ethernet type 12, IPv4 header 14 (version/IHL 14, total length 16, flags and
+    // fragment offset 20, protocol 23, addresses 26 and 30), TCP header 34 (ports 34 and 36,
+    // data offset 46, flags 47).
+    let h: &[u8; ETH_LEN + 20 + 20] = f.first_chunk()?;
+    let (e0, e1, vihl, t0, t1, f0, f1, proto) = (h[12], h[13], h[14], h[16], h[17], h[20], h[21], h[23]);
+    let (off, flags) = (h[46], h[47]);
     let total = usize::from(u16::from_be_bytes([t0, t1]));
     let data_off = usize::from(off >> 4) * 4;
     // The checks of `fast_v4` and `fast_l4`: IHL 5, not fragmented, the whole IP packet in the
@@ -461,10 +421,10 @@ pub fn parse_fast_v4_tcp(f: &[u8]) -> Option<Fast<V4>> {
         end: ETH_LEN + total,
         proto,
         tcp_flags: flags,
-        sport: u16::from_be_bytes([s0, s1]),
-        dport: u16::from_be_bytes([d0, d1]),
-        src: V4([a0, a1, a2, a3]),
-        dst: V4([b0, b1, b2, b3]),
+        sport: u16::from_be_bytes([h[34], h[35]]),
+        dport: u16::from_be_bytes([h[36], h[37]]),
+        src: V4([h[26], h[27], h[28], h[29]]),
+        dst: V4([h[30], h[31], h[32], h[33]]),
     })
 }
 
