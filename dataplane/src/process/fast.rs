@@ -114,16 +114,7 @@ macro_rules! fast_stage {
                 Dir::Forward if nat_flow => {
                     // The record's fields are read after the frame's checks (`nat_at`), each just before
                     // it is written, so they need not be held in registers (or spilled) meanwhile.
-                    let to = |_: &[u8]| Nat {
-                        src: r.reply_dst,
-                        dst: r.backend_addr,
-                        sport: r.reply_dport,
-                        dport: r.bport,
-                        ip_delta: r.ip_delta_fwd,
-                        l4_delta: r.l4_delta,
-                        smac: c.port_mac(r.out_port),
-                        dmac: r.hop_mac,
-                    };
+                    let to = |_: &[u8]| forward_nat(c, r);
                     nat::<A>(from_head(pkt), l3, tcp, to).then_some(Verdict::Tx { port: r.out_port })
                 }
                 Dir::Reply => {
@@ -166,6 +157,23 @@ fast_stage!(
     shaped = true
 );
 
+/// What the NAT rewrite writes into a forward packet of flow `r`: the reply tuple's mirror
+/// (`reply_dst`, `backend_addr` and their ports), the forward deltas, the out port's MAC and
+/// the next hop's.
+#[inline(always)]
+fn forward_nat<A: Fam>(c: &Common, r: &Rec<A>) -> Nat<A> {
+    Nat {
+        src: r.reply_dst,
+        dst: r.backend_addr,
+        sport: r.reply_dport,
+        dport: r.bport,
+        ip_delta: r.ip_delta_fwd,
+        l4_delta: r.l4_delta,
+        smac: c.port_mac(r.out_port),
+        dmac: r.hop_mac,
+    }
+}
+
 /// The buffer from the frame's first byte on. The NAT rewrite writes only the headers, which
 /// the fast parser found inside the frame, so it needs no view that ends with the frame.
 #[inline(always)]
@@ -188,16 +196,7 @@ pub(super) fn shaped<A: Family>(p: &Parsed) -> bool {
 /// frame untouched, if the TTL would expire.
 #[inline]
 pub(super) fn nat_forward<A: Fam>(c: &Common, r: &Rec<A>, pkt: &mut Packet<'_>, p: &Parsed) -> Option<Verdict> {
-    let to = |_: &[u8]| Nat {
-        src: r.reply_dst,
-        dst: r.backend_addr,
-        sport: r.reply_dport,
-        dport: r.bport,
-        ip_delta: r.ip_delta_fwd,
-        l4_delta: r.l4_delta,
-        smac: c.port_mac(r.out_port),
-        dmac: r.hop_mac,
-    };
+    let to = |_: &[u8]| forward_nat(c, r);
     #[expect(clippy::cast_possible_truncation, reason = "14 or 18 (shaped)")]
     let l3 = p.l3 as u8;
     nat::<A>(pkt.frame_mut(), l3, p.proto == proto::TCP, to).then_some(Verdict::Tx { port: r.out_port })
