@@ -12,7 +12,9 @@
 //! without options or extension headers, then at least 20 (TCP) or 8 (UDP) bytes of transport
 //! header. The rewrites are instantiated for each of the two IP header offsets (14, 18) and
 //! both transport protocols, so every field is at a constant offset and one bounds check
-//! covers all the writes of a packet.
+//! covers all the writes of a packet. A batch whose frames are all IPv4 TCP behind an untagged
+//! Ethernet header runs a second instance of the stage, `stage_shaped`, in which the IP offset
+//! and the protocol are constants (`Pipeline::batch_shaped`).
 
 use crate::addr::Family;
 use crate::conntrack::{CtState, Dir, Rec, flow_flags, tcp_next};
