@@ -738,7 +738,7 @@ impl Pipeline {
         stage_tags(&mut self.fam.v4, self.c.now_s);
         let (slow, tx) = fast::stage_shaped::<V4>(&mut self.fam.v4, &mut self.c, pkts, verdicts);
         self.slow |= slow;
-        self.end_batch(t, pkts, in_port, verdicts, n, tx);
+        self.finish_batch(t, pkts, in_port, verdicts, n, tx);
         Ok(())
     }
 
@@ -767,13 +767,13 @@ impl Pipeline {
         let (slow4, tx4) = fast::stage::<V4>(&mut self.fam.v4, &mut self.c, pkts, verdicts);
         let (slow6, tx6) = fast::stage::<V6>(&mut self.fam.v6, &mut self.c, pkts, verdicts);
         self.slow |= slow4 | slow6;
-        self.end_batch(t, pkts, in_port, verdicts, n, tx4 + tx6);
+        self.finish_batch(t, pkts, in_port, verdicts, n, tx4 + tx6);
     }
 
     /// Stages 4 and 5 for the packets stage 3 left, then the deferred records' marks and the
     /// batch's counters (`tx`: packets stage 3 transmitted).
     #[inline(always)]
-    fn end_batch(
+    fn finish_batch(
         &mut self,
         t: &Tables,
         pkts: &mut [Packet<'_>],

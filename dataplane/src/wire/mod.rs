@@ -392,7 +392,11 @@ pub fn parse_fast_frame(f: &[u8]) -> Option<FastFrame> {
 /// Ethernet header, carrying TCP. `Some` exactly when [`parse_fast_frame`] gives
 /// [`FastFrame::V4`] with `l3` 14 and protocol TCP, and then the same value; `None` for every
 /// other frame. One check of the frame's length covers every field it reads; the pipeline runs
-/// a path of its own for batches of this shape (`process`).
+/// a path of its own for batches of this shape (`process`). It repeats the checks of `fast_v4`
+/// and `fast_l4` rather than calling them: calling `fast_v4` after checking the Ethernet type
+/// and protocol measured 22 more instructions per established packet (callgrind,
+/// `callgrind-pipeline batch established uniform 20000`); the differential tests below and the
+/// `fast_parse` fuzz target keep the two in agreement.
 #[inline(always)]
 pub fn parse_fast_v4_tcp(f: &[u8]) -> Option<Fast<V4>> {
     // Offsets: Ethernet type 12, IPv4 header 14 (version/IHL 14, total length 16, flags and
