@@ -796,10 +796,29 @@ impl<A: CtFamily> Conntrack<A> {
     /// # Errors
     /// [`Full`] if no record could be freed, or (never seen at [`TARGET_LOAD`]) no bucket slot
     /// was free within [`MAX_PROBE`] buckets.
+    #[inline]
     pub fn insert(
+        &mut self,
+        rec: Rec<A>,
+        fwd_hash: u64,
+        now_s: u32,
+        on_remove: impl FnMut(Removed),
+    ) -> Result<RecId, Full> {
+        self.insert_hashed(rec, fwd_hash, None, now_s, on_remove)
+    }
+
+    /// [`Conntrack::insert`] with the hash of `rec.reply_key()` already known (`reply_hash`;
+    /// `None`: computed here): the batch's miss stage hashes a new flow's reply tuple to
+    /// prefetch its bucket, and the insert then need not hash it again. A `reply_hash` that is
+    /// not that key's hash files the reply entry where no lookup finds it.
+    ///
+    /// # Errors
+    /// As [`Conntrack::insert`].
+    pub fn insert_hashed(
         &mut self,
         mut rec: Rec<A>,
         fwd_hash: u64,
+        reply_hash: Option<u64>,
         now_s: u32,
         mut on_remove: impl FnMut(Removed),
     ) -> Result<RecId, Full> {
@@ -813,7 +832,7 @@ impl<A: CtFamily> Conntrack<A> {
             if evict_in(bs, rs, &mut fl, nb, &seeds, fwd_hash, age(now_s), &mut on_remove) {
                 self.len -= 1;
             } else {
-                return self.insert_after_reclaim(rec, fwd_hash, now_s, on_remove);
+                return self.insert_after_reclaim(rec, fwd_hash, reply_hash, now_s, on_remove);
             }
         }
         let id = fl.alloc().ok_or(Full)?;
@@ -821,7 +840,7 @@ impl<A: CtFamily> Conntrack<A> {
         rec.flags &= !(flow_flags::NO_REPLY | flow_flags::DEFERRED);
         if rec.flags & flow_flags::DSR == 0 {
             let rk = rec.reply_key();
-            let rh = A::hash_key(&rk, &seeds);
+            let rh = reply_hash.unwrap_or_else(|| A::hash_key(&rk, &seeds));
             match find_in(bs, rs, home_of(rh, nb), nb as usize, &rk, rh) {
                 Some(Hit { id: other, dir: Dir::Reply, bucket, slot }) => {
                     // Same reply tuple as an older flow: the newer flow takes the entry.
@@ -846,7 +865,7 @@ impl<A: CtFamily> Conntrack<A> {
         note_placed(&mut self.placed, fwd_hash);
         if !place(bs, nb, fwd_hash, id << 1, meta) {
             if rec.has_reply() {
-                unplace(bs, nb, A::hash_key(&rec.reply_key(), &seeds), id << 1 | 1);
+                unplace(bs, nb, reply_hash.unwrap_or_else(|| A::hash_key(&rec.reply_key(), &seeds)), id << 1 | 1);
             }
             fl.free(rs, id);
             return Err(Full);
@@ -947,6 +966,7 @@ impl<A: CtFamily> Conntrack<A> {
         &mut self,
         rec: Rec<A>,
         fwd_hash: u64,
+        reply_hash: Option<u64>,
         now_s: u32,
         mut on_remove: impl FnMut(Removed),
     ) -> Result<RecId, Full> {
@@ -963,7 +983,7 @@ impl<A: CtFamily> Conntrack<A> {
             return Err(Full);
         }
         // Not full now, so this insert evicts nothing and does not come back here.
-        self.insert(rec, fwd_hash, now_s, on_remove)
+        self.insert_hashed(rec, fwd_hash, reply_hash, now_s, on_remove)
     }
 
     /// The entry an insert's eviction (`evict_in`) would try first for hash `h`: the oldest marked
