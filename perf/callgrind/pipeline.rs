@@ -28,6 +28,10 @@
 //! requests), so `Collected` divided by `K` is per packet. `perf/callgrind/run.sh` does exactly
 //! that. Outside valgrind the client requests are no-ops and the driver prints the wall time.
 //!
+//! With `CG_GENERAL_NEW_FLOWS` set, new flows take the slow path's general route instead of
+//! its direct one (`Pipeline::set_direct_new_flows`), for comparing the two; the driver prints
+//! how many new flows took the direct route.
+//!
 //! `callgrind-pipeline jitter syn_flood uniform BATCHES` (natively, not under valgrind) times
 //! each batch instead: the `syn_flood` world, then `BATCHES` batches of 64 new SYNs with the
 //! clock moving `JITTER_STEP_US` (default 100 µs, 640,000 SYNs per second) per batch from
@@ -226,8 +230,12 @@ fn main() -> ExitCode {
 
 /// Runs `2k` packets of `stream` through `w`, collecting only the last `k` under callgrind.
 fn measure(w: &mut World, stream: &Stream, k: usize, mode: Mode, profile: &str, mix: Mix) -> ExitCode {
+    if std::env::var_os("CG_GENERAL_NEW_FLOWS").is_some() {
+        w.pipeline.set_direct_new_flows(false);
+    }
     let mut arena = Arena::new(0);
     let mut at = 0;
+    let direct_before = w.pipeline.direct_new_flows();
     callgrind::start();
     if std::env::var_os("CG_TOGGLE_FIRST").is_some() {
         callgrind::toggle_collect();
@@ -248,6 +256,8 @@ fn measure(w: &mut World, stream: &Stream, k: usize, mode: Mode, profile: &str, 
         "{mode:?} {profile} {}: {k} packets forwarded, {ns:.1} ns/packet (wall clock; meaningless under valgrind)",
         mix.name()
     );
+    let direct = w.pipeline.direct_new_flows() - direct_before;
+    eprintln!("new flows that took the direct route: {direct} of the {} packets", 2 * k);
     ExitCode::SUCCESS
 }
 

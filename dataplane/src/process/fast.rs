@@ -198,10 +198,30 @@ pub(super) fn shaped<A: Family>(p: &Parsed) -> bool {
 /// frame untouched, if the TTL would expire.
 #[inline]
 pub(super) fn nat_forward<A: Fam>(c: &Common, r: &Rec<A>, pkt: &mut Packet<'_>, p: &Parsed) -> Option<Verdict> {
-    let to = |_: &[u8]| forward_nat(c, r);
     #[expect(clippy::cast_possible_truncation, reason = "14 or 18 (shaped)")]
     let l3 = p.l3 as u8;
-    nat::<A>(pkt.frame_mut(), l3, p.proto == proto::TCP, to).then_some(Verdict::Tx { port: r.out_port })
+    nat_forward_at(c, r, pkt.frame_mut(), l3, p.proto == proto::TCP)
+}
+
+/// [`nat_forward`] for a fast-parsed packet of the slow path: `f` is the buffer from the
+/// frame's head ([`from_head`]; the fast parser found the headers inside the frame), the IP
+/// header is at `l3` (14 or 18) and the transport is TCP (`tcp`) or UDP.
+#[inline]
+pub(super) fn nat_forward_lane<A: Fam>(
+    c: &Common,
+    r: &Rec<A>,
+    pkt: &mut Packet<'_>,
+    l3: u8,
+    tcp: bool,
+) -> Option<Verdict> {
+    nat_forward_at(c, r, from_head(pkt), l3, tcp)
+}
+
+/// The forward NAT rewrite of record `r` into frame bytes `f`, IP header at `l3`.
+#[inline(always)]
+fn nat_forward_at<A: Fam>(c: &Common, r: &Rec<A>, f: &mut [u8], l3: u8, tcp: bool) -> Option<Verdict> {
+    let to = |_: &[u8]| forward_nat(c, r);
+    nat::<A>(f, l3, tcp, to).then_some(Verdict::Tx { port: r.out_port })
 }
 
 /// What a NAT rewrite writes.

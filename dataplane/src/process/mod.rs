@@ -23,11 +23,17 @@
 //!    folded in, next-hop MAC and port) and queued for TX (`fast`);
 //! 4. **misses**: packets of unknown flows form a sub-batch: frontend lookup, then for Maglev
 //!    services the lookup-table slot is computed and prefetched, then the chosen backend;
+//!    Stage 4 also marks the new flows of the most common kind (a Maglev service without
+//!    affinity in NAT mode, no source ranges, no SNAT, a backend with a route and one next hop)
+//!    and keeps the hash of each one's reply tuple, which it computes for the prefetch anyway;
 //! 5. **slow path**, in the order the packets arrived: new flows (affinity, scheduler, SNAT
 //!    port, insert), flows whose record is stale (the tables changed: the backend is checked —
 //!    gone means a TCP RST or a UDP re-selection — and the record refreshed), TCP connection
 //!    reuse, ICMP errors, fragments, rejects, and every frame the fast parser left
-//!    (`slow`).
+//!    (`slow`). A new flow stage 4 marked takes a direct route (`slow::new_flow_direct`):
+//!    the record and its rewrite are built for that kind alone and inserted under the reply
+//!    hash stage 4 kept ([`Conntrack::insert_hashed`]); it gives what the general route gives
+//!    (`dataplane/tests/direct_new_flow.rs` compares the two, [`Pipeline::set_direct_new_flows`]).
 //!
 //! The result is the same as processing the packets one at a time with [`Pipeline::process`]
 //! (a batch of one), with one exception: under a full conntrack table a new flow may evict
@@ -370,6 +376,11 @@ struct Common {
     generation: u32,
     /// Ports of the adopted tables, by index (256 entries: any `u8` port index is valid).
     ports: Box<[PortInfo; 256]>,
+    /// New flows of the most common kind take `slow::new_flow_direct` (see
+    /// [`Pipeline::set_direct_new_flows`]).
+    direct: bool,
+    /// New flows `slow::new_flow_direct` made ([`Pipeline::direct_new_flows`]).
+    direct_flows: u64,
 }
 
 impl Common {
@@ -581,6 +592,8 @@ impl Pipeline {
                 affinity,
                 generation: 0,
                 ports: Box::new([PortInfo::default(); 256]),
+                direct: true,
+                direct_flows: 0,
             },
             slow: 0,
             shaped_backoff: 0,
@@ -819,8 +832,8 @@ impl Pipeline {
             let (fam, c) = (&mut self.fam, &mut self.c);
             *v = match lane {
                 NO_LANE => slow::run_frame(fam, c, t, pkt, in_port),
-                _ if lane & V6_LANE != 0 => slow::run_lane::<V6>(fam, c, t, pkt, l, m.of(i), in_port),
-                _ => slow::run_lane::<V4>(fam, c, t, pkt, l, m.of(i), in_port),
+                _ if lane & V6_LANE != 0 => slow::run_lane::<V6>(fam, c, t, pkt, l, &m, i, in_port),
+                _ => slow::run_lane::<V4>(fam, c, t, pkt, l, &m, i, in_port),
             };
         }
     }
@@ -848,6 +861,33 @@ impl Pipeline {
         push(&self.fam.v4.ct, now, &mut out);
         push(&self.fam.v6.ct, now, &mut out);
         out
+    }
+
+    /// Whether new flows of the most common kind (a fast-parsed packet to a Maglev service
+    /// without affinity in NAT mode, no source ranges, no SNAT, a backend with one next hop)
+    /// take the slow path's direct route for them (`true`, the default) or the general one,
+    /// which gives the same verdicts, bytes, flows and counters: the differential tests
+    /// (`dataplane/tests/direct_new_flow.rs`) and `callgrind-pipeline` compare the two.
+    pub fn set_direct_new_flows(&mut self, on: bool) {
+        self.c.direct = on;
+    }
+
+    /// Replaces both families' flow tables with empty ones hashed with `seeds`
+    /// ([`Conntrack::with_seeds`]) instead of random seeds: every flow is dropped. For tests
+    /// that compare two workers packet by packet: which flow a full table evicts depends on
+    /// where the entries lie, so two workers only agree when their tables share seeds.
+    pub fn set_flow_table_seeds(&mut self, seeds: [u64; 5]) {
+        let cap = self.c.cfg.conntrack_capacity;
+        self.fam.v4.ct = Conntrack::with_seeds(cap, seeds);
+        self.fam.v6.ct = Conntrack::with_seeds(cap, seeds);
+    }
+
+    /// How many new flows took the direct route of [`Pipeline::set_direct_new_flows`] since
+    /// the pipeline was made: tests check that their traffic reached it, and
+    /// `callgrind-pipeline` that the `new_flow` profile measures it. Not a metric: the flows
+    /// are counted in the `new_flow` event either way.
+    pub fn direct_new_flows(&self) -> u64 {
+        self.c.direct_flows
     }
 
     /// Active and inactive connection counts this worker holds for a backend.

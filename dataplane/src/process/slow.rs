@@ -30,19 +30,29 @@ pub(super) struct Misses<'t> {
     fe: [Option<Option<&'t FrontendEntry>>; BATCH],
     /// The backend a Maglev service without affinity picks for packet `i`.
     pick: [Option<&'t Backend>; BATCH],
+    /// Packets (bit `i` = packet `i`) whose new flow is of the kind [`new_flow_direct`] takes.
+    direct: u64,
+    /// The hash of packet `i`'s reply tuple, when it is in `direct`.
+    reply_hash: [u64; BATCH],
 }
 
 impl<'t> Misses<'t> {
     /// Nothing found yet.
     #[inline]
     pub(super) fn new() -> Self {
-        Self { fe: [None; BATCH], pick: [None; BATCH] }
+        Self { fe: [None; BATCH], pick: [None; BATCH], direct: 0, reply_hash: [0; BATCH] }
     }
 
     /// What stage 4 found for packet `i`.
     #[inline]
     pub(super) fn of(&self, i: usize) -> MissHint<'t> {
         MissHint { fe: self.fe.get(i).copied().flatten(), pick: self.pick.get(i).copied().flatten() }
+    }
+
+    /// Whether packet `i`'s new flow is of the kind [`new_flow_direct`] takes.
+    #[inline]
+    pub(super) fn is_direct(&self, i: usize) -> bool {
+        self.direct & (1 << (i & 63)) != 0
     }
 }
 
@@ -147,7 +157,9 @@ pub(super) fn stage_misses<'t, A: Fam>(st: &mut FamState<A>, c: &Common, t: &'t 
         }
     }
     // The reply entries: for SNAT flows, guess the ports in the order the slow path will take
-    // them (a wrong guess only costs the prefetch).
+    // them (a wrong guess only costs the prefetch). A new flow without SNAT whose backend has
+    // one next hop and a route, to a frontend without source ranges, is of the kind
+    // `new_flow_direct` takes: its reply tuple's hash is kept for the insert.
     let mut snat_port = c.snat_cursor;
     let mut rest = maglev;
     while rest != 0 {
@@ -161,15 +173,55 @@ pub(super) fn stage_misses<'t, A: Fam>(st: &mut FamState<A>, c: &Common, t: &'t 
         if svc.mode != ForwardingMode::Nat {
             continue;
         }
+        // Not masqueraded (`needs_snat` is false whatever the next hop), a route and one next
+        // hop, no source ranges.
+        let direct = c.direct
+            && !fe.masquerade
+            && baddr != l.key.src
+            && !off_cluster::<A>(t, fe, l.key.src)
+            && !b.no_route
+            && b.hop.is_some()
+            && b.paths.is_empty()
+            && fe.source_ranges.is_empty();
         let (dst, dport) = match A::snat(t) {
-            Some(sa) if fe.masquerade || baddr == l.key.src => {
+            Some(sa) if !direct && (fe.masquerade || baddr == l.key.src) => {
                 snat_port = snat_port.wrapping_add(1);
                 (sa, snat_port.wrapping_sub(1))
             }
             _ => (l.key.src, l.key.sport),
         };
-        ct.prefetch_bucket(ct.hash(&FlowKey { src: baddr, dst, sport: b.port, dport, proto: l.key.proto }));
+        let rh = ct.hash(&FlowKey { src: baddr, dst, sport: b.port, dport, proto: l.key.proto });
+        ct.prefetch_bucket(rh);
+        if direct {
+            m.direct |= 1 << p;
+            if let Some(x) = m.reply_hash.get_mut(p) {
+                *x = rh;
+            }
+        }
     }
+}
+
+/// Whether a flow from `src` through ClusterIP frontend `fe` comes from outside the cluster
+/// CIDRs, when they are known (NAT-06: such flows are masqueraded, kube-proxy's local-traffic
+/// rule).
+#[inline]
+fn off_cluster<A: Fam>(t: &Tables, fe: &FrontendEntry, src: A) -> bool {
+    fe.kind == FrontendKind::ClusterIp
+        && !t.cluster_cidrs.is_empty()
+        && !t.cluster_cidrs.iter().any(|x| x.contains_octets(src.octets()))
+}
+
+/// Whether a new flow from `src` through frontend `fe` to backend `b` (address `baddr`) of a
+/// NAT service is masqueraded (SNAT). Hairpin (NAT-03): a backend reaching its own service
+/// must be, or its reply would go straight to itself and skip the un-DNAT. NAT-06: a ClusterIP
+/// flow from outside the cluster CIDRs is too ([`off_cluster`]). A backend reached through
+/// the kernel (a pod on this node) never is: xlb's policy rule routes its replies back into
+/// the punt device whatever their destination, while a reply to a SNAT address that is the
+/// node's own would be delivered locally.
+#[inline]
+fn needs_snat<A: Fam>(t: &Tables, fe: &FrontendEntry, b: &Backend, baddr: A, src: A) -> bool {
+    let via_kernel = b.hop.is_some_and(|h| h.port == KERNEL_PORT);
+    !via_kernel && (fe.masquerade || baddr == src || off_cluster::<A>(t, fe, src))
 }
 
 /// A frame the fast parser did not take: parse it in full, then as [`run`].
@@ -203,17 +255,27 @@ fn run_full<A: Fam>(
     }
 }
 
-/// A fast-parsed packet (lane `lane` of its family) that the fast stage left.
+/// A fast-parsed packet (lane `lane` of its family, packet `i` of the batch, `m` what stage 4
+/// found) that the fast stage left.
+#[expect(clippy::too_many_arguments, reason = "the pipeline's stage inputs, all borrowed")]
+#[inline(always)]
 pub(super) fn run_lane<A: Fam>(
     fam: &mut Families,
     c: &mut Common,
     t: &Tables,
     pkt: &mut Packet<'_>,
     lane: usize,
-    found: MissHint<'_>,
+    m: &Misses<'_>,
+    i: usize,
     in_port: u8,
 ) -> Verdict {
     let st = A::state(fam);
+    if m.is_direct(i)
+        && let Some(v) = new_flow_direct::<A>(st, c, pkt, lane, m, i, in_port)
+    {
+        return v;
+    }
+    let found = m.of(i);
     let Some(l) = st.lanes.as_slice().get(lane) else {
         return run_frame(fam, c, t, pkt, in_port);
     };
@@ -362,10 +424,16 @@ fn reject<A: Fam>(c: &mut Common, pkt: &mut Packet<'_>, p: &Parsed, in_port: u8)
 
 #[inline]
 fn initial_state(p: &Parsed) -> CtState {
-    if p.proto != proto::TCP {
+    initial_state_of(p.proto, p.tcp_flags)
+}
+
+/// The state of a new flow of protocol `ip_proto` whose first packet has TCP flags `flags`.
+#[inline]
+fn initial_state_of(ip_proto: u8, flags: u8) -> CtState {
+    if ip_proto != proto::TCP {
         return CtState::Datagram;
     }
-    let base = if p.tcp_flags & (tcp_flags::SYN | tcp_flags::ACK) == tcp_flags::SYN {
+    let base = if flags & (tcp_flags::SYN | tcp_flags::ACK) == tcp_flags::SYN {
         CtState::SynSent
     } else {
         // Mid-stream pickup (xlb restarted without a hand-over, or RSS moved the flow;
@@ -374,7 +442,7 @@ fn initial_state(p: &Parsed) -> CtState {
         // change; the other schedulers choose afresh.
         CtState::Established
     };
-    conntrack::tcp_next(base, p.tcp_flags & !tcp_flags::ACK)
+    conntrack::tcp_next(base, flags & !tcp_flags::ACK)
 }
 
 /// A packet to a frontend.
@@ -547,6 +615,7 @@ fn outer_source<A: Fam>(t: &Tables, h: u32) -> Option<A> {
 /// the TTL decrement folded into the IPv4 header's, or, for an encapsulated DSR flow, its flow
 /// hash (the IPv6 flow label, RFC 6438) in the two IPv4 header delta fields, which
 /// encapsulation does not use.
+#[inline]
 fn set_rewrite<A: Fam>(r: &mut Rec<A>, flow_hash: u32) {
     if r.flags & flow_flags::ENCAP != 0 {
         r.ip_delta_fwd = (flow_hash >> 16) as u16;
@@ -567,6 +636,18 @@ fn set_rewrite<A: Fam>(r: &mut Rec<A>, flow_hash: u32) {
     acc = csum::delta_add(acc, &r.cport.to_be_bytes(), &r.reply_dport.to_be_bytes());
     acc = csum::delta_add(acc, &r.vport.to_be_bytes(), &r.bport.to_be_bytes());
     r.l4_delta = csum::delta(acc);
+}
+
+/// [`set_rewrite`]'s deltas (forward IPv4 header, reply IPv4 header, forward transport) for a
+/// DNAT flow, whose source stays the client's: only the VIP → backend address and port terms.
+/// The client's terms that `set_rewrite` also adds, `~m + m` per word, are one's-complement
+/// zeros (RFC 1624 §3), so the folded deltas are the same.
+#[inline]
+fn dnat_deltas<A: Fam>(vip: A, backend: A, vport: u16, bport: u16) -> (u16, u16, u16) {
+    let acc = csum::delta_add(0, vip.octets(), backend.octets());
+    let addr = csum::delta(acc);
+    let l4 = csum::delta(csum::delta_add(acc, &vport.to_be_bytes(), &bport.to_be_bytes()));
+    (csum::add_deltas(addr, csum::TTL_DEC), csum::add_deltas(csum::negate(addr), csum::TTL_DEC), l4)
 }
 
 #[expect(clippy::too_many_arguments, reason = "the pipeline's stage inputs, all borrowed")]
@@ -629,19 +710,8 @@ fn new_flow<A: Fam>(
     r.state = state as u8;
     r.in_port = in_port;
     r.peer_mac = wire::emit::src_mac(pkt.frame());
-    let nat = svc.mode == ForwardingMode::Nat;
     let mut flow_hash = 0;
-    // Hairpin (NAT-03): a backend reaching its own service must be masqueraded, or its reply
-    // would go straight to itself and skip the un-DNAT. NAT-06: with cluster CIDRs known, a
-    // ClusterIP flow from outside them is masqueraded too (kube-proxy's local-traffic rule).
-    let off_cluster = fe.kind == FrontendKind::ClusterIp
-        && !t.cluster_cidrs.is_empty()
-        && !t.cluster_cidrs.iter().any(|x| x.contains_octets(key.src.octets()));
-    // A backend reached through the kernel (a pod on this node) is never masqueraded: xlb's
-    // policy rule routes its replies back into the punt device whatever their destination,
-    // while a reply to a SNAT address that is the node's own would be delivered locally.
-    let via_kernel = b.hop.is_some_and(|h| h.port == KERNEL_PORT);
-    let snat = nat && !via_kernel && (fe.masquerade || baddr == key.src || off_cluster);
+    let snat = svc.mode == ForwardingMode::Nat && needs_snat::<A>(t, fe, b, baddr, key.src);
     match svc.mode {
         ForwardingMode::Nat => {}
         ForwardingMode::DsrIpip => {
@@ -683,6 +753,66 @@ fn new_flow<A: Fam>(
     }
     c.count_packet(svc.id, b.this);
     transmit_forward::<A>(st, c, t, pkt, p, &r, b)
+}
+
+/// A new flow of the most common kind, which stage 4 found (`Misses::direct`, packet `i`;
+/// `lane` is its lane): a fast-parsed
+/// packet to a Maglev service without affinity in NAT mode, from a frontend without source
+/// ranges, to a backend with a route and one next hop, without SNAT. What [`forward`] and
+/// [`new_flow`] do for it, without the cases that do not apply: the record, built with its
+/// rewrite, is inserted under the reply hash stage 4 computed (`Misses::reply_hash`), and the
+/// packet is rewritten from it. `None`, nothing done, when the general path must look (the
+/// flow table had an entry for the key in stage 3, or one with the key's hash bits was placed
+/// since, or the backend is not of the packet's family).
+#[inline(never)]
+fn new_flow_direct<A: Fam>(
+    st: &mut FamState<A>,
+    c: &mut Common,
+    pkt: &mut Packet<'_>,
+    lane: usize,
+    m: &Misses<'_>,
+    i: usize,
+    in_port: u8,
+) -> Option<Verdict> {
+    let (Some(Some(Some(fe))), Some(Some(b)), Some(&reply_hash)) = (m.fe.get(i), m.pick.get(i), m.reply_hash.get(i))
+    else {
+        return None;
+    };
+    let l = *st.lanes.as_slice().get(lane)?;
+    if !l.miss || st.ct.may_have_placed(l.hash) {
+        return None;
+    }
+    let (Some(hop), Some(baddr)) = (b.hop, A::from_ip(b.addr)) else { return None };
+    if !c.admit_new_flow() {
+        return Some(Verdict::Drop(DropReason::NewFlowRateLimited));
+    }
+    let (svc, key, now) = (&*fe.svc, l.key, c.now_s);
+    let state = initial_state_of(key.proto, l.tcp_flags);
+    let mut r = Rec::<A>::zeroed_record();
+    r.backend = b.this;
+    // `now + timeout(state)`, precomputed for the batch.
+    r.expires_s = c.expiry(state);
+    r.svc = svc.id;
+    (r.client, r.vip, r.cport, r.vport, r.proto) = (key.src, key.dst, key.sport, key.dport, key.proto);
+    (r.reply_dst, r.reply_dport) = (key.src, key.sport);
+    (r.backend_addr, r.bport) = (baddr, b.port);
+    r.state = state as u8;
+    r.in_port = in_port;
+    r.peer_mac = wire::emit::src_mac(pkt.frame());
+    (r.ip_delta_fwd, r.ip_delta_rev, r.l4_delta) = dnat_deltas(key.dst, baddr, key.dport, b.port);
+    (r.out_port, r.hop_mac, r.generation) = (hop.port, hop.dst_mac, c.generation);
+    if st.ct.insert_hashed(r, l.hash, Some(reply_hash), now, |x| c.on_removed(x)).is_err() {
+        return Some(Verdict::Drop(DropReason::ConntrackFull));
+    }
+    c.direct_flows += 1;
+    c.sched.conns.add(b.this, state.is_active());
+    c.count_new_flow(svc.id, b.this);
+    if key.proto == proto::TCP && l.tcp_flags & tcp_flags::SYN == 0 {
+        c.counters.event(Event::FlowPickedUp);
+    }
+    c.count_packet(svc.id, b.this);
+    let tcp = key.proto == proto::TCP;
+    Some(super::fast::nat_forward_lane::<A>(c, &r, pkt, l.l3, tcp).unwrap_or(Verdict::Drop(DropReason::TtlExceeded)))
 }
 
 /// Applies the forwarding mode of record `r` to a client → service packet of the slow path:

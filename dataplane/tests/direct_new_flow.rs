@@ -1,0 +1,249 @@
+//! The slow path's direct route for new flows of the most common kind
+//! (`Pipeline::set_direct_new_flows`) against the general route, on the fuzz harness's tables
+//! (every forwarding mode) and a variant with cluster CIDRs and a backend without a next hop:
+//! streams of new flows of every kind — direct ones, hairpins, masqueraded NodePorts, source
+//! ranges, DSR, affinity, IPv6, tagged frames, mid-stream pickups, a TTL that expires,
+//! duplicates in one batch — through a small flow table that fills and evicts, and under a
+//! new-flow rate limit. Both routes must give the same verdicts and bytes, the same flows and
+//! the same counters; the direct route must have been taken.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use dataplane::addr::Cidr;
+use dataplane::build::{Frame, IpOpts, tcp_segment, udp_datagram};
+use dataplane::nat::Packet;
+use dataplane::process::{Pipeline, PipelineConfig, Verdict};
+use dataplane::tables::{
+    BackendSpec, EmptyAction, ForwardingMode, Frontend, FrontendKind, L4Proto, Scheduler, ServiceSpec, TableBuilder,
+    Tables,
+};
+use dataplane::wire::{proto, tcp_flags};
+
+#[path = "../fuzz/harness.rs"]
+#[allow(dead_code, reason = "shared with the fuzz target; this test uses part of it")]
+mod harness;
+
+fn v4(a: [u8; 4]) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::from(a))
+}
+
+/// A VIP of the variant tables whose one backend has no neighbour entry and no route.
+const NO_HOP_VIP4: [u8; 4] = [10, 96, 0, 50];
+
+/// The harness's tables with cluster CIDRs (10.0.0.0/24: the harness's client is inside, the
+/// 192.168.1.0/24 clients are not, so their ClusterIP flows are masqueraded) and a service
+/// whose backend has no next hop.
+fn variant_tables() -> Tables {
+    let mut spec = harness::spec();
+    spec.cluster_cidrs = vec![Cidr { addr: v4([10, 0, 0, 0]), len: 24 }];
+    spec.services.push(std::sync::Arc::new(ServiceSpec {
+        name: "direct/no-hop".into(),
+        frontends: vec![Frontend::new(v4(NO_HOP_VIP4), L4Proto::Tcp, 80, FrontendKind::ClusterIp, false)],
+        scheduler: Scheduler::Maglev { port: true },
+        affinity_timeout_s: None,
+        mode: ForwardingMode::Nat,
+        when_empty: EmptyAction::Reject,
+        backends: vec![BackendSpec::ready(v4([10, 3, 0, 9]), 8080)],
+    }));
+    TableBuilder::new().build(&spec).unwrap_or_else(|e| panic!("variant spec: {e}"))
+}
+
+/// A small deterministic generator (the stream must be the same for both routes).
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self) -> u32 {
+        self.0 = self.0.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) as u32
+    }
+}
+
+fn tcp(src: IpAddr, sport: u16, dst: IpAddr, dport: u16, flags: u8, ttl: u8) -> Vec<u8> {
+    let ack = if flags & tcp_flags::ACK != 0 { 7000 } else { 0 };
+    let o = IpOpts { ttl, ..IpOpts::default() };
+    Frame::ip(src, dst, proto::TCP, &tcp_segment(sport, dport, flags, 1000, ack, &[]), &o).bytes
+}
+
+fn udp(src: IpAddr, sport: u16, dst: IpAddr, dport: u16) -> Vec<u8> {
+    Frame::ip(src, dst, proto::UDP, &udp_datagram(sport, dport, b"q"), &IpOpts::default()).bytes
+}
+
+/// `n` frames of new flows of every kind (see the module docs), in a mixed order.
+fn stream(n: usize, seed: u64) -> Vec<Vec<u8>> {
+    let mut g = Lcg(seed);
+    let mut out: Vec<Vec<u8>> = Vec::with_capacity(n);
+    while out.len() < n {
+        let r = g.next();
+        let sport = 1024 + (g.next() % 60_000) as u16;
+        let host = (g.next() % 200) as u8 + 2;
+        // Inside the variant's cluster CIDR, or outside it.
+        let client = if r & 1 == 0 { v4([10, 0, 0, host]) } else { v4([192, 168, 1, host]) };
+        let vip = v4(harness::VIP4);
+        let f = match (r >> 1) % 16 {
+            0..=5 => tcp(client, sport, vip, 80, tcp_flags::SYN, 64),
+            6 => udp(client, sport, vip, 53),
+            7 => tcp(client, sport, vip, 80, tcp_flags::ACK, 64),
+            8 => tcp(client, sport, vip, 80, tcp_flags::SYN, 1),
+            // Hairpin: a backend to its own service (masqueraded when Maglev picks it).
+            9 => tcp(v4(harness::NAT_BACKENDS4[(r >> 8) as usize % 2]), sport, vip, 80, tcp_flags::SYN, 64),
+            10 => tcp(client, sport, v4(harness::NODE4), 30080, tcp_flags::SYN, 64),
+            11 => tcp(client, sport, v4(harness::LB4), if r & 0x100 == 0 { 443 } else { 80 }, tcp_flags::SYN, 64),
+            12 => tcp(client, sport, v4(harness::AFFINITY4), 443, tcp_flags::SYN, 64),
+            13 => {
+                let c6 = IpAddr::V6(Ipv6Addr::from(harness::CLIENT6));
+                tcp(c6, sport, IpAddr::V6(Ipv6Addr::from(harness::VIP6)), 80, tcp_flags::SYN, 64)
+            }
+            14 => {
+                let mut f = Frame { bytes: tcp(client, sport, vip, 80, tcp_flags::SYN, 64) };
+                f.vlan(7);
+                f.bytes
+            }
+            _ => tcp(client, sport, v4(NO_HOP_VIP4), 80, tcp_flags::SYN, 64),
+        };
+        // Now and then the same packet twice in a row (a retransmitted SYN in the same batch).
+        if r & 0x3000 == 0 {
+            out.push(f.clone());
+        }
+        out.push(f);
+    }
+    out.truncate(n);
+    out
+}
+
+/// Everything a worker shows of what it did, for comparison.
+#[derive(Debug, PartialEq, Eq)]
+struct State {
+    flows: Vec<String>,
+    rx: u64,
+    tx: u64,
+    pass: u64,
+    drops: Vec<u64>,
+    events: Vec<u64>,
+    objects: [Vec<u64>; 4],
+    connections: Vec<(u32, u32)>,
+}
+
+fn state(p: &Pipeline) -> State {
+    let mut flows: Vec<String> = p.dump_flows().iter().map(|f| format!("{f:?}")).collect();
+    flows.sort();
+    let k = p.counters();
+    let vals = |c: &[dataplane::counters::Counter]| c.iter().map(|x| x.get()).collect::<Vec<_>>();
+    let o = &k.objects;
+    State {
+        flows,
+        rx: k.rx.get(),
+        tx: k.tx.get(),
+        pass: k.pass.get(),
+        drops: vals(&k.drops),
+        events: vals(&k.events),
+        objects: [vals(&o.service_packets), vals(&o.service_flows), vals(&o.backend_packets), vals(&o.backend_flows)],
+        connections: (0..32).map(|i| p.connections(dataplane::tables::BackendRef(i))).collect(),
+    }
+}
+
+/// Runs `frames` through a fresh worker in batches of `size` at headroom 0, the clock
+/// moving 100 ms per batch and the batches arriving on ports 0 and 1 in turn, then the
+/// backends' replies to every IPv4 frame it sent; returns each frame's verdict and bytes
+/// (the stream's, then the replies'), and the worker.
+fn run(
+    t: &Tables,
+    cfg: &PipelineConfig,
+    direct: bool,
+    frames: &[Vec<u8>],
+    size: usize,
+) -> (Vec<(Verdict, Vec<u8>)>, Pipeline) {
+    let mut p = Pipeline::new(cfg.clone(), harness::SEED);
+    // The same flow table layout in both workers (a full table evicts by layout).
+    p.set_flow_table_seeds([0x5eed, 1, 2, 3, 4]);
+    p.set_direct_new_flows(direct);
+    let mut out = Vec::with_capacity(frames.len());
+    let mut batch = 0;
+    for chunk in frames.chunks(size) {
+        out.extend(process(&mut p, t, chunk, batch));
+        batch += 1;
+    }
+    let replies: Vec<Vec<u8>> = out.iter().filter_map(|(v, f)| reply_to(*v, f)).collect();
+    for chunk in replies.chunks(size) {
+        out.extend(process(&mut p, t, chunk, batch));
+        batch += 1;
+    }
+    (out, p)
+}
+
+/// Batch number `batch` (clock `NOW_MS + 100 * batch`, port `batch % 2`).
+fn process(p: &mut Pipeline, t: &Tables, chunk: &[Vec<u8>], batch: u64) -> Vec<(Verdict, Vec<u8>)> {
+    p.begin_batch(t, harness::NOW_MS + 100 * batch);
+    let mut bufs: Vec<Vec<u8>> = chunk
+        .iter()
+        .map(|f| {
+            let mut v = f.clone();
+            v.resize(f.len() + harness::TAILROOM, 0);
+            v
+        })
+        .collect();
+    let mut pkts: Vec<Packet<'_>> = bufs.iter_mut().zip(chunk).map(|(b, f)| Packet::new(b, 0, f.len())).collect();
+    let mut verdicts = vec![Verdict::Pass; pkts.len()];
+    p.process_batch(t, &mut pkts, (batch % 2) as u8, &mut verdicts);
+    pkts.iter().zip(verdicts).map(|(pkt, v)| (v, pkt.frame().to_vec())).collect()
+}
+
+/// The backend's answer (an ACK, or a UDP datagram) to an untagged IPv4 TCP or UDP frame
+/// that was transmitted.
+fn reply_to(v: Verdict, f: &[u8]) -> Option<Vec<u8>> {
+    if !matches!(v, Verdict::Tx { .. }) || f.get(12..14) != Some(&[8, 0]) || f.len() < 38 {
+        return None;
+    }
+    let ip = |at: usize| v4([f[at], f[at + 1], f[at + 2], f[at + 3]]);
+    let port = |at: usize| u16::from_be_bytes([f[at], f[at + 1]]);
+    let (src, dst, sport, dport) = (ip(26), ip(30), port(34), port(36));
+    match f[23] {
+        proto::TCP => Some(tcp(dst, dport, src, sport, tcp_flags::SYN | tcp_flags::ACK, 64)),
+        proto::UDP => Some(udp(dst, dport, src, sport)),
+        _ => None,
+    }
+}
+
+fn compare(t: &Tables, cfg: &PipelineConfig, frames: &[Vec<u8>], what: &str) -> u64 {
+    let mut direct_flows = 0;
+    for size in [64, 16, 5, 1] {
+        let (got, d) = run(t, cfg, true, frames, size);
+        let (want, g) = run(t, cfg, false, frames, size);
+        assert_eq!(g.direct_new_flows(), 0, "{what}: the general route took the direct one");
+        // Replies check what the record keeps for them (port, MAC, reverse deltas); a full
+        // table has evicted most flows by the time they come (58 of 600 sent there, seed 1), a rate limit most new flows (15).
+        let replies_sent = got.iter().skip(frames.len()).filter(|(v, _)| matches!(v, Verdict::Tx { .. })).count();
+        assert!(replies_sent >= 10, "{what}, batches of {size}: only {replies_sent} replies forwarded");
+        for (i, (x, y)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(x, y, "{what}, batches of {size}: frame {i} differs (direct, then general)");
+        }
+        assert_eq!(state(&d), state(&g), "{what}, batches of {size}: the workers differ (direct, then general)");
+        direct_flows += d.direct_new_flows();
+    }
+    direct_flows
+}
+
+#[test]
+fn direct_new_flows_give_what_the_general_route_gives() {
+    let variant = variant_tables();
+    // 48 flows per family: the 600 frames fill the table many times over, so new flows evict.
+    let small = PipelineConfig { conntrack_capacity: 48, ..harness::config() };
+    let roomy = PipelineConfig { conntrack_capacity: 4096, ..harness::config() };
+    let limited = PipelineConfig { new_flows_per_s: 20, ..roomy.clone() };
+    // Fewest direct new flows per run with room: about 10 in 16 frames go to the DNAT service
+    // on VIP4 (SYNs, UDP, pickups, TTL 1, tagged), so about 370 of 600 qualify (346 measured);
+    // the variant's cluster CIDRs send the half from outside them to SNAT (143 measured).
+    for (t, name, least) in [(harness::tables(), "harness tables", 250), (&variant, "variant tables", 100)] {
+        for (cfg, cname) in [(&roomy, "room"), (&small, "full table"), (&limited, "rate limit")] {
+            for seed in [1, 2, 3] {
+                let frames = stream(600, seed);
+                let what = format!("{name}, {cname}, seed {seed}");
+                let direct = compare(t, cfg, &frames, &what);
+                if cname == "room" {
+                    assert!(direct >= 4 * least, "{what}: only {direct} direct new flows over four runs");
+                } else {
+                    assert!(direct > 0, "{what}: no direct new flow");
+                }
+            }
+        }
+    }
+}
