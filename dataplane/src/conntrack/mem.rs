@@ -53,22 +53,27 @@ impl<T: Pod> Region<T> {
     pub(crate) fn as_slice(&self) -> &[T] {
         match &self.map {
             // The mapping is page-aligned and exactly `len * size_of::<T>()` bytes long, so the
-            // cast cannot fail; an empty slice would only make every lookup miss.
-            Some(m) => bytemuck::try_cast_slice(&m[..]).unwrap_or(&[]),
+            // cast cannot fail; an empty slice would only make every lookup miss. Cut to that
+            // length first, the cast's length check is known to pass at compile time (a
+            // multiple of the value size), which leaves an alignment test at most: every
+            // conntrack call on the packet path borrows its regions (an insert three).
+            Some(m) => bytemuck::try_cast_slice(m.get(..self.bytes()).unwrap_or(&[])).unwrap_or(&[]),
             None => &self.heap,
         }
     }
 
-    /// The values, mutable.
+    /// The values, mutable (see [`Region::as_slice`]).
     #[inline]
     pub(crate) fn as_mut_slice(&mut self) -> &mut [T] {
+        let bytes = self.bytes();
         match &mut self.map {
-            Some(m) => bytemuck::try_cast_slice_mut(&mut m[..]).unwrap_or(&mut []),
+            Some(m) => bytemuck::try_cast_slice_mut(m.get_mut(..bytes).unwrap_or(&mut [])).unwrap_or(&mut []),
             None => &mut self.heap,
         }
     }
 
     /// Bytes reserved (virtual; untouched pages of a mapping cost nothing).
+    #[inline]
     pub(crate) fn bytes(&self) -> usize {
         self.len * core::mem::size_of::<T>()
     }
