@@ -641,13 +641,22 @@ fn set_rewrite<A: Fam>(r: &mut Rec<A>, flow_hash: u32) {
 /// [`set_rewrite`]'s deltas (forward IPv4 header, reply IPv4 header, forward transport) for a
 /// DNAT flow, whose source stays the client's: only the VIP → backend address and port terms.
 /// The client's terms that `set_rewrite` also adds, `~m + m` per word, are one's-complement
-/// zeros (RFC 1624 §3), so the folded deltas are the same.
+/// zeros (RFC 1624 §3), so the deltas are the same. A folded delta ([`csum::delta`]) is the
+/// sum modulo 0xffff, so the three are taken from one sum of the address terms, read four
+/// octets at a time: `add_deltas(a, b)` is `(a + b) mod 0xffff` and `negate(d)` is
+/// `(0xffff - d) mod 0xffff`.
 #[inline]
 fn dnat_deltas<A: Fam>(vip: A, backend: A, vport: u16, bport: u16) -> (u16, u16, u16) {
-    let acc = csum::delta_add(0, vip.octets(), backend.octets());
+    // At most 16 terms of at most 0xffff: no overflow.
+    let mut acc = 0u32;
+    for (o, n) in vip.octets().as_chunks::<4>().0.iter().zip(backend.octets().as_chunks::<4>().0) {
+        let (o, n) = (!u32::from_be_bytes(*o), u32::from_be_bytes(*n));
+        acc += (o >> 16) + (o & 0xffff) + (n >> 16) + (n & 0xffff);
+    }
     let addr = csum::delta(acc);
-    let l4 = csum::delta(csum::delta_add(acc, &vport.to_be_bytes(), &bport.to_be_bytes()));
-    (csum::add_deltas(addr, csum::TTL_DEC), csum::add_deltas(csum::negate(addr), csum::TTL_DEC), l4)
+    let ttl = u32::from(csum::TTL_DEC);
+    let ports = u32::from(!vport) + u32::from(bport);
+    (csum::delta(acc + ttl), csum::delta(0xffff - u32::from(addr) + ttl), csum::delta(acc + ports))
 }
 
 #[expect(clippy::too_many_arguments, reason = "the pipeline's stage inputs, all borrowed")]
@@ -1081,6 +1090,36 @@ fn icmp_error_in<A: Fam>(
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::indexing_slicing, reason = "tests")]
+    use proptest::prelude::*;
+
+    use super::{Rec, dnat_deltas, set_rewrite};
+    use crate::addr::{V4, V6};
+
+    /// The general rewrite's deltas of a DNAT record (source unchanged).
+    fn general<A: super::Fam>(client: A, vip: A, backend: A, cport: u16, vport: u16, bport: u16) -> (u16, u16, u16) {
+        let mut r = Rec::<A>::zeroed_record();
+        (r.client, r.reply_dst, r.vip, r.backend_addr) = (client, client, vip, backend);
+        (r.cport, r.reply_dport, r.vport, r.bport) = (cport, cport, vport, bport);
+        set_rewrite::<A>(&mut r, 0);
+        (r.ip_delta_fwd, r.ip_delta_rev, r.l4_delta)
+    }
+
+    proptest! {
+        /// The direct route's deltas are the general rewrite's for every DNAT tuple, IPv4 and IPv6.
+        #[test]
+        fn dnat_deltas_are_the_general_rewrites(
+            c in any::<[u8; 16]>(), v in any::<[u8; 16]>(), b in any::<[u8; 16]>(),
+            cp in any::<u16>(), vp in any::<u16>(), bp in any::<u16>(), same in any::<bool>(),
+        ) {
+            // Now and then the backend is the VIP itself (a zero delta).
+            let b = if same { v } else { b };
+            let (c4, v4, b4) = (V4([c[0], c[1], c[2], c[3]]), V4([v[0], v[1], v[2], v[3]]), V4([b[0], b[1], b[2], b[3]]));
+            prop_assert_eq!(dnat_deltas(v4, b4, vp, bp), general(c4, v4, b4, cp, vp, bp));
+            prop_assert_eq!(dnat_deltas(V6(v), V6(b), vp, bp), general(V6(c), V6(v), V6(b), cp, vp, bp));
+        }
+    }
+
     #[test]
     fn generation_zero_marks_unstamped_records() {
         let t = crate::tables::Tables::empty();
