@@ -1245,8 +1245,10 @@ impl FreeList<'_> {
 
 /// Writes entry `r` for hash `h` into the first free slot from its home bucket on, counting it
 /// in the overflow of the buckets it passed. Returns `false` if none was free within
-/// [`MAX_PROBE`] buckets.
-#[inline]
+/// [`MAX_PROBE`] buckets. Always inlined: an insert places two entries, and as a call (the
+/// compiler's choice with `#[inline]`) each cost about 14 more instructions of argument
+/// moves, spills and return (callgrind, docs/benchmarks.md).
+#[inline(always)]
 fn place(buckets: &mut [Bucket], nb: u64, h: u64, r: u32, meta: u8) -> bool {
     let home = home_of(h, nb);
     let nb = nb as usize;
