@@ -822,14 +822,14 @@ impl<A: CtFamily> Conntrack<A> {
         now_s: u32,
         mut on_remove: impl FnMut(Removed),
     ) -> Result<RecId, Full> {
-        let (nb, seeds) = (self.nb, self.seeds);
+        let (nb, seeds) = (self.nb, &self.seeds);
         let full = self.len >= self.capacity;
         // The arrays are borrowed once for the whole insert, eviction included (each borrow of
         // a mapped region is a few checks; an insert that evicted made nine).
         let (bs, rs) = (self.buckets.as_mut_slice(), self.recs.as_mut_slice());
         let mut fl = FreeList { stack: self.free.as_mut_slice(), n: &mut self.nfree, hw: &mut self.hw, cap: rs.len() };
         if full {
-            if evict_in(bs, rs, &mut fl, nb, &seeds, fwd_hash, age(now_s), &mut on_remove) {
+            if evict_in(bs, rs, &mut fl, nb, seeds, fwd_hash, age(now_s), &mut on_remove) {
                 self.len -= 1;
             } else {
                 return self.insert_after_reclaim(rec, fwd_hash, reply_hash, now_s, on_remove);
@@ -840,7 +840,7 @@ impl<A: CtFamily> Conntrack<A> {
         rec.flags &= !(flow_flags::NO_REPLY | flow_flags::DEFERRED);
         if rec.flags & flow_flags::DSR == 0 {
             let rk = rec.reply_key();
-            let rh = reply_hash.unwrap_or_else(|| A::hash_key(&rk, &seeds));
+            let rh = reply_hash.unwrap_or_else(|| A::hash_key(&rk, seeds));
             match find_in(bs, rs, home_of(rh, nb), nb as usize, &rk, rh) {
                 Some(Hit { id: other, dir: Dir::Reply, bucket, slot }) => {
                     // Same reply tuple as an older flow: the newer flow takes the entry.
@@ -865,7 +865,7 @@ impl<A: CtFamily> Conntrack<A> {
         note_placed(&mut self.placed, fwd_hash);
         if !place(bs, nb, fwd_hash, id << 1, meta) {
             if rec.has_reply() {
-                unplace(bs, nb, reply_hash.unwrap_or_else(|| A::hash_key(&rec.reply_key(), &seeds)), id << 1 | 1);
+                unplace(bs, nb, reply_hash.unwrap_or_else(|| A::hash_key(&rec.reply_key(), seeds)), id << 1 | 1);
             }
             fl.free(rs, id);
             return Err(Full);
