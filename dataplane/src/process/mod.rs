@@ -420,7 +420,7 @@ impl Common {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn count_new_flow(&self, svc_id: u32, b: BackendRef) {
         self.counters.event(Event::NewFlow);
         let o = &self.counters.objects;
