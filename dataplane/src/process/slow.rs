@@ -645,7 +645,7 @@ fn set_rewrite<A: Fam>(r: &mut Rec<A>, flow_hash: u32) {
 /// sum modulo 0xffff, so the three are taken from one sum of the address terms, read four
 /// octets at a time: `add_deltas(a, b)` is `(a + b) mod 0xffff` and `negate(d)` is
 /// `(0xffff - d) mod 0xffff`.
-#[inline]
+#[inline(always)]
 fn dnat_deltas<A: Fam>(vip: A, backend: A, vport: u16, bport: u16) -> (u16, u16, u16) {
     // At most 16 terms of at most 0xffff: no overflow.
     let mut acc = 0u32;
