@@ -615,7 +615,6 @@ fn outer_source<A: Fam>(t: &Tables, h: u32) -> Option<A> {
 /// the TTL decrement folded into the IPv4 header's, or, for an encapsulated DSR flow, its flow
 /// hash (the IPv6 flow label, RFC 6438) in the two IPv4 header delta fields, which
 /// encapsulation does not use.
-#[inline]
 fn set_rewrite<A: Fam>(r: &mut Rec<A>, flow_hash: u32) {
     if r.flags & flow_flags::ENCAP != 0 {
         r.ip_delta_fwd = (flow_hash >> 16) as u16;
@@ -764,15 +763,14 @@ fn new_flow<A: Fam>(
     transmit_forward::<A>(st, c, t, pkt, p, &r, b)
 }
 
-/// A new flow of the most common kind, which stage 4 found (`Misses::direct`, packet `i`;
-/// `lane` is its lane): a fast-parsed
-/// packet to a Maglev service without affinity in NAT mode, from a frontend without source
-/// ranges, to a backend with a route and one next hop, without SNAT. What [`forward`] and
-/// [`new_flow`] do for it, without the cases that do not apply: the record, built with its
-/// rewrite, is inserted under the reply hash stage 4 computed (`Misses::reply_hash`), and the
-/// packet is rewritten from it. `None`, nothing done, when the general path must look (the
-/// flow table had an entry for the key in stage 3 or has one now, or the backend is not of
-/// the packet's family).
+/// A new flow of the most common kind, which stage 4 found (`Misses::direct`; packet `i` of
+/// the batch, lane `lane`): a fast-parsed packet to a Maglev service without affinity in NAT
+/// mode, from a frontend without source ranges, to a backend with a route and one next hop,
+/// without SNAT. What [`forward`] and [`new_flow`] do for it, without the cases that do not
+/// apply: the record, built with its rewrite, is inserted under the reply hash stage 4
+/// computed (`Misses::reply_hash`), and the packet is rewritten from it. `None`, nothing done,
+/// when the general path must look (the flow table had an entry for the key in stage 3 or has
+/// one now, or the backend is not of the packet's family).
 #[inline(never)]
 fn new_flow_direct<A: Fam>(
     st: &mut FamState<A>,
