@@ -512,6 +512,15 @@ impl MaglevTable {
     #[must_use]
     pub fn lookup(&self, flow_hash: u64) -> u32 {
         let Some(i) = self.index(flow_hash) else { return 0 };
+        self.lookup_at(i)
+    }
+
+    /// The backend index in slot `i` (`flow_hash % M`, as [`MaglevTable::prefetch`] returns
+    /// it): [`MaglevTable::lookup`] without the division, for a caller that prefetched the
+    /// slot first. 0 for a slot beyond the table.
+    #[inline]
+    #[must_use]
+    pub fn lookup_at(&self, i: usize) -> u32 {
         match &self.slots {
             Slots::Narrow(s) => s.get(i).map_or(0, |&x| u32::from(x)),
             Slots::Wide(s) => s.get(i).copied().unwrap_or(0),
@@ -525,10 +534,11 @@ impl MaglevTable {
     }
 
     /// Prefetches the slot [`MaglevTable::lookup`] reads for `flow_hash` (the batch pipeline
-    /// issues this for a sub-batch of new flows before it reads any slot).
+    /// issues this for a sub-batch of new flows before it reads any slot) and returns its
+    /// index, for [`MaglevTable::lookup_at`] (`usize::MAX` for an empty table).
     #[inline]
-    pub fn prefetch(&self, flow_hash: u64) {
-        let Some(i) = self.index(flow_hash) else { return };
+    pub fn prefetch(&self, flow_hash: u64) -> usize {
+        let Some(i) = self.index(flow_hash) else { return usize::MAX };
         match &self.slots {
             Slots::Narrow(s) => {
                 if let Some(x) = s.get(i) {
@@ -541,6 +551,7 @@ impl MaglevTable {
                 }
             }
         }
+        i
     }
 
     /// All `M` slots in order (entry `i` serves flow hashes `h` with `h % M == i`), as
@@ -1000,6 +1011,15 @@ mod tests {
     use proptest::prelude::*;
 
     proptest! {
+        /// Reading the slot `prefetch` returns gives what `lookup` gives, for any flow hash.
+        #[test]
+        fn lookup_at_the_prefetched_slot_is_lookup(h in any::<u64>(), n in 1usize..40) {
+            let backends: Vec<MaglevBackend> =
+                (0..n).map(|i| MaglevBackend { key: v4(10, 1, (i >> 8) as u8, i as u8, 80), weight: 1 }).collect();
+            let t = MaglevTable::build(&backends, 251).unwrap();
+            prop_assert_eq!(t.lookup_at(t.prefetch(h)), t.lookup(h));
+        }
+
         /// The written-out IPv4 path gives the library's XXH3 for every address, with and
         /// without the port: the flow hash is the same on every instance and version.
         #[test]

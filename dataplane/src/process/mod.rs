@@ -212,8 +212,9 @@ struct Lanes<A> {
     /// for the miss stage's prefetch. (Beside the lanes, not in them: the fast stages read
     /// the lanes, and this is only for a full table's new flows.)
     victim: [u32; BATCH],
-    /// The Maglev flow hash of lane `i` (between the miss stage's loops).
-    hash_m: [u64; BATCH],
+    /// The Maglev lookup-table slot of lane `i` (`flow_hash % M`, computed once for its
+    /// prefetch and read in the next loop of the miss stage).
+    maglev_slot: [usize; BATCH],
 }
 
 impl<A: Copy + Default> Lanes<A> {
@@ -223,7 +224,7 @@ impl<A: Copy + Default> Lanes<A> {
             n: 0,
             victims: false,
             victim: [conntrack::Probe::NONE; BATCH],
-            hash_m: [0; BATCH],
+            maglev_slot: [0; BATCH],
         }
     }
 

@@ -108,10 +108,9 @@ pub(super) fn stage_misses<'t, A: Fam>(st: &mut FamState<A>, c: &Common, t: &'t 
         else {
             continue;
         };
-        let h = maglev::source_hash(l.key.src.octets(), port.then_some(l.key.sport));
-        mt.prefetch(h);
-        if let Some(x) = lanes.hash_m.get_mut(i & 63) {
-            *x = h;
+        let slot = mt.prefetch(maglev::source_hash(l.key.src.octets(), port.then_some(l.key.sport)));
+        if let Some(x) = lanes.maglev_slot.get_mut(i & 63) {
+            *x = slot;
         }
         maglev |= 1 << (i & 63);
     }
@@ -139,12 +138,12 @@ pub(super) fn stage_misses<'t, A: Fam>(st: &mut FamState<A>, c: &Common, t: &'t 
     while rest != 0 {
         let i = rest.trailing_zeros() as usize & 63;
         rest &= rest - 1;
-        let (Some(l), Some(&h)) = (lanes.l.get(i), lanes.hash_m.get(i)) else { continue };
+        let (Some(l), Some(&slot)) = (lanes.l.get(i), lanes.maglev_slot.get(i)) else { continue };
         let p = usize::from(l.pkt & 63);
         let Some(Some(Some(fe))) = m.fe.get(p) else { continue };
         let svc = &*fe.svc;
         let Some(mt) = svc.maglev.as_ref() else { continue };
-        let b = svc.eligible.get(mt.lookup(h) as usize).and_then(|&r| t.backend(r));
+        let b = svc.eligible.get(mt.lookup_at(slot) as usize).and_then(|&r| t.backend(r));
         if let Some(b) = b {
             // Its first line and its last fields (a 72-byte `Backend` in a chunk mostly spans
             // two lines).
