@@ -53,10 +53,10 @@ impl<T: Pod> Region<T> {
     pub(crate) fn as_slice(&self) -> &[T] {
         match &self.map {
             // The mapping is page-aligned and exactly `len * size_of::<T>()` bytes long, so the
-            // cast cannot fail; an empty slice would only make every lookup miss. Cut to that
-            // length first, the cast's length check is known to pass at compile time (a
-            // multiple of the value size), which leaves an alignment test at most: every
-            // conntrack call on the packet path borrows its regions (an insert three).
+            // cast cannot fail; an empty slice would only make every lookup miss. The bytes are
+            // cut to that length first, so that the cast's length check (a multiple of the
+            // value size) is known to pass at compile time and only an alignment test is left:
+            // every conntrack call on the packet path borrows its regions (an insert three).
             Some(m) => bytemuck::try_cast_slice(m.get(..self.bytes()).unwrap_or(&[])).unwrap_or(&[]),
             None => &self.heap,
         }

@@ -874,9 +874,11 @@ impl Pipeline {
     }
 
     /// Replaces both families' flow tables with empty ones hashed with `seeds`
-    /// ([`Conntrack::with_seeds`]) instead of random seeds: every flow is dropped. For tests
-    /// that compare two workers packet by packet: which flow a full table evicts depends on
-    /// where the entries lie, so two workers only agree when their tables share seeds.
+    /// ([`Conntrack::with_seeds`]) instead of random seeds. For tests that compare two workers
+    /// packet by packet: which flow a full table evicts depends on where the entries lie, so
+    /// two workers only agree when their tables share seeds. Call it on a new pipeline, before
+    /// its first packet: the flows of a table in use would be dropped without their
+    /// connection counts being taken back.
     pub fn set_flow_table_seeds(&mut self, seeds: [u64; 5]) {
         let cap = self.c.cfg.conntrack_capacity;
         self.fam.v4.ct = Conntrack::with_seeds(cap, seeds);
