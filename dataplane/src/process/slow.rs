@@ -657,6 +657,35 @@ fn dnat_deltas<A: Fam>(vip: A, backend: A, vport: u16, bport: u16) -> (u16, u16,
     (csum::delta(acc + ttl), csum::delta(0xffff - u32::from(addr) + ttl), csum::delta(acc + ports))
 }
 
+/// The record of a new flow with key `key` in state `state`, of service `svc_id`, to backend
+/// `b` at `baddr`, whose first packet came in on `in_port` from MAC `peer_mac`: tuples as for
+/// DNAT (the reply goes back to the client), expiry `now + timeout(state)` (the batch's table
+/// of them). Flags, rewrite and next hop are the caller's.
+#[expect(clippy::too_many_arguments, reason = "the fields of a new record, from the stage inputs")]
+#[inline(always)]
+fn new_record<A: Fam>(
+    c: &Common,
+    key: &FlowKey<A>,
+    state: CtState,
+    svc_id: u32,
+    b: &Backend,
+    baddr: A,
+    in_port: u8,
+    peer_mac: [u8; 6],
+) -> Rec<A> {
+    let mut r = Rec::<A>::zeroed_record();
+    r.backend = b.this;
+    r.expires_s = c.expiry(state);
+    r.svc = svc_id;
+    (r.client, r.vip, r.cport, r.vport, r.proto) = (key.src, key.dst, key.sport, key.dport, key.proto);
+    (r.reply_dst, r.reply_dport) = (key.src, key.sport);
+    (r.backend_addr, r.bport) = (baddr, b.port);
+    r.state = state as u8;
+    r.in_port = in_port;
+    r.peer_mac = peer_mac;
+    r
+}
+
 #[expect(clippy::too_many_arguments, reason = "the pipeline's stage inputs, all borrowed")]
 fn new_flow<A: Fam>(
     st: &mut FamState<A>,
@@ -707,16 +736,7 @@ fn new_flow<A: Fam>(
     }
     let Some(baddr) = A::from_ip(b.addr) else { return Verdict::Drop(DropReason::NoSourceAddress) };
     let state = initial_state(p);
-    let mut r = Rec::<A>::zeroed_record();
-    r.backend = b.this;
-    r.expires_s = now.saturating_add(c.timeout(state));
-    r.svc = svc.id;
-    (r.client, r.vip, r.cport, r.vport, r.proto) = (key.src, key.dst, key.sport, key.dport, key.proto);
-    (r.reply_dst, r.reply_dport) = (key.src, key.sport);
-    (r.backend_addr, r.bport) = (baddr, b.port);
-    r.state = state as u8;
-    r.in_port = in_port;
-    r.peer_mac = wire::emit::src_mac(pkt.frame());
+    let mut r = new_record::<A>(c, &key, state, svc.id, b, baddr, in_port, wire::emit::src_mac(pkt.frame()));
     let mut flow_hash = 0;
     let snat = svc.mode == ForwardingMode::Nat && needs_snat::<A>(t, fe, b, baddr, key.src);
     match svc.mode {
@@ -796,17 +816,7 @@ fn new_flow_direct<A: Fam>(
     }
     let (svc, key, now) = (&*fe.svc, l.key, c.now_s);
     let state = initial_state_of(key.proto, l.tcp_flags);
-    let mut r = Rec::<A>::zeroed_record();
-    r.backend = b.this;
-    // `now + timeout(state)`, precomputed for the batch.
-    r.expires_s = c.expiry(state);
-    r.svc = svc.id;
-    (r.client, r.vip, r.cport, r.vport, r.proto) = (key.src, key.dst, key.sport, key.dport, key.proto);
-    (r.reply_dst, r.reply_dport) = (key.src, key.sport);
-    (r.backend_addr, r.bport) = (baddr, b.port);
-    r.state = state as u8;
-    r.in_port = in_port;
-    r.peer_mac = wire::emit::src_mac(pkt.frame());
+    let mut r = new_record::<A>(c, &key, state, svc.id, b, baddr, in_port, wire::emit::src_mac(pkt.frame()));
     (r.ip_delta_fwd, r.ip_delta_rev, r.l4_delta) = dnat_deltas(key.dst, baddr, key.dport, b.port);
     (r.out_port, r.hop_mac, r.generation) = (hop.port, hop.dst_mac, c.generation);
     if st.ct.insert_hashed(r, l.hash, Some(reply_hash), now, |x| c.on_removed(x)).is_err() {
