@@ -1,11 +1,13 @@
 //! The slow path's direct route for new flows of the most common kind
 //! (`Pipeline::set_direct_new_flows`) against the general route, on the fuzz harness's tables
-//! (every forwarding mode) and a variant with cluster CIDRs and a backend without a next hop:
-//! streams of new flows of every kind — direct ones, hairpins, masqueraded NodePorts, source
-//! ranges, DSR, affinity, IPv6, tagged frames, mid-stream pickups, a TTL that expires,
-//! duplicates in one batch — through a small flow table that fills and evicts, and under a
-//! new-flow rate limit. Both routes must give the same verdicts and bytes, the same flows and
-//! the same counters; the direct route must have been taken.
+//! (every forwarding mode), a variant with cluster CIDRs and a backend without a next hop, and
+//! that variant with its Maglev services on the random scheduler (whose draw the direct route
+//! makes in stage 5): streams of new flows of every kind — direct ones, hairpins, masqueraded
+//! NodePorts, source ranges, DSR, affinity, IPv6, tagged frames, mid-stream pickups, a TTL that
+//! expires, a service without endpoints, duplicates in one batch — through a small flow table
+//! that fills and evicts, and under a new-flow rate limit. Both routes must give the same
+//! verdicts and bytes, the same flows and the same counters; the direct route must have been
+//! taken.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -34,6 +36,11 @@ const NO_HOP_VIP4: [u8; 4] = [10, 96, 0, 50];
 /// 192.168.1.0/24 clients are not, so their ClusterIP flows are masqueraded) and a service
 /// whose backend has no next hop.
 fn variant_tables() -> Tables {
+    TableBuilder::new().build(&variant_spec()).unwrap_or_else(|e| panic!("variant spec: {e}"))
+}
+
+/// The variant's spec.
+fn variant_spec() -> dataplane::tables::TablesSpec {
     let mut spec = harness::spec();
     spec.cluster_cidrs = vec![Cidr { addr: v4([10, 0, 0, 0]), len: 24 }];
     spec.services.push(std::sync::Arc::new(ServiceSpec {
@@ -45,7 +52,23 @@ fn variant_tables() -> Tables {
         when_empty: EmptyAction::Reject,
         backends: vec![BackendSpec::ready(v4([10, 3, 0, 9]), 8080)],
     }));
-    TableBuilder::new().build(&spec).unwrap_or_else(|e| panic!("variant spec: {e}"))
+    spec
+}
+
+/// The variant with every Maglev service (the DNAT ones, the no-hop one, the empty one, the
+/// masqueraded NodePorts) on the random scheduler, which `make bench`'s configuration uses
+/// (kube-proxy's iptables and nftables behaviour), and the DNAT backends' subnet
+/// (10.1.0.0/24) in the cluster CIDRs too, so that a backend's flow to its own service is a
+/// hairpin of the direct kind until the draw picks that backend.
+fn random_tables() -> Tables {
+    let mut spec = variant_spec();
+    spec.cluster_cidrs.push(Cidr { addr: v4([10, 1, 0, 0]), len: 24 });
+    for s in &mut spec.services {
+        if matches!(s.scheduler, Scheduler::Maglev { .. }) {
+            std::sync::Arc::make_mut(s).scheduler = Scheduler::Random;
+        }
+    }
+    TableBuilder::new().build(&spec).unwrap_or_else(|e| panic!("random spec: {e}"))
 }
 
 /// A small deterministic generator (the stream must be the same for both routes).
@@ -98,6 +121,8 @@ fn stream(n: usize, seed: u64) -> Vec<Vec<u8>> {
                 f.vlan(7);
                 f.bytes
             }
+            // A service without endpoints (rejected), or one whose backend has no next hop.
+            _ if r & 0x400 != 0 => tcp(client, sport, v4(harness::EMPTY4), 80, tcp_flags::SYN, 64),
             _ => tcp(client, sport, v4(NO_HOP_VIP4), 80, tcp_flags::SYN, 64),
         };
         // Now and then the same packet twice in a row (a retransmitted SYN in the same batch).
@@ -224,7 +249,7 @@ fn compare(t: &Tables, cfg: &PipelineConfig, frames: &[Vec<u8>], what: &str) -> 
 
 #[test]
 fn direct_new_flows_give_what_the_general_route_gives() {
-    let variant = variant_tables();
+    let (variant, random) = (variant_tables(), random_tables());
     // 48 flows per family: the 600 frames fill the table many times over, so new flows evict.
     let small = PipelineConfig { conntrack_capacity: 48, ..harness::config() };
     let roomy = PipelineConfig { conntrack_capacity: 4096, ..harness::config() };
@@ -233,7 +258,14 @@ fn direct_new_flows_give_what_the_general_route_gives() {
     // on VIP4 (SYNs, UDP, pickups, TTL 1, tagged), so about 370 of 600 qualify (344 to 351 per
     // run at `ea48055`); the variant's cluster CIDRs send the half from outside them to SNAT
     // (140 to 150).
-    for (t, name, least) in [(harness::tables(), "harness tables", 250), (&variant, "variant tables", 100)] {
+    // On the random tables, the variant's share, less the hairpins and no-hop draws, which
+    // go on in the general route.
+    let tables = [
+        (harness::tables(), "harness tables", 250),
+        (&variant, "variant tables", 100),
+        (&random, "random tables", 100),
+    ];
+    for (t, name, least) in tables {
         for (cfg, cname) in [(&roomy, "room"), (&small, "full table"), (&limited, "rate limit")] {
             for seed in [1, 2, 3] {
                 let frames = stream(600, seed);

@@ -122,6 +122,16 @@ pub(crate) fn backend_addr(i: usize) -> [u8; 4] {
     [10, 128 | (b & 3), c, d]
 }
 
+/// The services' scheduler: Maglev on the source address and port, or with `CG_SCHEDULER=random`
+/// in the environment the weighted random choice that `make bench`'s configuration
+/// (`perf/bench/bench.yaml`, kube-proxy's iptables and nftables behaviour) uses.
+pub(crate) fn scheduler() -> Scheduler {
+    match std::env::var("CG_SCHEDULER").as_deref() {
+        Ok("random") => Scheduler::Random,
+        _ => Scheduler::Maglev { port: true },
+    }
+}
+
 /// The table spec of a world: [`SERVICES`] services × [`BACKENDS_PER_SERVICE`] backends, one
 /// port, one neighbour per backend.
 pub(crate) fn spec_of(kind: Kind) -> TablesSpec {
@@ -135,7 +145,7 @@ pub(crate) fn spec_of(kind: Kind) -> TablesSpec {
                 FrontendKind::ClusterIp,
                 kind == Kind::Snat,
             )],
-            scheduler: Scheduler::Maglev { port: true },
+            scheduler: scheduler(),
             affinity_timeout_s: None,
             mode: if kind == Kind::Dsr { ForwardingMode::DsrIpip } else { ForwardingMode::Nat },
             when_empty: EmptyAction::Reject,

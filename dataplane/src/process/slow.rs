@@ -13,12 +13,12 @@ use crate::nat::{self, Packet};
 use crate::prefetch;
 use crate::sched::FlowInfo;
 use crate::tables::{
-    Backend, EmptyAction, ForwardingMode, FrontendEntry, FrontendKind, Hop, KERNEL_PORT, Scheduler, Tables,
+    Backend, EmptyAction, ForwardingMode, FrontendEntry, FrontendKind, Hop, KERNEL_PORT, Scheduler, Service, Tables,
     VipAddrKind, VipKey, multipath_hash,
 };
 use crate::wire::{self, Frag, L3, Parsed, proto, tcp_flags};
 
-use super::{BATCH, Common, Fam, FamState, Families, Verdict};
+use super::{BATCH, Common, Fam, FamState, Families, Lane, Verdict};
 
 /// What stage 4 found for the batch's missed packets, by packet index, for stage 5:
 /// references into the tables the batch runs on, so that the slow path does not walk the
@@ -32,6 +32,9 @@ pub(super) struct Misses<'t> {
     pick: [Option<&'t Backend>; BATCH],
     /// Packets (bit `i` = packet `i`) whose new flow is of the kind [`new_flow_direct`] takes.
     direct: u64,
+    /// Packets whose new flow, to a random service, may be of that kind: [`new_flow_drawn`]
+    /// draws the backend in stage 5, in arrival order, as the general route draws it.
+    drawn: u64,
     /// The hash of packet `i`'s reply tuple, when it is in `direct`.
     reply_hash: [u64; BATCH],
 }
@@ -40,19 +43,25 @@ impl<'t> Misses<'t> {
     /// Nothing found yet.
     #[inline]
     pub(super) fn new() -> Self {
-        Self { fe: [None; BATCH], pick: [None; BATCH], direct: 0, reply_hash: [0; BATCH] }
+        Self { fe: [None; BATCH], pick: [None; BATCH], direct: 0, drawn: 0, reply_hash: [0; BATCH] }
     }
 
     /// What stage 4 found for packet `i`.
     #[inline]
     pub(super) fn of(&self, i: usize) -> MissHint<'t> {
-        MissHint { fe: self.fe.get(i).copied().flatten(), pick: self.pick.get(i).copied().flatten() }
+        MissHint { fe: self.fe.get(i).copied().flatten(), pick: self.pick.get(i).copied().flatten(), picked: false }
     }
 
     /// Whether packet `i`'s new flow is of the kind [`new_flow_direct`] takes.
     #[inline]
     pub(super) fn is_direct(&self, i: usize) -> bool {
         self.direct & (1 << (i & 63)) != 0
+    }
+
+    /// Whether packet `i`'s new flow is one [`new_flow_direct`] or [`new_flow_drawn`] takes.
+    #[inline]
+    pub(super) fn is_direct_or_drawn(&self, i: usize) -> bool {
+        (self.direct | self.drawn) & (1 << (i & 63)) != 0
     }
 }
 
@@ -61,13 +70,17 @@ impl<'t> Misses<'t> {
 pub(super) struct MissHint<'t> {
     /// `None`: not looked up; `Some(None)`: no frontend.
     fe: Option<Option<&'t FrontendEntry>>,
-    /// The Maglev pick.
+    /// The Maglev pick, or with `picked` the random one.
     pick: Option<&'t Backend>,
+    /// [`new_flow_drawn`] admitted the new flow (the new-flow rate limit) and drew its backend
+    /// (`pick`; `None`: the service had none), then left it to the general route, which must do
+    /// neither again.
+    picked: bool,
 }
 
 impl MissHint<'_> {
     /// Stage 4 did not look at the packet.
-    const NONE: Self = Self { fe: None, pick: None };
+    const NONE: Self = Self { fe: None, pick: None, picked: false };
 }
 
 /// What the earlier stages learnt of a fast-parsed packet that the slow path uses.
@@ -104,6 +117,20 @@ pub(super) fn stage_misses<'t, A: Fam>(st: &mut FamState<A>, c: &Common, t: &'t 
         }
         let Some(fe) = fe else { continue };
         let svc = &*fe.svc;
+        if svc.scheduler == Scheduler::Random {
+            // The random draw is stage 5's, in arrival order; what does not depend on the
+            // backend is known now (the rest is checked after the draw).
+            if c.direct
+                && svc.affinity_timeout_s.is_none()
+                && svc.mode == ForwardingMode::Nat
+                && !fe.masquerade
+                && fe.source_ranges.is_empty()
+                && !off_cluster::<A>(t, fe, l.key.src)
+            {
+                m.drawn |= 1 << (l.pkt & 63);
+            }
+            continue;
+        }
         let (Scheduler::Maglev { port }, None, Some(mt)) = (svc.scheduler, svc.affinity_timeout_s, svc.maglev.as_ref())
         else {
             continue;
@@ -258,23 +285,35 @@ fn run_full<A: Fam>(
 /// found) that the fast stage left.
 #[expect(clippy::too_many_arguments, reason = "the pipeline's stage inputs, all borrowed")]
 #[inline(always)]
-pub(super) fn run_lane<A: Fam>(
+pub(super) fn run_lane<'t, A: Fam>(
     fam: &mut Families,
     c: &mut Common,
-    t: &Tables,
+    t: &'t Tables,
     pkt: &mut Packet<'_>,
     lane: usize,
-    m: &Misses<'_>,
+    m: &Misses<'t>,
     i: usize,
     in_port: u8,
 ) -> Verdict {
     let st = A::state(fam);
-    if m.is_direct(i)
-        && let Some(v) = new_flow_direct::<A>(st, c, pkt, lane, m, i, in_port)
-    {
-        return v;
+    let mut drawn = None;
+    if m.is_direct_or_drawn(i) {
+        if m.is_direct(i) {
+            if let Some(v) = new_flow_direct::<A>(st, c, pkt, lane, m, i, in_port) {
+                return v;
+            }
+        } else {
+            match new_flow_drawn::<A>(st, c, t, pkt, lane, m, i, in_port) {
+                Drawn::Done(v) => return v,
+                Drawn::General => {}
+                Drawn::Picked(b) => drawn = Some(b),
+            }
+        }
     }
-    let found = m.of(i);
+    let mut found = m.of(i);
+    if let Some(b) = drawn {
+        (found.pick, found.picked) = (b, true);
+    }
     let Some(l) = st.lanes.as_slice().get(lane) else {
         return run_frame(fam, c, t, pkt, in_port);
     };
@@ -456,7 +495,7 @@ fn forward<A: Fam>(
     hint: &Hint<'_, A>,
     in_port: u8,
 ) -> Verdict {
-    let (key, h, pick) = (hint.key, hint.hash, hint.found.pick);
+    let (key, h) = (hint.key, hint.hash);
     if !fe.source_ranges.is_empty() && !fe.source_ranges.iter().any(|r| r.contains_octets(key.src.octets())) {
         return Verdict::Drop(DropReason::SourceRangeDenied);
     }
@@ -517,7 +556,7 @@ fn forward<A: Fam>(
         }
         Found::Expired | Found::Miss => {}
     }
-    new_flow::<A>(st, c, t, pkt, p, fe, key, h, pick, in_port)
+    new_flow::<A>(st, c, t, pkt, p, fe, key, h, hint.found, in_port)
 }
 
 fn remove_flow<A: Fam>(st: &mut FamState<A>, c: &mut Common, id: conntrack::RecId) {
@@ -696,11 +735,11 @@ fn new_flow<A: Fam>(
     fe: &FrontendEntry,
     key: FlowKey<A>,
     h: u64,
-    pick: Option<&Backend>,
+    found: MissHint<'_>,
     in_port: u8,
 ) -> Verdict {
     let svc = &*fe.svc;
-    if !c.admit_new_flow() {
+    if !found.picked && !c.admit_new_flow() {
         return Verdict::Drop(DropReason::NewFlowRateLimited);
     }
     let now = c.now_s;
@@ -712,9 +751,10 @@ fn new_flow<A: Fam>(
     {
         chosen = Some(r);
     }
-    let chosen = match (chosen, pick) {
+    let chosen = match (chosen, found.pick) {
         (Some(r), _) => t.backend(r),
         (None, Some(b)) if matches!(svc.scheduler, Scheduler::Maglev { .. }) => Some(b),
+        (None, b) if found.picked => b,
         _ => {
             let info = FlowInfo { src: key.src.octets(), sport: key.sport, dst: key.dst.octets() };
             c.sched.pick(fe.service as usize, svc, info).and_then(|r| t.backend(r))
@@ -787,9 +827,9 @@ fn new_flow<A: Fam>(
 /// mode, from a frontend without source ranges, to a backend with a route and one next hop,
 /// without SNAT. What [`forward`] and [`new_flow`] do for it, without the cases that do not
 /// apply: the record, built with its rewrite, is inserted under the reply hash stage 4
-/// computed (`Misses::reply_hash`), and the packet is rewritten from it. `None`, nothing done,
-/// when the general path must look (the flow table had an entry for the key in stage 3 or has
-/// one now, or the backend is not of the packet's family).
+/// computed (`Misses::reply_hash`), and the packet is rewritten from it ([`insert_direct`]).
+/// `None`, nothing done, when the general path must look (the flow table had an entry for the
+/// key in stage 3 or has one now, or the backend is not of the packet's family).
 #[inline(never)]
 fn new_flow_direct<A: Fam>(
     st: &mut FamState<A>,
@@ -814,13 +854,91 @@ fn new_flow_direct<A: Fam>(
     if !c.admit_new_flow() {
         return Some(Verdict::Drop(DropReason::NewFlowRateLimited));
     }
-    let (svc, key, now) = (&*fe.svc, l.key, c.now_s);
+    Some(insert_direct(st, c, pkt, &l, &fe.svc, b, hop, baddr, reply_hash, in_port))
+}
+
+/// What [`new_flow_drawn`] did with a packet.
+enum Drawn<'t> {
+    /// Handled: the packet's verdict.
+    Done(Verdict),
+    /// Nothing done: the general route takes the packet.
+    General,
+    /// The new flow was admitted and its backend drawn (`None`: the service had none), but it
+    /// is not of the direct kind (a hairpin, which is masqueraded, a backend without a next
+    /// hop or behind a multipath route, or of the other family): the general route goes on
+    /// from there.
+    Picked(Option<&'t Backend>),
+}
+
+/// [`new_flow_direct`] for a new flow to a random service without affinity in NAT mode, from a
+/// frontend without source ranges, not masqueraded (`Misses::drawn`): the flow is admitted
+/// (the new-flow rate limit) and its backend drawn as [`new_flow`] would, in arrival order;
+/// when the backend has a route and one next hop and is not the client, the flow is inserted
+/// and the packet rewritten as the direct route does ([`insert_direct`]), else the general
+/// route goes on with the draw ([`Drawn::Picked`]). [`Drawn::General`], nothing done, when the
+/// flow table had an entry for the key in stage 3 or has one now.
+#[expect(clippy::too_many_arguments, reason = "the pipeline's stage inputs, all borrowed")]
+#[inline(never)]
+fn new_flow_drawn<'t, A: Fam>(
+    st: &mut FamState<A>,
+    c: &mut Common,
+    t: &'t Tables,
+    pkt: &mut Packet<'_>,
+    lane: usize,
+    m: &Misses<'t>,
+    i: usize,
+    in_port: u8,
+) -> Drawn<'t> {
+    let (Some(Some(Some(fe))), Some(l)) = (m.fe.get(i), st.lanes.as_slice().get(lane)) else {
+        return Drawn::General;
+    };
+    let l = *l;
+    // As in `new_flow_direct`.
+    if !l.miss || (st.ct.may_have_placed(l.hash) && is_tracked(st, &l.key, l.hash)) {
+        return Drawn::General;
+    }
+    if !c.admit_new_flow() {
+        return Drawn::Done(Verdict::Drop(DropReason::NewFlowRateLimited));
+    }
+    let (svc, key) = (&*fe.svc, l.key);
+    let info = FlowInfo { src: key.src.octets(), sport: key.sport, dst: key.dst.octets() };
+    let Some(b) = c.sched.pick(fe.service as usize, svc, info).and_then(|r| t.backend(r)) else {
+        return Drawn::Picked(None);
+    };
+    match (b.hop, A::from_ip(b.addr)) {
+        (Some(hop), Some(baddr)) if !b.no_route && b.paths.is_empty() && baddr != key.src => {
+            let rk = FlowKey { src: baddr, dst: key.src, sport: b.port, dport: key.sport, proto: key.proto };
+            let reply_hash = st.ct.hash(&rk);
+            Drawn::Done(insert_direct(st, c, pkt, &l, svc, b, hop, baddr, reply_hash, in_port))
+        }
+        _ => Drawn::Picked(Some(b)),
+    }
+}
+
+/// The direct route's new flow, admitted, of lane `l` to backend `b` (at `baddr`, next hop
+/// `hop`) of service `svc`, its reply tuple hashing to `reply_hash`: the record, built with its
+/// rewrite, inserted under the two hashes; counts; the packet rewritten from the record.
+#[expect(clippy::too_many_arguments, reason = "the fields of a new flow, from the stage inputs")]
+#[inline(always)]
+fn insert_direct<A: Fam>(
+    st: &mut FamState<A>,
+    c: &mut Common,
+    pkt: &mut Packet<'_>,
+    l: &Lane<A>,
+    svc: &Service,
+    b: &Backend,
+    hop: Hop,
+    baddr: A,
+    reply_hash: u64,
+    in_port: u8,
+) -> Verdict {
+    let (key, now) = (l.key, c.now_s);
     let state = initial_state_of(key.proto, l.tcp_flags);
     let mut r = new_record::<A>(c, &key, state, svc.id, b, baddr, in_port, wire::emit::src_mac(pkt.frame()));
     (r.ip_delta_fwd, r.ip_delta_rev, r.l4_delta) = dnat_deltas(key.dst, baddr, key.dport, b.port);
     (r.out_port, r.hop_mac, r.generation) = (hop.port, hop.dst_mac, c.generation);
     if st.ct.insert_hashed(r, l.hash, Some(reply_hash), now, |x| c.on_removed(x)).is_err() {
-        return Some(Verdict::Drop(DropReason::ConntrackFull));
+        return Verdict::Drop(DropReason::ConntrackFull);
     }
     c.direct_flows += 1;
     c.sched.conns.add(b.this, state.is_active());
@@ -830,7 +948,7 @@ fn new_flow_direct<A: Fam>(
     }
     c.count_packet(svc.id, b.this);
     let tcp = key.proto == proto::TCP;
-    Some(super::fast::nat_forward_lane::<A>(c, &r, pkt, l.l3, tcp).unwrap_or(Verdict::Drop(DropReason::TtlExceeded)))
+    super::fast::nat_forward_lane::<A>(c, &r, pkt, l.l3, tcp).unwrap_or(Verdict::Drop(DropReason::TtlExceeded))
 }
 
 /// Whether the flow table has an entry for `key` (hash `h`): the direct route asks when the
