@@ -12,7 +12,8 @@
 # miss counts say how many cache lines a packet needs from beyond the last level, not how many
 # stall the core.
 #
-# For each profile it prints (`NAME VALUE UNIT`):
+# For each profile it prints (`NAME VALUE UNIT`; NAME ends in `_random` for the runs whose
+# services use the random scheduler, xlb's default, instead of Maglev):
 #   MODE_MIX_PROFILE_instructions_per_packet          Pipeline::process_batch / process + begin_batch
 #   MODE_MIX_PROFILE_harness_instructions_per_packet  copying frames into the buffers and the loop
 #   MODE_MIX_PROFILE_llc_misses_per_packet            LL misses (ILmr + DLmr + DLmw) of the pipeline
@@ -29,10 +30,12 @@ command -v valgrind >/dev/null || { echo "valgrind not found: run scripts/instal
 (cd "$root" && cargo build --release --quiet -p xlb-perf --bin callgrind-pipeline)
 bin=$target/release/callgrind-pipeline
 
-# mode profile mix K (new_flow needs 2K <= 200,000).
+# mode profile mix K [random] (new_flow needs 2K <= 200,000; `random`: CG_SCHEDULER=random).
 runs=(
   "batch established uniform 50000"
   "batch new_flow uniform 50000"
+  "batch new_flow uniform 50000 random"
+  "batch syn_flood uniform 50000 random"
   "batch snat_reply uniform 50000"
   "batch dsr_ipip uniform 50000"
   "batch syn_flood uniform 50000"
@@ -45,9 +48,10 @@ runs=(
 
 # One run: its figures on stdout.
 collect() {
-    local mode=$1 profile=$2 mix=$3 k=$4
-    local name=${mode}_${mix}_${profile} file=$out/callgrind.out.$1.$3.$2 log=$out/callgrind.$1.$3.$2.log
-    valgrind --tool=callgrind --cache-sim=yes --instr-atstart=no --collect-atstart=no \
+    local mode=$1 profile=$2 mix=$3 k=$4 sched=${5:-}
+    local name=${mode}_${mix}_${profile}${sched:+_$sched}
+    local file=$out/callgrind.out.$1.$3.$2${sched:+.$sched} log=$out/callgrind.$1.$3.$2${sched:+.$sched}.log
+    CG_SCHEDULER=$sched valgrind --tool=callgrind --cache-sim=yes --instr-atstart=no --collect-atstart=no \
         --callgrind-out-file="$file" "$bin" "$mode" "$profile" "$mix" "$k" 2>"$log" || { cat "$log" >&2; return 1; }
     callgrind_annotate --inclusive=yes --show=Ir,ILmr,DLmr,DLmw "$file" >"$file.txt"
     python3 - "$file.txt" "$name" "$k" "$mode" "$profile" <<'EOF'
