@@ -160,6 +160,21 @@ impl SchedState {
         x.wrapping_mul(0x2545_F491_4F6C_DD1D)
     }
 
+    /// The random scheduler's draw (SCHED-01): a uniform value below the service's total weight
+    /// (`cum_weights`' last), then the eligible backend whose cumulative weight first exceeds
+    /// it. `None`, drawing nothing, if the service has no eligible backend or no weight.
+    /// [`SchedState::pick`] draws this way for [`Scheduler::Random`]; the batch's direct route
+    /// for new flows calls it without `pick`'s dispatch.
+    #[inline(always)]
+    pub fn draw_random(&mut self, svc: &Service) -> Option<BackendRef> {
+        let total = svc.cum_weights.last().copied().unwrap_or(0);
+        if svc.eligible.is_empty() || total == 0 {
+            return None;
+        }
+        let x = u32::try_from(self.next_random() % u64::from(total)).unwrap_or(0);
+        svc.eligible.get(svc.cum_weights.partition_point(|&c| c <= x)).copied()
+    }
+
     /// Picks a backend of service `si` for a new flow; `None` if it has no eligible backend.
     /// No allocation.
     #[inline]
@@ -169,14 +184,7 @@ impl SchedState {
             return None;
         }
         let idx = match svc.scheduler {
-            Scheduler::Random => {
-                let total = svc.cum_weights.last().copied().unwrap_or(0);
-                if total == 0 {
-                    return None;
-                }
-                let x = u32::try_from(self.next_random() % u64::from(total)).unwrap_or(0);
-                svc.cum_weights.partition_point(|&c| c <= x)
-            }
+            Scheduler::Random => return self.draw_random(svc),
             Scheduler::Maglev { port } => {
                 let h = maglev::source_hash(f.src, port.then_some(f.sport));
                 svc.maglev.as_ref().map_or(0, |m| m.lookup(h) as usize)
@@ -345,6 +353,25 @@ mod tests {
         for x in c {
             assert!((9_000..11_000).contains(&x), "{x}");
         }
+    }
+
+    #[test]
+    fn random_follows_weights() {
+        let c = counts(Scheduler::Random, &[3, 1, 0], 40_000, false);
+        assert!((29_000..31_000).contains(&c[0]) && (9_000..11_000).contains(&c[1]) && c[2] == 0, "{c:?}");
+    }
+
+    #[test]
+    fn random_draws_nothing_for_a_service_without_weight() {
+        let (empty, zero, some) =
+            (tables(Scheduler::Random, &[]), tables(Scheduler::Random, &[0, 0]), tables(Scheduler::Random, &[1, 1, 1]));
+        let mut st = SchedState::new(42);
+        assert_eq!(st.draw_random(&empty.services[0]), None);
+        assert_eq!(st.draw_random(&zero.services[0]), None);
+        let got: Vec<_> = (0..16).map(|_| st.draw_random(&some.services[0])).collect();
+        let mut fresh = SchedState::new(42);
+        let want: Vec<_> = (0..16).map(|_| fresh.draw_random(&some.services[0])).collect();
+        assert_eq!(got, want, "a draw without weight moved the generator");
     }
 
     #[test]

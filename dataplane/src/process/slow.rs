@@ -901,8 +901,8 @@ fn new_flow_drawn<'t, A: Fam>(
         return Drawn::Done(Verdict::Drop(DropReason::NewFlowRateLimited));
     }
     let (svc, key) = (&*fe.svc, l.key);
-    let info = FlowInfo { src: key.src.octets(), sport: key.sport, dst: key.dst.octets() };
-    let Some(b) = c.sched.pick(fe.service as usize, svc, info).and_then(|r| t.backend(r)) else {
+    // `new_flow`'s draw (`SchedState::pick` for a random service) without the dispatch.
+    let Some(b) = c.sched.draw_random(svc).and_then(|r| t.backend(r)) else {
         return Drawn::Picked(None);
     };
     match (b.hop, A::from_ip(b.addr)) {
