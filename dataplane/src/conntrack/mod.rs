@@ -816,65 +816,47 @@ impl<A: CtFamily> Conntrack<A> {
     /// As [`Conntrack::insert`].
     pub fn insert_hashed(
         &mut self,
-        mut rec: Rec<A>,
+        rec: Rec<A>,
+        fwd_hash: u64,
+        reply_hash: Option<u64>,
+        now_s: u32,
+        on_remove: impl FnMut(Removed),
+    ) -> Result<RecId, Full> {
+        if self.len >= self.capacity {
+            return self.insert_evicting(rec, fwd_hash, reply_hash, now_s, on_remove);
+        }
+        // The arrays are borrowed once for the whole insert (each borrow of a mapped region is
+        // a few checks).
+        let (bs, rs) = (self.buckets.as_mut_slice(), self.recs.as_mut_slice());
+        let mut fl = FreeList { stack: self.free.as_mut_slice(), n: &mut self.nfree, hw: &mut self.hw, cap: rs.len() };
+        let id = insert_in(bs, rs, &mut fl, &mut self.placed, self.nb, &self.seeds, rec, fwd_hash, reply_hash, now_s)?;
+        self.len += 1;
+        Ok(id)
+    }
+
+    /// [`Conntrack::insert_hashed`] into a full table: evicts first ([`evict_in`]), or reclaims
+    /// ([`Conntrack::insert_after_reclaim`]). Out of line, so that an insert into a table with
+    /// room carries none of it (docs/benchmarks.md, "Inserts into a full table").
+    #[inline(never)]
+    fn insert_evicting(
+        &mut self,
+        rec: Rec<A>,
         fwd_hash: u64,
         reply_hash: Option<u64>,
         now_s: u32,
         mut on_remove: impl FnMut(Removed),
     ) -> Result<RecId, Full> {
         let (nb, seeds) = (self.nb, &self.seeds);
-        let full = self.len >= self.capacity;
-        // The arrays are borrowed once for the whole insert, eviction included (each borrow of
-        // a mapped region is a few checks; an insert that evicted made nine).
+        // The arrays are borrowed once for the whole insert, eviction included (an insert that
+        // evicted borrowing them per step made nine borrows).
         let (bs, rs) = (self.buckets.as_mut_slice(), self.recs.as_mut_slice());
         let mut fl = FreeList { stack: self.free.as_mut_slice(), n: &mut self.nfree, hw: &mut self.hw, cap: rs.len() };
-        if full {
-            if evict_in(bs, rs, &mut fl, nb, seeds, fwd_hash, age(now_s), &mut on_remove) {
-                self.len -= 1;
-            } else {
-                return self.insert_after_reclaim(rec, fwd_hash, reply_hash, now_s, on_remove);
-            }
+        if !evict_in(bs, rs, &mut fl, nb, seeds, fwd_hash, age(now_s), &mut on_remove) {
+            return self.insert_after_reclaim(rec, fwd_hash, reply_hash, now_s, on_remove);
         }
-        let id = fl.alloc().ok_or(Full)?;
-        let meta = age(now_s) | if rec.ct_state().is_evictable() { EVICTABLE } else { 0 };
-        rec.flags &= !(flow_flags::NO_REPLY | flow_flags::DEFERRED);
-        if rec.flags & flow_flags::DSR == 0 {
-            let rk = rec.reply_key();
-            let rh = reply_hash.unwrap_or_else(|| A::hash_key(&rk, seeds));
-            match find_in(bs, rs, home_of(rh, nb), nb as usize, &rk, rh) {
-                Some(Hit { id: other, dir: Dir::Reply, bucket, slot }) => {
-                    // Same reply tuple as an older flow: the newer flow takes the entry.
-                    if let Some(r) = bs.get_mut(bucket as usize).and_then(|b| b.refs.get_mut(usize::from(slot))) {
-                        *r = id << 1 | 1;
-                    }
-                    if let Some(o) = rs.get_mut(other as usize) {
-                        o.flags |= flow_flags::NO_REPLY;
-                    }
-                }
-                // The tuple is another flow's forward key: that entry wins.
-                Some(_) => rec.flags |= flow_flags::NO_REPLY,
-                None => {
-                    if !place(bs, nb, rh, id << 1 | 1, meta) {
-                        fl.free(rs, id);
-                        return Err(Full);
-                    }
-                    note_placed(&mut self.placed, rh);
-                }
-            }
-        }
-        note_placed(&mut self.placed, fwd_hash);
-        if !place(bs, nb, fwd_hash, id << 1, meta) {
-            if rec.has_reply() {
-                unplace(bs, nb, reply_hash.unwrap_or_else(|| A::hash_key(&rec.reply_key(), seeds)), id << 1 | 1);
-            }
-            fl.free(rs, id);
-            return Err(Full);
-        }
-        if let Some(slot) = rs.get_mut(id as usize) {
-            *slot = rec;
-        }
-        self.len += 1;
-        Ok(id)
+        // One flow out, one in: the length stays.
+        insert_in(bs, rs, &mut fl, &mut self.placed, nb, seeds, rec, fwd_hash, reply_hash, now_s)
+            .inspect_err(|_| self.len -= 1)
     }
 
     /// Removes flow `id` (both entries) and says what it was (its backend and state,
@@ -1277,6 +1259,65 @@ fn place(buckets: &mut [Bucket], nb: u64, h: u64, r: u32, meta: u8) -> bool {
     false
 }
 
+/// The body of [`Conntrack::insert_hashed`] over the table's arrays, with room for the flow:
+/// takes a record, files the reply entry (or settles a clash with an older flow's entry) and
+/// the forward entry, notes both in the placed filter, and writes the record. The caller counts
+/// the flow into the table's length.
+#[expect(clippy::too_many_arguments, reason = "the table's arrays, borrowed once by insert")]
+#[inline(always)]
+fn insert_in<A: CtFamily>(
+    bs: &mut [Bucket],
+    rs: &mut [Rec<A>],
+    fl: &mut FreeList<'_>,
+    placed: &mut [u64; PLACED_WORDS],
+    nb: u64,
+    seeds: &[u64; 5],
+    mut rec: Rec<A>,
+    fwd_hash: u64,
+    reply_hash: Option<u64>,
+    now_s: u32,
+) -> Result<RecId, Full> {
+    let id = fl.alloc().ok_or(Full)?;
+    let meta = age(now_s) | if rec.ct_state().is_evictable() { EVICTABLE } else { 0 };
+    rec.flags &= !(flow_flags::NO_REPLY | flow_flags::DEFERRED);
+    if rec.flags & flow_flags::DSR == 0 {
+        let rk = rec.reply_key();
+        let rh = reply_hash.unwrap_or_else(|| A::hash_key(&rk, seeds));
+        match find_in(bs, rs, home_of(rh, nb), nb as usize, &rk, rh) {
+            Some(Hit { id: other, dir: Dir::Reply, bucket, slot }) => {
+                // Same reply tuple as an older flow: the newer flow takes the entry.
+                if let Some(r) = bs.get_mut(bucket as usize).and_then(|b| b.refs.get_mut(usize::from(slot))) {
+                    *r = id << 1 | 1;
+                }
+                if let Some(o) = rs.get_mut(other as usize) {
+                    o.flags |= flow_flags::NO_REPLY;
+                }
+            }
+            // The tuple is another flow's forward key: that entry wins.
+            Some(_) => rec.flags |= flow_flags::NO_REPLY,
+            None => {
+                if !place(bs, nb, rh, id << 1 | 1, meta) {
+                    fl.free(rs, id);
+                    return Err(Full);
+                }
+                note_placed(placed, rh);
+            }
+        }
+    }
+    note_placed(placed, fwd_hash);
+    if !place(bs, nb, fwd_hash, id << 1, meta) {
+        if rec.has_reply() {
+            unplace(bs, nb, reply_hash.unwrap_or_else(|| A::hash_key(&rec.reply_key(), seeds)), id << 1 | 1);
+        }
+        fl.free(rs, id);
+        return Err(Full);
+    }
+    if let Some(slot) = rs.get_mut(id as usize) {
+        *slot = rec;
+    }
+    Ok(id)
+}
+
 /// The entry [`Conntrack::insert`] would evict for hash `h` (see [`Conntrack::victim_near`]),
 /// over the table's buckets, as (bucket, slot).
 #[inline]
@@ -1293,6 +1334,45 @@ fn victim_in(bs: &[Bucket], nb: u64, h: u64, now7: u8) -> Option<(usize, usize)>
         b = next(b2);
     }
     None
+}
+
+/// [`victim_in`] for an insert's eviction ([`evict_in`]): the first pair of buckets inline, the
+/// pairs after it out of line ([`victim_further`]). The home bucket and the next hold an
+/// evictable entry in all but about 1 in 20,000 cases at full capacity ([`EVICT_REACH`]); with
+/// the whole search inline, the compiler computed all eight buckets' indices ahead of every
+/// eviction.
+#[inline]
+fn victim_for_insert(bs: &[Bucket], nb: u64, h: u64, now7: u8) -> Option<(usize, usize)> {
+    let b = home_of(h, nb);
+    let b2 = next_bucket(b, nb);
+    if let (Some(x), Some(y)) = (bs.get(b), bs.get(b2))
+        && let Some(i) = oldest_evictable(x, y, now7)
+    {
+        return Some(if i < SLOTS { (b, i) } else { (b2, i - SLOTS) });
+    }
+    victim_further(bs, nb, next_bucket(b2, nb), now7)
+}
+
+/// [`victim_in`] over the pairs of buckets after the first, from bucket `b`.
+#[cold]
+#[inline(never)]
+fn victim_further(bs: &[Bucket], nb: u64, mut b: usize, now7: u8) -> Option<(usize, usize)> {
+    for _ in 1..EVICT_REACH / EVICT_BUCKETS {
+        let b2 = next_bucket(b, nb);
+        if let (Some(x), Some(y)) = (bs.get(b), bs.get(b2))
+            && let Some(i) = oldest_evictable(x, y, now7)
+        {
+            return Some(if i < SLOTS { (b, i) } else { (b2, i - SLOTS) });
+        }
+        b = next_bucket(b2, nb);
+    }
+    None
+}
+
+/// The bucket after `b` of a table of `nb` buckets (the last wraps to the first).
+#[inline(always)]
+fn next_bucket(b: usize, nb: u64) -> usize {
+    if b + 1 >= nb as usize { 0 } else { b + 1 }
 }
 
 /// Evicts the oldest evictable flow with an entry in the home bucket of `h` or the next ones,
@@ -1313,7 +1393,7 @@ fn evict_in<A: CtFamily>(
     // A hint can be stale (the flow got established since): then it is cleared and the
     // next oldest is tried; bounded by the slots looked at.
     for _ in 0..SLOTS * EVICT_REACH {
-        let Some((b, s)) = victim_in(bs, nb, h, now7) else { return false };
+        let Some((b, s)) = victim_for_insert(bs, nb, h, now7) else { return false };
         let Some(r) = bs.get(b).and_then(|bk| bk.refs.get(s)).copied() else { return false };
         let id = r >> 1;
         let evictable = rs.get(id as usize).is_some_and(|x| x.in_use() && x.ct_state().is_evictable());

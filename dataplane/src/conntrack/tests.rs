@@ -195,6 +195,32 @@ proptest! {
 }
 
 #[test]
+fn the_inserts_victim_search_is_the_prefetchs() {
+    // A full table whose flows are partly established (not evictable), so that some keys'
+    // first two buckets hold nothing evictable and the search goes further on.
+    let cap = 256;
+    let mut ct = Conntrack::<V4>::with_seeds(cap, SEEDS);
+    for i in 0..cap as u16 {
+        let st = if i % 16 < 15 { CtState::Established } else { CtState::SynSent };
+        insert(&mut ct, rec(i, 1000, st), u32::from(i % 100), |_| {}).unwrap();
+    }
+    let (mut further, mut none) = (0, 0);
+    for i in 0..20_000u16 {
+        let h = ct.hash(&key(i.wrapping_add(1000)));
+        let now7 = age(u32::from(i % 128));
+        let want = victim_in(ct.buckets.as_slice(), ct.nb, h, now7);
+        assert_eq!(victim_for_insert(ct.buckets.as_slice(), ct.nb, h, now7), want, "hash {h:#x}");
+        let home = ct.home(h);
+        match want {
+            Some((b, _)) if b != home && b != (home + 1) % ct.nb as usize => further += 1,
+            None => none += 1,
+            _ => {}
+        }
+    }
+    assert!(further > 0, "no key's victim lay beyond its first two buckets ({none} without one)");
+}
+
+#[test]
 fn a_new_flow_whose_home_buckets_hold_nothing_evictable_evicts_a_little_further_on() {
     let cap = 256;
     let mut ct = Conntrack::<V4>::with_seeds(cap, SEEDS);
