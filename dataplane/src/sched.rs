@@ -172,7 +172,15 @@ impl SchedState {
             return None;
         }
         let x = u32::try_from(self.next_random() % u64::from(total)).unwrap_or(0);
-        svc.eligible.get(svc.cum_weights.partition_point(|&c| c <= x)).copied()
+        // Every eligible backend weighs at least 1, so a total equal to their number means all
+        // weigh 1 (Kubernetes endpoints carry no weight): `cum_weights` is then 1..=n and the
+        // backend is the `x`-th, without the search.
+        let i = if total as usize == svc.eligible.len() {
+            x as usize
+        } else {
+            svc.cum_weights.partition_point(|&c| c <= x)
+        };
+        svc.eligible.get(i).copied()
     }
 
     /// Picks a backend of service `si` for a new flow; `None` if it has no eligible backend.
@@ -359,6 +367,21 @@ mod tests {
     fn random_follows_weights() {
         let c = counts(Scheduler::Random, &[3, 1, 0], 40_000, false);
         assert!((29_000..31_000).contains(&c[0]) && (9_000..11_000).contains(&c[1]) && c[2] == 0, "{c:?}");
+    }
+
+    #[test]
+    fn random_with_weights_of_one_draws_what_the_search_draws() {
+        for n in 1..=12u16 {
+            let t = tables(Scheduler::Random, &vec![1; usize::from(n)]);
+            let svc = &t.services[0];
+            let mut st = SchedState::new(u64::from(n) * 7919);
+            let mut model = SchedState::new(u64::from(n) * 7919);
+            for _ in 0..200 {
+                let x = u32::try_from(model.next_random() % u64::from(n)).unwrap();
+                let want = svc.eligible.get(svc.cum_weights.partition_point(|&c| c <= x)).copied();
+                assert_eq!(st.draw_random(svc), want, "{n} backends");
+            }
+        }
     }
 
     #[test]
