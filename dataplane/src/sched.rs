@@ -149,17 +149,6 @@ impl SchedState {
         self.conns.ensure(t.backends.len());
     }
 
-    /// xorshift64* (Vigna 2016): fast, not cryptographic; only spreads load.
-    #[inline]
-    fn next_random(&mut self) -> u64 {
-        let mut x = self.rng;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.rng = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
     /// The random scheduler's draw (SCHED-01): a uniform value below the service's total weight
     /// (`cum_weights`' last), then the eligible backend whose cumulative weight first exceeds
     /// it. `None`, drawing nothing, if the service has no eligible backend or no weight.
@@ -167,22 +156,59 @@ impl SchedState {
     /// for new flows calls it without `pick`'s dispatch.
     #[inline(always)]
     pub fn draw_random(&mut self, svc: &Service) -> Option<BackendRef> {
-        let total = svc.cum_weights.last().copied().unwrap_or(0);
-        if svc.eligible.is_empty() || total == 0 {
-            return None;
-        }
-        let x = u32::try_from(self.next_random() % u64::from(total)).unwrap_or(0);
-        // Every eligible backend weighs at least 1, so a total equal to their number means all
-        // weigh 1 (Kubernetes endpoints carry no weight): `cum_weights` is then 1..=n and the
-        // backend is the `x`-th, without the search.
-        let i = if total as usize == svc.eligible.len() {
-            x as usize
-        } else {
-            svc.cum_weights.partition_point(|&c| c <= x)
-        };
-        svc.eligible.get(i).copied()
+        draw_random(&mut self.rng, svc)
     }
 
+    /// The generator's state, for [`RandomPeek`]: what the next draws will be, without drawing.
+    #[inline]
+    pub fn peek(&self) -> RandomPeek {
+        RandomPeek(self.rng)
+    }
+}
+
+/// A copy of a worker's generator ([`SchedState::peek`]): [`RandomPeek::draw_random`] gives
+/// the backends that [`SchedState::draw_random`] will give, in order, as long as nothing else
+/// draws meanwhile. The batch's miss stage uses it to prefetch the reply buckets of the new
+/// flows that stage 5 will draw for (a wrong guess only wastes the prefetch).
+#[derive(Copy, Clone, Debug)]
+pub struct RandomPeek(u64);
+
+impl RandomPeek {
+    /// The next draw for service `svc` (see [`SchedState::draw_random`]).
+    #[inline(always)]
+    pub fn draw_random(&mut self, svc: &Service) -> Option<BackendRef> {
+        draw_random(&mut self.0, svc)
+    }
+}
+
+/// xorshift64* (Vigna 2016) on state `x`: fast, not cryptographic; only spreads load.
+#[inline(always)]
+fn next_random(x: &mut u64) -> u64 {
+    let mut v = *x;
+    v ^= v >> 12;
+    v ^= v << 25;
+    v ^= v >> 27;
+    *x = v;
+    v.wrapping_mul(0x2545_F491_4F6C_DD1D)
+}
+
+/// [`SchedState::draw_random`] on generator state `rng`.
+#[inline(always)]
+fn draw_random(rng: &mut u64, svc: &Service) -> Option<BackendRef> {
+    let total = svc.cum_weights.last().copied().unwrap_or(0);
+    if svc.eligible.is_empty() || total == 0 {
+        return None;
+    }
+    let x = u32::try_from(next_random(rng) % u64::from(total)).unwrap_or(0);
+    // Every eligible backend weighs at least 1, so a total equal to their number means all
+    // weigh 1 (Kubernetes endpoints carry no weight): `cum_weights` is then 1..=n and the
+    // backend is the `x`-th, without the search.
+    let i =
+        if total as usize == svc.eligible.len() { x as usize } else { svc.cum_weights.partition_point(|&c| c <= x) };
+    svc.eligible.get(i).copied()
+}
+
+impl SchedState {
     /// Picks a backend of service `si` for a new flow; `None` if it has no eligible backend.
     /// No allocation.
     #[inline]
@@ -377,11 +403,23 @@ mod tests {
             let mut st = SchedState::new(u64::from(n) * 7919);
             let mut model = SchedState::new(u64::from(n) * 7919);
             for _ in 0..200 {
-                let x = u32::try_from(model.next_random() % u64::from(n)).unwrap();
+                let x = u32::try_from(next_random(&mut model.rng) % u64::from(n)).unwrap();
                 let want = svc.eligible.get(svc.cum_weights.partition_point(|&c| c <= x)).copied();
                 assert_eq!(st.draw_random(svc), want, "{n} backends");
             }
         }
+    }
+
+    #[test]
+    fn a_peek_draws_what_the_generator_will_draw() {
+        let t = tables(Scheduler::Random, &[1, 2, 3]);
+        let svc = &t.services[0];
+        let mut st = SchedState::new(99);
+        st.draw_random(svc);
+        let mut peek = st.peek();
+        let ahead: Vec<_> = (0..32).map(|_| peek.draw_random(svc)).collect();
+        let drawn: Vec<_> = (0..32).map(|_| st.draw_random(svc)).collect();
+        assert_eq!(ahead, drawn);
     }
 
     #[test]

@@ -158,6 +158,25 @@ pub(super) fn stage_misses<'t, A: Fam>(st: &mut FamState<A>, c: &Common, t: &'t 
             }
         }
     }
+    // New flows to random services: stage 5 draws their backends in arrival order; a copy of
+    // the generator draws the same ones now (unless a new flow of the batch is dropped or found
+    // before its draw: then the guesses after it are wrong and only waste their prefetch), so
+    // that the insert finds the reply entry's bucket in cache.
+    if m.drawn != 0 {
+        let mut peek = c.sched.peek();
+        for l in lanes.l.get(..lanes.n).unwrap_or(&[]) {
+            let p = usize::from(l.pkt & 63);
+            if m.drawn & (1 << p) == 0 {
+                continue;
+            }
+            let Some(Some(Some(fe))) = m.fe.get(p) else { continue };
+            let Some(b) = peek.draw_random(&fe.svc).and_then(|r| t.backend(r)) else { continue };
+            if let Some(baddr) = A::from_ip(b.addr) {
+                let (src, sport, proto) = (l.key.src, l.key.sport, l.key.proto);
+                ct.prefetch_bucket(ct.hash(&FlowKey { src: baddr, dst: src, sport: b.port, dport: sport, proto }));
+            }
+        }
+    }
     if maglev == 0 {
         return;
     }
