@@ -282,7 +282,7 @@ fn main() -> ExitCode {
         }
         Command::Crd => match xlb::ipam::crd_yaml() {
             Ok(y) => {
-                print!("{y}");
+                print_out(&y);
                 ExitCode::SUCCESS
             }
             Err(e) => {
@@ -293,6 +293,20 @@ fn main() -> ExitCode {
         Command::Services { admin_socket } => ask(&admin_socket, "services"),
         Command::Conntrack { admin_socket } => ask(&admin_socket, "conntrack"),
         Command::Stats { admin_socket } => ask(&admin_socket, "stats"),
+    }
+}
+
+/// Prints `s` to stdout. A reader that stopped reading (`xlb check ... | head`) is not an error:
+/// the rest is dropped and the command goes on to its own exit code, as a shell tool ended by
+/// SIGPIPE would be quiet; `print!` panics there (Rust ignores SIGPIPE). Other write errors are
+/// reported on stderr.
+pub(crate) fn print_out(s: &str) {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_all(s.as_bytes()).and_then(|()| out.flush())
+        && e.kind() != std::io::ErrorKind::BrokenPipe
+    {
+        eprintln!("error: writing to stdout: {e}");
     }
 }
 
@@ -319,7 +333,7 @@ fn report(r: anyhow::Result<()>) -> ExitCode {
 fn ask(path: &std::path::Path, cmd: &str) -> ExitCode {
     match admin::request(path, cmd) {
         Ok(out) => {
-            print!("{out}");
+            print_out(&out);
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -371,8 +385,8 @@ fn check(path: &std::path::Path) -> anyhow::Result<ExitCode> {
     let tables = TableBuilder::new()
         .build(&spec)
         .map_err(|e| anyhow::anyhow!("{}: the tables cannot be built: {e}", path.display()))?;
-    print!("{}", xlb::show::render(&tables));
-    print!("{}", xlb::show::render_maglev(&tables));
+    print_out(&xlb::show::render(&tables));
+    print_out(&xlb::show::render_maglev(&tables));
     if !tables.unresolved.is_empty() {
         let mut list: Vec<std::net::IpAddr> = tables.unresolved.iter().copied().collect();
         list.sort_unstable();

@@ -565,9 +565,9 @@ pub(crate) fn run_flow(config: &Path, src: SocketAddr, dst: SocketAddr, proto: &
     let frame = first_packet(src, dst, proto)?;
     let t = tracer.frame(&frame, Duration::ZERO);
     if json {
-        println!("{}", serde_json::to_string(&t)?);
+        crate::print_out(&format!("{}\n", serde_json::to_string(&t)?));
     } else {
-        println!("{}", t.line());
+        crate::print_out(&format!("{}\n", t.line()));
     }
     let mapped = match dst.ip() {
         IpAddr::V4(a) => a.to_ipv6_mapped().octets(),

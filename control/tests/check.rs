@@ -235,3 +235,20 @@ fn check_assigns_pool_addresses_to_the_address_pools_example() {
     );
     assert!(!stderr.contains("demo/elsewhere"), "another class is left alone: {stderr}");
 }
+
+/// `xlb check ... | head`: a reader that closed its end of the pipe before xlb wrote (here,
+/// before xlb started) must not make xlb panic; it exits with the check's own code.
+#[test]
+fn check_into_a_closed_pipe_exits_with_its_code_without_a_panic() {
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let out = Command::new(env!("CARGO_BIN_EXE_xlb"))
+        .args(["check", "--config", data("example.yaml").to_str().expect("utf-8 path")])
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .expect("xlb runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "stderr:\n{stderr}");
+    assert!(!stderr.contains("panicked") && !stderr.contains("error: writing"), "stderr:\n{stderr}");
+}
