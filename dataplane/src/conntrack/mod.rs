@@ -1322,16 +1322,13 @@ fn insert_in<A: CtFamily>(
 /// over the table's buckets, as (bucket, slot).
 #[inline]
 fn victim_in(bs: &[Bucket], nb: u64, h: u64, now7: u8) -> Option<(usize, usize)> {
-    let next = |b: usize| if b + 1 >= nb as usize { 0 } else { b + 1 };
     let mut b = home_of(h, nb);
     for _ in 0..EVICT_REACH / EVICT_BUCKETS {
-        let b2 = next(b);
-        if let (Some(x), Some(y)) = (bs.get(b), bs.get(b2))
-            && let Some(i) = oldest_evictable(x, y, now7)
-        {
-            return Some(if i < SLOTS { (b, i) } else { (b2, i - SLOTS) });
+        let b2 = next_bucket(b, nb);
+        if let Some(v) = victim_of_pair(bs, b, b2, now7) {
+            return Some(v);
         }
-        b = next(b2);
+        b = next_bucket(b2, nb);
     }
     None
 }
@@ -1345,12 +1342,7 @@ fn victim_in(bs: &[Bucket], nb: u64, h: u64, now7: u8) -> Option<(usize, usize)>
 fn victim_for_insert(bs: &[Bucket], nb: u64, h: u64, now7: u8) -> Option<(usize, usize)> {
     let b = home_of(h, nb);
     let b2 = next_bucket(b, nb);
-    if let (Some(x), Some(y)) = (bs.get(b), bs.get(b2))
-        && let Some(i) = oldest_evictable(x, y, now7)
-    {
-        return Some(if i < SLOTS { (b, i) } else { (b2, i - SLOTS) });
-    }
-    victim_further(bs, nb, next_bucket(b2, nb), now7)
+    victim_of_pair(bs, b, b2, now7).or_else(|| victim_further(bs, nb, next_bucket(b2, nb), now7))
 }
 
 /// [`victim_in`] over the pairs of buckets after the first, from bucket `b`.
@@ -1359,14 +1351,19 @@ fn victim_for_insert(bs: &[Bucket], nb: u64, h: u64, now7: u8) -> Option<(usize,
 fn victim_further(bs: &[Bucket], nb: u64, mut b: usize, now7: u8) -> Option<(usize, usize)> {
     for _ in 1..EVICT_REACH / EVICT_BUCKETS {
         let b2 = next_bucket(b, nb);
-        if let (Some(x), Some(y)) = (bs.get(b), bs.get(b2))
-            && let Some(i) = oldest_evictable(x, y, now7)
-        {
-            return Some(if i < SLOTS { (b, i) } else { (b2, i - SLOTS) });
+        if let Some(v) = victim_of_pair(bs, b, b2, now7) {
+            return Some(v);
         }
         b = next_bucket(b2, nb);
     }
     None
+}
+
+/// The oldest evictable entry of buckets `b` and `b2` ([`oldest_evictable`]), as (bucket, slot).
+#[inline(always)]
+fn victim_of_pair(bs: &[Bucket], b: usize, b2: usize, now7: u8) -> Option<(usize, usize)> {
+    let i = oldest_evictable(bs.get(b)?, bs.get(b2)?, now7)?;
+    Some(if i < SLOTS { (b, i) } else { (b2, i - SLOTS) })
 }
 
 /// The bucket after `b` of a table of `nb` buckets (the last wraps to the first).

@@ -35,15 +35,25 @@ pub(super) struct Misses<'t> {
     /// Packets whose new flow, to a random service, may be of that kind: [`new_flow_drawn`]
     /// draws the backend in stage 5, in arrival order, as the general route draws it.
     drawn: u64,
-    /// The hash of packet `i`'s reply tuple, when it is in `direct`.
+    /// The hash of packet `i`'s reply tuple, when it is in `direct`, or in `drawn` for the
+    /// backend `guess` holds.
     reply_hash: [u64; BATCH],
+    /// The backend stage 4 expects packet `i` of `drawn` to draw (a copy of the generator).
+    guess: [Option<&'t Backend>; BATCH],
 }
 
 impl<'t> Misses<'t> {
     /// Nothing found yet.
     #[inline]
     pub(super) fn new() -> Self {
-        Self { fe: [None; BATCH], pick: [None; BATCH], direct: 0, drawn: 0, reply_hash: [0; BATCH] }
+        Self {
+            fe: [None; BATCH],
+            pick: [None; BATCH],
+            direct: 0,
+            drawn: 0,
+            reply_hash: [0; BATCH],
+            guess: [None; BATCH],
+        }
     }
 
     /// What stage 4 found for packet `i`.
@@ -173,7 +183,11 @@ pub(super) fn stage_misses<'t, A: Fam>(st: &mut FamState<A>, c: &Common, t: &'t 
             let Some(b) = peek.draw_random(&fe.svc).and_then(|r| t.backend(r)) else { continue };
             if let Some(baddr) = A::from_ip(b.addr) {
                 let (src, sport, proto) = (l.key.src, l.key.sport, l.key.proto);
-                ct.prefetch_bucket(ct.hash(&FlowKey { src: baddr, dst: src, sport: b.port, dport: sport, proto }));
+                let rh = ct.hash(&FlowKey { src: baddr, dst: src, sport: b.port, dport: sport, proto });
+                ct.prefetch_bucket(rh);
+                if let (Some(g), Some(x)) = (m.guess.get_mut(p), m.reply_hash.get_mut(p)) {
+                    (*g, *x) = (Some(b), rh);
+                }
             }
         }
     }
@@ -864,9 +878,7 @@ fn new_flow_direct<A: Fam>(
         return None;
     };
     let l = *st.lanes.as_slice().get(lane)?;
-    // Missed in stage 3, and still absent: no entry with the key's hash bits was placed since,
-    // or one was and the key is not it (the general route would find the same: a miss).
-    if !l.miss || (st.ct.may_have_placed(l.hash) && is_tracked(st, &l.key, l.hash)) {
+    if !still_new(st, &l) {
         return None;
     }
     let (Some(hop), Some(baddr)) = (b.hop, A::from_ip(b.addr)) else { return None };
@@ -912,8 +924,7 @@ fn new_flow_drawn<'t, A: Fam>(
         return Drawn::General;
     };
     let l = *l;
-    // As in `new_flow_direct`.
-    if !l.miss || (st.ct.may_have_placed(l.hash) && is_tracked(st, &l.key, l.hash)) {
+    if !still_new(st, &l) {
         return Drawn::General;
     }
     if !c.admit_new_flow() {
@@ -926,8 +937,13 @@ fn new_flow_drawn<'t, A: Fam>(
     };
     match (b.hop, A::from_ip(b.addr)) {
         (Some(hop), Some(baddr)) if !b.no_route && b.paths.is_empty() && baddr != key.src => {
-            let rk = FlowKey { src: baddr, dst: key.src, sport: b.port, dport: key.sport, proto: key.proto };
-            let reply_hash = st.ct.hash(&rk);
+            // Stage 4 hashed the reply tuple for the backend it expected the draw to give.
+            let reply_hash = match (m.guess.get(i), m.reply_hash.get(i)) {
+                (Some(Some(g)), Some(&rh)) if g.this == b.this => rh,
+                _ => {
+                    st.ct.hash(&FlowKey { src: baddr, dst: key.src, sport: b.port, dport: key.sport, proto: key.proto })
+                }
+            };
             Drawn::Done(insert_direct(st, c, pkt, &l, svc, b, hop, baddr, reply_hash, in_port))
         }
         _ => Drawn::Picked(Some(b)),
@@ -968,6 +984,14 @@ fn insert_direct<A: Fam>(
     c.count_packet(svc.id, b.this);
     let tcp = key.proto == proto::TCP;
     super::fast::nat_forward_lane::<A>(c, &r, pkt, l.l3, tcp).unwrap_or(Verdict::Drop(DropReason::TtlExceeded))
+}
+
+/// Whether lane `l`'s flow is new for the direct routes: it missed in stage 3 and is still
+/// absent (no entry with the key's hash bits was placed since, or one was and the key is not
+/// it), as the general route would find: a miss.
+#[inline(always)]
+fn still_new<A: Fam>(st: &FamState<A>, l: &Lane<A>) -> bool {
+    l.miss && !(st.ct.may_have_placed(l.hash) && is_tracked(st, &l.key, l.hash))
 }
 
 /// Whether the flow table has an entry for `key` (hash `h`): the direct route asks when the
