@@ -804,19 +804,21 @@ impl<A: CtFamily> Conntrack<A> {
         now_s: u32,
         on_remove: impl FnMut(Removed),
     ) -> Result<RecId, Full> {
-        self.insert_hashed(rec, fwd_hash, None, now_s, on_remove)
+        self.insert_hashed(&rec, fwd_hash, None, now_s, on_remove)
     }
 
     /// [`Conntrack::insert`] with the hash of `rec.reply_key()` already known (`reply_hash`;
     /// `None`: computed here): the batch's miss stage hashes a new flow's reply tuple to
     /// prefetch its bucket, and the insert then need not hash it again. A `reply_hash` that is
-    /// not that key's hash files the reply entry where no lookup finds it.
+    /// not that key's hash files the reply entry where no lookup finds it. `rec` is borrowed and
+    /// copied once, into its slot (by value, it was copied into the argument as well, because
+    /// the direct route rewrites the packet from the same record afterwards).
     ///
     /// # Errors
     /// As [`Conntrack::insert`].
     pub fn insert_hashed(
         &mut self,
-        rec: Rec<A>,
+        rec: &Rec<A>,
         fwd_hash: u64,
         reply_hash: Option<u64>,
         now_s: u32,
@@ -840,7 +842,7 @@ impl<A: CtFamily> Conntrack<A> {
     #[inline(never)]
     fn insert_evicting(
         &mut self,
-        rec: Rec<A>,
+        rec: &Rec<A>,
         fwd_hash: u64,
         reply_hash: Option<u64>,
         now_s: u32,
@@ -946,7 +948,7 @@ impl<A: CtFamily> Conntrack<A> {
     #[cold]
     fn insert_after_reclaim(
         &mut self,
-        rec: Rec<A>,
+        rec: &Rec<A>,
         fwd_hash: u64,
         reply_hash: Option<u64>,
         now_s: u32,
@@ -1272,15 +1274,15 @@ fn insert_in<A: CtFamily>(
     placed: &mut [u64; PLACED_WORDS],
     nb: u64,
     seeds: &[u64; 5],
-    mut rec: Rec<A>,
+    rec: &Rec<A>,
     fwd_hash: u64,
     reply_hash: Option<u64>,
     now_s: u32,
 ) -> Result<RecId, Full> {
     let id = fl.alloc().ok_or(Full)?;
     let meta = age(now_s) | if rec.ct_state().is_evictable() { EVICTABLE } else { 0 };
-    rec.flags &= !(flow_flags::NO_REPLY | flow_flags::DEFERRED);
-    if rec.flags & flow_flags::DSR == 0 {
+    let mut flags = rec.flags & !(flow_flags::NO_REPLY | flow_flags::DEFERRED);
+    if flags & flow_flags::DSR == 0 {
         let rk = rec.reply_key();
         let rh = reply_hash.unwrap_or_else(|| A::hash_key(&rk, seeds));
         match find_in(bs, rs, home_of(rh, nb), nb as usize, &rk, rh) {
@@ -1294,7 +1296,7 @@ fn insert_in<A: CtFamily>(
                 }
             }
             // The tuple is another flow's forward key: that entry wins.
-            Some(_) => rec.flags |= flow_flags::NO_REPLY,
+            Some(_) => flags |= flow_flags::NO_REPLY,
             None => {
                 if !place(bs, nb, rh, id << 1 | 1, meta) {
                     fl.free(rs, id);
@@ -1306,14 +1308,15 @@ fn insert_in<A: CtFamily>(
     }
     note_placed(placed, fwd_hash);
     if !place(bs, nb, fwd_hash, id << 1, meta) {
-        if rec.has_reply() {
+        if flags & (flow_flags::DSR | flow_flags::NO_REPLY) == 0 {
             unplace(bs, nb, reply_hash.unwrap_or_else(|| A::hash_key(&rec.reply_key(), seeds)), id << 1 | 1);
         }
         fl.free(rs, id);
         return Err(Full);
     }
     if let Some(slot) = rs.get_mut(id as usize) {
-        *slot = rec;
+        *slot = *rec;
+        slot.flags = flags;
     }
     Ok(id)
 }

@@ -972,7 +972,7 @@ fn insert_direct<A: Fam>(
     let mut r = new_record::<A>(c, &key, state, svc.id, b, baddr, in_port, wire::emit::src_mac(pkt.frame()));
     (r.ip_delta_fwd, r.ip_delta_rev, r.l4_delta) = dnat_deltas(key.dst, baddr, key.dport, b.port);
     (r.out_port, r.hop_mac, r.generation) = (hop.port, hop.dst_mac, c.generation);
-    if st.ct.insert_hashed(r, l.hash, Some(reply_hash), now, |x| c.on_removed(x)).is_err() {
+    if st.ct.insert_hashed(&r, l.hash, Some(reply_hash), now, |x| c.on_removed(x)).is_err() {
         return Verdict::Drop(DropReason::ConntrackFull);
     }
     c.direct_flows += 1;
