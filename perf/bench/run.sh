@@ -27,6 +27,8 @@
 #   BENCH_BUILD=0 (use built binaries as they are), BENCH_PERF=1 (each trial also records a
 #   cpu-clock profile of the forwarder's CPU with `perf record -g` after the warm-up, into
 #   $LOGS/PROFILE-PLACEMENT-PATH-REPEAT.perf.data; this VM has no PMU, cpu-clock needs none),
+#   BENCH_PERF_CPU=fwd|gen|both (the CPUs BENCH_PERF records, default fwd; gen is the
+#   generator's, where in the split placement the lb's l0 NAPI and its XDP program run),
 #   BENCH_BIN_DIR (default $CARGO_TARGET_DIR/release or target/release), BENCH_PREFIX
 #   (namespace prefix, default xlbbench), BENCH_OUT (perf/results), BENCH_COMMAND (the command
 #   line recorded in the report).
@@ -70,6 +72,7 @@ CPS=${BENCH_CPS:-1}
 CPS_PATHS=${BENCH_CPS_PATHS:-"b c d"}
 SEARCH=${BENCH_SEARCH:-1}
 PERF=${BENCH_PERF:-0}
+PERF_CPU=${BENCH_PERF_CPU:-fwd}
 BUILD=${BENCH_BUILD:-1}
 P=${BENCH_PREFIX:-xlbbench}
 OUT=${BENCH_OUT:-$ROOT/perf/results}
@@ -373,7 +376,9 @@ trial() {
   fi
   local perf_pid=
   if [ "$PERF" = 1 ]; then
-    (sleep "$WARMUP"; exec perf record -q -e cpu-clock -F 2999 -g -C "$FWD_CPU" -o "$lp.perf.data" \
+    local cpus=$FWD_CPU
+    case $PERF_CPU in gen) cpus=$GEN_CPU ;; both) cpus="$GEN_CPU,$FWD_CPU" ;; esac
+    (sleep "$WARMUP"; exec perf record -q -e cpu-clock -F 2999 -g -C "$cpus" -o "$lp.perf.data" \
       -- sleep "$SECS") >"$lp.perf.err" 2>&1 &
     perf_pid=$!
   fi
