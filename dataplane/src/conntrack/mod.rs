@@ -811,8 +811,8 @@ impl<A: CtFamily> Conntrack<A> {
     /// `None`: computed here): the batch's miss stage hashes a new flow's reply tuple to
     /// prefetch its bucket, and the insert then need not hash it again. A `reply_hash` that is
     /// not that key's hash files the reply entry where no lookup finds it. `rec` is borrowed and
-    /// copied once, into its slot (by value, it was copied into the argument as well, because
-    /// the direct route rewrites the packet from the same record afterwards).
+    /// copied once, into its slot: the direct route rewrites the packet from the same record
+    /// afterwards, so a record passed by value would be copied twice.
     ///
     /// # Errors
     /// As [`Conntrack::insert`].
