@@ -18,7 +18,7 @@
 #
 # Environment:
 #   BENCH_REPEATS (5)  BENCH_SECONDS (5)  BENCH_WARMUP (1)  BENCH_QUICK=1 (1 repeat, 2 s,
-#   profiles udp64_1k syn64, 3 s conn/s)  BENCH_PROFILES, BENCH_PATHS ("a b c d"),
+#   profiles udp64_1k syn64, 3 s conn/s)  BENCH_PROFILES, BENCH_PATHS ("a b c d e"),
 #   BENCH_TRAFGEN=0|1 (1), BENCH_TRAFGEN_PATHS ("a b c"), BENCH_CPS=0|1 (1),
 #   BENCH_CPS_PATHS ("b c d"), BENCH_CPS_SECONDS (10), BENCH_SEARCH=0|1 (1: no-drop search once
 #   per path, placement and search profile, then one trial at the no-drop rate for its p50/p99
