@@ -1325,15 +1325,7 @@ fn insert_in<A: CtFamily>(
 /// over the table's buckets, as (bucket, slot).
 #[inline]
 fn victim_in(bs: &[Bucket], nb: u64, h: u64, now7: u8) -> Option<(usize, usize)> {
-    let mut b = home_of(h, nb);
-    for _ in 0..EVICT_REACH / EVICT_BUCKETS {
-        let b2 = next_bucket(b, nb);
-        if let Some(v) = victim_of_pair(bs, b, b2, now7) {
-            return Some(v);
-        }
-        b = next_bucket(b2, nb);
-    }
-    None
+    victim_of_pairs(bs, nb, home_of(h, nb), EVICT_REACH / EVICT_BUCKETS, now7)
 }
 
 /// [`victim_in`] for an insert's eviction ([`evict_in`]): the first pair of buckets inline, the
@@ -1351,8 +1343,14 @@ fn victim_for_insert(bs: &[Bucket], nb: u64, h: u64, now7: u8) -> Option<(usize,
 /// [`victim_in`] over the pairs of buckets after the first, from bucket `b`.
 #[cold]
 #[inline(never)]
-fn victim_further(bs: &[Bucket], nb: u64, mut b: usize, now7: u8) -> Option<(usize, usize)> {
-    for _ in 1..EVICT_REACH / EVICT_BUCKETS {
+fn victim_further(bs: &[Bucket], nb: u64, b: usize, now7: u8) -> Option<(usize, usize)> {
+    victim_of_pairs(bs, nb, b, EVICT_REACH / EVICT_BUCKETS - 1, now7)
+}
+
+/// The first victim ([`victim_of_pair`]) among `pairs` pairs of buckets from bucket `b` on.
+#[inline(always)]
+fn victim_of_pairs(bs: &[Bucket], nb: u64, mut b: usize, pairs: usize, now7: u8) -> Option<(usize, usize)> {
+    for _ in 0..pairs {
         let b2 = next_bucket(b, nb);
         if let Some(v) = victim_of_pair(bs, b, b2, now7) {
             return Some(v);
