@@ -50,6 +50,14 @@ bench-pipeline:
 	@python3 perf/callgrind/summary.py $(BENCH_TARGET)/criterion $(BENCH_OUT)/criterion.log $(BENCH_OUT)/callgrind.txt
 	@grep -E '^syn_flood_' $(BENCH_OUT)/jitter.txt
 
+## The steering XDP program's cost per frame (ns, BPF_PROG_TEST_RUN through `bpftool prog
+## run`) for a service's packet, SNAT and DNAT replies, the node's own traffic and a non-IP
+## frame; STEER_BASE=REV measures revision REV's program in the same run. Needs root; seconds.
+.PHONY: bench-steer
+bench-steer:
+	bash scripts/install-deps.sh bench
+	bash perf/steer/run.sh
+
 ## Side-by-side packet and connection rates (issue 5): the AF_XDP ceiling (xlb-macfwd), xlb,
 ## kube-proxy's nftables and iptables rulesets for the same Services, driven by xlb-pktgen
 ## (and trafgen as a cross-check) on the two-armed namespace testbed; then the control-plane

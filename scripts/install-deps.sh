@@ -38,7 +38,8 @@ esac
 # make bench path e: a second AF_XDP ceiling not written by us, DPDK's testpmd on the AF_XDP
 # PMD (Debian 12: dpdk-testpmd is in dpdk-dev, the PMD in librte-net-af-xdp23)
 [ "$what" = bench ] && pkgs+=(dpdk-dev librte-net-af-xdp23)
-# nic-config tests: bpftool shows that no XDP program or map of ours remains after detach
+# nic-config tests: bpftool shows that no XDP program or map of ours remains after detach;
+# make bench-steer (perf/steer/run.sh) runs the steering program with `bpftool prog run`
 [ "$what" != build ] && [ "$what" != image ] && pkgs+=(bpftool)
 # deploy/testbed.sh: sysctl (procps), tc/ss (iproute2), uapi headers for its BPF DSR decap
 [ "$what" != build ] && [ "$what" != image ] && pkgs+=(procps linux-libc-dev)

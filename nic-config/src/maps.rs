@@ -6,10 +6,13 @@
 //! plain byte images ([`aya::Pod`]); to stay free of `unsafe`, the keys travel as byte arrays
 //! produced by the `to_bytes` methods below.
 //!
-//! Addresses are 16 bytes: IPv6 as is, IPv4 as the IPv4-mapped IPv6 address `::ffff:a.b.c.d`
-//! (RFC 4291 §2.5.5.2), so one map serves both families.
+//! The per-packet lookups of IPv4 frames use maps of their own with short keys (`services4`,
+//! `endpoints4`: [`Service4MapKey`], 8 bytes; `snat4`: the 4-byte address), which the kernel
+//! hashes and compares faster than the 20-byte form. Elsewhere addresses are 16 bytes: IPv6 as
+//! is, IPv4 as the IPv4-mapped IPv6 address `::ffff:a.b.c.d` (RFC 4291 §2.5.5.2), so one map
+//! serves both families (`vip_addrs`, `l2_addrs`).
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use crate::NicError;
 
@@ -86,7 +89,85 @@ impl TryFrom<&ServiceKey> for ServiceMapKey {
     }
 }
 
-/// Value of the `snat_addrs` map (`struct snat_range`, 4 bytes): an inclusive port range in
+/// Key of the `services4` and `endpoints4` maps (`struct service4_key`, 8 bytes): the IPv4
+/// form of [`ServiceMapKey`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Service4MapKey {
+    /// IPv4 address, network byte order.
+    pub(crate) addr: [u8; 4],
+    /// Port, network byte order.
+    pub(crate) port_be: [u8; 2],
+    /// L4 protocol number.
+    pub(crate) proto: u8,
+    /// Always 0.
+    pub(crate) pad: u8,
+}
+
+const _: () = assert!(size_of::<Service4MapKey>() == 8, "struct service4_key is 8 bytes");
+const _: () = assert!(align_of::<Service4MapKey>() == 1, "no padding possible");
+
+impl Service4MapKey {
+    pub(crate) const LEN: usize = 8;
+
+    pub(crate) fn to_bytes(self) -> [u8; Self::LEN] {
+        let [a, b, c, d] = self.addr;
+        let [p, q] = self.port_be;
+        [a, b, c, d, p, q, self.proto, self.pad]
+    }
+
+    pub(crate) fn from_bytes(b: &[u8; Self::LEN]) -> Self {
+        let [a, b, c, d, p, q, proto, pad] = *b;
+        Self { addr: [a, b, c, d], port_be: [p, q], proto, pad }
+    }
+
+    pub(crate) fn to_service_key(self) -> ServiceKey {
+        ServiceKey {
+            addr: IpAddr::V4(Ipv4Addr::from(self.addr)),
+            proto: self.proto,
+            port: u16::from_be_bytes(self.port_be),
+        }
+    }
+}
+
+/// A [`ServiceKey`] in the byte form of the map of its family: `services4`/`endpoints4` for
+/// IPv4 (an IPv4-mapped IPv6 address counts as IPv4, as the program sees such frames), else
+/// `services`/`endpoints`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FamilyKey {
+    /// [`Service4MapKey::to_bytes`].
+    V4([u8; Service4MapKey::LEN]),
+    /// [`ServiceMapKey::to_bytes`].
+    V6([u8; ServiceMapKey::LEN]),
+}
+
+impl TryFrom<&ServiceKey> for FamilyKey {
+    type Error = NicError;
+
+    /// # Errors
+    /// [`NicError::InvalidArgument`] naming `ServiceKey.proto` for a protocol other than TCP,
+    /// UDP or SCTP.
+    fn try_from(k: &ServiceKey) -> Result<Self, NicError> {
+        let full = ServiceMapKey::try_from(k)?;
+        Ok(match ipv4_of(k.addr) {
+            Some(a) => Self::V4(
+                Service4MapKey { addr: a.octets(), port_be: full.port_be, proto: full.proto, pad: 0 }.to_bytes(),
+            ),
+            None => Self::V6(full.to_bytes()),
+        })
+    }
+}
+
+/// The IPv4 address of `addr` if it is one: IPv4, or IPv6 in the IPv4-mapped form.
+#[must_use]
+pub(crate) fn ipv4_of(addr: IpAddr) -> Option<Ipv4Addr> {
+    match addr {
+        IpAddr::V4(a) => Some(a),
+        IpAddr::V6(a) => a.to_ipv4_mapped(),
+    }
+}
+
+/// Value of the `snat4` and `snat_addrs` maps (`struct snat_range`, 4 bytes): an inclusive port range in
 /// host byte order. aya stores it as the identical `[u16; 2]`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -164,6 +245,20 @@ mod tests {
         assert_eq!(b[18], 17);
         assert_eq!(b[19], 0);
         assert_eq!(ServiceMapKey::from_bytes(&b).to_service_key(), k, "round trip");
+    }
+
+    #[test]
+    fn ipv4_service_keys_take_the_8_byte_c_layout_and_mapped_ones_count_as_ipv4() {
+        let k = ServiceKey { addr: "10.1.2.3".parse().unwrap(), proto: IPPROTO_TCP, port: 0x1234 };
+        let FamilyKey::V4(b) = FamilyKey::try_from(&k).unwrap() else { panic!("IPv4 key in the IPv6 map") };
+        assert_eq!(b, [10, 1, 2, 3, 0x12, 0x34, 6, 0], "address and port in network order, then proto, pad");
+        assert_eq!(Service4MapKey::from_bytes(&b).to_service_key(), k, "round trip");
+        let mapped = ServiceKey { addr: "::ffff:10.1.2.3".parse().unwrap(), ..k };
+        assert_eq!(FamilyKey::try_from(&mapped).unwrap(), FamilyKey::V4(b));
+        let v6 = ServiceKey { addr: "fd00::1".parse().unwrap(), ..k };
+        assert!(matches!(FamilyKey::try_from(&v6).unwrap(), FamilyKey::V6(_)));
+        let bad = ServiceKey { proto: 1, ..k };
+        assert!(FamilyKey::try_from(&bad).unwrap_err().to_string().contains("ServiceKey.proto"));
     }
 
     #[test]

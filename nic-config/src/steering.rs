@@ -15,7 +15,7 @@ use tracing::{info, warn};
 
 use crate::{
     NicError, ServiceKey,
-    maps::{ServiceMapKey, SnatRange, addr_bytes, addr_from_bytes, stat},
+    maps::{FamilyKey, Service4MapKey, ServiceMapKey, SnatRange, addr_bytes, addr_from_bytes, ipv4_of, stat},
 };
 
 /// The compiled `xdp/steer.c` (see `build.rs`), 8-byte aligned as aya requires.
@@ -25,9 +25,12 @@ static STEER_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "
 pub const PROGRAM_NAME: &str = "xlb_steer";
 
 const MAP_XSKS: &str = "xsks";
+const MAP_SERVICES4: &str = "services4";
 const MAP_SERVICES: &str = "services";
 const MAP_VIP_ADDRS: &str = "vip_addrs";
+const MAP_SNAT4: &str = "snat4";
 const MAP_SNAT_ADDRS: &str = "snat_addrs";
+const MAP_ENDPOINTS4: &str = "endpoints4";
 const MAP_ENDPOINTS: &str = "endpoints";
 const MAP_STATS: &str = "stats";
 pub(crate) const MAP_L2_ADDRS: &str = "l2_addrs";
@@ -35,14 +38,14 @@ pub(crate) const MAP_L2_SELF: &str = "l2_self";
 
 /// Capacity of the `xsks` map: the highest receive queue index a socket can serve, plus one.
 pub const MAX_QUEUES: u32 = 256;
-/// Capacity of the `services` map (entries).
+/// Capacity of the `services4` and `services` maps (entries of each family).
 pub const MAX_SERVICES: usize = 65_536;
-/// Largest number of NAT backends (address, protocol, port) in the `endpoints` map
-/// (`max_entries` in xdp/steer.c).
+/// Largest number of NAT backends (address, protocol, port) of each family in the
+/// `endpoints4` and `endpoints` maps (`max_entries` in xdp/steer.c).
 pub const MAX_ENDPOINTS: usize = 262_144;
 /// Capacity of the `vip_addrs` map (entries).
 pub const MAX_VIP_ADDRS: usize = 16_384;
-/// Capacity of the `snat_addrs` map (entries).
+/// Capacity of the `snat4` and `snat_addrs` maps (addresses of each family).
 pub const MAX_SNAT_ADDRS: usize = 1_024;
 /// Capacity of the `l2_addrs` map (entries): the addresses one node answers ARP/NDP for.
 pub const MAX_L2_ADDRS: usize = 16_384;
@@ -129,9 +132,12 @@ pub struct Steering {
     // Field order matters for Drop: the typed maps close before the object that holds the
     // program and its link.
     xsks: XskMap<MapData>,
+    services4: HashMap<MapData, [u8; Service4MapKey::LEN], u32>,
     services: HashMap<MapData, [u8; ServiceMapKey::LEN], u32>,
     vip_addrs: HashMap<MapData, [u8; 16], u32>,
+    snat4: HashMap<MapData, [u8; 4], [u16; 2]>,
     snat_addrs: HashMap<MapData, [u8; 16], [u16; 2]>,
+    endpoints4: HashMap<MapData, [u8; Service4MapKey::LEN], u32>,
     endpoints: HashMap<MapData, [u8; ServiceMapKey::LEN], u32>,
     stats: PerCpuArray<MapData, u64>,
     /// Written only through [`crate::L2Responder`] (opened again by id); kept for reading back.
@@ -155,9 +161,12 @@ pub struct Steering {
 /// so the next sync compares with the kernel's map itself.
 #[derive(Default)]
 struct Shadows {
+    services4: Option<FastMap<[u8; Service4MapKey::LEN], u32>>,
     services: Option<FastMap<[u8; ServiceMapKey::LEN], u32>>,
     vip_addrs: Option<FastMap<[u8; 16], u32>>,
+    snat4: Option<FastMap<[u8; 4], [u16; 2]>>,
     snat_addrs: Option<FastMap<[u8; 16], [u16; 2]>>,
+    endpoints4: Option<FastMap<[u8; Service4MapKey::LEN], u32>>,
     endpoints: Option<FastMap<[u8; ServiceMapKey::LEN], u32>>,
 }
 
@@ -165,14 +174,19 @@ struct Shadows {
 /// 262,144 of them per sync.
 type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
-/// The wanted `services` / `endpoints` entries (value 0), validated.
-fn key_map(keys: &[ServiceKey]) -> Result<FastMap<[u8; ServiceMapKey::LEN], u32>, NicError> {
-    let mut want = FastMap::default();
-    want.reserve(keys.len());
+/// The wanted entries (value 0) of `services4` and `services` (or `endpoints4` and
+/// `endpoints`), validated: the IPv4 keys, then the IPv6 ones.
+type KeyMaps = (FastMap<[u8; Service4MapKey::LEN], u32>, FastMap<[u8; ServiceMapKey::LEN], u32>);
+
+fn key_maps(keys: &[ServiceKey]) -> Result<KeyMaps, NicError> {
+    let (mut v4, mut v6) = (FastMap::default(), FastMap::default());
     for k in keys {
-        want.insert(ServiceMapKey::try_from(k)?.to_bytes(), 0);
+        match FamilyKey::try_from(k)? {
+            FamilyKey::V4(b) => v4.insert(b, 0),
+            FamilyKey::V6(b) => v6.insert(b, 0),
+        };
     }
-    Ok(want)
+    Ok((v4, v6))
 }
 
 impl fmt::Debug for Steering {
@@ -241,11 +255,14 @@ impl Steering {
         program.load().map_err(|e| prog_err(mode, e))?;
         let prog_id = program.info().map_err(|e| prog_err(mode, e))?.id();
         let ifindex = crate::iface::ifindex(ifname)?;
-        let mut map_ids = Vec::with_capacity(8);
+        let mut map_ids = Vec::with_capacity(11);
         let xsks = open_map(&mut ebpf, ifname, MAP_XSKS, &mut map_ids)?;
+        let services4 = open_map(&mut ebpf, ifname, MAP_SERVICES4, &mut map_ids)?;
         let services = open_map(&mut ebpf, ifname, MAP_SERVICES, &mut map_ids)?;
         let vip_addrs = open_map(&mut ebpf, ifname, MAP_VIP_ADDRS, &mut map_ids)?;
+        let snat4 = open_map(&mut ebpf, ifname, MAP_SNAT4, &mut map_ids)?;
         let snat_addrs = open_map(&mut ebpf, ifname, MAP_SNAT_ADDRS, &mut map_ids)?;
+        let endpoints4 = open_map(&mut ebpf, ifname, MAP_ENDPOINTS4, &mut map_ids)?;
         let endpoints = open_map(&mut ebpf, ifname, MAP_ENDPOINTS, &mut map_ids)?;
         let stats = open_map(&mut ebpf, ifname, MAP_STATS, &mut map_ids)?;
         let l2_addrs = open_map(&mut ebpf, ifname, MAP_L2_ADDRS, &mut map_ids)?;
@@ -253,9 +270,12 @@ impl Steering {
         let _: aya::maps::Array<MapData, [u8; 8]> = open_map(&mut ebpf, ifname, MAP_L2_SELF, &mut map_ids)?;
         Ok(Self {
             xsks,
+            services4,
             services,
             vip_addrs,
+            snat4,
             snat_addrs,
+            endpoints4,
             endpoints,
             stats,
             l2_addrs,
@@ -401,8 +421,9 @@ impl Steering {
         self.prog_id
     }
 
-    /// Kernel ids of the program's maps (`bpftool map show id N`), in the order
-    /// `xsks`, `services`, `vip_addrs`, `snat_addrs`, `endpoints`, `stats`, `l2_addrs`.
+    /// Kernel ids of the program's maps (`bpftool map show id N`), in the order `xsks`,
+    /// `services4`, `services`, `vip_addrs`, `snat4`, `snat_addrs`, `endpoints4`, `endpoints`,
+    /// `stats`, `l2_addrs`, `l2_self`.
     #[must_use]
     pub fn map_ids(&self) -> &[u32] {
         &self.map_ids
@@ -446,9 +467,9 @@ impl Steering {
         self.shadow = Shadows::default();
     }
 
-    /// Makes the `services` map equal to `keys`: inserts the new ones, then deletes the stale
-    /// ones (in that order, so a key present before and after never disappears). Duplicates in
-    /// `keys` are fine. Call it on every table publish. Only the entries that differ from the
+    /// Makes the `services4` (IPv4 keys) and `services` (IPv6 keys) maps equal to `keys`:
+    /// inserts the new ones, then deletes the stale ones (in that order, so a key present
+    /// before and after never disappears). Duplicates in `keys` are fine. Call it on every table publish. Only the entries that differ from the
     /// previous sync are written, unless the previous contents are not known (first sync, an
     /// error, or [`Steering::verify_next_sync`]). Frames to a listed (address, protocol,
     /// port) go to xlb, and so do ICMP errors quoting a packet sent from one (e.g. a NodePort
@@ -456,23 +477,28 @@ impl Steering {
     ///
     /// # Errors
     /// [`NicError::InvalidArgument`] for a protocol other than TCP/UDP/SCTP or more than
-    /// [`MAX_SERVICES`] keys (the map is then unchanged); [`NicError::Map`] if the kernel refuses.
+    /// [`MAX_SERVICES`] keys of one family (the maps are then unchanged); [`NicError::Map`] if
+    /// the kernel refuses.
     pub fn sync_services(&mut self, keys: &[ServiceKey]) -> Result<(), NicError> {
-        let want = key_map(keys)?;
-        check_len("services", want.len(), MAX_SERVICES)?;
-        sync_map(&self.ifname, MAP_SERVICES, &mut self.services, &mut self.shadow.services, want)
+        let (want4, want6) = key_maps(keys)?;
+        check_len(MAP_SERVICES4, want4.len(), MAX_SERVICES)?;
+        check_len(MAP_SERVICES, want6.len(), MAX_SERVICES)?;
+        sync_map(&self.ifname, MAP_SERVICES4, &mut self.services4, &mut self.shadow.services4, want4)?;
+        sync_map(&self.ifname, MAP_SERVICES, &mut self.services, &mut self.shadow.services, want6)
     }
 
-    /// Makes the `endpoints` map equal to `keys`: (address, protocol, port) of the backends of
-    /// NAT services. Frames *from* a listed endpoint go to xlb: replies of DNAT flows keep the
-    /// client as destination, so only their source identifies them.
+    /// Makes the `endpoints4` and `endpoints` maps equal to `keys`: (address, protocol, port)
+    /// of the backends of NAT services. Frames *from* a listed endpoint go to xlb: replies of
+    /// DNAT flows keep the client as destination, so only their source identifies them.
     ///
     /// # Errors
-    /// As [`Steering::sync_services`].
+    /// As [`Steering::sync_services`], with [`MAX_ENDPOINTS`].
     pub fn sync_endpoints(&mut self, keys: &[ServiceKey]) -> Result<(), NicError> {
-        let want = key_map(keys)?;
-        check_len("endpoints", want.len(), MAX_ENDPOINTS)?;
-        sync_map(&self.ifname, MAP_ENDPOINTS, &mut self.endpoints, &mut self.shadow.endpoints, want)
+        let (want4, want6) = key_maps(keys)?;
+        check_len(MAP_ENDPOINTS4, want4.len(), MAX_ENDPOINTS)?;
+        check_len(MAP_ENDPOINTS, want6.len(), MAX_ENDPOINTS)?;
+        sync_map(&self.ifname, MAP_ENDPOINTS4, &mut self.endpoints4, &mut self.shadow.endpoints4, want4)?;
+        sync_map(&self.ifname, MAP_ENDPOINTS, &mut self.endpoints, &mut self.shadow.endpoints, want6)
     }
 
     /// Makes the `vip_addrs` map equal to `addrs`. List here addresses wholly owned by xlb
@@ -489,7 +515,8 @@ impl Steering {
         sync_map(&self.ifname, MAP_VIP_ADDRS, &mut self.vip_addrs, &mut self.shadow.vip_addrs, want)
     }
 
-    /// Makes the `snat_addrs` map equal to `ranges`: `(address, first port, last port)`, ports
+    /// Makes the `snat4` (IPv4) and `snat_addrs` (IPv6) maps equal to `ranges`: `(address,
+    /// first port, last port)`, ports
     /// inclusive and in host order. TCP/UDP/SCTP frames to the address with a destination port
     /// in the range (SNAT replies) go to xlb, and so do ICMP errors to the address that quote a
     /// packet whose source port lies in the range. Other traffic to the address (SSH, kubelet)
@@ -498,9 +525,10 @@ impl Steering {
     ///
     /// # Errors
     /// [`NicError::InvalidArgument`] if a range has first > last or there are more than
-    /// [`MAX_SNAT_ADDRS`] addresses; [`NicError::Map`] if the kernel refuses.
+    /// [`MAX_SNAT_ADDRS`] addresses of one family (the maps are then unchanged);
+    /// [`NicError::Map`] if the kernel refuses.
     pub fn sync_snat(&mut self, ranges: &[(IpAddr, u16, u16)]) -> Result<(), NicError> {
-        let mut want = FastMap::default();
+        let (mut want4, mut want6) = (FastMap::default(), FastMap::default());
         for &(addr, port_min, port_max) in ranges {
             if port_min > port_max {
                 return Err(NicError::InvalidArgument {
@@ -508,13 +536,20 @@ impl Steering {
                     reason: format!("{addr}: first port {port_min} > last port {port_max}"),
                 });
             }
-            want.insert(addr_bytes(addr), SnatRange { port_min, port_max }.to_array());
+            let range = SnatRange { port_min, port_max }.to_array();
+            match ipv4_of(addr) {
+                Some(a) => want4.insert(a.octets(), range),
+                None => want6.insert(addr_bytes(addr), range),
+            };
         }
-        check_len("snat_addrs", want.len(), MAX_SNAT_ADDRS)?;
-        sync_map(&self.ifname, MAP_SNAT_ADDRS, &mut self.snat_addrs, &mut self.shadow.snat_addrs, want)
+        check_len(MAP_SNAT4, want4.len(), MAX_SNAT_ADDRS)?;
+        check_len(MAP_SNAT_ADDRS, want6.len(), MAX_SNAT_ADDRS)?;
+        sync_map(&self.ifname, MAP_SNAT4, &mut self.snat4, &mut self.shadow.snat4, want4)?;
+        sync_map(&self.ifname, MAP_SNAT_ADDRS, &mut self.snat_addrs, &mut self.shadow.snat_addrs, want6)
     }
 
-    /// Applies a difference to the `services` map: inserts `insert`, then deletes `remove`
+    /// Applies a difference to the `services4` and `services` maps: inserts `insert`, then
+    /// deletes `remove`
     /// (a key in both stays). Unlike [`Steering::sync_services`] this costs what the lists
     /// hold, not what the map holds; the caller must know that every other key is already
     /// right (a targeted sync after a change that touched only some services). Keys already
@@ -525,34 +560,36 @@ impl Steering {
     /// # Errors
     /// As [`Steering::sync_services`]; after one, the next sync compares with the kernel's map.
     pub fn update_services(&mut self, insert: &[ServiceKey], remove: &[ServiceKey]) -> Result<bool, NicError> {
-        let (ins, rem) = (key_map(insert)?, key_map(remove)?);
-        let r = update_map(
-            &self.ifname,
-            MAP_SERVICES,
-            &mut self.services,
-            &mut self.shadow.services,
-            ins,
-            rem,
-            MAX_SERVICES,
-        );
+        let ((ins4, ins6), (rem4, rem6)) = (key_maps(insert)?, key_maps(remove)?);
+        let (Some(last4), Some(last6)) = (&self.shadow.services4, &self.shadow.services) else { return Ok(false) };
+        let (len4, len6) = (len_after(last4, &ins4, &rem4), len_after(last6, &ins6, &rem6));
+        let r = check_len(MAP_SERVICES4, len4, MAX_SERVICES)
+            .and_then(|()| check_len(MAP_SERVICES, len6, MAX_SERVICES))
+            .and_then(|()| {
+                update_map(&self.ifname, MAP_SERVICES4, &mut self.services4, &mut self.shadow.services4, ins4, rem4)
+            })
+            .and_then(|_| {
+                update_map(&self.ifname, MAP_SERVICES, &mut self.services, &mut self.shadow.services, ins6, rem6)
+            });
         self.forget_on_error(r)
     }
 
-    /// [`Steering::update_services`] for the `endpoints` map.
+    /// [`Steering::update_services`] for the `endpoints4` and `endpoints` maps.
     ///
     /// # Errors
     /// As [`Steering::sync_endpoints`].
     pub fn update_endpoints(&mut self, insert: &[ServiceKey], remove: &[ServiceKey]) -> Result<bool, NicError> {
-        let (ins, rem) = (key_map(insert)?, key_map(remove)?);
-        let r = update_map(
-            &self.ifname,
-            MAP_ENDPOINTS,
-            &mut self.endpoints,
-            &mut self.shadow.endpoints,
-            ins,
-            rem,
-            MAX_ENDPOINTS,
-        );
+        let ((ins4, ins6), (rem4, rem6)) = (key_maps(insert)?, key_maps(remove)?);
+        let (Some(last4), Some(last6)) = (&self.shadow.endpoints4, &self.shadow.endpoints) else { return Ok(false) };
+        let (len4, len6) = (len_after(last4, &ins4, &rem4), len_after(last6, &ins6, &rem6));
+        let r = check_len(MAP_ENDPOINTS4, len4, MAX_ENDPOINTS)
+            .and_then(|()| check_len(MAP_ENDPOINTS, len6, MAX_ENDPOINTS))
+            .and_then(|()| {
+                update_map(&self.ifname, MAP_ENDPOINTS4, &mut self.endpoints4, &mut self.shadow.endpoints4, ins4, rem4)
+            })
+            .and_then(|_| {
+                update_map(&self.ifname, MAP_ENDPOINTS, &mut self.endpoints, &mut self.shadow.endpoints, ins6, rem6)
+            });
         self.forget_on_error(r)
     }
 
@@ -563,15 +600,10 @@ impl Steering {
     pub fn update_vip_addrs(&mut self, insert: &[IpAddr], remove: &[IpAddr]) -> Result<bool, NicError> {
         let ins: FastMap<[u8; 16], u32> = insert.iter().map(|a| (addr_bytes(*a), 0)).collect();
         let rem: FastMap<[u8; 16], u32> = remove.iter().map(|a| (addr_bytes(*a), 0)).collect();
-        let r = update_map(
-            &self.ifname,
-            MAP_VIP_ADDRS,
-            &mut self.vip_addrs,
-            &mut self.shadow.vip_addrs,
-            ins,
-            rem,
-            MAX_VIP_ADDRS,
-        );
+        let Some(last) = &self.shadow.vip_addrs else { return Ok(false) };
+        let r = check_len(MAP_VIP_ADDRS, len_after(last, &ins, &rem), MAX_VIP_ADDRS).and_then(|()| {
+            update_map(&self.ifname, MAP_VIP_ADDRS, &mut self.vip_addrs, &mut self.shadow.vip_addrs, ins, rem)
+        });
         self.forget_on_error(r)
     }
 
@@ -583,30 +615,21 @@ impl Steering {
         r
     }
 
-    /// Reads back the `services` map (for diagnostics such as `xlb status`), in no order.
+    /// Reads back the `services4` and `services` maps (for diagnostics such as `xlb status`),
+    /// in no order.
     ///
     /// # Errors
     /// [`NicError::Map`] if iterating fails.
     pub fn services_in_map(&self) -> Result<Vec<ServiceKey>, NicError> {
-        let keys = self
-            .services
-            .keys()
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| NicError::map(&self.ifname, MAP_SERVICES, "iterate keys", e))?;
-        Ok(keys.iter().map(ServiceMapKey::from_bytes).map(|k| k.to_service_key()).collect())
+        read_keys(&self.ifname, (MAP_SERVICES4, &self.services4), (MAP_SERVICES, &self.services))
     }
 
-    /// Reads back the `endpoints` map, in no order.
+    /// Reads back the `endpoints4` and `endpoints` maps, in no order.
     ///
     /// # Errors
     /// [`NicError::Map`] if iterating fails.
     pub fn endpoints_in_map(&self) -> Result<Vec<ServiceKey>, NicError> {
-        let keys = self
-            .endpoints
-            .keys()
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| NicError::map(&self.ifname, MAP_ENDPOINTS, "iterate keys", e))?;
-        Ok(keys.iter().map(ServiceMapKey::from_bytes).map(|k| k.to_service_key()).collect())
+        read_keys(&self.ifname, (MAP_ENDPOINTS4, &self.endpoints4), (MAP_ENDPOINTS, &self.endpoints))
     }
 
     /// Reads back the `l2_addrs` map (the addresses answered for in L2 mode), in no order.
@@ -653,16 +676,23 @@ impl Steering {
         Ok(keys.into_iter().map(addr_from_bytes).collect())
     }
 
-    /// Reads back the `snat_addrs` map as `(address, first port, last port)`, in no order.
+    /// Reads back the `snat4` and `snat_addrs` maps as `(address, first port, last port)`, in
+    /// no order.
     ///
     /// # Errors
     /// [`NicError::Map`] if iterating fails.
     pub fn snat_in_map(&self) -> Result<Vec<(IpAddr, u16, u16)>, NicError> {
-        self.snat_addrs
+        let mut out = self
+            .snat4
             .iter()
-            .map(|r| r.map(|(k, [lo, hi])| (addr_from_bytes(k), lo, hi)))
+            .map(|r| r.map(|(k, [lo, hi])| (IpAddr::from(k), lo, hi)))
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| NicError::map(&self.ifname, MAP_SNAT_ADDRS, "iterate", e))
+            .map_err(|e| NicError::map(&self.ifname, MAP_SNAT4, "iterate", e))?;
+        for r in self.snat_addrs.iter() {
+            let (k, [lo, hi]) = r.map_err(|e| NicError::map(&self.ifname, MAP_SNAT_ADDRS, "iterate", e))?;
+            out.push((addr_from_bytes(k), lo, hi));
+        }
+        Ok(out)
     }
 
     /// Reads the per-CPU `stats` array and sums it over the CPUs.
@@ -806,8 +836,20 @@ where
     Ok(())
 }
 
+/// The number of entries a map whose contents are `last` holds after an update that inserts
+/// `insert` and deletes the keys of `remove` not in `insert`.
+fn len_after<K, V>(last: &FastMap<K, V>, insert: &FastMap<K, V>, remove: &FastMap<K, V>) -> usize
+where
+    K: Eq + std::hash::Hash,
+{
+    let added = insert.keys().filter(|k| !last.contains_key(*k)).count();
+    let removed = remove.keys().filter(|k| !insert.contains_key(*k) && last.contains_key(*k)).count();
+    last.len() + added - removed
+}
+
 /// Inserts `insert`, then deletes the keys of `remove` not in `insert`, writing only what
 /// differs from `shadow` (which it keeps up to date). `Ok(false)` when `shadow` is unknown.
+/// The caller checks the map's capacity first ([`len_after`]).
 fn update_map<K, V>(
     ifname: &str,
     name: &'static str,
@@ -815,7 +857,6 @@ fn update_map<K, V>(
     shadow: &mut Option<FastMap<K, V>>,
     insert: FastMap<K, V>,
     remove: FastMap<K, V>,
-    max: usize,
 ) -> Result<bool, NicError>
 where
     K: aya::Pod + Eq + std::hash::Hash,
@@ -824,9 +865,6 @@ where
     let Some(last) = shadow.as_mut() else {
         return Ok(false);
     };
-    let added = insert.keys().filter(|k| !last.contains_key(*k)).count();
-    let removed = remove.keys().filter(|k| !insert.contains_key(*k) && last.contains_key(*k)).count();
-    check_len(name, last.len() + added - removed, max)?;
     for (k, v) in &insert {
         if last.get(k) != Some(v) {
             last.remove(k);
@@ -841,6 +879,25 @@ where
         }
     }
     Ok(true)
+}
+
+/// The keys of a pair of maps, IPv4 (`services4`, `endpoints4`) and IPv6 (`services`,
+/// `endpoints`), as [`ServiceKey`]s.
+fn read_keys(
+    ifname: &str,
+    (name4, v4): (&'static str, &HashMap<MapData, [u8; Service4MapKey::LEN], u32>),
+    (name6, v6): (&'static str, &HashMap<MapData, [u8; ServiceMapKey::LEN], u32>),
+) -> Result<Vec<ServiceKey>, NicError> {
+    let mut out = Vec::new();
+    for k in v4.keys() {
+        let k = k.map_err(|e| NicError::map(ifname, name4, "iterate keys", e))?;
+        out.push(Service4MapKey::from_bytes(&k).to_service_key());
+    }
+    for k in v6.keys() {
+        let k = k.map_err(|e| NicError::map(ifname, name6, "iterate keys", e))?;
+        out.push(ServiceMapKey::from_bytes(&k).to_service_key());
+    }
+    Ok(out)
 }
 
 /// Deletes `k` from the map; already absent is fine.

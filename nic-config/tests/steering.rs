@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use common::{CLIENT_V4, LB_IF, LB_V4, LB_V6, Netns, Pair, VIP_V4, VIP_V6, decode, run, wait_for, xsk::Xsk};
+use common::{CLIENT_V4, CLIENT_V6, LB_IF, LB_V4, LB_V6, Netns, Pair, VIP_V4, VIP_V6, decode, run, wait_for, xsk::Xsk};
 use nic_config::{IPPROTO_TCP, IPPROTO_UDP, ServiceKey, Steering, XdpMode, interface_info};
 
 const SHORT: Duration = Duration::from_millis(400);
@@ -36,6 +36,15 @@ fn client_send_udp(client: &Netns, to: SocketAddr, payload: &[u8]) {
     client.run_in(|| {
         let bind: SocketAddr = if to.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().unwrap();
         let s = UdpSocket::bind(bind).expect("client UDP socket");
+        s.send_to(payload, to).expect("client send");
+    });
+}
+
+/// Sends one UDP datagram from the client namespace, from source port `from_port`.
+fn client_send_udp_from(client: &Netns, from_port: u16, to: SocketAddr, payload: &[u8]) {
+    client.run_in(|| {
+        let ip: IpAddr = if to.is_ipv4() { CLIENT_V4.into() } else { CLIENT_V6.into() };
+        let s = UdpSocket::bind(SocketAddr::new(ip, from_port)).expect("client UDP socket");
         s.send_to(payload, to).expect("client send");
     });
 }
@@ -79,7 +88,11 @@ mod tests {
             let steering = pair.lb.run_in(|| Steering::attach(LB_IF, XdpMode::Native).expect("attach"));
             let prog_id = steering.prog_id();
             let map_ids = steering.map_ids().to_vec();
-            assert_eq!(map_ids.len(), 8, "xsks, services, vip_addrs, snat_addrs, endpoints, stats, l2_addrs, l2_self");
+            assert_eq!(
+                map_ids.len(),
+                11,
+                "xsks, services4, services, vip_addrs, snat4, snat_addrs, endpoints4, endpoints, stats, l2_addrs, l2_self"
+            );
 
             let info = pair.lb.run_in(|| interface_info(LB_IF).unwrap());
             assert_eq!(info.xdp_prog_id, Some(prog_id), "rtnetlink shows our program on lb0");
@@ -339,6 +352,34 @@ mod tests {
     }
 
     #[test]
+    fn frames_from_a_listed_nat_backend_reach_the_xsk_in_both_families_and_its_other_ports_pass() {
+        if !common::can_run("frames_from_a_listed_nat_backend_reach_the_xsk_in_both_families_and_its_other_ports_pass")
+        {
+            return;
+        }
+        let pair = Pair::new(1);
+        let (mut steering, mut xsk) = attach_with_xsk(&pair);
+        // The client plays a backend replying from port 5353 (a DNAT flow's reply keeps the
+        // client as its destination, so only its source marks it as xlb's).
+        let ep = |addr: IpAddr| ServiceKey { addr, proto: IPPROTO_UDP, port: 5353 };
+        steering.sync_endpoints(&[ep(CLIENT_V4.into()), ep(CLIENT_V6.into())]).unwrap();
+        let ping = pair.client.exec(&["ping", "-6", "-c", "1", "-W", "2", &LB_V6.to_string()]);
+        assert!(ping.status.success(), "ping -6: {}", String::from_utf8_lossy(&ping.stdout));
+        for lb in [IpAddr::from(LB_V4), IpAddr::from(LB_V6)] {
+            let kernel = lb_udp(&pair.lb, SocketAddr::new(lb, 40_600));
+            client_send_udp_from(&pair.client, 5353, SocketAddr::new(lb, 40_600), b"reply");
+            let seen: Vec<_> = xsk.recv_until(1, LONG).iter().filter_map(|f| decode(f)).collect();
+            assert!(
+                seen.iter().any(|s| s.dst == lb && s.proto == IPPROTO_UDP && s.port_or_type == 40_600),
+                "the backend's frame to {lb} on the XSK: {seen:?}"
+            );
+            assert_eq!(kernel_got(&kernel), None, "the kernel did not get the backend's frame to {lb}");
+            client_send_udp_from(&pair.client, 5354, SocketAddr::new(lb, 40_600), b"other-port");
+            assert_eq!(kernel_got(&kernel).as_deref(), Some(&b"other-port"[..]), "another port of it, to {lb}");
+        }
+    }
+
+    #[test]
     fn ipv6_service_frames_reach_the_xsk_and_ndp_still_works() {
         if !common::can_run("ipv6_service_frames_reach_the_xsk_and_ndp_still_works") {
             return;
@@ -475,16 +516,15 @@ mod tests {
         assert!(steering.services_in_map().unwrap().is_empty());
 
         steering.sync_services(&[k(80), k(443), k(8080)]).unwrap();
-        // The services map, opened again by id, to change it behind the shadow's back.
+        // The services4 map (IPv4 services), opened again by id, to change it behind the
+        // shadow's back.
         let data = aya::maps::MapData::from_id(steering.map_ids()[1]).unwrap();
-        let mut raw: aya::maps::HashMap<_, [u8; 20], u32> =
+        let mut raw: aya::maps::HashMap<_, [u8; 8], u32> =
             aya::maps::HashMap::try_from(aya::maps::Map::HashMap(data)).unwrap();
         let raw_key = |port: u16| {
-            let mut b = [0u8; 20];
-            b[..16].copy_from_slice(&VIP_V4.to_ipv6_mapped().octets());
-            b[16..18].copy_from_slice(&port.to_be_bytes());
-            b[18] = IPPROTO_TCP;
-            b
+            let [a, b, c, d] = VIP_V4.octets();
+            let [p, q] = port.to_be_bytes();
+            [a, b, c, d, p, q, IPPROTO_TCP, 0]
         };
         // Drift: 443 vanishes and a stray 9999 appears.
         raw.remove(&raw_key(443)).unwrap();

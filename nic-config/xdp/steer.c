@@ -4,11 +4,14 @@
 //
 // It sends to the AF_XDP socket of the receive queue (XSKMAP `xsks`, key = rx_queue_index)
 // only the frames xlb must handle, and gives everything else to the kernel with XDP_PASS:
-//   * (dst address, L4 protocol, dst port) listed in `services`;
-//   * SNAT replies: dst address in `snat_addrs` and dst port inside its range (TCP/UDP/SCTP);
+//   * (dst address, L4 protocol, dst port) listed in `services4` (IPv4) or `services` (IPv6);
+//   * SNAT replies: dst address in `snat4` / `snat_addrs` and dst port inside its range
+//     (TCP/UDP/SCTP);
+//   * frames from a NAT backend (src address, L4 protocol, src port) in `endpoints4` /
+//     `endpoints` (replies of DNAT flows, whose destination is the client);
 //   * ICMP/ICMPv6 errors (v4 types 3, 11, 12; v6 types 1-4) to an address in `vip_addrs`; to
-//     other addresses only if the quoted packet left from a `services` address:port (NodePort on
-//     a node address) or from a `snat_addrs` address with its source port in the SNAT range. So
+//     other addresses only if the quoted packet left from a service address:port (NodePort on
+//     a node address) or from a SNAT address with its source port in the SNAT range. So
 //     errors about the node's own connections (PMTU for SSH, kubelet) still reach the kernel;
 //   * IPv4 non-first fragments and all IPv6 fragments whose dst address is in `vip_addrs`.
 // Everything else (ARP, NDP, echo to a VIP, SSH, traffic to the node's own addresses) passes,
@@ -24,7 +27,12 @@
 //
 // Map layouts are shared with nic-config/src/maps.rs. Every struct is padding-free on purpose
 // (checked by _Static_assert here and by const assertions in Rust), so the byte images match.
-// Addresses are 16 bytes: IPv6 as is, IPv4 as the v4-mapped ::ffff:a.b.c.d (RFC 4291 2.5.5.2).
+// The per-packet lookups of IPv4 TCP/UDP/SCTP frames go to maps of their own with short keys
+// (`services4`, `snat4`, `endpoints4`: 8, 4 and 8 bytes), so the kernel hashes and compares
+// 8 bytes where the 16-byte address form would take 20 (the hash map's jhash2 then runs no
+// mixing round; measured with `bpftool prog run ... repeat`, docs/benchmarks.md). Everywhere
+// else addresses are 16 bytes: IPv6 as is, IPv4 as the v4-mapped ::ffff:a.b.c.d
+// (RFC 4291 2.5.5.2); `services`, `snat_addrs` and `endpoints` hold the IPv6 entries.
 //
 // Built by nic-config/build.rs with: clang -O2 -g -target bpf -I/usr/include/x86_64-linux-gnu -c
 // Only the kernel's UAPI headers (linux-libc-dev) are used; the few libbpf macros needed are
@@ -135,6 +143,15 @@ struct service_key {
 };
 _Static_assert(sizeof(struct service_key) == 20, "service_key must be 20 bytes, no padding");
 
+/* Key of `services4` and `endpoints4`: the IPv4 form of service_key, 8 bytes, no padding. */
+struct service4_key {
+	__be32 addr;    /* IPv4 address, network byte order */
+	__be16 port;    /* port, network byte order */
+	__u8 proto;     /* IPPROTO_TCP (6), IPPROTO_UDP (17) or IPPROTO_SCTP (132) */
+	__u8 pad;       /* always 0 */
+};
+_Static_assert(sizeof(struct service4_key) == 8, "service4_key must be 8 bytes, no padding");
+
 /* Key of `vip_addrs` and `snat_addrs`: 16 bytes. */
 struct addr_key {
 	__u8 addr[16];
@@ -185,6 +202,15 @@ struct {
 	__type(value, __u32);
 } xsks SEC(".maps");
 
+/* IPv4 services: (dst address, dst port, protocol). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct service4_key);
+	__type(value, __u32);
+} services4 SEC(".maps");
+
+/* IPv6 services. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 65536);
@@ -201,7 +227,15 @@ struct {
 
 /* Backends of NAT services by (source address, protocol, source port): their replies to
  * clients (DNAT without SNAT keeps the client address, so the reply's destination is not
- * ours) must reach xlb to be translated back to the VIP. */
+ * ours) must reach xlb to be translated back to the VIP. IPv4 backends. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 262144);
+	__type(key, struct service4_key);
+	__type(value, __u32);
+} endpoints4 SEC(".maps");
+
+/* IPv6 backends, as endpoints4. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 262144);
@@ -209,6 +243,15 @@ struct {
 	__type(value, __u32);
 } endpoints SEC(".maps");
 
+/* SNAT addresses with their port ranges: IPv4 (key: the address, network byte order)... */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __be32);
+	__type(value, struct snat_range);
+} snat4 SEC(".maps");
+
+/* ...and IPv6. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 1024);
@@ -290,13 +333,24 @@ static __always_inline void v4_mapped(__u8 out[16], __be32 a)
 	__builtin_memcpy(&out[12], &a, 4);
 }
 
+/* Whether `port_be` (network byte order) lies in the inclusive range `r` (host order). */
+static __always_inline int port_in_range(const struct snat_range *r, __be16 port_be)
+{
+	__u16 port = bpf_ntohs(port_be);
+	return port >= r->port_min && port <= r->port_max;
+}
+
 static __always_inline int port_in_snat_range(const struct addr_key *dst, __be16 port_be)
 {
 	struct snat_range *r = bpf_map_lookup_elem(&snat_addrs, (void *)dst);
-	if (!r)
-		return 0;
-	__u16 port = bpf_ntohs(port_be);
-	return port >= r->port_min && port <= r->port_max;
+	return r && port_in_range(r, port_be);
+}
+
+/* port_in_snat_range for an IPv4 address (network byte order), in `snat4`. */
+static __always_inline int port_in_snat4_range(__be32 addr, __be16 port_be)
+{
+	struct snat_range *r = bpf_map_lookup_elem(&snat4, &addr);
+	return r && port_in_range(r, port_be);
 }
 
 /* TCP, UDP and SCTP all start with src port, dst port (16 bits each). */
@@ -306,7 +360,23 @@ static __always_inline int is_port_proto(__u8 proto)
 }
 
 /*
- * Decide for a TCP/UDP/SCTP header at `l4` (4 bytes already bounds-checked by the caller).
+ * Whether an IPv4 TCP/UDP/SCTP frame is xlb's (`ports`: its 4 port bytes, bounds-checked by
+ * the caller): to a service, a SNAT reply, or from a NAT backend. Addresses in network order.
+ */
+static __always_inline int ports4_ours(__be32 daddr, __be32 saddr, __u8 proto, const __be16 *ports)
+{
+	struct service4_key sk = { .addr = daddr, .port = ports[1], .proto = proto, .pad = 0 };
+	if (bpf_map_lookup_elem(&services4, &sk))
+		return 1;
+	if (port_in_snat4_range(daddr, ports[1]))
+		return 1;
+	struct service4_key ek = { .addr = saddr, .port = ports[0], .proto = proto, .pad = 0 };
+	return bpf_map_lookup_elem(&endpoints4, &ek) != 0;
+}
+
+/*
+ * Decide for an IPv6 TCP/UDP/SCTP header at `l4` (4 bytes already bounds-checked by the
+ * caller).
  */
 static __always_inline int ports_verdict(struct xdp_md *ctx, const struct addr_key *src,
 					 const struct addr_key *dst, __u8 proto, const __be16 *ports)
@@ -330,10 +400,10 @@ static __always_inline int ports_verdict(struct xdp_md *ctx, const struct addr_k
 
 /*
  * ICMP error whose quoted packet starts at `inner` (after the 8-byte ICMP header).
- * `outer_dst` is the address the error is sent to.
+ * `outer_dst` is the address the error is sent to (`outer_dst4` too for IPv4).
  */
 static __always_inline int icmp_error_verdict(struct xdp_md *ctx, void *inner, void *end,
-					      const struct addr_key *outer_dst, int v6)
+					      const struct addr_key *outer_dst, __be32 outer_dst4, int v6)
 {
 	if (bpf_map_lookup_elem(&vip_addrs, (void *)outer_dst))
 		return steer(ctx);
@@ -363,6 +433,12 @@ static __always_inline int icmp_error_verdict(struct xdp_md *ctx, void *inner, v
 	if ((void *)(ports + 2) > end)
 		return parse_error();
 	/* The quoted packet's source is the error's destination: outer_dst and ports[0]. */
+	if (!v6) {
+		struct service4_key k4 = { .addr = outer_dst4, .port = ports[0], .proto = proto, .pad = 0 };
+		if (bpf_map_lookup_elem(&services4, &k4) || port_in_snat4_range(outer_dst4, ports[0]))
+			return steer(ctx);
+		return pass();
+	}
 	struct service_key sk = {};
 	__builtin_memcpy(sk.addr, outer_dst->addr, 16);
 	sk.port = ports[0];
@@ -386,23 +462,23 @@ static __always_inline int handle_ipv4(struct xdp_md *ctx, void *l3, void *end)
 	if (l4 > end)
 		return parse_error();
 
-	struct addr_key dst, src;
-	v4_mapped(dst.addr, iph->daddr);
-	v4_mapped(src.addr, iph->saddr);
+	__u8 proto = iph->protocol;
+	int later_fragment = (iph->frag_off & bpf_htons(IP_OFFSET_MASK)) != 0;
+	if (!later_fragment && is_port_proto(proto)) {
+		__be16 *ports = l4;
+		if ((void *)(ports + 2) > end)
+			return parse_error();
+		if (ports4_ours(iph->daddr, iph->saddr, proto, ports))
+			return steer(ctx);
+	}
 
-	if (iph->frag_off & bpf_htons(IP_OFFSET_MASK)) {
+	struct addr_key dst;
+	v4_mapped(dst.addr, iph->daddr);
+	if (later_fragment) {
 		/* Non-first fragment: no L4 header. Ours only if the address is a VIP. */
 		if (bpf_map_lookup_elem(&vip_addrs, &dst))
 			return steer(ctx);
 		return pass();
-	}
-
-	__u8 proto = iph->protocol;
-	if (is_port_proto(proto)) {
-		__be16 *ports = l4;
-		if ((void *)(ports + 2) > end)
-			return parse_error();
-		return ports_verdict(ctx, &src, &dst, proto, ports);
 	}
 	if (proto == IPPROTO_ICMP) {
 		struct icmp_hdr *icmp = l4;
@@ -410,7 +486,7 @@ static __always_inline int handle_ipv4(struct xdp_md *ctx, void *l3, void *end)
 			return parse_error();
 		__u8 t = icmp->type;
 		if (t == ICMP_DEST_UNREACH || t == ICMP_TIME_EXCEEDED || t == ICMP_PARAMETERPROB)
-			return icmp_error_verdict(ctx, (void *)(icmp + 1), end, &dst, 0);
+			return icmp_error_verdict(ctx, (void *)(icmp + 1), end, &dst, iph->daddr, 0);
 	}
 	return pass_unless_l2(&dst);
 }
@@ -593,7 +669,7 @@ static __always_inline int handle_ipv6(struct xdp_md *ctx, void *l3, void *end, 
 		__u8 t = icmp->type;
 		/* 1 dest unreachable, 2 packet too big, 3 time exceeded, 4 parameter problem */
 		if (t >= ICMPV6_DEST_UNREACH && t <= ICMPV6_PARAMPROB)
-			return icmp_error_verdict(ctx, (void *)(icmp + 1), end, &dst, 1);
+			return icmp_error_verdict(ctx, (void *)(icmp + 1), end, &dst, 0, 1);
 		if (t == NDISC_NEIGHBOUR_SOLICITATION)
 			return handle_ns(ctx, l3off);
 		/* Other NDP (RS, RA, NA, redirect) is link-scoped and never for a service. */

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Nanoseconds per frame of the steering XDP program (nic-config/xdp/steer.c), measured by the
+# kernel itself: `bpftool prog run PROG data_in FRAME repeat N` (BPF_PROG_TEST_RUN) runs the
+# program N times on one frame and reports the mean duration in ns, which includes the test
+# runner's own per-run work (the `non_ip` frame, which returns at once, shows that floor).
+#
+# Usage: perf/steer/run.sh
+# Environment: STEER_BASE=REV also measures the program of git revision REV (its steer.c built
+#   the same way), alternated with the working tree's, so both sets of figures come from one
+#   run; STEER_REPEAT (runs per measurement, default 2000000), STEER_ROUNDS (measurements per
+#   frame and program, default 5; the median is printed).
+# Needs root (BPF_PROG_LOAD, bpffs), clang and bpftool (scripts/install-deps.sh bench).
+#
+# Maps are filled as xlb fills them for one IPv4 service 10.96.0.10:80/TCP, one NAT backend
+# 10.1.0.5:8080/TCP and the SNAT address 10.2.0.1 with ports 33000-36863; no AF_XDP socket is
+# in `xsks`, so xlb's frames end in XDP_DROP (redirect failed) and the others in XDP_PASS.
+# Frames (64 bytes, TCP ACK):
+#   service     client 10.0.0.1:40000 -> 10.96.0.10:80   (a service's packet: one lookup)
+#   snat_reply  10.1.0.5:8080 -> 10.2.0.1:33000          (SNAT reply: two)
+#   dnat_reply  10.1.0.5:8080 -> 10.0.0.1:40000          (a backend's reply to a client: three)
+#   pass        10.0.0.1:40000 -> 10.2.0.1:22            (the node's own traffic: every lookup misses)
+#   non_ip      an LLDP frame                            (passed before any lookup)
+# Prints one `steer_FRAME_ns_per_packet VALUE ns` line per frame, and with STEER_BASE one
+# `steer_FRAME_ns_per_packet_base VALUE ns` line as well. docs/benchmarks.md.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+repeat=${STEER_REPEAT:-2000000}
+rounds=${STEER_ROUNDS:-5}
+[ "$(id -u)" -eq 0 ] || { echo "perf/steer/run.sh needs root (BPF_PROG_LOAD)" >&2; exit 1; }
+for t in clang bpftool python3; do
+  command -v "$t" >/dev/null || { echo "$t not found: run scripts/install-deps.sh bench" >&2; exit 1; }
+done
+mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
+multiarch=$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
+work=$(mktemp -d)
+pins=()
+cleanup() {
+  local p
+  for p in "${pins[@]}"; do rm -rf "$p"; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# build NAME SOURCE: the object as nic-config/build.rs builds it.
+build() {
+  clang -O2 -g -Wall -Wextra -target bpf "-I/usr/include/$multiarch" -c "$2" -o "$work/$1.o"
+}
+
+# load NAME: pins the program and its maps under /sys/fs/bpf and fills the maps.
+load() {
+  local pin=/sys/fs/bpf/xlb-steer-bench-$$-$1 m
+  pins+=("$pin")
+  bpftool prog loadall "$work/$1.o" "$pin" pinmaps "$pin/maps" type xdp
+  m=$pin/maps
+  if [ -e "$m/services4" ]; then
+    # IPv4 maps with short keys: (address, port, protocol, pad) and the address alone.
+    bpftool map update pinned "$m/services4" key hex 0a 60 00 0a 00 50 06 00 value hex 00 00 00 00
+    bpftool map update pinned "$m/endpoints4" key hex 0a 01 00 05 1f 90 06 00 value hex 00 00 00 00
+    bpftool map update pinned "$m/snat4" key hex 0a 02 00 01 value hex e8 80 ff 8f
+  else
+    # One map per kind for both families, IPv4 as ::ffff:a.b.c.d (before `services4`).
+    local mapped="00 00 00 00 00 00 00 00 00 00 ff ff"
+    bpftool map update pinned "$m/services" key hex $mapped 0a 60 00 0a 00 50 06 00 value hex 00 00 00 00
+    bpftool map update pinned "$m/endpoints" key hex $mapped 0a 01 00 05 1f 90 06 00 value hex 00 00 00 00
+    bpftool map update pinned "$m/snat_addrs" key hex $mapped 0a 02 00 01 value hex e8 80 ff 8f
+  fi
+}
+
+python3 - "$work" <<'EOF'
+import struct, sys
+out = sys.argv[1]
+def csum(b):
+    s = sum(struct.unpack('!%dH' % (len(b) // 2), b))
+    while s >> 16:
+        s = (s & 0xffff) + (s >> 16)
+    return ~s & 0xffff
+eth = bytes.fromhex('020000000002020000000001')
+def tcp(name, src, dst, sport, dport):
+    ip = bytearray(struct.pack('!BBHHHBBH4s4s', 0x45, 0, 40, 1, 0, 64, 6, 0, bytes(src), bytes(dst)))
+    ip[10:12] = struct.pack('!H', csum(bytes(ip)))
+    l4 = struct.pack('!HHIIBBHHH', sport, dport, 1, 0, 0x50, 0x10, 65535, 0, 0)
+    open(f'{out}/{name}.bin', 'wb').write(eth + b'\x08\x00' + bytes(ip) + l4 + bytes(6))
+tcp('service', [10, 0, 0, 1], [10, 96, 0, 10], 40000, 80)
+tcp('snat_reply', [10, 1, 0, 5], [10, 2, 0, 1], 8080, 33000)
+tcp('dnat_reply', [10, 1, 0, 5], [10, 0, 0, 1], 8080, 40000)
+tcp('pass', [10, 0, 0, 1], [10, 2, 0, 1], 40000, 22)
+open(f'{out}/non_ip.bin', 'wb').write(eth + b'\x88\xcc' + bytes(46))
+EOF
+
+progs=(new)
+build new "$root/nic-config/xdp/steer.c"
+if [ -n "${STEER_BASE:-}" ]; then
+  git -C "$root" show "$STEER_BASE:nic-config/xdp/steer.c" >"$work/base.c"
+  build base "$work/base.c"
+  progs+=(base)
+fi
+for p in "${progs[@]}"; do load "$p"; done
+
+frames=(service snat_reply dnat_reply pass non_ip)
+for r in $(seq "$rounds"); do
+  for f in "${frames[@]}"; do
+    for p in "${progs[@]}"; do
+      ns=$(bpftool prog run pinned "/sys/fs/bpf/xlb-steer-bench-$$-$p/xlb_steer" data_in "$work/$f.bin" \
+        repeat "$repeat" 2>&1 | sed -n 's/.*duration (average): \([0-9]*\)ns.*/\1/p')
+      [ -n "$ns" ] || { echo "bpftool prog run gave no duration for $f ($p)" >&2; exit 1; }
+      echo "$f $p $ns" >>"$work/raw"
+    done
+  done
+done
+for f in "${frames[@]}"; do
+  for p in "${progs[@]}"; do
+    med=$(awk -v f="$f" -v p="$p" '$1 == f && $2 == p { print $3 }' "$work/raw" | sort -n \
+      | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')
+    suffix=; [ "$p" = base ] && suffix=_base
+    echo "steer_${f}_ns_per_packet$suffix $med ns"
+  done
+done
