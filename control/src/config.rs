@@ -293,6 +293,12 @@ pub struct AfXdpConfig {
     pub zero_copy: String,
     /// UMEM frames per worker (default 8192; frames are 2048 bytes).
     pub frames: u32,
+    /// Frames each socket keeps in its fill ring (`XskConfig::fill_frames`): 0 (default)
+    /// for 512 in copy mode and the whole ring (2048) in zero-copy mode, else 64..=2048. In
+    /// copy mode a shallower fill ring makes the kernel's copy of each received frame
+    /// cheaper (docs/benchmarks.md, "The fill ring's depth"); a deeper one rides out longer
+    /// worker stalls before the kernel drops (`xlb_xsk_socket_rx_fill_ring_empty_total`).
+    pub fill_frames: u32,
     /// Preferred busy polling (kernel doc networking/napi.rst "Busy polling", af_xdp.rst):
     /// sets `SO_PREFER_BUSY_POLL`, `SO_BUSY_POLL` = [`Self::busy_poll_usecs`] and
     /// `SO_BUSY_POLL_BUDGET` = [`Self::busy_poll_budget`] on every socket, and the worker
@@ -317,6 +323,7 @@ impl Default for AfXdpConfig {
             busy_poll: false,
             zero_copy: "auto".into(),
             frames: 8192,
+            fill_frames: 0,
             prefer_busy_poll: false,
             realtime_workers: false,
             busy_poll_usecs: 20,
@@ -566,6 +573,12 @@ impl Config {
         }
         if !(1..=1024).contains(&self.af_xdp.busy_poll_budget) {
             return Err(field_err("afXdp.busyPollBudget", format!("{}: want 1..=1024", self.af_xdp.busy_poll_budget)));
+        }
+        if self.af_xdp.fill_frames != 0 && !(64..=2048).contains(&self.af_xdp.fill_frames) {
+            return Err(field_err(
+                "afXdp.fillFrames",
+                format!("{}: want 0 (automatic) or 64..=2048", self.af_xdp.fill_frames),
+            ));
         }
         if !self.af_xdp.frames.is_power_of_two() || self.af_xdp.frames < 1024 {
             return Err(field_err("afXdp.frames", format!("{}: want a power of two >= 1024", self.af_xdp.frames)));
@@ -986,6 +999,16 @@ routes: [{{dst: 10.0.0.0/8, via: 192.168.1.1}}]\n"
         assert_eq!(e[0].field.as_deref(), Some("afXdp.busyPollUsecs"), "{}", e[0]);
         let e = errors(&format!("{HEAD}afXdp: {{busyPollBudget: 5000}}\n"));
         assert_eq!(e[0].field.as_deref(), Some("afXdp.busyPollBudget"), "{}", e[0]);
+    }
+
+    #[test]
+    fn fill_frames_defaults_to_automatic_and_out_of_range_values_name_the_field() {
+        assert_eq!(load(HEAD).unwrap().config.af_xdp.fill_frames, 0);
+        assert_eq!(load(&format!("{HEAD}afXdp: {{fillFrames: 1024}}\n")).unwrap().config.af_xdp.fill_frames, 1024);
+        for bad in [1, 63, 2049] {
+            let e = errors(&format!("{HEAD}afXdp: {{fillFrames: {bad}}}\n"));
+            assert_eq!(e[0].field.as_deref(), Some("afXdp.fillFrames"), "{}", e[0]);
+        }
     }
 
     #[test]

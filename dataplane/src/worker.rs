@@ -398,7 +398,10 @@ pub fn park(
             // Parked: no CPU until the start (or until the control thread gives up on it).
             let Ok(mut start) = go_rx.recv() else { return None };
             let opened = match start.adopt.take() {
-                Some(e) => Xsk::adopt(e, spec.xsk.busy_poll),
+                Some(e) => Xsk::adopt(e, spec.xsk.busy_poll).map(|mut x| {
+                    x.set_fill_frames(spec.xsk.fill_frames);
+                    x
+                }),
                 None => Xsk::open(&spec.xsk, &spec.ports),
             };
             let mut xsk = match opened {

@@ -55,6 +55,16 @@ pub struct XskConfig {
     pub frame_size: u32,
     /// Ring sizes (RX, TX, fill, completion), a power of two.
     pub ring_size: u32,
+    /// Frames each socket keeps in its fill ring, at most [`Self::ring_size`]; 0 (the
+    /// default): [`COPY_MODE_FILL_FRAMES`] for a socket in copy mode, the whole ring in
+    /// zero-copy mode. The kernel takes one per frame it receives. In copy mode it copies the
+    /// frame into that UMEM frame on the core that runs the queue's NAPI, and the fill ring
+    /// is first in, first out: the deeper it is kept, the more UMEM frames take turns, and the
+    /// fewer of their cache lines are still in a cache when the kernel writes them (measured:
+    /// docs/benchmarks.md, "The fill ring's depth"). A deeper ring rides out longer stalls of
+    /// the worker before the kernel drops (`rx_fill_ring_empty_descs`); in zero-copy mode the
+    /// driver posts fill frames to the NIC's own descriptors, so the whole ring is kept there.
+    pub fill_frames: u32,
     /// Zero-copy policy.
     pub copy_mode: CopyMode,
     /// Use the `XDP_USE_NEED_WAKEUP` protocol (interrupt-driven; kernel ≥ 5.4). With it off,
@@ -78,6 +88,23 @@ pub struct XskConfig {
     /// Try to back the UMEM with huge pages (a `MFD_HUGETLB` memfd, memfd_create(2); needs
     /// reserved pages, `vm.nr_hugepages`); falls back to normal pages quietly (logged once).
     pub huge_pages: bool,
+}
+
+/// Frames a socket in copy mode keeps in its fill ring when [`XskConfig::fill_frames`] is 0:
+/// eight RX batches of 64. Chosen by measurement (docs/benchmarks.md, "The fill ring's depth").
+pub const COPY_MODE_FILL_FRAMES: u32 = 512;
+
+/// The fill ring depth of a socket ([`XskConfig::fill_frames`] `fill_frames`, bound in
+/// zero-copy mode or not, rings of `ring_size` entries): `fill_frames`, or with 0 the whole
+/// ring in zero-copy mode and [`COPY_MODE_FILL_FRAMES`] in copy mode; never more than the ring.
+#[must_use]
+pub fn fill_depth(fill_frames: u32, zero_copy: bool, ring_size: u32) -> u32 {
+    let n = match fill_frames {
+        0 if zero_copy => ring_size,
+        0 => COPY_MODE_FILL_FRAMES,
+        n => n,
+    };
+    n.min(ring_size)
 }
 
 /// Busy-poll settings of a socket (`socket(7)`: `SO_BUSY_POLL`, `SO_PREFER_BUSY_POLL`,
@@ -104,6 +131,7 @@ impl Default for XskConfig {
             frame_count: 8192,
             frame_size: 2048,
             ring_size: 2048,
+            fill_frames: 0,
             copy_mode: CopyMode::Auto,
             need_wakeup: true,
             load_default_program: false,
@@ -788,6 +816,8 @@ pub struct Xsk {
     scratch: Vec<Desc>,
     addrs: Vec<u64>,
     ring_size: u32,
+    /// [`XskConfig::fill_frames`].
+    fill_frames: u32,
     need_wakeup: bool,
     busy_poll: bool,
     id: u32,
@@ -964,6 +994,7 @@ impl Xsk {
             scratch: Vec::with_capacity(cfg.ring_size as usize),
             addrs: Vec::with_capacity(cfg.ring_size as usize),
             ring_size: cfg.ring_size,
+            fill_frames: cfg.fill_frames,
             need_wakeup: cfg.need_wakeup,
             busy_poll: cfg.busy_poll.is_some(),
             id: NEXT_UMEM.fetch_add(1, Ordering::Relaxed),
@@ -1241,6 +1272,7 @@ impl Xsk {
             scratch: Vec::with_capacity(state.ring_size as usize),
             addrs: Vec::with_capacity(state.ring_size as usize),
             ring_size: state.ring_size,
+            fill_frames: 0,
             need_wakeup: state.need_wakeup,
             busy_poll: busy_poll.is_some(),
             id: NEXT_UMEM.fetch_add(1, Ordering::Relaxed),
@@ -1319,11 +1351,25 @@ impl Xsk {
         }
     }
 
-    /// Tops up port `i`'s fill ring from the free list (RX frames are reused for TX, so
-    /// nothing is held back).
+    /// Sets [`XskConfig::fill_frames`] (an adopted socket set starts at 0, automatic); the
+    /// next [`Xsk::refill`] tops up to the new depth, and a fill ring deeper than it drains to
+    /// it as frames arrive.
+    pub fn set_fill_frames(&mut self, n: u32) {
+        self.fill_frames = n;
+    }
+
+    /// The depth port `i`'s fill ring is topped up to ([`XskConfig::fill_frames`]); 0 for
+    /// no such port.
+    pub fn fill_target(&self, i: usize) -> usize {
+        self.ports.get(i).map_or(0, |p| fill_depth(self.fill_frames, p.zero_copy, self.ring_size) as usize)
+    }
+
+    /// Tops up port `i`'s fill ring from the free list to [`Xsk::fill_target`] frames (RX
+    /// frames are reused for TX, so nothing is held back).
     pub fn refill(&mut self, i: usize) {
+        let target = self.fill_target(i);
         let Some(p) = self.ports.get_mut(i) else { return };
-        let want = p.rings.fill.nb_free(self.ring_size) as usize;
+        let want = (p.rings.fill.nb_free(self.ring_size) as usize).min(target.saturating_sub(p.in_fill));
         let n = want.min(self.free.len());
         if n == 0 {
             return;
@@ -1698,6 +1744,37 @@ mod tests {
             .output()
             .expect("ip (iproute2; scripts/install-deps.sh)");
         assert!(out.status.success(), "ip link add: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    #[test]
+    fn fill_depth_is_the_whole_ring_in_zero_copy_a_shallow_one_in_copy_mode_and_never_past_the_ring() {
+        assert_eq!(fill_depth(0, true, 2048), 2048);
+        assert_eq!(fill_depth(0, false, 2048), COPY_MODE_FILL_FRAMES);
+        assert_eq!(fill_depth(0, false, 256), 256, "a ring smaller than the copy-mode depth: all of it");
+        assert_eq!(fill_depth(100, true, 2048), 100, "an explicit depth holds in zero-copy mode too");
+        assert_eq!(fill_depth(5000, false, 2048), 2048);
+    }
+
+    #[test]
+    fn a_copy_mode_socket_keeps_its_fill_ring_at_its_depth_and_follows_a_new_one() {
+        in_private_netns("a_copy_mode_socket_keeps_its_fill_ring_at_its_depth_and_follows_a_new_one", || {
+            let cfg =
+                XskConfig { frame_count: 4096, ring_size: 2048, copy_mode: CopyMode::Copy, ..XskConfig::default() };
+            let mut x = Xsk::open(&cfg, &[("lo".to_owned(), 0)]).expect("AF_XDP socket in a private namespace");
+            let depth = COPY_MODE_FILL_FRAMES as usize;
+            assert_eq!((x.fill_target(0), x.account().in_fill), (depth, depth), "filled to the copy-mode depth");
+            x.refill(0);
+            assert_eq!(x.account().in_fill, depth, "a full ring takes no more");
+            x.set_fill_frames(1000);
+            x.refill(0);
+            assert_eq!(x.account().in_fill, 1000, "topped up to a deeper setting");
+            x.set_fill_frames(64);
+            x.refill(0);
+            assert_eq!(x.account().in_fill, 1000, "a shallower setting takes nothing back; the ring drains to it");
+            let acc = x.account();
+            assert_eq!(acc.free + acc.in_fill + acc.in_tx, acc.total);
+            assert_eq!(x.fill_target(1), 0, "no such port");
+        });
     }
 
     #[test]

@@ -29,6 +29,7 @@ pub fn worker_ports(config: &Config, w: usize) -> Vec<(String, u32)> {
 pub fn xsk_config(config: &Config) -> XskConfig {
     XskConfig {
         frame_count: config.af_xdp.frames,
+        fill_frames: config.af_xdp.fill_frames,
         copy_mode: match config.af_xdp.zero_copy.as_str() {
             "copy" => CopyMode::Copy,
             "zerocopy" => CopyMode::ZeroCopy,
