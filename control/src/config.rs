@@ -293,11 +293,13 @@ pub struct AfXdpConfig {
     pub zero_copy: String,
     /// UMEM frames per worker (default 8192; frames are 2048 bytes).
     pub frames: u32,
-    /// Frames each socket keeps in its fill ring (`XskConfig::fill_frames`): 0 (default)
-    /// for 512 in copy mode and the whole ring (2048) in zero-copy mode, else 64..=2048. In
-    /// copy mode a shallower fill ring makes the kernel's copy of each received frame
-    /// cheaper (docs/benchmarks.md, "The fill ring's depth"); a deeper one rides out longer
-    /// worker stalls before the kernel drops (`xlb_xsk_socket_rx_fill_ring_empty_total`).
+    /// Frames each socket keeps in its fill ring while the worker runs
+    /// (`XskConfig::fill_frames`): 0 (default) for the whole ring (2048), else 64..=2048. The
+    /// depth is how long a worker can stall before the kernel drops
+    /// (`xlb_xsk_socket_rx_fill_ring_empty_total`). In copy mode a shallower ring makes the
+    /// kernel's copy of each received frame cheaper: 512 forwarded a few percent more at full
+    /// load on the test machine but lost frames at every lower rate (docs/benchmarks.md, "The
+    /// fill ring's depth"), so only for a worker with a core of its own and nothing else to do.
     pub fill_frames: u32,
     /// Preferred busy polling (kernel doc networking/napi.rst "Busy polling", af_xdp.rst):
     /// sets `SO_PREFER_BUSY_POLL`, `SO_BUSY_POLL` = [`Self::busy_poll_usecs`] and
@@ -1002,7 +1004,7 @@ routes: [{{dst: 10.0.0.0/8, via: 192.168.1.1}}]\n"
     }
 
     #[test]
-    fn fill_frames_defaults_to_automatic_and_out_of_range_values_name_the_field() {
+    fn fill_frames_defaults_to_the_whole_ring_and_out_of_range_values_name_the_field() {
         assert_eq!(load(HEAD).unwrap().config.af_xdp.fill_frames, 0);
         assert_eq!(load(&format!("{HEAD}afXdp: {{fillFrames: 1024}}\n")).unwrap().config.af_xdp.fill_frames, 1024);
         for bad in [1, 63, 2049] {

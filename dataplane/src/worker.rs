@@ -635,6 +635,11 @@ fn run(
             if !spec.busy_poll && idle_rounds > IDLE_SPINS {
                 // Nothing for a while: sleep in one poll(2) over every socket (woken by the
                 // first frame on any port; 1 ms bounds the wait for hand-offs and requests).
+                // The fill rings get their whole size first: what arrives before the worker
+                // runs again must find fill frames.
+                for port in 0..nports {
+                    xsk.refill_whole(port);
+                }
                 xsk.wait(1);
             } else {
                 std::hint::spin_loop();

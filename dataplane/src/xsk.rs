@@ -55,15 +55,17 @@ pub struct XskConfig {
     pub frame_size: u32,
     /// Ring sizes (RX, TX, fill, completion), a power of two.
     pub ring_size: u32,
-    /// Frames each socket keeps in its fill ring, at most [`Self::ring_size`]; 0 (the
-    /// default): [`COPY_MODE_FILL_FRAMES`] for a socket in copy mode, the whole ring in
-    /// zero-copy mode. The kernel takes one per frame it receives. In copy mode it copies the
-    /// frame into that UMEM frame on the core that runs the queue's NAPI, and the fill ring
-    /// is first in, first out: the deeper it is kept, the more UMEM frames take turns, and the
-    /// fewer of their cache lines are still in a cache when the kernel writes them (measured:
-    /// docs/benchmarks.md, "The fill ring's depth"). A deeper ring rides out longer stalls of
-    /// the worker before the kernel drops (`rx_fill_ring_empty_descs`); in zero-copy mode the
-    /// driver posts fill frames to the NIC's own descriptors, so the whole ring is kept there.
+    /// Frames each socket keeps in its fill ring while the worker runs, at most
+    /// [`Self::ring_size`]; 0 (the default): the whole ring. The kernel takes one per frame it
+    /// receives, and drops what arrives while the ring is empty (`rx_fill_ring_empty_descs`):
+    /// the depth is how long a stalled worker can be before frames are lost. In copy mode the
+    /// kernel copies each frame into its fill frame on the core that runs the queue's NAPI;
+    /// the fill ring is first in, first out, so a shallower ring means fewer UMEM frames
+    /// taking turns, and that copy measured up to three times cheaper with 512 than with the
+    /// whole ring, for a few percent more packets at full load, but it made the worker lose
+    /// frames at every offered rate on the test machine (docs/benchmarks.md, "The fill ring's
+    /// depth"). Before the worker sleeps in `poll(2)` it tops the rings up to their whole size
+    /// whatever this says ([`Xsk::refill_whole`]).
     pub fill_frames: u32,
     /// Zero-copy policy.
     pub copy_mode: CopyMode,
@@ -90,21 +92,14 @@ pub struct XskConfig {
     pub huge_pages: bool,
 }
 
-/// Frames a socket in copy mode keeps in its fill ring when [`XskConfig::fill_frames`] is 0:
-/// eight RX batches of 64. Chosen by measurement (docs/benchmarks.md, "The fill ring's depth").
-pub const COPY_MODE_FILL_FRAMES: u32 = 512;
-
-/// The fill ring depth of a socket ([`XskConfig::fill_frames`] `fill_frames`, bound in
-/// zero-copy mode or not, rings of `ring_size` entries): `fill_frames`, or with 0 the whole
-/// ring in zero-copy mode and [`COPY_MODE_FILL_FRAMES`] in copy mode; never more than the ring.
+/// The fill ring depth of a socket with [`XskConfig::fill_frames`] `fill_frames` and rings of
+/// `ring_size` entries: `fill_frames`, or the whole ring for 0; never more than the ring.
 #[must_use]
-pub fn fill_depth(fill_frames: u32, zero_copy: bool, ring_size: u32) -> u32 {
-    let n = match fill_frames {
-        0 if zero_copy => ring_size,
-        0 => COPY_MODE_FILL_FRAMES,
-        n => n,
-    };
-    n.min(ring_size)
+pub fn fill_depth(fill_frames: u32, ring_size: u32) -> u32 {
+    match fill_frames {
+        0 => ring_size,
+        n => n.min(ring_size),
+    }
 }
 
 /// Busy-poll settings of a socket (`socket(7)`: `SO_BUSY_POLL`, `SO_PREFER_BUSY_POLL`,
@@ -1351,7 +1346,7 @@ impl Xsk {
         }
     }
 
-    /// Sets [`XskConfig::fill_frames`] (an adopted socket set starts at 0, automatic); the
+    /// Sets [`XskConfig::fill_frames`] (an adopted socket set starts at 0, the whole ring); the
     /// next [`Xsk::refill`] tops up to the new depth, and a fill ring deeper than it drains to
     /// it as frames arrive.
     pub fn set_fill_frames(&mut self, n: u32) {
@@ -1361,13 +1356,23 @@ impl Xsk {
     /// The depth port `i`'s fill ring is topped up to ([`XskConfig::fill_frames`]); 0 for
     /// no such port.
     pub fn fill_target(&self, i: usize) -> usize {
-        self.ports.get(i).map_or(0, |p| fill_depth(self.fill_frames, p.zero_copy, self.ring_size) as usize)
+        if i < self.ports.len() { fill_depth(self.fill_frames, self.ring_size) as usize } else { 0 }
     }
 
     /// Tops up port `i`'s fill ring from the free list to [`Xsk::fill_target`] frames (RX
     /// frames are reused for TX, so nothing is held back).
     pub fn refill(&mut self, i: usize) {
-        let target = self.fill_target(i);
+        self.refill_to(i, self.fill_target(i));
+    }
+
+    /// Tops up port `i`'s fill ring to the whole ring, whatever [`XskConfig::fill_frames`]
+    /// says: for a worker about to sleep, so that frames arriving before it wakes find room
+    /// (the ring then drains back to its depth as they are received).
+    pub fn refill_whole(&mut self, i: usize) {
+        self.refill_to(i, self.ring_size as usize);
+    }
+
+    fn refill_to(&mut self, i: usize, target: usize) {
         let Some(p) = self.ports.get_mut(i) else { return };
         let want = (p.rings.fill.nb_free(self.ring_size) as usize).min(target.saturating_sub(p.in_fill));
         let n = want.min(self.free.len());
@@ -1747,34 +1752,43 @@ mod tests {
     }
 
     #[test]
-    fn fill_depth_is_the_whole_ring_in_zero_copy_a_shallow_one_in_copy_mode_and_never_past_the_ring() {
-        assert_eq!(fill_depth(0, true, 2048), 2048);
-        assert_eq!(fill_depth(0, false, 2048), COPY_MODE_FILL_FRAMES);
-        assert_eq!(fill_depth(0, false, 256), 256, "a ring smaller than the copy-mode depth: all of it");
-        assert_eq!(fill_depth(100, true, 2048), 100, "an explicit depth holds in zero-copy mode too");
-        assert_eq!(fill_depth(5000, false, 2048), 2048);
+    fn fill_depth_is_the_whole_ring_by_default_and_never_past_the_ring() {
+        assert_eq!(fill_depth(0, 2048), 2048);
+        assert_eq!(fill_depth(512, 2048), 512);
+        assert_eq!(fill_depth(5000, 2048), 2048);
     }
 
     #[test]
-    fn a_copy_mode_socket_keeps_its_fill_ring_at_its_depth_and_follows_a_new_one() {
-        in_private_netns("a_copy_mode_socket_keeps_its_fill_ring_at_its_depth_and_follows_a_new_one", || {
-            let cfg =
-                XskConfig { frame_count: 4096, ring_size: 2048, copy_mode: CopyMode::Copy, ..XskConfig::default() };
-            let mut x = Xsk::open(&cfg, &[("lo".to_owned(), 0)]).expect("AF_XDP socket in a private namespace");
-            let depth = COPY_MODE_FILL_FRAMES as usize;
-            assert_eq!((x.fill_target(0), x.account().in_fill), (depth, depth), "filled to the copy-mode depth");
-            x.refill(0);
-            assert_eq!(x.account().in_fill, depth, "a full ring takes no more");
-            x.set_fill_frames(1000);
-            x.refill(0);
-            assert_eq!(x.account().in_fill, 1000, "topped up to a deeper setting");
-            x.set_fill_frames(64);
-            x.refill(0);
-            assert_eq!(x.account().in_fill, 1000, "a shallower setting takes nothing back; the ring drains to it");
-            let acc = x.account();
-            assert_eq!(acc.free + acc.in_fill + acc.in_tx, acc.total);
-            assert_eq!(x.fill_target(1), 0, "no such port");
-        });
+    fn a_socket_keeps_its_fill_ring_at_its_depth_follows_a_new_one_and_fills_it_whole_before_sleeping() {
+        in_private_netns(
+            "a_socket_keeps_its_fill_ring_at_its_depth_follows_a_new_one_and_fills_it_whole_before_sleeping",
+            || {
+                let cfg = XskConfig {
+                    frame_count: 4096,
+                    ring_size: 2048,
+                    fill_frames: 512,
+                    copy_mode: CopyMode::Copy,
+                    ..XskConfig::default()
+                };
+                let mut x = Xsk::open(&cfg, &[("lo".to_owned(), 0)]).expect("AF_XDP socket in a private namespace");
+                assert_eq!((x.fill_target(0), x.account().in_fill), (512, 512), "filled to its depth");
+                x.refill(0);
+                assert_eq!(x.account().in_fill, 512, "a ring at its depth takes no more");
+                x.set_fill_frames(1000);
+                x.refill(0);
+                assert_eq!(x.account().in_fill, 1000, "topped up to a deeper setting");
+                x.set_fill_frames(64);
+                x.refill(0);
+                assert_eq!(x.account().in_fill, 1000, "a shallower setting takes nothing back; the ring drains to it");
+                x.refill_whole(0);
+                assert_eq!(x.account().in_fill, 2048, "the whole ring before a sleep");
+                let acc = x.account();
+                assert_eq!(acc.free + acc.in_fill + acc.in_tx, acc.total);
+                assert_eq!(x.fill_target(1), 0, "no such port");
+                x.set_fill_frames(0);
+                assert_eq!(x.fill_target(0), 2048, "0: the whole ring");
+            },
+        );
     }
 
     #[test]

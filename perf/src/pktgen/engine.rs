@@ -252,9 +252,6 @@ fn xsk_config(o: &SocketOpts, load_default_program: bool) -> XskConfig {
     XskConfig {
         frame_count: o.frame_count,
         ring_size: o.ring_size,
-        // The whole ring, as before `XskConfig::fill_frames` existed: the generator's sink is
-        // part of the testbed every path is measured on, so its cost stays what it was.
-        fill_frames: o.ring_size,
         need_wakeup: o.need_wakeup,
         load_default_program,
         skb_mode: o.skb_mode,
