@@ -299,7 +299,7 @@ pub struct AfXdpConfig {
     /// (`xlb_xsk_socket_rx_fill_ring_empty_total`). In copy mode a shallower ring makes the
     /// kernel's copy of each received frame cheaper: 512 forwarded a few percent more at full
     /// load on the test machine but lost frames at every lower rate (docs/benchmarks.md, "The
-    /// fill ring's depth"), so only for a worker with a core of its own and nothing else to do.
+    /// generator's core"), which is why the default is the whole ring.
     pub fill_frames: u32,
     /// Preferred busy polling (kernel doc networking/napi.rst "Busy polling", af_xdp.rst):
     /// sets `SO_PREFER_BUSY_POLL`, `SO_BUSY_POLL` = [`Self::busy_poll_usecs`] and

@@ -55,7 +55,8 @@ pub struct XskConfig {
     pub frame_size: u32,
     /// Ring sizes (RX, TX, fill, completion), a power of two.
     pub ring_size: u32,
-    /// Frames each socket keeps in its fill ring while the worker runs, at most
+    /// Frames each socket keeps in its fill ring while the worker runs (counting those the
+    /// kernel has filled and the worker not yet taken from the RX ring), at most
     /// [`Self::ring_size`]; 0 (the default): the whole ring. The kernel takes one per frame it
     /// receives, and drops what arrives while the ring is empty (`rx_fill_ring_empty_descs`):
     /// the depth is how long a stalled worker can be before frames are lost. In copy mode the
@@ -63,8 +64,8 @@ pub struct XskConfig {
     /// the fill ring is first in, first out, so a shallower ring means fewer UMEM frames
     /// taking turns, and that copy measured up to three times cheaper with 512 than with the
     /// whole ring, for a few percent more packets at full load, but it made the worker lose
-    /// frames at every offered rate on the test machine (docs/benchmarks.md, "The fill ring's
-    /// depth"). Before the worker sleeps in `poll(2)` it tops the rings up to their whole size
+    /// frames at every offered rate on the test machine (docs/benchmarks.md, "The generator's
+    /// core"). Before the worker sleeps in `poll(2)` it tops the rings up to their whole size
     /// whatever this says ([`Xsk::refill_whole`]).
     pub fill_frames: u32,
     /// Zero-copy policy.
