@@ -469,8 +469,8 @@ impl Steering {
 
     /// Makes the `services4` (IPv4 keys) and `services` (IPv6 keys) maps equal to `keys`:
     /// inserts the new ones, then deletes the stale ones (in that order, so a key present
-    /// before and after never disappears). Duplicates in `keys` are fine. Call it on every table publish. Only the entries that differ from the
-    /// previous sync are written, unless the previous contents are not known (first sync, an
+    /// before and after never disappears). Duplicates in `keys` are fine. Call it on every
+    /// table publish. Only the entries that differ from the previous sync are written, unless the previous contents are not known (first sync, an
     /// error, or [`Steering::verify_next_sync`]). Frames to a listed (address, protocol,
     /// port) go to xlb, and so do ICMP errors quoting a packet sent from one (e.g. a NodePort
     /// reply from a node address).
@@ -560,17 +560,13 @@ impl Steering {
     /// # Errors
     /// As [`Steering::sync_services`]; after one, the next sync compares with the kernel's map.
     pub fn update_services(&mut self, insert: &[ServiceKey], remove: &[ServiceKey]) -> Result<bool, NicError> {
-        let ((ins4, ins6), (rem4, rem6)) = (key_maps(insert)?, key_maps(remove)?);
-        let (Some(last4), Some(last6)) = (&self.shadow.services4, &self.shadow.services) else { return Ok(false) };
-        let (len4, len6) = (len_after(last4, &ins4, &rem4), len_after(last6, &ins6, &rem6));
-        let r = check_len(MAP_SERVICES4, len4, MAX_SERVICES)
-            .and_then(|()| check_len(MAP_SERVICES, len6, MAX_SERVICES))
-            .and_then(|()| {
-                update_map(&self.ifname, MAP_SERVICES4, &mut self.services4, &mut self.shadow.services4, ins4, rem4)
-            })
-            .and_then(|_| {
-                update_map(&self.ifname, MAP_SERVICES, &mut self.services, &mut self.shadow.services, ins6, rem6)
-            });
+        let r = update_pair(
+            &self.ifname,
+            (MAP_SERVICES4, &mut self.services4, &mut self.shadow.services4),
+            (MAP_SERVICES, &mut self.services, &mut self.shadow.services),
+            (key_maps(insert)?, key_maps(remove)?),
+            MAX_SERVICES,
+        );
         self.forget_on_error(r)
     }
 
@@ -579,17 +575,13 @@ impl Steering {
     /// # Errors
     /// As [`Steering::sync_endpoints`].
     pub fn update_endpoints(&mut self, insert: &[ServiceKey], remove: &[ServiceKey]) -> Result<bool, NicError> {
-        let ((ins4, ins6), (rem4, rem6)) = (key_maps(insert)?, key_maps(remove)?);
-        let (Some(last4), Some(last6)) = (&self.shadow.endpoints4, &self.shadow.endpoints) else { return Ok(false) };
-        let (len4, len6) = (len_after(last4, &ins4, &rem4), len_after(last6, &ins6, &rem6));
-        let r = check_len(MAP_ENDPOINTS4, len4, MAX_ENDPOINTS)
-            .and_then(|()| check_len(MAP_ENDPOINTS, len6, MAX_ENDPOINTS))
-            .and_then(|()| {
-                update_map(&self.ifname, MAP_ENDPOINTS4, &mut self.endpoints4, &mut self.shadow.endpoints4, ins4, rem4)
-            })
-            .and_then(|_| {
-                update_map(&self.ifname, MAP_ENDPOINTS, &mut self.endpoints, &mut self.shadow.endpoints, ins6, rem6)
-            });
+        let r = update_pair(
+            &self.ifname,
+            (MAP_ENDPOINTS4, &mut self.endpoints4, &mut self.shadow.endpoints4),
+            (MAP_ENDPOINTS, &mut self.endpoints, &mut self.shadow.endpoints),
+            (key_maps(insert)?, key_maps(remove)?),
+            MAX_ENDPOINTS,
+        );
         self.forget_on_error(r)
     }
 
@@ -879,6 +871,26 @@ where
         }
     }
     Ok(true)
+}
+
+/// One family's map of a pair: its name, the map, and its shadow.
+type Member<'a, K> = (&'static str, &'a mut HashMap<MapData, K, u32>, &'a mut Option<FastMap<K, u32>>);
+
+/// [`update_map`] for a pair of maps, IPv4 (`services4`, `endpoints4`) and IPv6 (`services`,
+/// `endpoints`): `Ok(false)`, writing nothing, unless both shadows are known; both maps'
+/// capacities (`max` each) are checked before either is written.
+fn update_pair(
+    ifname: &str,
+    (name4, map4, shadow4): Member<'_, [u8; Service4MapKey::LEN]>,
+    (name6, map6, shadow6): Member<'_, [u8; ServiceMapKey::LEN]>,
+    ((ins4, ins6), (rem4, rem6)): (KeyMaps, KeyMaps),
+    max: usize,
+) -> Result<bool, NicError> {
+    let (Some(last4), Some(last6)) = (shadow4.as_ref(), shadow6.as_ref()) else { return Ok(false) };
+    check_len(name4, len_after(last4, &ins4, &rem4), max)?;
+    check_len(name6, len_after(last6, &ins6, &rem6), max)?;
+    update_map(ifname, name4, map4, shadow4, ins4, rem4)?;
+    update_map(ifname, name6, map6, shadow6, ins6, rem6)
 }
 
 /// The keys of a pair of maps, IPv4 (`services4`, `endpoints4`) and IPv6 (`services`,
