@@ -167,8 +167,8 @@ pub(crate) fn ipv4_of(addr: IpAddr) -> Option<Ipv4Addr> {
     }
 }
 
-/// Value of the `snat4` and `snat_addrs` maps (`struct snat_range`, 4 bytes): an inclusive port range in
-/// host byte order. aya stores it as the identical `[u16; 2]`.
+/// Value of the `snat4` and `snat_addrs` maps (`struct snat_range`, 4 bytes): an inclusive port
+/// range in host byte order. aya stores it as the identical `[u16; 2]`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct SnatRange {

@@ -480,11 +480,13 @@ impl Steering {
     /// [`MAX_SERVICES`] keys of one family (the maps are then unchanged); [`NicError::Map`] if
     /// the kernel refuses.
     pub fn sync_services(&mut self, keys: &[ServiceKey]) -> Result<(), NicError> {
-        let (want4, want6) = key_maps(keys)?;
-        check_len(MAP_SERVICES4, want4.len(), MAX_SERVICES)?;
-        check_len(MAP_SERVICES, want6.len(), MAX_SERVICES)?;
-        sync_map(&self.ifname, MAP_SERVICES4, &mut self.services4, &mut self.shadow.services4, want4)?;
-        sync_map(&self.ifname, MAP_SERVICES, &mut self.services, &mut self.shadow.services, want6)
+        sync_pair(
+            &self.ifname,
+            (MAP_SERVICES4, &mut self.services4, &mut self.shadow.services4),
+            (MAP_SERVICES, &mut self.services, &mut self.shadow.services),
+            key_maps(keys)?,
+            MAX_SERVICES,
+        )
     }
 
     /// Makes the `endpoints4` and `endpoints` maps equal to `keys`: (address, protocol, port)
@@ -494,11 +496,13 @@ impl Steering {
     /// # Errors
     /// As [`Steering::sync_services`], with [`MAX_ENDPOINTS`].
     pub fn sync_endpoints(&mut self, keys: &[ServiceKey]) -> Result<(), NicError> {
-        let (want4, want6) = key_maps(keys)?;
-        check_len(MAP_ENDPOINTS4, want4.len(), MAX_ENDPOINTS)?;
-        check_len(MAP_ENDPOINTS, want6.len(), MAX_ENDPOINTS)?;
-        sync_map(&self.ifname, MAP_ENDPOINTS4, &mut self.endpoints4, &mut self.shadow.endpoints4, want4)?;
-        sync_map(&self.ifname, MAP_ENDPOINTS, &mut self.endpoints, &mut self.shadow.endpoints, want6)
+        sync_pair(
+            &self.ifname,
+            (MAP_ENDPOINTS4, &mut self.endpoints4, &mut self.shadow.endpoints4),
+            (MAP_ENDPOINTS, &mut self.endpoints, &mut self.shadow.endpoints),
+            key_maps(keys)?,
+            MAX_ENDPOINTS,
+        )
     }
 
     /// Makes the `vip_addrs` map equal to `addrs`. List here addresses wholly owned by xlb
@@ -875,6 +879,21 @@ where
 
 /// One family's map of a pair: its name, the map, and its shadow.
 type Member<'a, K> = (&'static str, &'a mut HashMap<MapData, K, u32>, &'a mut Option<FastMap<K, u32>>);
+
+/// [`sync_map`] for a pair of maps, IPv4 (`services4`, `endpoints4`) and IPv6 (`services`,
+/// `endpoints`): both maps' capacities (`max` each) are checked before either is written.
+fn sync_pair(
+    ifname: &str,
+    (name4, map4, shadow4): Member<'_, [u8; Service4MapKey::LEN]>,
+    (name6, map6, shadow6): Member<'_, [u8; ServiceMapKey::LEN]>,
+    (want4, want6): KeyMaps,
+    max: usize,
+) -> Result<(), NicError> {
+    check_len(name4, want4.len(), max)?;
+    check_len(name6, want6.len(), max)?;
+    sync_map(ifname, name4, map4, shadow4, want4)?;
+    sync_map(ifname, name6, map6, shadow6, want6)
+}
 
 /// [`update_map`] for a pair of maps, IPv4 (`services4`, `endpoints4`) and IPv6 (`services`,
 /// `endpoints`): `Ok(false)`, writing nothing, unless both shadows are known; both maps'
