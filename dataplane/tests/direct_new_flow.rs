@@ -7,7 +7,9 @@
 //! expires, a service without endpoints, duplicates in one batch — through a small flow table
 //! that fills and evicts, and under a new-flow rate limit. Both routes must give the same
 //! verdicts and bytes, the same flows and the same counters; the direct route must have been
-//! taken.
+//! taken. Also: new flows of one batch to frontends that share an address reach their own
+//! frontend (stage 4 reuses the previous new flow's frontend lookup only for the same address,
+//! protocol and port).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -276,6 +278,95 @@ fn direct_new_flows_give_what_the_general_route_gives() {
                 } else {
                     assert!(direct > 0, "{what}: no direct new flow");
                 }
+            }
+        }
+    }
+}
+
+/// Tables in which one address carries three frontends, TCP 53, UDP 53 and TCP 80, and a
+/// second address TCP 53, each the only frontend of its service with one backend of its own
+/// (10.5.0.1 to 10.5.0.4), the first two services with Maglev, the others with the random
+/// scheduler.
+fn shared_address_tables() -> Tables {
+    use dataplane::tables::{NeighbourSpec, PortSpec, TablesSpec};
+    let (a, b) = (v4([10, 96, 7, 1]), v4([10, 96, 7, 2]));
+    let fes = [(a, L4Proto::Tcp, 53), (a, L4Proto::Udp, 53), (a, L4Proto::Tcp, 80), (b, L4Proto::Tcp, 53)];
+    let services = fes
+        .iter()
+        .enumerate()
+        .map(|(i, &(addr, proto, port))| {
+            std::sync::Arc::new(ServiceSpec {
+                name: format!("shared/svc-{i}:p"),
+                frontends: vec![Frontend::new(addr, proto, port, FrontendKind::ClusterIp, false)],
+                scheduler: if i < 2 { Scheduler::Maglev { port: true } } else { Scheduler::Random },
+                affinity_timeout_s: None,
+                mode: ForwardingMode::Nat,
+                when_empty: EmptyAction::Reject,
+                backends: vec![BackendSpec::ready(v4([10, 5, 0, 1 + i as u8]), 8000)],
+            })
+        })
+        .collect();
+    let neighbours =
+        (1..=4u8).map(|i| NeighbourSpec { addr: v4([10, 5, 0, i]), mac: [2, 0, 0, 0, 5, i], port: 1 }).collect();
+    let spec = TablesSpec {
+        services,
+        ports: vec![
+            PortSpec { name: "client".into(), mac: [2, 0, 0, 0, 0, 0xfe], mtu: 1500 },
+            PortSpec { name: "backends".into(), mac: [2, 0, 0, 0, 1, 0xfe], mtu: 1500 },
+        ],
+        neighbours,
+        routes: vec![],
+        kernel_routes: vec![],
+        multipath_l4: false,
+        snat_v4: None,
+        snat_v6: None,
+        dsr_source_v4: None,
+        dsr_source_v6: None,
+        maglev_max_size: 0,
+        cluster_cidrs: vec![],
+    };
+    TableBuilder::new().build(&spec).unwrap_or_else(|e| panic!("shared-address spec: {e}"))
+}
+
+/// Stage 4 reuses the frontend of the previous new flow of a batch when the address,
+/// protocol and port are the same; new flows that differ from the one before in only the
+/// protocol, only the port or only the address must each reach their own frontend's backend,
+/// and a port without a frontend none, whichever route (direct or general) and batch size.
+#[test]
+fn new_flows_in_one_batch_reach_the_frontend_of_their_own_protocol_port_and_address() {
+    let t = shared_address_tables();
+    let (a, b, client) = (v4([10, 96, 7, 1]), v4([10, 96, 7, 2]), v4([192, 168, 9, 9]));
+    // (frame, the backend it must reach: the last octet of 10.5.0.x, 0 for none)
+    let mut cases: Vec<(Vec<u8>, u8)> = Vec::new();
+    for (k, sport) in (2000u16..2048).enumerate() {
+        // Each frame differs from the one before in one of address, protocol and port, or in
+        // nothing (the two UDP ones).
+        let (frame, want) = match k % 8 {
+            0 | 2 | 5 => (tcp(client, sport, a, 53, tcp_flags::SYN, 64), 1),
+            1 => (tcp(client, sport, b, 53, tcp_flags::SYN, 64), 4),
+            3 | 4 => (udp(client, sport, a, 53), 2),
+            6 => (tcp(client, sport, a, 80, tcp_flags::SYN, 64), 3),
+            _ => (tcp(client, sport, a, 54, tcp_flags::SYN, 64), 0),
+        };
+        cases.push((frame, want));
+    }
+    let frames: Vec<Vec<u8>> = cases.iter().map(|(f, _)| f.clone()).collect();
+    for direct in [true, false] {
+        for size in [64, 7, 1] {
+            let cfg = PipelineConfig { conntrack_capacity: 4096, ..harness::config() };
+            let (out, p) = run(&t, &cfg, direct, &frames, size);
+            for (i, ((v, f), (_, want))) in out.iter().zip(&cases).enumerate() {
+                let what = format!("direct {direct}, batches of {size}, frame {i}");
+                if *want == 0 {
+                    // Rejected (an ICMP error back where the frame came from), not forwarded.
+                    assert_ne!(f.get(30..33), Some(&[10, 5, 0][..]), "{what}: sent to a backend: {v:?}");
+                    continue;
+                }
+                assert_eq!(*v, Verdict::Tx { port: 1 }, "{what}");
+                assert_eq!(f.get(30..34), Some(&[10, 5, 0, *want][..]), "{what}: wrong backend");
+            }
+            if direct {
+                assert!(p.direct_new_flows() > 0, "batches of {size}: no direct new flow");
             }
         }
     }

@@ -31,7 +31,9 @@
 //! With `CG_GENERAL_NEW_FLOWS` set, new flows take the slow path's general route instead of
 //! its direct one (`Pipeline::set_direct_new_flows`), for comparing the two; the driver prints
 //! how many new flows took the direct route. With `CG_SCHEDULER=random` every service uses the
-//! random scheduler (as `make bench` configures xlb) instead of Maglev.
+//! random scheduler (as `make bench` configures xlb) instead of Maglev. With `CG_ONE_SERVICE`
+//! set, the new flows of `new_flow` and `syn_flood` all go to one service (as `make bench`'s
+//! SYN flood does) instead of taking turns over the 1,000.
 //!
 //! `callgrind-pipeline jitter syn_flood uniform BATCHES` (natively, not under valgrind) times
 //! each batch instead: the `syn_flood` world, then `BATCHES` batches of 64 new SYNs with the

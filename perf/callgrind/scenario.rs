@@ -228,11 +228,15 @@ pub(crate) fn flow(i: usize) -> ([u8; 4], u16, usize) {
 
 /// Client (address, port) and service of new flow `i`: clients in `198.18.0.0/15`
 /// (disjoint from [`flow`]'s), 32 ports each, so every `i` below 2^22 is a distinct flow.
+/// The services take turns, or with `CG_ONE_SERVICE` set in the environment every new flow
+/// goes to service 0, as `make bench`'s SYN flood goes to its one Service.
 pub(crate) fn new_flow(i: usize) -> ([u8; 4], u16, usize) {
+    static ONE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let one = *ONE.get_or_init(|| std::env::var_os("CG_ONE_SERVICE").is_some());
     let c = u32::try_from(i / 32).unwrap_or(u32::MAX);
     let [_, b, x, y] = c.to_be_bytes();
     let port = 40_000 + u16::try_from(i % 32).unwrap_or(0);
-    ([198, 18 | (b & 1), x, y], port, (i * 7) % SERVICES)
+    ([198, 18 | (b & 1), x, y], port, if one { 0 } else { (i * 7) % SERVICES })
 }
 
 /// A TCP/IPv4 frame from `(client, port)` to service `svc`'s VIP with `flags`.

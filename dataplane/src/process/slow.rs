@@ -113,6 +113,11 @@ pub(super) fn stage_misses<'t, A: Fam>(st: &mut FamState<A>, c: &Common, t: &'t 
     let mut misses = 0;
     // Lanes whose Maglev slot is to be read (bit = lane index).
     let mut maglev = 0u64;
+    // The frontend of the previous new flow of the batch, by (address, protocol, port): new
+    // flows come in runs to one frontend (a SYN flood, a flash crowd to one Service), and a
+    // lookup in the frontend map hashes a 19-byte key (docs/benchmarks.md, "The frontend of
+    // the previous new flow").
+    let mut last: Option<(A, u8, u16, Option<&'t FrontendEntry>)> = None;
     for (i, l) in lanes.l.get(..lanes.n).unwrap_or(&[]).iter().enumerate() {
         if !l.miss || slow & (1 << (l.pkt & 63)) == 0 {
             continue;
@@ -120,7 +125,14 @@ pub(super) fn stage_misses<'t, A: Fam>(st: &mut FamState<A>, c: &Common, t: &'t 
         ct.prefetch_alloc(misses);
         misses += 1;
 
-        let fe = t.frontend(l.key.dst.to_mapped(), l.key.proto, l.key.dport);
+        let fe = match last {
+            Some((dst, proto, dport, fe)) if dst == l.key.dst && proto == l.key.proto && dport == l.key.dport => fe,
+            _ => {
+                let fe = t.frontend(l.key.dst.to_mapped(), l.key.proto, l.key.dport);
+                last = Some((l.key.dst, l.key.proto, l.key.dport, fe));
+                fe
+            }
+        };
         // `& 63` here and below: indices below BATCH = 64, so the bounds checks fold away.
         if let Some(x) = m.fe.get_mut(usize::from(l.pkt & 63)) {
             *x = Some(fe);
