@@ -115,8 +115,8 @@ pub(super) fn stage_misses<'t, A: Fam>(st: &mut FamState<A>, c: &Common, t: &'t 
     let mut maglev = 0u64;
     // The frontend of the previous new flow of the batch, by (address, protocol, port): new
     // flows come in runs to one frontend (a SYN flood, a flash crowd to one Service), and a
-    // lookup in the frontend map hashes a 19-byte key (docs/benchmarks.md, "The frontend of
-    // the previous new flow").
+    // lookup in the frontend map hashes a 19-byte key (docs/benchmarks.md, "The live SYN
+    // flood's budget, the frontend of the previous new flow ...").
     let mut last: Option<(A, u8, u16, Option<&'t FrontendEntry>)> = None;
     for (i, l) in lanes.l.get(..lanes.n).unwrap_or(&[]).iter().enumerate() {
         if !l.miss || slow & (1 << (l.pkt & 63)) == 0 {
