@@ -816,6 +816,7 @@ impl<A: CtFamily> Conntrack<A> {
     ///
     /// # Errors
     /// As [`Conntrack::insert`].
+    #[inline(always)]
     pub fn insert_hashed(
         &mut self,
         rec: &Rec<A>,
@@ -827,6 +828,14 @@ impl<A: CtFamily> Conntrack<A> {
         if self.len >= self.capacity {
             return self.insert_evicting(rec, fwd_hash, reply_hash, now_s, on_remove);
         }
+        self.insert_room(rec, fwd_hash, reply_hash, now_s)
+    }
+
+    /// [`Conntrack::insert_hashed`] into a table with room. Out of line, as
+    /// [`Conntrack::insert_evicting`] is: the caller's check of the length picks one of the two
+    /// without a call in between.
+    #[inline(never)]
+    fn insert_room(&mut self, rec: &Rec<A>, fwd_hash: u64, reply_hash: Option<u64>, now_s: u32) -> Result<RecId, Full> {
         // The arrays are borrowed once for the whole insert (each borrow of a mapped region is
         // a few checks).
         let (bs, rs) = (self.buckets.as_mut_slice(), self.recs.as_mut_slice());
@@ -1411,8 +1420,11 @@ fn evict_in<A: CtFamily>(
 }
 
 /// Removes flow `id` (both entries) over the table's arrays, as [`Conntrack::remove`] (which
-/// also counts it out of the table's length).
-#[inline]
+/// also counts it out of the table's length). Always inlined: under a SYN flood every insert
+/// evicts through it, and as a call (seven arguments, the table's arrays among them) it cost
+/// about 45 instructions more per SYN (callgrind, docs/benchmarks.md, "Fewer calls on a
+/// SYN's way").
+#[inline(always)]
 fn remove_in<A: CtFamily>(
     bs: &mut [Bucket],
     rs: &mut [Rec<A>],
