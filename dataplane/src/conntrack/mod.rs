@@ -1422,7 +1422,7 @@ fn evict_in<A: CtFamily>(
 /// Removes flow `id` (both entries) over the table's arrays, as [`Conntrack::remove`] (which
 /// also counts it out of the table's length). Always inlined: under a SYN flood every insert
 /// evicts through it, and as a call (seven arguments, the table's arrays among them) it cost
-/// about 45 instructions more per SYN (callgrind, docs/benchmarks.md, "Fewer calls on a
+/// 40 to 46 instructions more per SYN (callgrind, docs/benchmarks.md, "Fewer calls on a
 /// SYN's way").
 #[inline(always)]
 fn remove_in<A: CtFamily>(

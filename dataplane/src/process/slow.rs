@@ -875,9 +875,9 @@ fn new_flow<A: Fam>(
 /// computed (`Misses::reply_hash`), and the packet is rewritten from it ([`insert_direct`]).
 /// `None`, nothing done, when the general path must look (the flow table had an entry for the
 /// key in stage 3 or has one now, or the backend is not of the packet's family). Always
-/// inlined, as [`new_flow_drawn`] is: with both as calls, a new flow paid 29 to 35 more
-/// instructions on either route (callgrind; the general route pays 29 fewer with them out of
-/// line, docs/benchmarks.md, "Fewer calls on a SYN's way").
+/// inlined, as [`new_flow_drawn`] is: with both out of line, a new flow paid 29 to 35 more
+/// instructions on either direct route, while the general route pays 29 more with them
+/// inlined beside it (callgrind, docs/benchmarks.md, "Fewer calls on a SYN's way").
 #[inline(always)]
 fn new_flow_direct<A: Fam>(
     st: &mut FamState<A>,
