@@ -470,8 +470,9 @@ impl Steering {
     /// Makes the `services4` (IPv4 keys) and `services` (IPv6 keys) maps equal to `keys`:
     /// inserts the new ones, then deletes the stale ones (in that order, so a key present
     /// before and after never disappears). Duplicates in `keys` are fine. Call it on every
-    /// table publish. Only the entries that differ from the previous sync are written, unless the previous contents are not known (first sync, an
-    /// error, or [`Steering::verify_next_sync`]). Frames to a listed (address, protocol,
+    /// table publish. Only the entries that differ from the previous sync are written, unless
+    /// the previous contents are not known (first sync, an error, or
+    /// [`Steering::verify_next_sync`]). Frames to a listed (address, protocol,
     /// port) go to xlb, and so do ICMP errors quoting a packet sent from one (e.g. a NodePort
     /// reply from a node address).
     ///
