@@ -29,9 +29,13 @@
 #   $LOGS/PROFILE-PLACEMENT-PATH-REPEAT.perf.data; this VM has no PMU, cpu-clock needs none),
 #   BENCH_PERF_CPU=fwd|gen|both (the CPUs BENCH_PERF records, default fwd; gen is the
 #   generator's, where in the split placement the lb's l0 NAPI and its XDP program run),
+#   BENCH_PERF_EVENTS (what BENCH_PERF records, default "-e cpu-clock -F 2999 -g"; e.g.
+#   "-e sched:sched_switch" for who runs on the CPU and when), BENCH_RATE (the offered load
+#   of the packet-rate trials in packets per second, default 0: maximum),
 #   BENCH_BIN_DIR (default $CARGO_TARGET_DIR/release or target/release), BENCH_PREFIX
 #   (namespace prefix, default xlbbench), BENCH_OUT (perf/results), BENCH_COMMAND (the command
-#   line recorded in the report).
+#   line recorded in the report), BENCH_CONFIG (xlb's configuration for path b, default
+#   perf/bench/bench.yaml; for A/Bs of `afXdp` settings).
 # Placements (where the lb's l0 receive work, its veth NAPI, runs):
 #   split      the default: the generator's xmit schedules l0's NAPI on CPU 0, the forwarder
 #              has CPU 1 to itself (kernel paths: RPS moves their work to CPU 1).
@@ -42,7 +46,7 @@
 #              xlb-macfwd under `chrt -f 1`); the kernel paths are not run (nothing differs).
 #   Profiles of a non-split placement are reported as PROFILE@PLACEMENT.
 # Output: $BENCH_OUT/raw-DATE.jsonl (one JSON line per trial), then xlb-bench-report writes
-# $BENCH_OUT/latest.{json,md,png} and DATE-COMMIT.{json,md,png}. Logs: /tmp/xlb-bench-DATE/.
+# $BENCH_OUT/latest.{json,md,png} and DATE-COMMIT.{json,md,png}. Logs: /tmp/xlb-bench-DATE/ (DATE to the second).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 ROOT=$PWD
@@ -73,12 +77,14 @@ CPS_PATHS=${BENCH_CPS_PATHS:-"b c d"}
 SEARCH=${BENCH_SEARCH:-1}
 PERF=${BENCH_PERF:-0}
 PERF_CPU=${BENCH_PERF_CPU:-fwd}
+PERF_EVENTS=${BENCH_PERF_EVENTS:-"-e cpu-clock -F 2999 -g"}
+RATE=${BENCH_RATE:-0}
 BUILD=${BENCH_BUILD:-1}
 P=${BENCH_PREFIX:-xlbbench}
 OUT=${BENCH_OUT:-$ROOT/perf/results}
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 BIN=${BENCH_BIN_DIR:-$TARGET/release}
-CFG=$ROOT/perf/bench/bench.yaml
+CFG=${BENCH_CONFIG:-$ROOT/perf/bench/bench.yaml}
 GEN=$P-gen LB=$P-lb SINK=$P-sink
 MAC_G0=02:00:0a:fb:00:02 MAC_L0=02:00:0a:fb:00:01 MAC_S0=02:00:0a:fb:01:0b
 VIP=10.251.100.1 SRC_IP=10.252.0.1
@@ -91,7 +97,8 @@ COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 STAMP=$(date -u +%Y-%m-%dT%H%MZ)
 DATE=$(date -u +%Y-%m-%dT%H:%MZ)
 RAW=$OUT/raw-$STAMP.jsonl
-LOGS=/tmp/xlb-bench-$STAMP
+# to the second: two runs started in one minute must not share (and overwrite) their logs
+LOGS=/tmp/xlb-bench-$(date -u +%Y-%m-%dT%H%M%SZ)
 T0=$SECONDS
 
 say() { printf '[bench %3ds] %s\n' "$((SECONDS - T0))" "$*"; }
@@ -362,7 +369,7 @@ pktgen_common() {
     "--src-mac $MAC_G0 --dst-mac $MAC_L0 --src-ip $SRC_IP --dst-ip $VIP"
 }
 
-# trial PATH PROFILE REPEAT: one xlb-pktgen run at maximum rate
+# trial PATH PROFILE REPEAT: one xlb-pktgen run at maximum rate (or BENCH_RATE)
 # label PROFILE: the profile name the report shows (PROFILE@PLACEMENT off the split placement)
 label() { if [ "$PLACEMENT" = split ]; then echo "$1"; else echo "$1@$PLACEMENT"; fi; }
 
@@ -378,12 +385,12 @@ trial() {
   if [ "$PERF" = 1 ]; then
     local cpus=$FWD_CPU
     case $PERF_CPU in gen) cpus=$GEN_CPU ;; both) cpus="$GEN_CPU,$FWD_CPU" ;; esac
-    (sleep "$WARMUP"; exec perf record -q -e cpu-clock -F 2999 -g -C "$cpus" -o "$lp.perf.data" \
+    (sleep "$WARMUP"; exec perf record -q $PERF_EVENTS -C "$cpus" -o "$lp.perf.data" \
       -- sleep "$SECS") >"$lp.perf.err" 2>&1 &
     perf_pid=$!
   fi
   # shellcheck disable=SC2046,SC2086
-  timeout $((WARMUP + SECS + 60)) "$PKTGEN" run $(pktgen_common) $args --rate 0 \
+  timeout $((WARMUP + SECS + 60)) "$PKTGEN" run $(pktgen_common) $args --rate "$RATE" \
     --duration "$SECS" --warmup "$WARMUP" --json >"$lp.pktgen.json" 2>"$lp.pktgen.err"
   local rc=$?
   [ -n "$perf_pid" ] && wait "$perf_pid"
@@ -554,9 +561,9 @@ emit "$(jq -cn --argjson repeats "$REPEATS" --argjson seconds "$SECS" --argjson 
   --arg nft "$(tool_version nft --version)" --arg ipt "$(tool_version iptables --version)" \
   --arg trafgen "$(tool_version trafgen --version)" --arg wrk "$(tool_version wrk --version)" \
   --arg nginx "$(tool_version nginx -v)" --arg ctmax "$(cat /proc/sys/net/netfilter/nf_conntrack_max 2>/dev/null)" \
-  --arg command "$COMMAND" --arg logs "$LOGS" --arg commit "$COMMIT" --arg load "$(cut -d' ' -f1-3 /proc/loadavg)" \
+  --arg rate "$RATE" --arg command "$COMMAND" --arg logs "$LOGS" --arg commit "$COMMIT" --arg load "$(cut -d' ' -f1-3 /proc/loadavg)" \
   '{kind:"run",settings:{repeats:$repeats,seconds:$seconds,warmup_s:$warmup,quick:($quick=="1"),
-    profiles:$profiles,paths:$paths,offered_load:"maximum (--rate 0)",
+    profiles:$profiles,paths:$paths,offered_load:(if $rate == "0" then "maximum (--rate 0)" else "\($rate) pps (--rate \($rate))" end),
     generator_cpu:0,forwarder_cpu:1,rps_l0_kernel_paths:"2 (CPU 1)",
     xlb_cores:"[1]",cps_seconds:$cps_seconds,cps_connections:32,
     nft:$nft,iptables:$ipt,trafgen:$trafgen,wrk:$wrk,nginx:$nginx,nf_conntrack_max:$ctmax,
