@@ -1059,9 +1059,14 @@ impl Xsk {
                         })?;
                     }
                     if self.ports.is_empty() {
-                        tracing::info!(ifname, queue, mode, "AF_XDP socket bound");
+                        tracing::info!(ifname, queue, mode, ring = cfg.ring_size, "AF_XDP socket bound");
                     } else {
-                        tracing::info!(ifname, queue, "AF_XDP socket bound on the shared UMEM (its mode)");
+                        tracing::info!(
+                            ifname,
+                            queue,
+                            ring = cfg.ring_size,
+                            "AF_XDP socket bound on the shared UMEM (its mode)"
+                        );
                     }
                     return Ok(Port {
                         ifname: ifname.to_owned(),

@@ -230,6 +230,36 @@ mod xlb {
         assert_eq!(tcp.peer, IpAddr::V4(CLIENT_V4), "TCP source seen by {}", tcp.backend);
     }
 
+    /// `afXdp.ringSize` and `afXdp.frames` reach the sockets: with rings of 4096 entries and
+    /// 16,384 UMEM frames the worker binds its sockets with those rings (their log lines say
+    /// so, and none says 2048) and forwards ClusterIP traffic across the backends.
+    #[test]
+    fn deeper_rings_from_af_xdp_ring_size_bind_and_forward() {
+        if skip_without_root("deeper_rings_from_af_xdp_ring_size_bind_and_forward") {
+            return;
+        }
+        let tb = testbed();
+        let config = CONFIG.replacen(
+            "kind: XlbConfiguration\n",
+            "kind: XlbConfiguration\nafXdp:\n  ringSize: 4096\n  frames: 16384\n",
+            1,
+        );
+        assert_ne!(config, CONFIG, "setup: the afXdp lines went in");
+        let xlb = Xlb::start(&tb, &config).expect("xlb start with afXdp.ringSize 4096");
+        let log = xlb.log();
+        assert!(
+            log.contains("AF_XDP socket bound") && log.contains("ring=4096"),
+            "sockets bound with 4096-entry rings:\n{log}"
+        );
+        assert!(!log.contains("ring=2048"), "no socket kept the default ring:\n{log}");
+        let got = fetch_n(&tb, &format!("http://{WEB_VIP}/"), 12);
+        let spread = per_backend(&got);
+        assert!(spread.len() >= 2, "answers from {spread:?} only{}", evidence(&xlb));
+        assert_new_flows(&xlb, "demo/web:http", &got, v4_backend_port(HTTP_PORT));
+        let stats = xlb.stats().expect("xlb stats");
+        assert!(stats.contains("umem_frames 16384"), "the worker's UMEM has afXdp.frames frames:\n{stats}");
+    }
+
     /// NodePort with externalTrafficPolicy Cluster (web, 30080/TCP and 30053/UDP on the
     /// node address) is masqueraded: the backends see xlb's SNAT address 10.250.2.1. With
     /// externalTrafficPolicy Local (lb: NodePort 30081 and its LoadBalancer ingress IP) the

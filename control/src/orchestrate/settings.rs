@@ -29,6 +29,7 @@ pub fn worker_ports(config: &Config, w: usize) -> Vec<(String, u32)> {
 pub fn xsk_config(config: &Config) -> XskConfig {
     XskConfig {
         frame_count: config.af_xdp.frames,
+        ring_size: config.af_xdp.ring_size,
         fill_frames: config.af_xdp.fill_frames,
         copy_mode: match config.af_xdp.zero_copy.as_str() {
             "copy" => CopyMode::Copy,
@@ -127,6 +128,10 @@ mod tests {
         let want =
             format!("f{}x{}r{}mautow1;0=eth0:4,eth1:0;1=eth0:5,eth1:1", c.af_xdp.frames, x.frame_size, x.ring_size);
         assert_eq!(xsk_layout(&c, 2), want);
+        assert_eq!(x.ring_size, 2048);
+        c.af_xdp.ring_size = 4096;
+        assert_eq!(xsk_config(&c).ring_size, 4096, "afXdp.ringSize reaches the sockets");
+        assert!(xsk_layout(&c, 2).contains("r4096m"), "a changed ring size changes the layout: {}", xsk_layout(&c, 2));
         c.af_xdp.zero_copy = "zerocopy".into();
         c.af_xdp.busy_poll = true;
         assert!(xsk_layout(&c, 2).contains("mzerocopyw0;"), "{}", xsk_layout(&c, 2));
