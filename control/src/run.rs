@@ -378,6 +378,14 @@ fn serve(
     let queues_per_iface = config.interfaces.iter().map(|i| i.queues.len().max(1)).min().unwrap_or(1);
     let nworkers = cores.len().min(queues_per_iface).max(1);
     let nworkers_u16 = u16::try_from(nworkers).unwrap_or(1);
+    // The control plane (this thread, the runtime's, and every thread started from them later,
+    // which inherit the set) keeps off the cores the workers will be pinned to; each worker
+    // pins itself to its core when it starts.
+    let control = xlb::orchestrate::control_cpus(&allowed, cores.get(..nworkers).unwrap_or(&cores));
+    if !control.is_empty() {
+        let threads = pin_control_threads(&control);
+        tracing::info!(cpus = ?control, threads, "control threads kept off the worker cores");
+    }
 
     // A hand-over: the running xlb stops its workers and sends their flows; its programs then
     // drop xlb's frames until this process is ready and attaches its own.
@@ -1296,6 +1304,29 @@ fn kernel_routes(cfg: &xlb::config::Config) -> Option<Vec<KernelRouteSpec>> {
         .collect();
     v.sort_by_key(|a| (a.dst.addr, a.dst.len, a.metric));
     Some(v)
+}
+
+/// Restricts every thread of this process to `cpus` (`sched_setaffinity(2)` per thread of
+/// `/proc/self/task`); called before any worker exists, so all of them are control threads.
+/// Returns how many were set. A thread that cannot be set is logged and left as it is: the
+/// process runs either way, only with its control work on the workers' cores.
+fn pin_control_threads(cpus: &[usize]) -> usize {
+    let mut set = nix::sched::CpuSet::new();
+    for &c in cpus {
+        if let Err(err) = set.set(c) {
+            tracing::warn!(cpu = c, %err, "control threads not kept off the worker cores");
+            return 0;
+        }
+    }
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0 };
+    let mut n = 0;
+    for tid in tasks.flatten().filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok()) {
+        match nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(tid), &set) {
+            Ok(()) => n += 1,
+            Err(err) => tracing::warn!(tid, %err, "could not keep a control thread off the worker cores"),
+        }
+    }
+    n
 }
 
 #[cfg(test)]

@@ -260,6 +260,56 @@ mod xlb {
         assert!(stats.contains("umem_frames 16384"), "the worker's UMEM has afXdp.frames frames:\n{stats}");
     }
 
+    /// CPU list of `/proc/.../status` (`Cpus_allowed_list`, e.g. `0-1,4`) as CPU numbers.
+    fn cpu_list(status: &str) -> Vec<usize> {
+        let list = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).unwrap_or("").trim();
+        let mut out = Vec::new();
+        for part in list.split(',').filter(|p| !p.is_empty()) {
+            let (a, b) = part.split_once('-').unwrap_or((part, part));
+            if let (Ok(a), Ok(b)) = (a.parse::<usize>(), b.parse::<usize>()) {
+                out.extend(a..=b);
+            }
+        }
+        out
+    }
+
+    /// With `cores: [1]` the one worker runs on CPU 1, and every other thread of xlb (the
+    /// control plane: the main thread, the runtime's, the helpers) is kept to the CPUs the
+    /// worker leaves, so that none of them preempts the worker (`Cpus_allowed_list` of each
+    /// thread in `/proc/PID/task`).
+    #[test]
+    fn control_threads_keep_off_the_worker_core() {
+        if skip_without_root("control_threads_keep_off_the_worker_core") {
+            return;
+        }
+        let mine = cpu_list(&std::fs::read_to_string("/proc/self/status").expect("own status"));
+        if !(mine.contains(&0) && mine.contains(&1)) {
+            eprintln!("control_threads_keep_off_the_worker_core: skipped, needs CPUs 0 and 1 (have {mine:?})");
+            return;
+        }
+        let tb = testbed();
+        let config = CONFIG.replacen("\ncores: [0, 1]\n", "\ncores: [1]\n", 1);
+        assert_ne!(config, CONFIG, "setup: the cores line changed");
+        let xlb = Xlb::start(&tb, &config).expect("xlb start with cores [1]");
+        let pid = xlb.pid().expect("xlb pid");
+        let want_control: Vec<usize> = mine.iter().copied().filter(|&c| c != 1).collect();
+        let mut threads = Vec::new();
+        for t in std::fs::read_dir(format!("/proc/{pid}/task")).expect("xlb's threads").flatten() {
+            let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default().trim().to_owned();
+            let cpus = cpu_list(&std::fs::read_to_string(t.path().join("status")).unwrap_or_default());
+            threads.push((comm, cpus));
+        }
+        println!("xlb's threads and their CPUs: {threads:?}");
+        let workers: Vec<_> = threads.iter().filter(|(c, _)| c.starts_with("xlb-worker")).collect();
+        assert_eq!(workers.len(), 1, "one worker: {threads:?}");
+        assert_eq!(workers[0].1, [1], "the worker is pinned to CPU 1: {threads:?}");
+        for (comm, cpus) in threads.iter().filter(|(c, _)| !c.starts_with("xlb-worker")) {
+            assert_eq!(cpus, &want_control, "control thread {comm} keeps to the CPUs the worker leaves: {threads:?}");
+        }
+        assert!(threads.len() > 2, "the control plane has several threads to check: {threads:?}");
+        assert!(xlb.log().contains("control threads kept off the worker cores"), "{}", xlb.log());
+    }
+
     /// NodePort with externalTrafficPolicy Cluster (web, 30080/TCP and 30053/UDP on the
     /// node address) is masqueraded: the backends see xlb's SNAT address 10.250.2.1. With
     /// externalTrafficPolicy Local (lb: NodePort 30081 and its LoadBalancer ingress IP) the

@@ -14,7 +14,7 @@ pub use publish::{
     Builders, Built, Input, Kernel, LiveKernel, PublishError, Published, Publisher, SteeringMaps, sync_steering,
     sync_steering_touched,
 };
-pub use settings::{SNAT_PORTS, pipeline_config, resume_config, worker_ports, xsk_config, xsk_layout};
+pub use settings::{SNAT_PORTS, control_cpus, pipeline_config, resume_config, worker_ports, xsk_config, xsk_layout};
 
 use crate::cluster::{ClusterState, object_changes};
 

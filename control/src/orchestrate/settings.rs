@@ -25,6 +25,14 @@ pub fn worker_ports(config: &Config, w: usize) -> Vec<(String, u32)> {
         .collect()
 }
 
+/// The CPUs the control plane keeps to: those of `allowed` (the process's CPU set) that no
+/// worker is pinned to (`worker_cores`, one per worker). Empty when the workers take every
+/// allowed CPU: then the control threads share the workers' cores. DPDK keeps its control
+/// threads off the lcores the same way (`rte_ctrl_thread_create`).
+pub fn control_cpus(allowed: &[usize], worker_cores: &[usize]) -> Vec<usize> {
+    allowed.iter().copied().filter(|c| !worker_cores.contains(c)).collect()
+}
+
 /// The workers' AF_XDP settings from `afXdp`.
 pub fn xsk_config(config: &Config) -> XskConfig {
     XskConfig {
@@ -111,6 +119,14 @@ mod tests {
             ],
             ..Config::default()
         }
+    }
+
+    #[test]
+    fn the_control_plane_keeps_to_the_cpus_no_worker_is_pinned_to() {
+        assert_eq!(control_cpus(&[0, 1], &[1]), [0]);
+        assert_eq!(control_cpus(&[0, 1, 2, 3, 4, 5, 6, 7], &[2, 3, 4, 5, 6, 7]), [0, 1]);
+        assert_eq!(control_cpus(&[4, 5, 6], &[5]), [4, 6], "a CPU set that does not start at 0");
+        assert!(control_cpus(&[0, 1], &[0, 1]).is_empty(), "workers on every CPU: nothing left to keep to");
     }
 
     #[test]
