@@ -345,8 +345,12 @@ fn serve(
     let mut publisher = Publisher::new(Builders::new(kernel_routes(&config).unwrap_or_default()), Instant::now());
     let builder = &mut publisher.builders;
     // A full build translates and builds Maglev tables on the CPUs the workers leave (at least
-    // the control thread's own); the helper threads are not pinned.
-    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    // the control thread's own); its helper threads keep to those CPUs once the start-up below
+    // has restricted the control threads (they inherit the set).
+    let cpus = match process_cpus().len() {
+        0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+        n => n,
+    };
     let control_threads = cpus.saturating_sub(config.cores.len()).max(1);
     builder.tables.set_build_threads(control_threads);
     builder.translator.set_threads(control_threads);
@@ -366,9 +370,8 @@ fn serve(
     telemetry.health.updated(SystemTime::now());
     let handle = TablesHandle::new(tables);
 
-    // Cores: read the allowed set before pinning anything (core_affinity reports the calling
-    // thread's mask).
-    let allowed: Vec<usize> = core_affinity::get_core_ids().unwrap_or_default().into_iter().map(|c| c.id).collect();
+    // Cores: the process's CPU set as it was before anything was pinned.
+    let allowed = process_cpus();
     let cores: Vec<usize> = if config.cores.is_empty() { allowed.clone() } else { config.cores.clone() };
     for c in &cores {
         if !allowed.is_empty() && !allowed.contains(c) {
@@ -1304,6 +1307,15 @@ fn kernel_routes(cfg: &xlb::config::Config) -> Option<Vec<KernelRouteSpec>> {
         .collect();
     v.sort_by_key(|a| (a.dst.addr, a.dst.len, a.metric));
     Some(v)
+}
+
+/// The CPUs this process may run on, read once, the first time (`core_affinity` reports the
+/// calling thread's mask): when the process serves again after a failed hand-over its threads
+/// are already kept to the control CPUs ([`pin_control_threads`]), so their masks are no longer
+/// the process's set. Empty if it cannot be read.
+fn process_cpus() -> Vec<usize> {
+    static CPUS: std::sync::OnceLock<Vec<usize>> = std::sync::OnceLock::new();
+    CPUS.get_or_init(|| core_affinity::get_core_ids().unwrap_or_default().into_iter().map(|c| c.id).collect()).clone()
 }
 
 /// Restricts every thread of this process to `cpus` (`sched_setaffinity(2)` per thread of

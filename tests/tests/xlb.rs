@@ -288,26 +288,49 @@ mod xlb {
             return;
         }
         let tb = testbed();
+        // One worker, on CPU 1 and queue 0; the testbed's second queue then has no socket, so
+        // this test checks where the threads run, not traffic.
         let config = CONFIG.replacen("\ncores: [0, 1]\n", "\ncores: [1]\n", 1);
         assert_ne!(config, CONFIG, "setup: the cores line changed");
         let xlb = Xlb::start(&tb, &config).expect("xlb start with cores [1]");
         let pid = xlb.pid().expect("xlb pid");
         let want_control: Vec<usize> = mine.iter().copied().filter(|&c| c != 1).collect();
-        let mut threads = Vec::new();
-        for t in std::fs::read_dir(format!("/proc/{pid}/task")).expect("xlb's threads").flatten() {
-            let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default().trim().to_owned();
-            let cpus = cpu_list(&std::fs::read_to_string(t.path().join("status")).unwrap_or_default());
-            threads.push((comm, cpus));
-        }
-        println!("xlb's threads and their CPUs: {threads:?}");
-        let workers: Vec<_> = threads.iter().filter(|(c, _)| c.starts_with("xlb-worker")).collect();
-        assert_eq!(workers.len(), 1, "one worker: {threads:?}");
-        assert_eq!(workers[0].1, [1], "the worker is pinned to CPU 1: {threads:?}");
-        for (comm, cpus) in threads.iter().filter(|(c, _)| !c.starts_with("xlb-worker")) {
-            assert_eq!(cpus, &want_control, "control thread {comm} keeps to the CPUs the worker leaves: {threads:?}");
-        }
-        assert!(threads.len() > 2, "the control plane has several threads to check: {threads:?}");
+        let check = |when: &str| {
+            let mut threads = Vec::new();
+            for t in std::fs::read_dir(format!("/proc/{pid}/task")).expect("xlb's threads").flatten() {
+                let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default().trim().to_owned();
+                let cpus = cpu_list(&std::fs::read_to_string(t.path().join("status")).unwrap_or_default());
+                threads.push((comm, cpus));
+            }
+            println!("{when}: xlb's threads and their CPUs: {threads:?}");
+            let workers: Vec<_> = threads.iter().filter(|(c, _)| c.starts_with("xlb-worker")).collect();
+            assert_eq!(workers.len(), 1, "{when}: one worker: {threads:?}");
+            assert_eq!(workers[0].1, [1], "{when}: the worker is pinned to CPU 1: {threads:?}");
+            for (comm, cpus) in threads.iter().filter(|(c, _)| !c.starts_with("xlb-worker")) {
+                assert_eq!(cpus, &want_control, "{when}: control thread {comm} keeps to the CPUs the worker leaves");
+            }
+            assert!(threads.len() > 2, "{when}: the control plane has several threads to check: {threads:?}");
+        };
+        check("at start");
         assert!(xlb.log().contains("control threads kept off the worker cores"), "{}", xlb.log());
+
+        // A hand-over that fails after this xlb stopped its workers: it serves again in the
+        // same process, whose threads are by then all on the control CPUs; it must still see
+        // CPU 1 as its own and pin its new worker there.
+        let bad =
+            config.replacen("kind: XlbConfiguration\n", "kind: XlbConfiguration\nafXdp:\n  zeroCopy: zerocopy\n", 1);
+        assert_ne!(bad, config, "setup: the zeroCopy line went in");
+        std::fs::write(xlb.config_path(), &bad).expect("rewrite the config");
+        wait_for(Duration::from_secs(5), || xlb.log().contains("configuration reloaded").then_some(()))
+            .unwrap_or_else(|| panic!("no reload in the log:\n{}", xlb.log()));
+        let err = xlb.take_over_keeping::<&str>(&tb, &[]).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("exit status") || err.contains("exited"), "the new xlb fails: {err}");
+        wait_for(Duration::from_secs(10), || (xlb.log().matches("xlb running").count() == 2).then_some(()))
+            .unwrap_or_else(|| panic!("the xlb does not serve again:\n{}", xlb.log()));
+        check("serving again after the failed hand-over");
+        assert_eq!(xlb.log().matches("control threads kept off the worker cores").count(), 2, "{}", xlb.log());
+        let stats = xlb.stats().expect("stats of the resumed xlb");
+        assert!(stats.contains("worker 0 "), "its worker answers:\n{stats}");
     }
 
     /// NodePort with externalTrafficPolicy Cluster (web, 30080/TCP and 30053/UDP on the
