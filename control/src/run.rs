@@ -1335,6 +1335,8 @@ fn pin_control_threads(cpus: &[usize]) -> usize {
     for tid in tasks.flatten().filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok()) {
         match nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(tid), &set) {
             Ok(()) => n += 1,
+            // The thread ended since the directory was read.
+            Err(nix::errno::Errno::ESRCH) => {}
             Err(err) => tracing::warn!(tid, %err, "could not keep a control thread off the worker cores"),
         }
     }
