@@ -70,6 +70,25 @@ mod xlb {
         xlb
     }
 
+    /// Makes a hand-over from `xlb` (running `config`) fail after `xlb` stopped its workers:
+    /// its file gets `afXdp.zeroCopy: zerocopy`, which veth cannot do, so the new xlb started
+    /// with `--takeover` fails at its AF_XDP bind once it has the flows. Returns the new xlb's
+    /// error, once `xlb` serves again (its second `xlb running`).
+    fn fail_a_hand_over(tb: &Testbed, xlb: &Xlb, config: &str) -> String {
+        let bad =
+            config.replacen("kind: XlbConfiguration\n", "kind: XlbConfiguration\nafXdp:\n  zeroCopy: zerocopy\n", 1);
+        assert_ne!(bad, config, "setup: the zeroCopy line went in");
+        std::fs::write(xlb.config_path(), &bad).expect("rewrite the config");
+        // The running xlb takes the file (a setting it applies only at a start).
+        wait_for(Duration::from_secs(5), || xlb.log().contains("configuration reloaded").then_some(()))
+            .unwrap_or_else(|| panic!("no reload in the log:\n{}", xlb.log()));
+        let err = xlb.take_over_keeping::<&str>(tb, &[]).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("exit status") || err.contains("exited"), "the new xlb fails: {err}");
+        wait_for(Duration::from_secs(10), || (xlb.log().matches("xlb running").count() == 2).then_some(()))
+            .unwrap_or_else(|| panic!("the xlb does not serve again:\n{}", xlb.log()));
+        err
+    }
+
     /// Stats and log of `xlb`, for failure messages.
     fn evidence(xlb: &Xlb) -> String {
         format!(
@@ -317,16 +336,7 @@ mod xlb {
         // A hand-over that fails after this xlb stopped its workers: it serves again in the
         // same process, whose threads are by then all on the control CPUs; it must still see
         // CPU 1 as its own and pin its new worker there.
-        let bad =
-            config.replacen("kind: XlbConfiguration\n", "kind: XlbConfiguration\nafXdp:\n  zeroCopy: zerocopy\n", 1);
-        assert_ne!(bad, config, "setup: the zeroCopy line went in");
-        std::fs::write(xlb.config_path(), &bad).expect("rewrite the config");
-        wait_for(Duration::from_secs(5), || xlb.log().contains("configuration reloaded").then_some(()))
-            .unwrap_or_else(|| panic!("no reload in the log:\n{}", xlb.log()));
-        let err = xlb.take_over_keeping::<&str>(&tb, &[]).err().map(|e| e.to_string()).unwrap_or_default();
-        assert!(err.contains("exit status") || err.contains("exited"), "the new xlb fails: {err}");
-        wait_for(Duration::from_secs(10), || (xlb.log().matches("xlb running").count() == 2).then_some(()))
-            .unwrap_or_else(|| panic!("the xlb does not serve again:\n{}", xlb.log()));
+        fail_a_hand_over(&tb, &xlb, &config);
         check("serving again after the failed hand-over");
         assert_eq!(xlb.log().matches("control threads kept off the worker cores").count(), 2, "{}", xlb.log());
         let stats = xlb.stats().expect("stats of the resumed xlb");
@@ -1510,22 +1520,11 @@ mod xlb {
         let mut snat = open_keepalive(&tb, SocketAddr::new(LB_CLIENT_SIDE_V4.into(), 30080), 8);
         let eth0_prog = || xdp_prog_id(&tb.exec_ok(Role::Lb, &["ip", "-d", "link", "show", "eth0"]).expect("ip link"));
         let prog_before = eth0_prog();
-        let bad_config =
-            CONFIG.replacen("kind: XlbConfiguration\n", "kind: XlbConfiguration\nafXdp:\n  zeroCopy: zerocopy\n", 1);
-        assert_ne!(bad_config, CONFIG, "setup: the zeroCopy line went in");
-        std::fs::write(old.config_path(), &bad_config).expect("rewrite the config");
-        // The running xlb takes the file (a setting it applies only at a start).
-        wait_for(Duration::from_secs(5), || old.log().contains("configuration reloaded").then_some(()))
-            .unwrap_or_else(|| panic!("no reload in the old log:\n{}", old.log()));
-
-        let err = old.take_over_keeping::<&str>(&tb, &[]).err().map(|e| e.to_string()).unwrap_or_default();
-        assert!(err.contains("exit status") || err.contains("exited"), "the new xlb fails: {err}");
+        let err = fail_a_hand_over(&tb, &old, CONFIG);
         assert!(
             err.contains("zero-copy") || err.contains("zerocopy") || err.contains("ZEROCOPY"),
             "it says why: {err}"
         );
-        wait_for(Duration::from_secs(10), || (old.log().matches("xlb running").count() == 2).then_some(()))
-            .unwrap_or_else(|| panic!("the old xlb does not serve again:\n{}", old.log()));
         let log = old.log();
         assert!(log.contains("hand-over failed after this xlb stopped its workers"), "old log:\n{log}");
         assert!(log.contains("the new xlb failed:"), "the old log gives the new one's reason:\n{log}");
