@@ -840,7 +840,9 @@ impl<A: CtFamily> Conntrack<A> {
         // a few checks).
         let (bs, rs) = (self.buckets.as_mut_slice(), self.recs.as_mut_slice());
         let mut fl = FreeList { stack: self.free.as_mut_slice(), n: &mut self.nfree, hw: &mut self.hw, cap: rs.len() };
-        let id = insert_in(bs, rs, &mut fl, &mut self.placed, self.nb, &self.seeds, rec, fwd_hash, reply_hash, now_s)?;
+        let id = fl.alloc().ok_or(Full)?;
+        let id =
+            insert_in(bs, rs, &mut fl, &mut self.placed, self.nb, &self.seeds, rec, fwd_hash, reply_hash, now_s, id)?;
         self.len += 1;
         Ok(id)
     }
@@ -862,11 +864,11 @@ impl<A: CtFamily> Conntrack<A> {
         // evicted borrowing them per step made nine borrows).
         let (bs, rs) = (self.buckets.as_mut_slice(), self.recs.as_mut_slice());
         let mut fl = FreeList { stack: self.free.as_mut_slice(), n: &mut self.nfree, hw: &mut self.hw, cap: rs.len() };
-        if !evict_in(bs, rs, &mut fl, nb, seeds, fwd_hash, age(now_s), &mut on_remove) {
+        let Some(id) = evict_in(bs, rs, nb, seeds, fwd_hash, age(now_s), &mut on_remove) else {
             return self.insert_after_reclaim(rec, fwd_hash, reply_hash, now_s, on_remove);
-        }
-        // One flow out, one in: the length stays.
-        insert_in(bs, rs, &mut fl, &mut self.placed, nb, seeds, rec, fwd_hash, reply_hash, now_s)
+        };
+        // One flow out, one in, in the evicted flow's record: the length stays.
+        insert_in(bs, rs, &mut fl, &mut self.placed, nb, seeds, rec, fwd_hash, reply_hash, now_s, id)
             .inspect_err(|_| self.len -= 1)
     }
 
@@ -1270,10 +1272,11 @@ fn place(buckets: &mut [Bucket], nb: u64, h: u64, r: u32, meta: u8) -> bool {
     false
 }
 
-/// The body of [`Conntrack::insert_hashed`] over the table's arrays, with room for the flow:
-/// takes a record, files the reply entry (or settles a clash with an older flow's entry) and
-/// the forward entry, notes both in the placed filter, and writes the record. The caller counts
-/// the flow into the table's length.
+/// The body of [`Conntrack::insert_hashed`] over the table's arrays, into record `id` (taken
+/// from the free list, or the record of the flow the insert evicted): files the reply entry
+/// (or settles a clash with an older flow's entry) and the forward entry, notes both in the
+/// placed filter, and writes the record; on failure frees `id`. The caller counts the flow
+/// into the table's length.
 #[expect(clippy::too_many_arguments, reason = "the table's arrays, borrowed once by insert")]
 #[inline(always)]
 fn insert_in<A: CtFamily>(
@@ -1287,8 +1290,8 @@ fn insert_in<A: CtFamily>(
     fwd_hash: u64,
     reply_hash: Option<u64>,
     now_s: u32,
+    id: RecId,
 ) -> Result<RecId, Full> {
-    let id = fl.alloc().ok_or(Full)?;
     let meta = age(now_s) | if rec.ct_state().is_evictable() { EVICTABLE } else { 0 };
     let mut flags = rec.flags & !(flow_flags::NO_REPLY | flow_flags::DEFERRED);
     if flags & flow_flags::DSR == 0 {
@@ -1384,47 +1387,80 @@ fn next_bucket(b: usize, nb: u64) -> usize {
 
 /// Evicts the oldest evictable flow with an entry in the home bucket of `h` or the next ones,
 /// up to [`EVICT_REACH`] buckets ([`victim_in`]), and reports it through `on_remove`. Returns
-/// whether one was evicted; the caller counts it out of the table's length.
-#[expect(clippy::too_many_arguments, reason = "the table's arrays, borrowed once by insert")]
+/// the evicted flow's record, its entries cleared but the record itself neither freed nor
+/// zeroed: the insert that evicted writes the new flow into it ([`insert_in`]; it frees it if
+/// the insert fails), so an eviction does not push a record on the free stack for the insert
+/// to pop. The caller counts the flow out of the table's length. `None`: nothing evictable.
 #[inline]
 fn evict_in<A: CtFamily>(
     bs: &mut [Bucket],
-    rs: &mut [Rec<A>],
-    fl: &mut FreeList<'_>,
+    rs: &[Rec<A>],
     nb: u64,
     seeds: &[u64; 5],
     h: u64,
     now7: u8,
     on_remove: &mut impl FnMut(Removed),
-) -> bool {
+) -> Option<RecId> {
     // A hint can be stale (the flow got established since): then it is cleared and the
     // next oldest is tried; bounded by the slots looked at.
     for _ in 0..SLOTS * EVICT_REACH {
-        let Some((b, s)) = victim_for_insert(bs, nb, h, now7) else { return false };
-        let Some(r) = bs.get(b).and_then(|bk| bk.refs.get(s)).copied() else { return false };
+        let (b, s) = victim_for_insert(bs, nb, h, now7)?;
+        let r = bs.get(b).and_then(|bk| bk.refs.get(s)).copied()?;
         let id = r >> 1;
-        let evictable = rs.get(id as usize).is_some_and(|x| x.in_use() && x.ct_state().is_evictable());
-        if !evictable {
+        let rec = rs.get(id as usize)?;
+        if !(rec.in_use() && rec.ct_state().is_evictable()) {
             if let Some(m) = bs.get_mut(b).and_then(|bk| bk.meta.get_mut(s)) {
                 *m &= !EVICTABLE;
             }
             continue;
         }
-        if let Some(x) = remove_in(bs, rs, fl, nb, seeds, id) {
-            on_remove(Removed { evicted: true, ..x });
-            return true;
+        // The entry found is cleared where it sits; the flow's other entry (if it has one) is
+        // looked up. A reply entry always belongs to a flow that has one: a flow that lost
+        // it (`NO_REPLY`) has no entry of that direction pointing at it.
+        let fh = A::hash_key(&rec.fwd_key(), seeds);
+        let (here, other) = if dir_of(r) == Dir::Forward {
+            (fh, rec.has_reply().then(|| (A::hash_key(&rec.reply_key(), seeds), id << 1 | 1)))
+        } else {
+            (A::hash_key(&rec.reply_key(), seeds), Some((fh, id << 1)))
+        };
+        on_remove(Removed { backend: rec.backend, state: rec.ct_state(), evicted: true });
+        clear_at(bs, nb, here, b, s);
+        if let Some((oh, or)) = other {
+            unplace(bs, nb, oh, or);
         }
-        return false;
+        return Some(id);
     }
-    false
+    None
+}
+
+/// Clears the entry in slot `s` of bucket `b`, whose hash is `h`, and the overflow counts it
+/// added on its way from its home bucket: what [`unplace`] does once it found the entry.
+#[inline(always)]
+fn clear_at(buckets: &mut [Bucket], nb: u64, h: u64, b: usize, s: usize) {
+    if let Some(bk) = buckets.get_mut(b)
+        && let (Some(t), Some(x), Some(m)) = (bk.tags.get_mut(s), bk.refs.get_mut(s), bk.meta.get_mut(s))
+    {
+        *t = 0;
+        *x = 0;
+        *m = 0;
+    }
+    let mut p = home_of(h, nb);
+    for _ in 0..MAX_PROBE {
+        if p == b {
+            return;
+        }
+        if let Some(pb) = buckets.get_mut(p)
+            && pb.overflow != u8::MAX
+        {
+            pb.overflow = pb.overflow.saturating_sub(1);
+        }
+        p = next_bucket(p, nb);
+    }
 }
 
 /// Removes flow `id` (both entries) over the table's arrays, as [`Conntrack::remove`] (which
-/// also counts it out of the table's length). Always inlined: under a SYN flood every insert
-/// evicts through it, and as a call (seven arguments, the table's arrays among them) it cost
-/// 40 to 46 instructions more per SYN (callgrind, docs/benchmarks.md, "Fewer calls on a
-/// SYN's way").
-#[inline(always)]
+/// also counts it out of the table's length).
+#[inline]
 fn remove_in<A: CtFamily>(
     bs: &mut [Bucket],
     rs: &mut [Rec<A>],

@@ -45,6 +45,55 @@ fn get(ct: &mut Conntrack<V4>, k: &FlowKey<V4>, now: u32) -> Option<Hit> {
     ct.lookup(k, h, now, |_| {})
 }
 
+/// Checks the index against the records: every entry points at a record in use whose key of
+/// the entry's direction has the entry's tag and whose home bucket lies at most
+/// [`MAX_PROBE`] buckets before the entry; every bucket's overflow count is the number of
+/// entries that passed it on their way from their home (unless it saturated); every flow in
+/// use has its forward entry, and its reply entry unless it has none (`DSR`, `NO_REPLY`).
+fn assert_index_consistent(ct: &Conntrack<V4>) {
+    let nb = ct.nb as usize;
+    let bs = ct.buckets.as_slice();
+    let rs = ct.recs.as_slice();
+    let mut passed = vec![0u32; nb];
+    let mut seen = HashMap::new();
+    for (b, bk) in bs.iter().enumerate().take(nb) {
+        for s in 0..SLOTS {
+            if bk.tags[s] == 0 {
+                assert_eq!((bk.refs[s], bk.meta[s]), (0, 0), "free slot {b}/{s} not cleared");
+                continue;
+            }
+            let r = bk.refs[s];
+            let rec = &rs[(r >> 1) as usize];
+            assert!(rec.in_use(), "entry {b}/{s} points at a free record {}", r >> 1);
+            let h = ct.hash(&rec.key(dir_of(r)));
+            assert_eq!(tag_of(h), bk.tags[s], "entry {b}/{s}: tag of another key");
+            let home = home_of(h, ct.nb);
+            let dist = (b + nb - home) % nb;
+            assert!(dist < MAX_PROBE, "entry {b}/{s} {dist} buckets from home");
+            for d in 0..dist {
+                passed[(home + d) % nb] += 1;
+            }
+            assert!(seen.insert(r, (b, s)).is_none(), "entry {r} twice");
+        }
+    }
+    for (b, bk) in bs.iter().enumerate().take(nb) {
+        if bk.overflow != u8::MAX {
+            assert_eq!(u32::from(bk.overflow), passed[b], "overflow count of bucket {b}");
+        }
+    }
+    let mut flows = 0;
+    for (id, rec) in rs.iter().enumerate().take(ct.hw as usize) {
+        if !rec.in_use() {
+            continue;
+        }
+        flows += 1;
+        let id = u32::try_from(id).unwrap();
+        assert!(seen.contains_key(&(id << 1)), "flow {id} has no forward entry");
+        assert_eq!(seen.contains_key(&(id << 1 | 1)), rec.has_reply(), "flow {id}: reply entry against its flags");
+    }
+    assert_eq!(flows, ct.len());
+}
+
 #[test]
 fn records_are_one_cache_line_for_ipv4_and_two_for_ipv6() {
     assert_eq!(record_bytes::<V4>(), 64);
@@ -546,6 +595,7 @@ proptest! {
                     }
                 }
             }
+            assert_index_consistent(&ct);
         }
         for _ in 0..SHARDS {
             ct.sweep(now, |x| { model.remove(&u16::try_from(x.backend.0).unwrap()); });
