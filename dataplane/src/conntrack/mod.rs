@@ -34,8 +34,8 @@
 //! Buckets are sized so that with every record in use (two entries per flow) at most
 //! [`TARGET_LOAD`] of the slots are taken. When every record is in use, a new flow takes the
 //! record of the oldest not-yet-established TCP flow whose entry is in the new flow's home
-//! bucket or the next one (each slot carries a hint: evictable or not, and the second it was
-//! inserted), like Linux's `early_drop` of unassured entries and Katran's LRU: a SYN flood
+//! bucket, or failing one there in the next buckets (each slot carries a hint: evictable or
+//! not, and the second it was inserted), like Linux's `early_drop` of unassured entries and Katran's LRU: a SYN flood
 //! against a full table costs O(1) per SYN. Failing that, at most once a second the next
 //! [`RECLAIM_BUDGET`] records of the sweep's current step are swept and the not-established
 //! flows among them evicted; else the new flow is refused ([`Full`]).
@@ -90,18 +90,11 @@ pub const TARGET_LOAD: f64 = 0.625;
 /// hash produces at [`TARGET_LOAD`]).
 pub const MAX_PROBE: usize = 16;
 
-/// Buckets (the home bucket and the next) whose evictable entries a full table compares to
-/// find the oldest.
-pub const EVICT_BUCKETS: usize = 2;
-
-/// Buckets a full table looks at, [`EVICT_BUCKETS`] at a time, when the first ones hold no
-/// evictable entry: a new flow whose home bucket and the next are empty (about 1 in 20,000 at
-/// full capacity, `e^-5` squared at [`TARGET_LOAD`]) still gets in by evicting a little further
-/// on instead of being refused.
+/// Buckets a full table looks at, one at a time from the new flow's home bucket, for a flow to
+/// evict: a new flow whose home bucket holds no evictable entry (empty in about 1 in 150 cases
+/// at full capacity, `e^-5` at [`TARGET_LOAD`]; or all its flows established) still gets in by
+/// evicting a little further on instead of being refused.
 pub const EVICT_REACH: usize = 8;
-
-const _: () =
-    assert!(EVICT_BUCKETS == 2 && EVICT_REACH.is_multiple_of(EVICT_BUCKETS), "oldest_evictable compares two buckets");
 
 /// Index of a record in the slab.
 pub type RecId = u32;
@@ -437,14 +430,13 @@ pub struct Bucket {
 /// the record before evicting).
 const EVICTABLE: u8 = 0x80;
 
-/// The slot a full table evicts first among buckets `a` and `b` (the home bucket and the
-/// next): the oldest entry marked [`EVICTABLE`], age counted in seconds modulo 128 from
-/// `now7`, the first of equals in slot order (`a`'s slots, then `b`'s); as 0..16, `None` when
-/// no entry is marked. With SSE2 all sixteen slots are compared at once (about 30
-/// instructions against about 200 for the slot-by-slot loop,
-/// `oldest_evictable_scalar`, which gives the same answer; a test compares the two).
+/// The slot of bucket `a` a full table evicts first: the oldest entry marked [`EVICTABLE`],
+/// age counted in seconds modulo 128 from `now7`, the first of equals in slot order; `None`
+/// when no entry is marked. With SSE2 the eight slots are compared at once (about 25
+/// instructions against about 100 for the slot-by-slot loop, `oldest_evictable_scalar`, which
+/// gives the same answer; a test compares the two).
 #[inline]
-fn oldest_evictable(a: &Bucket, b: &Bucket, now7: u8) -> Option<usize> {
+fn oldest_evictable(a: &Bucket, now7: u8) -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
     {
         use safe_arch::{
@@ -454,20 +446,17 @@ fn oldest_evictable(a: &Bucket, b: &Bucket, now7: u8) -> Option<usize> {
         };
         let byte = |x: u8| set_splat_i8_m128i(i8::from_ne_bytes([x]));
         let zero = zeroed_m128i();
-        // 0xff in each byte whose slot is free (tag 0): the two buckets' 16-bit compares packed.
-        let free = pack_i16_to_i8_m128i(
-            cmp_eq_mask_i16_m128i(m128i::from(a.tags), zero),
-            cmp_eq_mask_i16_m128i(m128i::from(b.tags), zero),
-        );
-        let meta = m128i::from(u128::from(u64::from_le_bytes(a.meta)) | u128::from(u64::from_le_bytes(b.meta)) << 64);
+        // 0xff in each of the low eight bytes whose slot is free (tag 0): the 16-bit compares
+        // packed; the high eight bytes hold no slot (their meta is zero: never marked).
+        let free = pack_i16_to_i8_m128i(cmp_eq_mask_i16_m128i(m128i::from(a.tags), zero), zero);
+        let meta = m128i::from(u128::from(u64::from_le_bytes(a.meta)));
         // EVICTABLE is the sign bit.
         let evictable = cmp_lt_mask_i8_m128i(meta, zero);
         // (now7 - stamp) mod 128, one more so that a marked entry of age 0 is not 0; no borrow
         // crosses bytes because 0x80 | now7 > stamp.
         let age = bitand_m128i(sub_i8_m128i(byte(now7 | 0x80), bitand_m128i(meta, byte(0x7f))), byte(0x7f));
         let key = bitandnot_m128i(free, bitand_m128i(evictable, add_i8_m128i(age, byte(1))));
-        let mut top = max_u8_m128i(key, byte_shr_imm_u128_m128i::<8>(key));
-        top = max_u8_m128i(top, byte_shr_imm_u128_m128i::<4>(top));
+        let mut top = max_u8_m128i(key, byte_shr_imm_u128_m128i::<4>(key));
         top = max_u8_m128i(top, byte_shr_imm_u128_m128i::<2>(top));
         top = max_u8_m128i(top, byte_shr_imm_u128_m128i::<1>(top));
         let top = get_i32_from_m128i_s(top).to_le_bytes()[0];
@@ -478,14 +467,14 @@ fn oldest_evictable(a: &Bucket, b: &Bucket, now7: u8) -> Option<usize> {
         Some(at.trailing_zeros() as usize)
     }
     #[cfg(not(target_arch = "x86_64"))]
-    oldest_evictable_scalar(a, b, now7)
+    oldest_evictable_scalar(a, now7)
 }
 
 /// [`oldest_evictable`] slot by slot.
 #[cfg(any(test, not(target_arch = "x86_64")))]
-fn oldest_evictable_scalar(a: &Bucket, b: &Bucket, now7: u8) -> Option<usize> {
+fn oldest_evictable_scalar(a: &Bucket, now7: u8) -> Option<usize> {
     let mut best: Option<(usize, u8)> = None;
-    for (i, (&t, &m)) in a.tags.iter().zip(&a.meta).chain(b.tags.iter().zip(&b.meta)).enumerate() {
+    for (i, (&t, &m)) in a.tags.iter().zip(&a.meta).enumerate() {
         if t == 0 || m & EVICTABLE == 0 {
             continue;
         }
@@ -719,13 +708,7 @@ impl<A: CtFamily> Conntrack<A> {
     /// (stage 1), compare its tags (stage 2).
     #[inline]
     pub fn view(&self) -> View<'_, A> {
-        View {
-            buckets: self.buckets.as_slice(),
-            recs: self.recs.as_slice(),
-            nb: self.nb,
-            seeds: &self.seeds,
-            full: self.len >= self.capacity,
-        }
+        View { buckets: self.buckets.as_slice(), recs: self.recs.as_slice(), nb: self.nb, seeds: &self.seeds }
     }
 
     /// The entry for `k` (hash `h`), if any, whatever its expiry.
@@ -981,10 +964,10 @@ impl<A: CtFamily> Conntrack<A> {
         self.insert_hashed(rec, fwd_hash, reply_hash, now_s, on_remove)
     }
 
-    /// The entry an insert's eviction (`evict_in`) would try first for hash `h`: the oldest marked
-    /// evictable in the home bucket of `h` or the next (the first of equals, home bucket first);
-    /// if neither holds one, the same over the next two buckets, up to [`EVICT_REACH`]; as
-    /// (bucket, slot).
+    /// The entry an insert's eviction (`evict_in`) would try first for hash `h`: the oldest
+    /// marked evictable in the home bucket of `h` (the first of equals in slot order); if it
+    /// holds none, the same in the next bucket, and so on up to [`EVICT_REACH`]; as (bucket,
+    /// slot).
     #[inline]
     fn victim_near(&self, h: u64, now7: u8) -> Option<(usize, usize)> {
         victim_in(self.buckets.as_slice(), self.nb, h, now7)
@@ -1089,8 +1072,6 @@ pub struct View<'a, A: CtFamily> {
     recs: &'a [Rec<A>],
     nb: u64,
     seeds: &'a [u64; 5],
-    /// The table was full when the view was taken: new flows will evict.
-    full: bool,
 }
 
 impl<A: CtFamily> View<'_, A> {
@@ -1100,20 +1081,12 @@ impl<A: CtFamily> View<'_, A> {
         A::hash_key(k, self.seeds)
     }
 
-    /// Prefetches the home bucket of hash `h`, and when the table is full the next
-    /// [`EVICT_BUCKETS`] − 1, where a new flow's insert looks for a flow to evict.
+    /// Prefetches the home bucket of hash `h` (where a lookup almost always ends, and where a
+    /// new flow's insert into a full table almost always finds the flow it evicts).
     #[inline]
     pub fn prefetch(&self, h: u64) {
-        let home = home_of(h, self.nb);
-        if let Some(b) = self.buckets.get(home) {
+        if let Some(b) = self.buckets.get(home_of(h, self.nb)) {
             prefetch(b);
-        }
-        if self.full {
-            for i in 1..EVICT_BUCKETS {
-                if let Some(b) = self.buckets.get((home + i) % self.buckets.len().max(1)) {
-                    prefetch(b);
-                }
-            }
         }
     }
 
@@ -1334,49 +1307,46 @@ fn insert_in<A: CtFamily>(
 }
 
 /// The entry [`Conntrack::insert`] would evict for hash `h` (see [`Conntrack::victim_near`]),
-/// over the table's buckets, as (bucket, slot).
+/// over the table's buckets, as (bucket, slot), in one loop: the tag stage's search for its
+/// prefetch (in the split form of [`victim_for_insert`] there, a SYN into a full table cost 29
+/// instructions more, callgrind, docs/benchmarks.md). A test holds the two to one answer.
 #[inline]
 fn victim_in(bs: &[Bucket], nb: u64, h: u64, now7: u8) -> Option<(usize, usize)> {
-    victim_of_pairs(bs, nb, home_of(h, nb), EVICT_REACH / EVICT_BUCKETS, now7)
+    victim_from(bs, nb, home_of(h, nb), EVICT_REACH, now7)
 }
 
-/// [`victim_in`] for an insert's eviction ([`evict_in`]): the first pair of buckets inline, the
-/// pairs after it out of line ([`victim_further`]). The home bucket and the next hold an
-/// evictable entry in all but about 1 in 20,000 cases at full capacity ([`EVICT_REACH`]); with
-/// the whole search inline, the compiler computed all eight buckets' indices ahead of every
-/// eviction.
+/// [`victim_in`] for an insert's eviction ([`evict_in`]): the home bucket inline, the buckets
+/// after it out of line ([`victim_further`]). The home bucket holds an evictable entry in all
+/// but about 1 in 150 cases at full capacity under a SYN flood ([`EVICT_REACH`]).
 #[inline]
 fn victim_for_insert(bs: &[Bucket], nb: u64, h: u64, now7: u8) -> Option<(usize, usize)> {
     let b = home_of(h, nb);
-    let b2 = next_bucket(b, nb);
-    victim_of_pair(bs, b, b2, now7).or_else(|| victim_further(bs, nb, next_bucket(b2, nb), now7))
+    victim_of(bs, b, now7).or_else(|| victim_further(bs, nb, next_bucket(b, nb), now7))
 }
 
-/// [`victim_in`] over the pairs of buckets after the first, from bucket `b`.
+/// [`victim_in`] over the buckets after the home bucket, from bucket `b`.
 #[cold]
 #[inline(never)]
 fn victim_further(bs: &[Bucket], nb: u64, b: usize, now7: u8) -> Option<(usize, usize)> {
-    victim_of_pairs(bs, nb, b, EVICT_REACH / EVICT_BUCKETS - 1, now7)
+    victim_from(bs, nb, b, EVICT_REACH - 1, now7)
 }
 
-/// The first victim ([`victim_of_pair`]) among `pairs` pairs of buckets from bucket `b` on.
+/// The first victim ([`victim_of`]) among `n` buckets from bucket `b` on.
 #[inline(always)]
-fn victim_of_pairs(bs: &[Bucket], nb: u64, mut b: usize, pairs: usize, now7: u8) -> Option<(usize, usize)> {
-    for _ in 0..pairs {
-        let b2 = next_bucket(b, nb);
-        if let Some(v) = victim_of_pair(bs, b, b2, now7) {
+fn victim_from(bs: &[Bucket], nb: u64, mut b: usize, n: usize, now7: u8) -> Option<(usize, usize)> {
+    for _ in 0..n {
+        if let Some(v) = victim_of(bs, b, now7) {
             return Some(v);
         }
-        b = next_bucket(b2, nb);
+        b = next_bucket(b, nb);
     }
     None
 }
 
-/// The oldest evictable entry of buckets `b` and `b2` ([`oldest_evictable`]), as (bucket, slot).
+/// The oldest evictable entry of bucket `b` ([`oldest_evictable`]), as (bucket, slot).
 #[inline(always)]
-fn victim_of_pair(bs: &[Bucket], b: usize, b2: usize, now7: u8) -> Option<(usize, usize)> {
-    let i = oldest_evictable(bs.get(b)?, bs.get(b2)?, now7)?;
-    Some(if i < SLOTS { (b, i) } else { (b2, i - SLOTS) })
+fn victim_of(bs: &[Bucket], b: usize, now7: u8) -> Option<(usize, usize)> {
+    Some((b, oldest_evictable(bs.get(b)?, now7)?))
 }
 
 /// The bucket after `b` of a table of `nb` buckets (the last wraps to the first).
@@ -1385,12 +1355,12 @@ fn next_bucket(b: usize, nb: u64) -> usize {
     if b + 1 >= nb as usize { 0 } else { b + 1 }
 }
 
-/// Evicts the oldest evictable flow with an entry in the home bucket of `h` or the next ones,
-/// up to [`EVICT_REACH`] buckets ([`victim_in`]), and reports it through `on_remove`. Returns
-/// the evicted flow's record, its entries cleared but the record itself neither freed nor
-/// zeroed: the insert that evicted writes the new flow into it ([`insert_in`]; it frees it if
-/// the insert fails), so an eviction does not push a record on the free stack for the insert
-/// to pop. The caller counts the flow out of the table's length. `None`: nothing evictable.
+/// Evicts the oldest evictable flow with an entry in the home bucket of `h`, or failing one
+/// there in the next ones, up to [`EVICT_REACH`] buckets ([`victim_in`]), and reports
+/// it through `on_remove`. Returns the evicted flow's record, its entries cleared but the
+/// record itself neither freed nor zeroed: the insert that evicted writes the new flow into it
+/// ([`insert_in`]; it frees it if the insert fails), so an eviction does not push a record on
+/// the free stack for the insert to pop. The caller counts the flow out of the table's length. `None`: nothing evictable.
 #[inline]
 fn evict_in<A: CtFamily>(
     bs: &mut [Bucket],
