@@ -35,7 +35,9 @@
 #   BENCH_BIN_DIR (default $CARGO_TARGET_DIR/release or target/release), BENCH_PREFIX
 #   (namespace prefix, default xlbbench), BENCH_OUT (perf/results), BENCH_COMMAND (the command
 #   line recorded in the report), BENCH_CONFIG (xlb's configuration for path b, default
-#   perf/bench/bench.yaml; for A/Bs of `afXdp` settings).
+#   perf/bench/bench.yaml; for A/Bs of `afXdp` settings), BENCH_MACFWD_RING (path a's ring
+#   size, `xlb-macfwd --ring-size`, with four times as many UMEM frames; default 2048, as
+#   xlb's default `afXdp.ringSize`: set it with a BENCH_CONFIG of deeper rings).
 # Placements (where the lb's l0 receive work, its veth NAPI, runs):
 #   split      the default: the generator's xmit schedules l0's NAPI on CPU 0, the forwarder
 #              has CPU 1 to itself (kernel paths: RPS moves their work to CPU 1).
@@ -85,6 +87,7 @@ OUT=${BENCH_OUT:-$ROOT/perf/results}
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 BIN=${BENCH_BIN_DIR:-$TARGET/release}
 CFG=${BENCH_CONFIG:-$ROOT/perf/bench/bench.yaml}
+MACFWD_RING=${BENCH_MACFWD_RING:-2048}
 GEN=$P-gen LB=$P-lb SINK=$P-sink
 MAC_G0=02:00:0a:fb:00:02 MAC_L0=02:00:0a:fb:00:01 MAC_S0=02:00:0a:fb:01:0b
 VIP=10.251.100.1 SRC_IP=10.252.0.1
@@ -269,6 +272,7 @@ path_start() {
     a)
       # shellcheck disable=SC2086
       ip netns exec "$LB" $rt "$MACFWD" --in-iface l0 --out-iface l1 --dst-mac "$MAC_S0" --cpu "$FWD_CPU" \
+        --ring-size "$MACFWD_RING" --frames "$((4 * MACFWD_RING))" \
         --duration 0 --json </dev/null >"$lp.macfwd.json" 2>"$lp.macfwd.err" &
       FWD_PID=$!
       for i in $(seq 400); do
@@ -561,11 +565,11 @@ emit "$(jq -cn --argjson repeats "$REPEATS" --argjson seconds "$SECS" --argjson 
   --arg nft "$(tool_version nft --version)" --arg ipt "$(tool_version iptables --version)" \
   --arg trafgen "$(tool_version trafgen --version)" --arg wrk "$(tool_version wrk --version)" \
   --arg nginx "$(tool_version nginx -v)" --arg ctmax "$(cat /proc/sys/net/netfilter/nf_conntrack_max 2>/dev/null)" \
-  --arg rate "$RATE" --arg command "$COMMAND" --arg logs "$LOGS" --arg commit "$COMMIT" --arg load "$(cut -d' ' -f1-3 /proc/loadavg)" \
+  --arg rate "$RATE" --argjson macfwd_ring "$MACFWD_RING" --arg command "$COMMAND" --arg logs "$LOGS" --arg commit "$COMMIT" --arg load "$(cut -d' ' -f1-3 /proc/loadavg)" \
   '{kind:"run",settings:{repeats:$repeats,seconds:$seconds,warmup_s:$warmup,quick:($quick=="1"),
     profiles:$profiles,paths:$paths,offered_load:(if $rate == "0" then "maximum (--rate 0)" else "\($rate) pps (--rate \($rate))" end),
     generator_cpu:0,forwarder_cpu:1,rps_l0_kernel_paths:"2 (CPU 1)",
-    xlb_cores:"[1]",cps_seconds:$cps_seconds,cps_connections:32,
+    xlb_cores:"[1]",macfwd_ring_size:$macfwd_ring,cps_seconds:$cps_seconds,cps_connections:32,
     nft:$nft,iptables:$ipt,trafgen:$trafgen,wrk:$wrk,nginx:$nginx,nf_conntrack_max:$ctmax,
     command:$command,logs:$logs,commit:$commit,load_average_at_start:$load}}')"
 

@@ -42,6 +42,10 @@ pub struct FwdConfig {
     pub busy_poll: bool,
     /// Frames per RX batch.
     pub batch: usize,
+    /// AF_XDP ring size (RX, TX, fill, completion; a power of two), as xlb's `afXdp.ringSize`.
+    pub ring_size: u32,
+    /// UMEM frames, as xlb's `afXdp.frames` (at least twice `ring_size`).
+    pub frames: u32,
 }
 
 /// Counters at exit (the JSON object printed with `--json`).
@@ -80,7 +84,13 @@ pub fn run(cfg: &FwdConfig, stop: &AtomicBool) -> anyhow::Result<FwdReport> {
     if let Some(cpu) = cfg.cpu {
         pin_cpu(cpu)?;
     }
-    let xcfg = XskConfig { load_default_program: true, need_wakeup: !cfg.busy_poll, ..XskConfig::default() };
+    let xcfg = XskConfig {
+        load_default_program: true,
+        need_wakeup: !cfg.busy_poll,
+        ring_size: cfg.ring_size,
+        frame_count: cfg.frames,
+        ..XskConfig::default()
+    };
     let same = cfg.input == cfg.output;
     let mut ports = vec![cfg.input.clone()];
     if !same {

@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! xlb-macfwd --in-iface IF [--in-queue 0] --out-iface IF [--out-queue 0] --dst-mac MAC [--cpu N]
-//!     [--duration SECONDS (0 = until SIGINT/SIGTERM)] [--busy-poll] [--json]
+//!     [--duration SECONDS (0 = until SIGINT/SIGTERM)] [--busy-poll] [--ring-size 2048]
+//!     [--frames 8192] [--json]
 //! ```
 //! Runs in the caller's network namespace (start it with `ip netns exec NS xlb-macfwd ...`).
 //! See `xlb_perf::macfwd`.
@@ -49,9 +50,26 @@ struct Cli {
     /// Frames per RX batch.
     #[arg(long, default_value_t = 64)]
     batch: usize,
+    /// AF_XDP ring size (RX, TX, fill, completion): a power of two from 64 to 16384, as xlb's
+    /// `afXdp.ringSize`.
+    #[arg(long, default_value_t = 2048, value_parser = parse_ring_size)]
+    ring_size: u32,
+    /// UMEM frames, as xlb's `afXdp.frames`: at least twice `--ring-size`.
+    #[arg(long, default_value_t = 8192)]
+    frames: u32,
     /// Print one JSON object on stdout at exit.
     #[arg(long)]
     json: bool,
+}
+
+/// `--ring-size`: a power of two from 64 to 16384 (the range of xlb's `afXdp.ringSize`).
+fn parse_ring_size(s: &str) -> Result<u32, String> {
+    let n: u32 = s.parse().map_err(|e| format!("{e}"))?;
+    if n.is_power_of_two() && (64..=16384).contains(&n) {
+        Ok(n)
+    } else {
+        Err(format!("{n} is not a power of two from 64 to 16384"))
+    }
 }
 
 fn main() -> ExitCode {
@@ -63,6 +81,12 @@ fn main() -> ExitCode {
     }
     let r = (|| {
         anyhow::ensure!(cli.duration.is_finite() && cli.duration >= 0.0, "--duration must be >= 0");
+        anyhow::ensure!(
+            u64::from(cli.frames) >= 2 * u64::from(cli.ring_size),
+            "--frames ({}) must be at least twice --ring-size ({})",
+            cli.frames,
+            cli.ring_size
+        );
         anyhow::ensure!(cli.batch > 0, "--batch must be at least 1");
         let src_mac = match cli.src_mac {
             Some(m) => m,
@@ -77,15 +101,19 @@ fn main() -> ExitCode {
             duration: (cli.duration > 0.0).then(|| Duration::from_secs_f64(cli.duration)),
             busy_poll: cli.busy_poll,
             batch: cli.batch,
+            ring_size: cli.ring_size,
+            frames: cli.frames,
         };
         eprintln!(
-            "xlb-macfwd: {}:{} -> {}:{} (src {} dst {}){}",
+            "xlb-macfwd: {}:{} -> {}:{} (src {} dst {}), rings of {}, {} UMEM frames{}",
             cli.in_iface,
             cli.in_queue,
             cli.out_iface,
             cli.out_queue,
             format_mac(&src_mac),
             format_mac(&cli.dst_mac),
+            cli.ring_size,
+            cli.frames,
             if cli.busy_poll { ", busy polling" } else { "" }
         );
         macfwd::run(&cfg, &stop)
@@ -111,6 +139,21 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("xlb-macfwd: {e:#}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ring_size_is_a_power_of_two_from_64_to_16384() {
+        assert_eq!(parse_ring_size("64"), Ok(64));
+        assert_eq!(parse_ring_size("4096"), Ok(4096));
+        assert_eq!(parse_ring_size("16384"), Ok(16384));
+        for bad in ["0", "32", "1000", "32768", "-1", "x"] {
+            assert!(parse_ring_size(bad).is_err(), "{bad} accepted");
         }
     }
 }
