@@ -35,10 +35,10 @@
 //! [`TARGET_LOAD`] of the slots are taken. When every record is in use, a new flow takes the
 //! record of the oldest not-yet-established TCP flow whose entry is in the new flow's home
 //! bucket, or failing one there in the next buckets (each slot carries a hint: evictable or
-//! not, and the second it was inserted), like Linux's `early_drop` of unassured entries and Katran's LRU: a SYN flood
-//! against a full table costs O(1) per SYN. Failing that, at most once a second the next
-//! [`RECLAIM_BUDGET`] records of the sweep's current step are swept and the not-established
-//! flows among them evicted; else the new flow is refused ([`Full`]).
+//! not, and the second it was inserted), like Linux's `early_drop` of unassured entries and
+//! Katran's LRU: a SYN flood against a full table costs O(1) per SYN. Failing that, at most
+//! once a second the next [`RECLAIM_BUDGET`] records of the sweep's current step are swept and
+//! the not-established flows among them evicted; else the new flow is refused ([`Full`]).
 //!
 //! Expiry is checked on lookup ([`Conntrack::lookup`]) and by the sweep, which visits one
 //! [`SHARDS`]th of the slab per step ([`Conntrack::sweep`]); the batch pipeline starts a step
@@ -432,9 +432,9 @@ const EVICTABLE: u8 = 0x80;
 
 /// The slot of bucket `a` a full table evicts first: the oldest entry marked [`EVICTABLE`],
 /// age counted in seconds modulo 128 from `now7`, the first of equals in slot order; `None`
-/// when no entry is marked. With SSE2 the eight slots are compared at once (about 25
-/// instructions against about 100 for the slot-by-slot loop, `oldest_evictable_scalar`, which
-/// gives the same answer; a test compares the two).
+/// when no entry is marked. With SSE2 the eight slots are compared at once;
+/// `oldest_evictable_scalar`, the slot-by-slot loop, gives the same answer (a test compares
+/// the two).
 #[inline]
 fn oldest_evictable(a: &Bucket, now7: u8) -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
