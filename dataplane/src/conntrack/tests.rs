@@ -50,7 +50,7 @@ fn get(ct: &mut Conntrack<V4>, k: &FlowKey<V4>, now: u32) -> Option<Hit> {
 /// [`MAX_PROBE`] buckets before the entry; every bucket's overflow count is the number of
 /// entries that passed it on their way from their home (unless it saturated); every flow in
 /// use has its forward entry, and its reply entry unless it has none (`DSR`, `NO_REPLY`).
-fn assert_index_consistent(ct: &Conntrack<V4>) {
+fn assert_index_consistent<A: CtFamily>(ct: &Conntrack<A>) {
     let nb = ct.nb as usize;
     let bs = ct.buckets.as_slice();
     let rs = ct.recs.as_slice();
@@ -278,11 +278,14 @@ fn a_full_table_evicts_from_the_new_flows_home_bucket_before_an_older_flow_next_
     let home = ct.home(ct.hash(&key(i)));
     // The evictable entries of the next bucket look older (inserted at second 1, the rest at 10).
     let next = &mut ct.buckets.as_mut_slice()[(home + 1) % nb];
+    let mut older = 0;
     for s in 0..SLOTS {
         if next.tags[s] != 0 && next.meta[s] & EVICTABLE != 0 {
             next.meta[s] = EVICTABLE | age(1);
+            older += 1;
         }
     }
+    assert!(older > 0, "the next bucket holds an evictable entry");
     let bk = ct.buckets.as_slice()[home];
     let in_home: Vec<BackendRef> =
         (0..SLOTS).filter(|&s| bk.tags[s] != 0).map(|s| ct.rec(bk.refs[s] >> 1).unwrap().backend).collect();
@@ -465,6 +468,49 @@ fn ipv6_flows_round_trip() {
     let id = ct.insert(r, h, 0, |_| {}).unwrap();
     let rk = r.reply_key();
     assert_eq!(ct.find(&rk, ct.hash(&rk)).map(|x| (x.id, x.dir)), Some((id, Dir::Reply)));
+}
+
+#[test]
+fn a_syn_flood_into_a_full_ipv6_table_evicts_and_keeps_the_index_whole() {
+    let cap = 512;
+    let mut ct = Conntrack::<V6>::with_seeds(cap, SEEDS);
+    let flow = |i: u32| {
+        let mut r = Rec::<V6>::zeroed_record();
+        let mut client = [0xfd; 16];
+        client[12..].copy_from_slice(&i.to_be_bytes());
+        r.client = V6(client);
+        r.vip = V6([0xfe; 16]);
+        r.reply_dst = r.client;
+        r.backend_addr = V6([0xfc; 16]);
+        (r.cport, r.vport, r.reply_dport, r.bport, r.proto, r.expires_s) = (40_000, 80, 40_000, 8080, 6, 1000);
+        r.state = CtState::SynSent as u8;
+        r.backend = BackendRef(i);
+        r
+    };
+    let mut evicted = 0;
+    for i in 0..4 * cap as u32 {
+        let r = flow(i);
+        let h = ct.hash(&r.fwd_key());
+        ct.insert(r, h, i / 256, |x| {
+            assert!(x.evicted && x.state == CtState::SynSent);
+            evicted += 1;
+        })
+        .unwrap();
+    }
+    assert_eq!(ct.len(), cap);
+    assert_eq!(evicted, 3 * cap);
+    assert_index_consistent(&ct);
+    // Every flow the table holds is found by both of its keys.
+    let mut found = 0;
+    for i in 0..4 * cap as u32 {
+        let r = flow(i);
+        let (fk, rk) = (r.fwd_key(), r.reply_key());
+        if let Some(f) = ct.find(&fk, ct.hash(&fk)) {
+            assert_eq!(ct.find(&rk, ct.hash(&rk)).map(|x| (x.id, x.dir)), Some((f.id, Dir::Reply)));
+            found += 1;
+        }
+    }
+    assert_eq!(found, cap);
 }
 
 #[test]
