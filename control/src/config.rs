@@ -590,8 +590,12 @@ impl Config {
             return Err(field_err("afXdp.busyPollBudget", format!("{}: want 1..=1024", self.af_xdp.busy_poll_budget)));
         }
         let ring = self.af_xdp.ring_size;
-        if !ring.is_power_of_two() || !(64..=16384).contains(&ring) {
-            return Err(field_err("afXdp.ringSize", format!("{ring}: want a power of two in 64..=16384")));
+        if !dataplane::xsk::ring_size_ok(ring) {
+            let r = dataplane::xsk::RING_SIZES;
+            return Err(field_err(
+                "afXdp.ringSize",
+                format!("{ring}: want a power of two in {}..={}", r.start(), r.end()),
+            ));
         }
         if self.af_xdp.fill_frames != 0 && !(64..=ring).contains(&self.af_xdp.fill_frames) {
             return Err(field_err(

@@ -93,6 +93,17 @@ pub struct XskConfig {
     pub huge_pages: bool,
 }
 
+/// The ring sizes (entries of each of RX, TX, fill and completion) that xlb's `afXdp.ringSize`
+/// and `xlb-macfwd --ring-size` accept, when a power of two ([`ring_size_ok`]). What a deeper
+/// ring buys and costs: docs/benchmarks.md, "Deeper rings against the worker's stalls".
+pub const RING_SIZES: core::ops::RangeInclusive<u32> = 64..=16384;
+
+/// Whether `n` is a power of two in [`RING_SIZES`].
+#[must_use]
+pub fn ring_size_ok(n: u32) -> bool {
+    n.is_power_of_two() && RING_SIZES.contains(&n)
+}
+
 /// The fill ring depth of a socket with [`XskConfig::fill_frames`] `fill_frames` and rings of
 /// `ring_size` entries: `fill_frames`, or the whole ring for 0; never more than the ring.
 #[must_use]

@@ -45,6 +45,21 @@ fn get(ct: &mut Conntrack<V4>, k: &FlowKey<V4>, now: u32) -> Option<Hit> {
     ct.lookup(k, h, now, |_| {})
 }
 
+/// A table of `cap` flows filled by a SYN flood at second `now`: flows 0..cap, all SYN_SENT.
+fn full_of_syns(cap: usize, now: u32) -> Conntrack<V4> {
+    let mut ct = Conntrack::<V4>::with_seeds(cap, SEEDS);
+    for i in 0..cap as u16 {
+        insert(&mut ct, rec(i, 1000, CtState::SynSent), now, |_| {}).unwrap();
+    }
+    ct
+}
+
+/// The records with an entry in bucket `b`.
+fn ids_in_bucket(ct: &Conntrack<V4>, b: usize) -> Vec<u32> {
+    let bk = &ct.buckets.as_slice()[b];
+    (0..SLOTS).filter(|&s| bk.tags[s] != 0).map(|s| bk.refs[s] >> 1).collect()
+}
+
 /// Checks the index against the records: every entry points at a record in use whose key of
 /// the entry's direction has the entry's tag and whose home bucket lies at most
 /// [`MAX_PROBE`] buckets before the entry; every bucket's overflow count is the number of
@@ -187,11 +202,8 @@ fn a_newer_flow_takes_over_a_reply_tuple_and_the_older_keeps_working_forward() {
 #[test]
 fn full_table_of_syn_flows_evicts_an_unestablished_one_per_new_flow_in_o1() {
     let cap = 4096;
-    let mut ct = Conntrack::<V4>::with_seeds(cap, SEEDS);
     // A SYN flood fills the table; one flow got established meanwhile.
-    for i in 0..cap as u16 {
-        insert(&mut ct, rec(i, 1000, CtState::SynSent), 0, |_| {}).unwrap();
-    }
+    let mut ct = full_of_syns(cap, 0);
     let h = get(&mut ct, &key(0), 0).unwrap();
     ct.rec_mut(h.id).unwrap().state = CtState::Established as u8;
     // Every new SYN still gets in, in the same second, by evicting a not-established flow
@@ -268,11 +280,7 @@ fn the_inserts_victim_search_is_the_prefetchs() {
 
 #[test]
 fn a_full_table_evicts_from_the_new_flows_home_bucket_before_an_older_flow_next_door() {
-    let cap = 256;
-    let mut ct = Conntrack::<V4>::with_seeds(cap, SEEDS);
-    for i in 0..cap as u16 {
-        insert(&mut ct, rec(i, 1000, CtState::SynSent), 10, |_| {}).unwrap();
-    }
+    let mut ct = full_of_syns(256, 10);
     let nb = ct.nb as usize;
     let i = 30_000u16;
     let home = ct.home(ct.hash(&key(i)));
@@ -286,9 +294,7 @@ fn a_full_table_evicts_from_the_new_flows_home_bucket_before_an_older_flow_next_
         }
     }
     assert!(older > 0, "the next bucket holds an evictable entry");
-    let bk = ct.buckets.as_slice()[home];
-    let in_home: Vec<BackendRef> =
-        (0..SLOTS).filter(|&s| bk.tags[s] != 0).map(|s| ct.rec(bk.refs[s] >> 1).unwrap().backend).collect();
+    let in_home: Vec<BackendRef> = ids_in_bucket(&ct, home).iter().map(|&id| ct.rec(id).unwrap().backend).collect();
     assert!(!in_home.is_empty(), "the home bucket of a full table holds entries");
     let mut evicted = Vec::new();
     insert(&mut ct, rec(i, 1000, CtState::SynSent), 20, |x| evicted.push(x.backend)).unwrap();
@@ -299,21 +305,13 @@ fn a_full_table_evicts_from_the_new_flows_home_bucket_before_an_older_flow_next_
 #[test]
 fn a_new_flow_whose_home_bucket_holds_nothing_evictable_evicts_a_little_further_on() {
     let cap = 256;
-    let mut ct = Conntrack::<V4>::with_seeds(cap, SEEDS);
-    for i in 0..cap as u16 {
-        insert(&mut ct, rec(i, 1000, CtState::SynSent), 0, |_| {}).unwrap();
-    }
+    let mut ct = full_of_syns(cap, 0);
     // The flows with an entry in the home bucket of a new key get established (record and
     // eviction hints), so that bucket holds nothing evictable.
     let i = 30_000u16;
     let home = ct.home(ct.hash(&key(i)));
-    let ids: Vec<u32> = [home]
-        .iter()
-        .flat_map(|&b| ct.buckets.as_slice()[b].tags.iter().zip(ct.buckets.as_slice()[b].refs).collect::<Vec<_>>())
-        .filter(|&(&t, _)| t != 0)
-        .map(|(_, r)| r >> 1)
-        .collect();
-    assert!(!ids.is_empty(), "the home buckets of a full table hold entries");
+    let ids = ids_in_bucket(&ct, home);
+    assert!(!ids.is_empty(), "the home bucket of a full table holds entries");
     for id in ids {
         ct.rec_mut(id).unwrap().state = CtState::Established as u8;
         let r = *ct.rec(id).unwrap();

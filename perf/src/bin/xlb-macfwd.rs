@@ -62,13 +62,14 @@ struct Cli {
     json: bool,
 }
 
-/// `--ring-size`: a power of two from 64 to 16384 (the range of xlb's `afXdp.ringSize`).
+/// `--ring-size`: a power of two in `dataplane::xsk::RING_SIZES`, as xlb's `afXdp.ringSize`.
 fn parse_ring_size(s: &str) -> Result<u32, String> {
     let n: u32 = s.parse().map_err(|e| format!("{e}"))?;
-    if n.is_power_of_two() && (64..=16384).contains(&n) {
+    if dataplane::xsk::ring_size_ok(n) {
         Ok(n)
     } else {
-        Err(format!("{n} is not a power of two from 64 to 16384"))
+        let r = dataplane::xsk::RING_SIZES;
+        Err(format!("{n} is not a power of two from {} to {}", r.start(), r.end()))
     }
 }
 
