@@ -33,13 +33,19 @@ pub mod wire;
 pub mod worker;
 pub mod xsk;
 
-/// Asks the CPU to bring the cache line holding `x` into every cache level (`prefetcht0`);
-/// nothing on other architectures. A hint: it never faults and changes no result. The batch
-/// stages issue it for a whole batch before they read, so the misses overlap.
+/// Asks the CPU to bring the cache line holding `x` into the second-level cache and the levels
+/// after it (`prefetcht1`: "temporal data with respect to first level cache", Intel SDM vol. 2B,
+/// PREFETCHh); nothing on other architectures. A hint: it never faults and changes no result.
+/// The batch stages issue it for a whole batch before they read, so the misses overlap; the read
+/// a stage later then finds the line in the L2. `prefetcht1` rather than `prefetcht0` (into the
+/// L1 as well): with `prefetcht0` the prefetches of a SYN flood's batch stalled the worker
+/// themselves (most of a stage's samples on the instruction after one), and with `prefetcht1`
+/// xlb forwarded 5–7 % more SYNs in three live A/Bs, established traffic within the noise
+/// (docs/benchmarks.md, "Prefetching into the L2").
 #[inline]
 pub(crate) fn prefetch<T>(x: &T) {
     #[cfg(target_arch = "x86_64")]
-    safe_arch::prefetch_t0(x);
+    safe_arch::prefetch_t1(x);
     #[cfg(not(target_arch = "x86_64"))]
     let _ = x;
 }
