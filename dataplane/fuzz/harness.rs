@@ -243,7 +243,7 @@ pub(crate) fn tables() -> &'static Tables {
 
 /// A small worker: one worker, small tables (cheap to make per input). The harness never has
 /// more than 9 flows per family (8 primed IPv4 flows, 4 IPv6, and at most one from the input),
-/// so 64 flows (26 conntrack buckets, more than `MAX_PROBE`) keeps every table far from full;
+/// so 64 flows (26 conntrack buckets) keeps every table far from full;
 /// a larger table only costs time: the fuzzer makes two workers per input.
 pub(crate) fn config() -> PipelineConfig {
     PipelineConfig {

@@ -252,7 +252,13 @@ fn measure(w: &mut World, stream: &Stream, k: usize, mode: Mode, profile: &str, 
     callgrind::stop();
     black_box(&arena);
     if warm + not_tx != 0 {
-        eprintln!("{profile}: {} of {} packets were not forwarded", warm + not_tx, 2 * k);
+        let c = w.pipeline.counters();
+        let why: Vec<String> = dataplane::counters::DropReason::ALL
+            .iter()
+            .filter(|r| c.drops_of(**r) != 0)
+            .map(|r| format!("{} {}", r.name(), c.drops_of(*r)))
+            .collect();
+        eprintln!("{profile}: {} of {} packets were not forwarded (drops: {})", warm + not_tx, 2 * k, why.join(", "));
         return ExitCode::FAILURE;
     }
     eprintln!(

@@ -86,9 +86,14 @@ pub const SLOTS: usize = 8;
 /// at full capacity, about 3 % at the 80 % a table usually runs at.
 pub const TARGET_LOAD: f64 = 0.625;
 
-/// Buckets an entry may be displaced over before an insert gives up (far beyond what a random
-/// hash produces at [`TARGET_LOAD`]).
-pub const MAX_PROBE: usize = 16;
+/// Buckets an entry may be displaced over before an insert gives up. At [`TARGET_LOAD`] about
+/// 12 % of the buckets are full, and under a sustained SYN flood into a full table (every
+/// insert evicts) runs of up to 10 full buckets were seen in a snapshot of 104,858; with a
+/// limit of 16, about 1 insert in 20 million met a longer run and was refused after its
+/// eviction; with 32, none in 120 million (docs/benchmarks.md, "A new flow refused after its
+/// eviction"). A probe stops long before the limit, at the first bucket without overflow (a
+/// lookup) or with a free slot (an insert).
+pub const MAX_PROBE: usize = 32;
 
 /// Buckets a full table looks at, one at a time from the new flow's home bucket, for a flow to
 /// evict: a new flow whose home bucket holds no evictable entry (empty in about 1 in 150 cases

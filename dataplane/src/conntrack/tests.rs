@@ -330,6 +330,31 @@ fn a_new_flow_whose_home_bucket_holds_nothing_evictable_evicts_a_little_further_
     assert_eq!(ct.len(), cap);
 }
 
+/// Under a sustained SYN flood into a full table, runs of full buckets longer than 16 occur
+/// (about 1 insert in 20 million met one with a probe limit of 16; docs/benchmarks.md): a new
+/// flow whose home bucket starts such a run still finds room after it.
+#[test]
+fn a_new_flow_gets_past_a_run_of_sixteen_full_buckets() {
+    let mut ct = Conntrack::<V4>::with_seeds(1024, SEEDS);
+    let (nb, start) = (ct.nb, 100usize);
+    let run = start..start + 16;
+    let run_is_full = |ct: &Conntrack<V4>| run.clone().all(|b| ct.buckets.as_slice()[b].tags.iter().all(|&t| t != 0));
+    // Flows whose forward entry's home is in the run, until the run is full.
+    let mut i = 0u16;
+    while !run_is_full(&ct) {
+        if run.contains(&ct.home(ct.hash(&key(i)))) {
+            insert(&mut ct, rec(i, 1000, CtState::Established), 0, |_| {}).unwrap();
+        }
+        i += 1;
+    }
+    let new = (i..).find(|&j| ct.home(ct.hash(&key(j))) == start).unwrap();
+    assert!(ct.len() < ct.capacity() && nb > 2 * 16, "a table with room, longer than the run");
+    let id = insert(&mut ct, rec(new, 1000, CtState::SynSent), 0, |_| {}).expect("room after the run");
+    assert_eq!(get(&mut ct, &key(new), 0).map(|h| (h.id, h.dir)), Some((id, Dir::Forward)));
+    assert_eq!(get(&mut ct, &reply_key(new), 0).map(|h| (h.id, h.dir)), Some((id, Dir::Reply)));
+    assert_index_consistent(&ct);
+}
+
 #[test]
 fn eviction_prefers_the_oldest_evictable_flow_of_the_bucket() {
     // Two records and an index of one bucket: both flows are in the home bucket of any key.
