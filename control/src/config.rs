@@ -606,7 +606,7 @@ impl Config {
         if !self.af_xdp.frames.is_power_of_two() || self.af_xdp.frames < 1024 {
             return Err(field_err("afXdp.frames", format!("{}: want a power of two >= 1024", self.af_xdp.frames)));
         }
-        if self.af_xdp.frames < 2 * ring {
+        if !dataplane::xsk::frames_ok(self.af_xdp.frames, ring) {
             return Err(field_err(
                 "afXdp.frames",
                 format!("{}: want at least twice afXdp.ringSize ({ring})", self.af_xdp.frames),

@@ -104,6 +104,14 @@ pub fn ring_size_ok(n: u32) -> bool {
     n.is_power_of_two() && RING_SIZES.contains(&n)
 }
 
+/// Whether `frames` UMEM frames are enough for rings of `ring_size` entries: at least twice the
+/// ring (a full fill ring, and as many again for frames being received, processed or sent).
+/// The rule of xlb's `afXdp.frames` and `xlb-macfwd --frames`.
+#[must_use]
+pub fn frames_ok(frames: u32, ring_size: u32) -> bool {
+    u64::from(frames) >= 2 * u64::from(ring_size)
+}
+
 /// The fill ring depth of a socket with [`XskConfig::fill_frames`] `fill_frames` and rings of
 /// `ring_size` entries: `fill_frames`, or the whole ring for 0; never more than the ring.
 #[must_use]

@@ -1361,11 +1361,12 @@ fn next_bucket(b: usize, nb: u64) -> usize {
 }
 
 /// Evicts the oldest evictable flow with an entry in the home bucket of `h`, or failing one
-/// there in the next ones, up to [`EVICT_REACH`] buckets ([`victim_in`]), and reports
-/// it through `on_remove`. Returns the evicted flow's record, its entries cleared but the
-/// record itself neither freed nor zeroed: the insert that evicted writes the new flow into it
+/// there in the next ones, up to [`EVICT_REACH`] buckets ([`victim_in`]), and reports it
+/// through `on_remove`. Returns the evicted flow's record, its entries cleared but the record
+/// itself neither freed nor zeroed: the insert that evicted writes the new flow into it
 /// ([`insert_in`]; it frees it if the insert fails), so an eviction does not push a record on
-/// the free stack for the insert to pop. The caller counts the flow out of the table's length. `None`: nothing evictable.
+/// the free stack for the insert to pop. The caller counts the flow out of the table's length.
+/// `None`: nothing evictable.
 #[inline]
 fn evict_in<A: CtFamily>(
     bs: &mut [Bucket],

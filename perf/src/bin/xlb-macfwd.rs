@@ -83,7 +83,7 @@ fn main() -> ExitCode {
     let r = (|| {
         anyhow::ensure!(cli.duration.is_finite() && cli.duration >= 0.0, "--duration must be >= 0");
         anyhow::ensure!(
-            u64::from(cli.frames) >= 2 * u64::from(cli.ring_size),
+            dataplane::xsk::frames_ok(cli.frames, cli.ring_size),
             "--frames ({}) must be at least twice --ring-size ({})",
             cli.frames,
             cli.ring_size
