@@ -4,7 +4,7 @@
 //! 1. The new process loads its config, builds its tables, loads (does not attach) its
 //!    steering programs and fills their maps, and parks its workers (pinned, flow tables
 //!    allocated: [`dataplane::worker::park`]), then connects to the admin socket and sends
-//!    `handover V xsk1=LAYOUT`
+//!    `handover V xsk2=LAYOUT`
 //!    (V = [`snapshot::VERSION`], the flow snapshot format it reads; LAYOUT its AF_XDP socket
 //!    layout, [`XSK_OFFER`]).
 //! 2. If V is not the old process's version, the old one answers `error …` and keeps serving;
@@ -62,14 +62,21 @@ use rustix::net::{
 /// The admin command that starts a hand-over.
 pub(crate) const COMMAND: &str = "handover";
 
-/// The request's offer to adopt the old process's AF_XDP sockets and UMEMs: `xsk1=LAYOUT`
+/// The request's offer to adopt the old process's AF_XDP sockets and UMEMs: `xsk2=LAYOUT`
 /// after the snapshot version, LAYOUT being the new process's [`crate::run`] socket layout
-/// (workers, interfaces and queues, frame and ring sizes, bind mode). `1` is the version of
-/// the socket hand-over (the [`XskState`] encoding and the descriptor order of [`send`]);
-/// raised whenever either changes. An old process that does not know it refuses the request
-/// before stopping (`error: handover needs the snapshot version…`), and [`request`] asks
-/// again without it.
-pub(crate) const XSK_OFFER: &str = "xsk1=";
+/// (workers, interfaces and queues, frame and ring sizes, bind mode). `2` is the version of
+/// the socket hand-over (the [`XskState`] encoding, the descriptor order of [`send`] and how
+/// the UMEMs are registered); raised whenever one changes. Version 2: the UMEMs are
+/// registered in unaligned chunk mode (`dataplane::xsk`), whose RX addresses a version 1
+/// process would misread. A process that does not know the offer refuses the request before
+/// stopping (an xlb before the socket hand-over: `error: handover needs the snapshot
+/// version…`; a version 1 process: `… takes the snapshot version and xsk1=LAYOUT …`), and
+/// [`request`] asks again without it ([`flows_only_retry`]); this process answers a version 1
+/// offer so that a version 1 process asks again without it too ([`check_command`]).
+pub(crate) const XSK_OFFER: &str = "xsk2=";
+
+/// The offer of socket hand-over version 1 (UMEMs in aligned chunk mode).
+const XSK_OFFER_V1: &str = "xsk1=";
 
 /// Most descriptors one hand-over answer carries (`SCM_MAX_FD` is 253): the snapshot, the
 /// socket state, and per worker its UMEM and sockets.
@@ -181,10 +188,12 @@ pub(crate) fn request(
         c.write_all(line.as_bytes())?;
         match answer(&c)? {
             Ok(h) => return Ok(Ok((h, Pending(c)))),
-            // An xlb from before the socket hand-over: it refused the offer without stopping.
-            Err(Refused::Refused(a)) if offer.is_some() && a.contains("needs the snapshot version") => {
+            // An xlb from before the socket hand-over, or of another version of it: it refused
+            // the offer without stopping.
+            Err(Refused::Refused(a)) if offer.is_some() && flows_only_retry(&a) => {
                 tracing::info!(
-                    "hand-over: the running xlb cannot hand over its AF_XDP sockets; asking for the flows only"
+                    answer = a.trim(),
+                    "hand-over: the running xlb cannot hand over its AF_XDP sockets to this one; asking for the flows only"
                 );
                 offer = None;
             }
@@ -193,7 +202,15 @@ pub(crate) fn request(
     }
 }
 
-/// Reads the old process's answer to `handover V [xsk1=…]` on `c`: `ok BYTES` with the
+/// Whether the running xlb's answer to an offer of its sockets refused the offer alone, so
+/// that asking again without it hands over the flows: an xlb from before the socket
+/// hand-over (`needs the snapshot version`, from [`check_command`]'s version error), or one of
+/// socket hand-over version 1 (`takes the snapshot version and xsk1=LAYOUT`).
+fn flows_only_retry(answer: &str) -> bool {
+    answer.contains("needs the snapshot version") || answer.contains("takes the snapshot version and xsk1=")
+}
+
+/// Reads the old process's answer to `handover V [xsk2=…]` on `c`: `ok BYTES` with the
 /// snapshot's memfd, or `ok BYTES XSKBYTES` with the snapshot's memfd, the socket state's
 /// memfd ([`XskState`]s in worker order), then per worker its UMEM memfd and its sockets in
 /// port order.
@@ -270,6 +287,16 @@ pub(crate) fn check_command(line: &str) -> Option<std::result::Result<Option<Str
     let mut words = rest.split_whitespace();
     let v = words.next().unwrap_or("");
     let offer = words.next();
+    if offer.is_some_and(|o| o.starts_with(XSK_OFFER_V1)) {
+        // A new process of socket hand-over version 1 (see `XSK_OFFER`): it cannot adopt
+        // this process's UMEMs. The words `needs the snapshot version` make it ask again
+        // for the flows alone (its `request`), as an xlb from before the socket hand-over
+        // would.
+        return Some(Err(format!(
+            "error: {COMMAND} needs the snapshot version alone from this xlb: its AF_XDP sockets \
+             are handed over as {XSK_OFFER}LAYOUT (unaligned chunks), not {XSK_OFFER_V1}\n"
+        )));
+    }
     if words.next().is_some() || offer.is_some_and(|o| !o.starts_with(XSK_OFFER)) {
         return Some(Err(format!(
             "error: {COMMAND} takes the snapshot version and {XSK_OFFER}LAYOUT, got {:?}\n",
@@ -387,7 +414,7 @@ mod tests {
     fn handover_command_in_another_version_is_refused_with_both_versions() {
         assert_eq!(check_command(&format!("handover {}", snapshot::VERSION)), Some(Ok(None)));
         assert_eq!(
-            check_command(&format!("handover {} xsk1=2x2048;0=eth0:0", snapshot::VERSION)),
+            check_command(&format!("handover {} xsk2=2x2048;0=eth0:0", snapshot::VERSION)),
             Some(Ok(Some("2x2048;0=eth0:0".to_owned())))
         );
         assert!(check_command(&format!("handover {} xsk9=a", snapshot::VERSION)).is_some_and(|r| r.is_err()));
@@ -395,6 +422,33 @@ mod tests {
         assert!(e.contains("999") && e.contains(&snapshot::VERSION.to_string()), "{e}");
         assert!(check_command("handover x").is_some_and(|r| r.is_err()));
         assert_eq!(check_command("stats"), None);
+    }
+
+    #[test]
+    fn a_version_1_socket_offer_is_refused_so_that_its_sender_asks_for_the_flows_alone() {
+        let e = check_command(&format!("handover {} xsk1=2x2048;0=eth0:0", snapshot::VERSION))
+            .and_then(Result::err)
+            .unwrap_or_default();
+        // What a version 1 process's `request` looks for before asking again without the offer.
+        assert!(e.contains("needs the snapshot version"), "{e}");
+        assert!(flows_only_retry(&e));
+    }
+
+    #[test]
+    fn refusals_of_the_offer_alone_are_retried_without_it_and_others_are_not() {
+        // The answer of an xlb of socket hand-over version 1 to this version's offer (its
+        // `check_command` text), and of an xlb from before the socket hand-over.
+        let v1 = "error: handover takes the snapshot version and xsk1=LAYOUT, got \"3 xsk2=1x2048\"\n";
+        assert!(flows_only_retry(v1));
+        assert!(flows_only_retry("error: handover needs the snapshot version, got \"3 xsk2=1x2048\"\n"));
+        // A snapshot version this process does not read: refused, not retried.
+        let e = check_command("handover 999").and_then(Result::err).unwrap_or_default();
+        assert!(!flows_only_retry(&e), "{e}");
+        // This process's own answer to a malformed offer of its own version.
+        let e = check_command(&format!("handover {} xsk2=a b", snapshot::VERSION))
+            .and_then(Result::err)
+            .unwrap_or_default();
+        assert!(!flows_only_retry(&e), "{e}");
     }
 
     #[test]
