@@ -313,6 +313,13 @@ pub struct AfXdpConfig {
     /// load on the test machine but lost frames at every lower rate (docs/benchmarks.md, "The
     /// generator's core"), which is why the default is the whole ring.
     pub fill_frames: u32,
+    /// Register each worker's UMEM in unaligned chunk mode (`XskConfig::unaligned_chunks`,
+    /// kernel doc af_xdp.rst `XDP_UMEM_UNALIGNED_CHUNK_FLAG`; default true): the kernel then
+    /// takes the descriptor of each frame it receives from a stack of free ones instead of
+    /// one per UMEM chunk, which in copy mode halved its `xp_alloc` on the receiving core
+    /// (docs/benchmarks.md, "Unaligned chunks"). `false` for a NIC driver whose zero-copy
+    /// support of unaligned chunks is in doubt.
+    pub unaligned_chunks: bool,
     /// Preferred busy polling (kernel doc networking/napi.rst "Busy polling", af_xdp.rst):
     /// sets `SO_PREFER_BUSY_POLL`, `SO_BUSY_POLL` = [`Self::busy_poll_usecs`] and
     /// `SO_BUSY_POLL_BUDGET` = [`Self::busy_poll_budget`] on every socket, and the worker
@@ -339,6 +346,7 @@ impl Default for AfXdpConfig {
             frames: 8192,
             ring_size: 2048,
             fill_frames: 0,
+            unaligned_chunks: true,
             prefer_busy_poll: false,
             realtime_workers: false,
             busy_poll_usecs: 20,
@@ -1028,6 +1036,14 @@ routes: [{{dst: 10.0.0.0/8, via: 192.168.1.1}}]\n"
         assert_eq!(e[0].field.as_deref(), Some("afXdp.busyPollUsecs"), "{}", e[0]);
         let e = errors(&format!("{HEAD}afXdp: {{busyPollBudget: 5000}}\n"));
         assert_eq!(e[0].field.as_deref(), Some("afXdp.busyPollBudget"), "{}", e[0]);
+    }
+
+    #[test]
+    fn unaligned_chunks_default_to_on_and_can_be_turned_off() {
+        assert!(load(HEAD).unwrap().config.af_xdp.unaligned_chunks);
+        assert!(!load(&format!("{HEAD}afXdp: {{unalignedChunks: false}}\n")).unwrap().config.af_xdp.unaligned_chunks);
+        let e = errors(&format!("{HEAD}afXdp: {{unalignedChunks: 3}}\n"));
+        assert!(e[0].to_string().contains("unalignedChunks"), "{}", e[0]);
     }
 
     #[test]

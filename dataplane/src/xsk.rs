@@ -21,7 +21,8 @@
 //! stay bound (and in the steering program's `XSKMAP`) throughout, so frames wait in the RX
 //! ring instead of being dropped (docs/architecture.md, "Hand-over").
 //!
-//! The UMEM is registered in unaligned chunk mode (`XDP_UMEM_UNALIGNED_CHUNK_FLAG`), as
+//! The UMEM is registered in unaligned chunk mode (`XDP_UMEM_UNALIGNED_CHUNK_FLAG`;
+//! [`XskConfig::unaligned_chunks`], on by default), as
 //! DPDK's AF_XDP driver registers its own, although every address handed to the kernel is a
 //! chunk start or a frame's data: in aligned mode the kernel ties each chunk to its own
 //! `xdp_buff_xsk` (`pool->heads[addr >> chunk_shift]` in `xp_alloc`,
@@ -104,6 +105,11 @@ pub struct XskConfig {
     /// Try to back the UMEM with huge pages (a `MFD_HUGETLB` memfd, memfd_create(2); needs
     /// reserved pages, `vm.nr_hugepages`); falls back to normal pages quietly (logged once).
     pub huge_pages: bool,
+    /// Register the UMEM in unaligned chunk mode (`XDP_UMEM_UNALIGNED_CHUNK_FLAG`, kernel doc
+    /// af_xdp.rst; see the module docs for why; default true). `false`: aligned mode, for a
+    /// driver whose zero-copy support of unaligned chunks is in doubt. Either way the frames
+    /// and addresses are the same; an adopted UMEM keeps the mode it was registered in.
+    pub unaligned_chunks: bool,
 }
 
 /// The ring sizes (entries of each of RX, TX, fill and completion) that xlb's `afXdp.ringSize`
@@ -166,6 +172,7 @@ impl Default for XskConfig {
             skb_mode: false,
             busy_poll: None,
             huge_pages: true,
+            unaligned_chunks: true,
         }
     }
 }
@@ -1154,7 +1161,7 @@ impl Xsk {
                 headroom: 0,
                 // See the module docs: the kernel's per-frame descriptors then come from a
                 // stack instead of one per chunk.
-                flags: libc::XDP_UMEM_UNALIGNED_CHUNK_FLAG,
+                flags: if cfg.unaligned_chunks { libc::XDP_UMEM_UNALIGNED_CHUNK_FLAG } else { 0 },
                 tx_metadata_len: 0,
             };
             set_xdp_opt(fd.as_fd(), libc::XDP_UMEM_REG, &reg).map_err(|e| ("XDP_UMEM_REG", e))?;
@@ -1911,6 +1918,34 @@ mod tests {
             let lens: Vec<usize> = frames.iter().map(OwnedFrame::len).collect();
             assert_eq!(lens, vec![60, 100, 14]);
         });
+    }
+
+    /// Requests from `xb` echoed by a socket on `xa` come back whole and once each, with the
+    /// UMEMs in either chunk mode ([`XskConfig::unaligned_chunks`]): in unaligned mode the
+    /// kernel's RX addresses carry the data's offset in their top bits ([`rx_addr`]).
+    #[test]
+    fn frames_round_trip_in_aligned_and_unaligned_chunk_mode() {
+        for unaligned in [false, true] {
+            let test = if unaligned { "xsk_round_trip_unaligned_chunks" } else { "xsk_round_trip_aligned_chunks" };
+            let res = in_private_netns(test, move || {
+                veth_pair();
+                for l in ["xa", "xb"] {
+                    let out = std::process::Command::new("ip").args(["link", "set", l, "up"]).output().expect("ip");
+                    assert!(out.status.success(), "ip link set {l} up: {}", String::from_utf8_lossy(&out.stderr));
+                }
+                let cfg = XskConfig { unaligned_chunks: unaligned, ..test_cfg(true) };
+                let mut a = Xsk::open(&cfg, &[("xa".to_owned(), 0)]).expect("echo side on xa");
+                let mut s = Xsk::open(&cfg, &[("xb".to_owned(), 0)]).expect("sender on xb");
+                const N: u32 = 600;
+                let sender = std::thread::spawn(move || send_and_collect(&mut s, N));
+                let seen = echo_until_end(&mut a);
+                let echoed = sender.join().expect("sender thread");
+                (seen, echoed)
+            });
+            let Some((seen, echoed)) = res else { return };
+            assert_eq!(seen, (0..600).collect::<Vec<u32>>(), "unaligned {unaligned}: every request once, in order");
+            assert!(echoed.iter().all(|&n| n == 1), "unaligned {unaligned}: every echo back once");
+        }
     }
 
     /// Ethertype of the hand-over test's frames (IEEE local experimental).

@@ -39,6 +39,7 @@ pub fn xsk_config(config: &Config) -> XskConfig {
         frame_count: config.af_xdp.frames,
         ring_size: config.af_xdp.ring_size,
         fill_frames: config.af_xdp.fill_frames,
+        unaligned_chunks: config.af_xdp.unaligned_chunks,
         copy_mode: match config.af_xdp.zero_copy.as_str() {
             "copy" => CopyMode::Copy,
             "zerocopy" => CopyMode::ZeroCopy,
@@ -55,8 +56,9 @@ pub fn xsk_config(config: &Config) -> XskConfig {
 
 /// The AF_XDP socket layout of `nworkers` workers under `config`, as one word (no spaces):
 /// what must be equal for a new process to adopt the old one's sockets at a hand-over
-/// (frames, frame size, ring size, bind mode, need-wakeup; per worker its interfaces and
-/// queues in port order), e.g. `f8192x2048r2048mautow1;0=eth0:0,eth1:0;1=eth0:1,eth1:1`.
+/// (frames, frame size, ring size, bind mode, need-wakeup, chunk mode; per worker its
+/// interfaces and queues in port order), e.g.
+/// `f8192x2048r2048mautow1u1;0=eth0:0,eth1:0;1=eth0:1,eth1:1`.
 pub fn xsk_layout(config: &Config, nworkers: usize) -> String {
     let x = xsk_config(config);
     let mode = match x.copy_mode {
@@ -64,7 +66,15 @@ pub fn xsk_layout(config: &Config, nworkers: usize) -> String {
         CopyMode::Copy => "copy",
         CopyMode::ZeroCopy => "zerocopy",
     };
-    let mut s = format!("f{}x{}r{}m{}w{}", x.frame_count, x.frame_size, x.ring_size, mode, u8::from(x.need_wakeup));
+    let mut s = format!(
+        "f{}x{}r{}m{}w{}u{}",
+        x.frame_count,
+        x.frame_size,
+        x.ring_size,
+        mode,
+        u8::from(x.need_wakeup),
+        u8::from(x.unaligned_chunks)
+    );
     for w in 0..nworkers {
         let ports: Vec<String> = worker_ports(config, w).iter().map(|(i, q)| format!("{i}:{q}")).collect();
         s.push_str(&format!(";{w}={}", ports.join(",")));
@@ -142,7 +152,7 @@ mod tests {
         let mut c = two_interfaces();
         let x = xsk_config(&c);
         let want =
-            format!("f{}x{}r{}mautow1;0=eth0:4,eth1:0;1=eth0:5,eth1:1", c.af_xdp.frames, x.frame_size, x.ring_size);
+            format!("f{}x{}r{}mautow1u1;0=eth0:4,eth1:0;1=eth0:5,eth1:1", c.af_xdp.frames, x.frame_size, x.ring_size);
         assert_eq!(xsk_layout(&c, 2), want);
         assert_eq!(x.ring_size, 2048);
         c.af_xdp.ring_size = 4096;
@@ -150,7 +160,11 @@ mod tests {
         assert!(xsk_layout(&c, 2).contains("r4096m"), "a changed ring size changes the layout: {}", xsk_layout(&c, 2));
         c.af_xdp.zero_copy = "zerocopy".into();
         c.af_xdp.busy_poll = true;
-        assert!(xsk_layout(&c, 2).contains("mzerocopyw0;"), "{}", xsk_layout(&c, 2));
+        assert!(xsk_layout(&c, 2).contains("mzerocopyw0u1;"), "{}", xsk_layout(&c, 2));
+        assert!(xsk_config(&c).unaligned_chunks);
+        c.af_xdp.unaligned_chunks = false;
+        assert!(!xsk_config(&c).unaligned_chunks, "afXdp.unalignedChunks reaches the sockets");
+        assert!(xsk_layout(&c, 2).contains("w0u0;"), "the chunk mode is part of the layout: {}", xsk_layout(&c, 2));
         assert_ne!(xsk_layout(&c, 1), xsk_layout(&c, 2), "the worker count is part of the layout");
     }
 
