@@ -1925,6 +1925,7 @@ mod tests {
     /// kernel's RX addresses carry the data's offset in their top bits ([`rx_addr`]).
     #[test]
     fn frames_round_trip_in_aligned_and_unaligned_chunk_mode() {
+        const N: u32 = 600;
         for unaligned in [false, true] {
             let test = if unaligned { "xsk_round_trip_unaligned_chunks" } else { "xsk_round_trip_aligned_chunks" };
             let res = in_private_netns(test, move || {
@@ -1936,14 +1937,13 @@ mod tests {
                 let cfg = XskConfig { unaligned_chunks: unaligned, ..test_cfg(true) };
                 let mut a = Xsk::open(&cfg, &[("xa".to_owned(), 0)]).expect("echo side on xa");
                 let mut s = Xsk::open(&cfg, &[("xb".to_owned(), 0)]).expect("sender on xb");
-                const N: u32 = 600;
                 let sender = std::thread::spawn(move || send_and_collect(&mut s, N));
                 let seen = echo_until_end(&mut a);
                 let echoed = sender.join().expect("sender thread");
                 (seen, echoed)
             });
             let Some((seen, echoed)) = res else { return };
-            assert_eq!(seen, (0..600).collect::<Vec<u32>>(), "unaligned {unaligned}: every request once, in order");
+            assert_eq!(seen, (0..N).collect::<Vec<u32>>(), "unaligned {unaligned}: every request once, in order");
             assert!(echoed.iter().all(|&n| n == 1), "unaligned {unaligned}: every echo back once");
         }
     }
