@@ -32,6 +32,7 @@
 
 mod error;
 mod iface;
+mod index;
 mod l2;
 mod maps;
 pub mod neighbours;
@@ -46,6 +47,7 @@ pub use iface::{
     Channels, InterfaceAddress, InterfaceInfo, channels, ifindex, interface_info, local_addresses, set_channels,
     set_tx_checksum_offload, tx_checksum_offload,
 };
+pub use index::services4_index_home;
 pub use l2::{L2Responder, gratuitous_arp, unsolicited_na};
 pub use maps::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, ServiceKey};
 pub use neighbours::{Neighbour, NeighbourEvent, NeighbourState, NeighbourWatcher};

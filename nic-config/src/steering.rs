@@ -8,13 +8,14 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap, Map, MapData, MapError, PerCpuArray, XskMap},
+    maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, XskMap},
     programs::{Xdp, XdpMode as AyaXdpMode},
 };
 use tracing::{info, warn};
 
 use crate::{
     NicError, ServiceKey,
+    index::SlotIndex,
     maps::{FamilyKey, Service4MapKey, ServiceMapKey, SnatRange, addr_bytes, addr_from_bytes, ipv4_of, stat},
 };
 
@@ -26,6 +27,7 @@ pub const PROGRAM_NAME: &str = "xlb_steer";
 
 const MAP_XSKS: &str = "xsks";
 const MAP_SERVICES4: &str = "services4";
+const MAP_SERVICES4_INDEX: &str = "services4_index";
 const MAP_SERVICES: &str = "services";
 const MAP_VIP_ADDRS: &str = "vip_addrs";
 const MAP_SNAT4: &str = "snat4";
@@ -133,6 +135,8 @@ pub struct Steering {
     // program and its link.
     xsks: XskMap<MapData>,
     services4: HashMap<MapData, [u8; Service4MapKey::LEN], u32>,
+    /// The slot index in front of `services4` (`index.rs`).
+    services4_index: Array<MapData, u64>,
     services: HashMap<MapData, [u8; ServiceMapKey::LEN], u32>,
     vip_addrs: HashMap<MapData, [u8; 16], u32>,
     snat4: HashMap<MapData, [u8; 4], [u16; 2]>,
@@ -144,6 +148,10 @@ pub struct Steering {
     l2_addrs: HashMap<MapData, [u8; 16], [u8; 8]>,
     /// What the last sync wrote to each map, so the next one writes only the difference.
     shadow: Shadows,
+    /// What `services4_index` holds (only xlb writes it; a new program's array is all empty).
+    index: SlotIndex,
+    /// Read `services4_index` back before the next index update ([`Steering::verify_next_sync`]).
+    index_verify: bool,
     /// Whether this value attached the program (and so detaches it).
     attached: bool,
     /// rtnetlink socket in the interface's network namespace (attach and detach work from
@@ -255,9 +263,10 @@ impl Steering {
         program.load().map_err(|e| prog_err(mode, e))?;
         let prog_id = program.info().map_err(|e| prog_err(mode, e))?.id();
         let ifindex = crate::iface::ifindex(ifname)?;
-        let mut map_ids = Vec::with_capacity(11);
+        let mut map_ids = Vec::with_capacity(12);
         let xsks = open_map(&mut ebpf, ifname, MAP_XSKS, &mut map_ids)?;
         let services4 = open_map(&mut ebpf, ifname, MAP_SERVICES4, &mut map_ids)?;
+        let services4_index = open_map(&mut ebpf, ifname, MAP_SERVICES4_INDEX, &mut map_ids)?;
         let services = open_map(&mut ebpf, ifname, MAP_SERVICES, &mut map_ids)?;
         let vip_addrs = open_map(&mut ebpf, ifname, MAP_VIP_ADDRS, &mut map_ids)?;
         let snat4 = open_map(&mut ebpf, ifname, MAP_SNAT4, &mut map_ids)?;
@@ -271,6 +280,7 @@ impl Steering {
         Ok(Self {
             xsks,
             services4,
+            services4_index,
             services,
             vip_addrs,
             snat4,
@@ -280,6 +290,8 @@ impl Steering {
             stats,
             l2_addrs,
             shadow: Shadows::default(),
+            index: SlotIndex::new(),
+            index_verify: false,
             attached: false,
             nl: crate::nl::RouteSocket::new("RTM_SETLINK IFLA_XDP")?,
             ebpf,
@@ -422,7 +434,7 @@ impl Steering {
     }
 
     /// Kernel ids of the program's maps (`bpftool map show id N`), in the order `xsks`,
-    /// `services4`, `services`, `vip_addrs`, `snat4`, `snat_addrs`, `endpoints4`, `endpoints`,
+    /// `services4`, `services4_index`, `services`, `vip_addrs`, `snat4`, `snat_addrs`, `endpoints4`, `endpoints`,
     /// `stats`, `l2_addrs`, `l2_self`.
     #[must_use]
     pub fn map_ids(&self) -> &[u32] {
@@ -465,6 +477,26 @@ impl Steering {
     /// (SYNC-04); other syncs cost one system call per changed entry.
     pub fn verify_next_sync(&mut self) {
         self.shadow = Shadows::default();
+        self.index_verify = true;
+    }
+
+    /// Brings `services4_index` to the keys of `services4` as last written (nothing while they
+    /// are not known: the next sync knows them); after [`Steering::verify_next_sync`], reads
+    /// the whole index back first and repairs what differs.
+    fn sync_index(&mut self) -> Result<(), NicError> {
+        let Some(keys) = &self.shadow.services4 else { return Ok(()) };
+        if self.index_verify {
+            let map = &self.services4_index;
+            let differed = self.index.reload(|i| map.get(&i, 0).ok());
+            if differed > 0 {
+                warn!(ifname = %self.ifname, slots = differed, "services4_index differed from what xlb wrote; repairing");
+            }
+            self.index_verify = false;
+        }
+        let (ifname, map) = (&self.ifname, &mut self.services4_index);
+        self.index
+            .apply(keys.keys().copied(), |i, v| map.set(i, v, 0))
+            .map_err(|e| NicError::map(ifname, MAP_SERVICES4_INDEX, "update", e))
     }
 
     /// Makes the `services4` (IPv4 keys) and `services` (IPv6 keys) maps equal to `keys`:
@@ -487,7 +519,8 @@ impl Steering {
             (MAP_SERVICES, &mut self.services, &mut self.shadow.services),
             key_maps(keys)?,
             MAX_SERVICES,
-        )
+        )?;
+        self.sync_index()
     }
 
     /// Makes the `endpoints4` and `endpoints` maps equal to `keys`: (address, protocol, port)
@@ -571,7 +604,8 @@ impl Steering {
             (MAP_SERVICES, &mut self.services, &mut self.shadow.services),
             (key_maps(insert)?, key_maps(remove)?),
             MAX_SERVICES,
-        );
+        )
+        .and_then(|done| if done { self.sync_index().map(|()| true) } else { Ok(false) });
         self.forget_on_error(r)
     }
 
@@ -610,6 +644,18 @@ impl Steering {
             self.verify_next_sync();
         }
         r
+    }
+
+    /// The IPv4 services that `services4_index` leaves to the `services4` hash map, because
+    /// the 8 slots the program probes from their home were taken when they were placed
+    /// (their frames cost the program the hash map's lookup as well); sorted. With the table at
+    /// most half full, a handful in tens of thousands.
+    #[must_use]
+    pub fn services4_overflow(&self) -> Vec<ServiceKey> {
+        let mut v: Vec<ServiceKey> =
+            self.index.overflow_keys().map(|k| Service4MapKey::from_bytes(&k).to_service_key()).collect();
+        v.sort();
+        v
     }
 
     /// Reads back the `services4` and `services` maps (for diagnostics such as `xlb status`),

@@ -10,7 +10,7 @@ use std::{
 };
 
 use common::{CLIENT_V4, CLIENT_V6, LB_IF, LB_V4, LB_V6, Netns, Pair, VIP_V4, VIP_V6, decode, run, wait_for, xsk::Xsk};
-use nic_config::{IPPROTO_TCP, IPPROTO_UDP, ServiceKey, Steering, XdpMode, interface_info};
+use nic_config::{IPPROTO_TCP, IPPROTO_UDP, ServiceKey, Steering, XdpMode, interface_info, services4_index_home};
 
 const SHORT: Duration = Duration::from_millis(400);
 const LONG: Duration = Duration::from_secs(3);
@@ -90,8 +90,8 @@ mod tests {
             let map_ids = steering.map_ids().to_vec();
             assert_eq!(
                 map_ids.len(),
-                11,
-                "xsks, services4, services, vip_addrs, snat4, snat_addrs, endpoints4, endpoints, stats, l2_addrs, l2_self"
+                12,
+                "xsks, services4, services4_index, services, vip_addrs, snat4, snat_addrs, endpoints4, endpoints, stats, l2_addrs, l2_self"
             );
 
             let info = pair.lb.run_in(|| interface_info(LB_IF).unwrap());
@@ -198,6 +198,49 @@ mod tests {
         client_send_udp(&pair.client, SocketAddr::new(VIP_V4.into(), 7777), b"no-socket");
         assert_eq!(kernel_got(&kernel_listed), None, "an xlb frame without a socket never reaches the kernel");
         assert!(steering.stats().unwrap().redirect_failed >= 1);
+        steering.detach().unwrap();
+    }
+
+    /// `services4_index` (nic-config/src/index.rs): ten services with one home slot, so that
+    /// eight fill its window and the index leaves two to the `services4` hash map. Frames to
+    /// each of the ten reach the XSK; a frame to an eleventh address of that home, not
+    /// listed, passes (a full window, then the hash map's miss).
+    #[test]
+    fn services_left_to_the_hash_map_by_a_full_index_window_still_reach_the_xsk() {
+        if !common::can_run("services_left_to_the_hash_map_by_a_full_index_window_still_reach_the_xsk") {
+            return;
+        }
+        let pair = Pair::new(1);
+        pair.client.ip(&["route", "add", "10.192.0.0/11", "via", &LB_V4.to_string()]);
+        let (mut steering, mut xsk) = attach_with_xsk(&pair);
+        let svc = |i: u32, port| ServiceKey {
+            addr: IpAddr::from(std::net::Ipv4Addr::from(0x0ac8_0000 + i)),
+            proto: IPPROTO_UDP,
+            port,
+        };
+        let home = services4_index_home(&svc(1, 5000)).unwrap();
+        // (The address's last two octets move the home in steps too regular for eleven in one
+        // /16; the second octet too.)
+        let same: Vec<ServiceKey> =
+            (1..0x10_0000).map(|i| svc(i, 5000)).filter(|k| services4_index_home(k) == Some(home)).take(11).collect();
+        assert_eq!(same.len(), 11, "10.200.0.0-10.215.255.255: eleven of one home");
+        let (listed, unlisted) = same.split_at(10);
+        steering.sync_services(listed).unwrap();
+        assert_eq!(steering.services4_overflow().len(), 2, "a window of 8 slots for 10 keys");
+        for k in listed {
+            client_send_udp(&pair.client, SocketAddr::new(k.addr, k.port), b"listed");
+            let seen: Vec<_> = xsk.recv_until(1, LONG).iter().filter_map(|f| decode(f)).collect();
+            assert!(seen.iter().any(|s| s.dst == k.addr && s.port_or_type == k.port), "{k:?} on the XSK; saw {seen:?}");
+        }
+        let passed = steering.stats().unwrap().passed;
+        client_send_udp(&pair.client, SocketAddr::new(unlisted[0].addr, unlisted[0].port), b"unlisted");
+        assert!(xsk.recv(SHORT).is_empty(), "an unlisted address of the full window passes");
+        assert!(steering.stats().unwrap().passed > passed);
+        // Taking the services away leaves nothing steered and nothing to the hash map.
+        steering.sync_services(&[]).unwrap();
+        assert!(steering.services4_overflow().is_empty());
+        client_send_udp(&pair.client, SocketAddr::new(listed[9].addr, listed[9].port), b"gone");
+        assert!(xsk.recv(SHORT).is_empty());
         steering.detach().unwrap();
     }
 

@@ -11,7 +11,7 @@
 #   frame and program, default 5; the median is printed).
 # Needs root (BPF_PROG_LOAD, bpffs), clang and bpftool (scripts/install-deps.sh bench).
 #
-# Maps are filled as xlb fills them for one IPv4 service 10.96.0.10:80/TCP, one NAT backend
+# Maps are filled as xlb fills them (`services4` and its slot index) for one IPv4 service 10.96.0.10:80/TCP, one NAT backend
 # 10.1.0.5:8080/TCP and the SNAT address 10.2.0.1 with ports 33000-36863; no AF_XDP socket is
 # in `xsks`, so xlb's frames end in XDP_DROP (redirect failed) and the others in XDP_PASS.
 # Frames (64 bytes, TCP ACK):
@@ -57,6 +57,16 @@ load() {
     bpftool map update pinned "$m/services4" key hex 0a 60 00 0a 00 50 06 00 value hex 00 00 00 00
     bpftool map update pinned "$m/endpoints4" key hex 0a 01 00 05 1f 90 06 00 value hex 00 00 00 00
     bpftool map update pinned "$m/snat4" key hex 0a 02 00 01 value hex e8 80 ff 8f
+    if [ -e "$m/services4_index" ]; then
+      # The slot index in front of services4 (nic-config/src/index.rs): the key with pad byte
+      # 1, at its home slot.
+      bpftool map update pinned "$m/services4_index" $(python3 -c '
+import struct
+k = bytes([10, 96, 0, 10, 0, 80, 6, 1])
+e = struct.unpack("<Q", k)[0]
+home = ((e * 0x9E3779B97F4A7C15) % 2**64) >> (64 - 17)
+print("key hex", " ".join("%02x" % b for b in struct.pack("<I", home)), "value hex", " ".join("%02x" % b for b in k))')
+    fi
   else
     # One map per kind for both families, IPv4 as ::ffff:a.b.c.d (before `services4`).
     local mapped="00 00 00 00 00 00 00 00 00 00 ff ff"
