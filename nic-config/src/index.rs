@@ -1,39 +1,42 @@
-//! The slot index in front of `services4`: an open-addressing hash table of our own over the
-//! steering program's `services4_index` `ARRAY` map, so that an IPv4 frame to a service is
-//! found by a multiply-shift hash and one or two inlined array reads instead of the kernel's
-//! hash map (`htab_map_hash`, jhash2, and a helper call: about 8 of a service frame's 13 ns
-//! above the test runner's floor, `make bench-steer`, docs/benchmarks.md).
+//! The slot indexes in front of `services4` and `endpoints4`: open-addressing hash tables of
+//! our own over `ARRAY` maps of the steering program (`services4_index`, `endpoints4_index`),
+//! so that an IPv4 frame to a service, or from a NAT backend, is found by a multiply-shift hash
+//! and one or two inlined array reads instead of the kernel's hash map (`htab_map_hash`,
+//! jhash2, and a helper call: about 8 of a service frame's 13 ns above the test runner's floor,
+//! `make bench-steer`, docs/benchmarks.md).
 //!
-//! Layout, shared with `xdp/steer.c` (`services4_index`, `service4_indexed`): [`SLOTS`] slots
-//! of one `u64` each. A used slot holds the 8 bytes of the `services4` key with its pad byte set
-//! to [`USED`], read as a native-endian `u64` (the program reads the same bytes the same way);
-//! an empty slot is 0 ([`EMPTY`]); a slot whose key was removed while another key's probe may
-//! still pass it is [`TOMBSTONE`] (all ones: its pad byte is never [`USED`]). A key's home is
-//! the top [`BITS`] bits of `entry * MUL` (Knuth's multiplicative hashing with the 64-bit golden
-//! ratio); the program probes [`WINDOW`] slots from there: a match is a service, an empty slot
-//! is not, and a window with neither asks `services4` itself.
+//! Layout, shared with `xdp/steer.c` (`index4_probe`): 2^bits slots of one `u64` each
+//! ([`SERVICES4_BITS`], [`ENDPOINTS4_BITS`]). A used slot holds the 8 bytes of the hash map's
+//! key (`struct service4_key`) with its pad byte set to [`USED`], read as a native-endian `u64`
+//! (the program reads the same bytes the same way); an empty slot is 0 ([`EMPTY`]); a slot
+//! whose key was removed while another key's probe may still pass it is [`TOMBSTONE`] (all
+//! ones: its pad byte is never [`USED`]). A key's home is the top `bits` bits of `entry * MUL`
+//! (Knuth's multiplicative hashing with the 64-bit golden ratio); the program probes [`WINDOW`]
+//! slots from there: a match is listed, an empty slot is not, and a window with neither asks
+//! the hash map itself.
 //!
-//! Invariant, kept by [`SlotIndex::apply`] (every key of `services4` is reachable): each key is
-//! either in a slot of its window, or its window holds no empty slot. So a key is placed in the
-//! first empty or tombstone slot of its window, else left to `services4` alone (overflow); a
-//! removed key's slot is emptied only when no other key's probe passes it (a key placed further
-//! along the window, or an overflow key whose window holds it), else it becomes a tombstone.
-//! With the map's capacity at [`crate::MAX_SERVICES`] keys the table is at most half full.
+//! Invariant, kept by [`SlotIndex::apply`] (every key of the hash map is reachable): each key
+//! is either in a slot of its window, or its window holds no empty slot. So a key is placed in
+//! the first empty or tombstone slot of its window, else left to the hash map alone (overflow);
+//! a removed key's slot is emptied only when no other key's probe passes it (a key placed
+//! further along the window, or an overflow key whose window holds it), else it becomes a
+//! tombstone. Each index has twice as many slots as its hash map's capacity
+//! ([`crate::MAX_SERVICES`], [`crate::MAX_ENDPOINTS`]), so it is at most half full.
 //!
 //! Every slot is written whole with one map update; the program reads it with one 8-byte load,
 //! so a frame sees either the old or the new value of a slot. The order of writes keeps every
 //! intermediate state correct up to one transient: a key being added is not found until its
-//! slot is written (its `services4` entry is written first), and a removed one may still be
-//! found until its slot is (its frames go to xlb, which passes frames of no service on to the
-//! kernel).
+//! slot is written (its hash map entry is written first), and a removed one may still be found
+//! until its slot is (its frames go to xlb, which passes frames that are none of its own on to
+//! the kernel).
 
 use std::collections::HashMap;
 
-/// log2 of the number of slots.
-pub(crate) const BITS: u32 = 17;
-/// Slots of `services4_index` (`max_entries` in xdp/steer.c): twice [`crate::MAX_SERVICES`].
-pub(crate) const SLOTS: usize = 1 << BITS;
-/// Slots the program probes from a key's home before it asks `services4`.
+/// log2 of the slots of `services4_index` (`max_entries` in xdp/steer.c).
+pub(crate) const SERVICES4_BITS: u32 = 17;
+/// log2 of the slots of `endpoints4_index`.
+pub(crate) const ENDPOINTS4_BITS: u32 = 19;
+/// Slots the program probes from a key's home before it asks the hash map.
 pub(crate) const WINDOW: usize = 8;
 /// Multiplier of the home hash: 2^64 / φ (Knuth, TAOCP vol. 3 §6.4, multiplicative hashing).
 pub(crate) const MUL: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -41,21 +44,22 @@ pub(crate) const MUL: u64 = 0x9E37_79B9_7F4A_7C15;
 pub(crate) const EMPTY: u64 = 0;
 /// A removed key's slot that a probe must go past.
 pub(crate) const TOMBSTONE: u64 = u64::MAX;
-/// The pad byte of a key in a used slot (the `services4` key itself has 0 there).
+/// The pad byte of a key in a used slot (the hash map's key itself has 0 there).
 pub(crate) const USED: u8 = 1;
 
-const _: () = assert!(SLOTS >= 2 * crate::MAX_SERVICES, "the index stays at most half full");
+const _: () = assert!(1 << SERVICES4_BITS >= 2 * crate::MAX_SERVICES, "services4_index at most half full");
+const _: () = assert!(1 << ENDPOINTS4_BITS >= 2 * crate::MAX_ENDPOINTS, "endpoints4_index at most half full");
 
-/// The slot value of `services4` key `key` (its 8 bytes, pad last).
+/// The slot value of hash map key `key` (its 8 bytes, pad last).
 pub(crate) fn entry_of(key: [u8; 8]) -> u64 {
     let [a, b, c, d, p, q, proto, _] = key;
     u64::from_ne_bytes([a, b, c, d, p, q, proto, USED])
 }
 
-/// The home slot of `entry`.
-pub(crate) fn home_of(entry: u64) -> usize {
-    // The top BITS = 17 bits: fits any usize.
-    (entry.wrapping_mul(MUL) >> (64 - BITS)) as usize
+/// The home slot of `entry` in an index of 2^`bits` slots.
+pub(crate) fn home_of(entry: u64, bits: u32) -> usize {
+    // The top `bits` (at most 19) bits: fits any usize.
+    (entry.wrapping_mul(MUL) >> (64 - bits)) as usize
 }
 
 /// The home slot in `services4_index` of an IPv4 service (IPv4-mapped addresses count as
@@ -63,20 +67,27 @@ pub(crate) fn home_of(entry: u64) -> usize {
 /// protocol the maps do not take. For diagnostics and tests (which services share a window).
 #[must_use]
 pub fn services4_index_home(key: &crate::ServiceKey) -> Option<u32> {
+    home4(key, SERVICES4_BITS)
+}
+
+/// [`services4_index_home`] for a NAT backend's (address, protocol, port) in
+/// `endpoints4_index`.
+#[must_use]
+pub fn endpoints4_index_home(key: &crate::ServiceKey) -> Option<u32> {
+    home4(key, ENDPOINTS4_BITS)
+}
+
+fn home4(key: &crate::ServiceKey, bits: u32) -> Option<u32> {
     match crate::maps::FamilyKey::try_from(key).ok()? {
-        crate::maps::FamilyKey::V4(k) => u32::try_from(home_of(entry_of(k))).ok(),
+        crate::maps::FamilyKey::V4(k) => u32::try_from(home_of(entry_of(k), bits)).ok(),
         crate::maps::FamilyKey::V6(_) => None,
     }
 }
 
-/// Distance from slot `from` forward to slot `to`, around the end.
-fn dist(from: usize, to: usize) -> usize {
-    to.wrapping_sub(from) & (SLOTS - 1)
-}
-
 /// The index as written to the kernel's array: the slots (what the array holds, changed only
-/// by writes that succeeded), the slot of each key, and the keys left to `services4` alone.
+/// by writes that succeeded), the slot of each key, and the keys left to the hash map alone.
 pub(crate) struct SlotIndex {
+    bits: u32,
     slots: Vec<u64>,
     at: HashMap<u64, usize, foldhash::fast::RandomState>,
     overflow: Vec<u64>,
@@ -84,23 +95,47 @@ pub(crate) struct SlotIndex {
 
 impl std::fmt::Debug for SlotIndex {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SlotIndex").field("in_slots", &self.at.len()).field("overflow", &self.overflow.len()).finish()
+        f.debug_struct("SlotIndex")
+            .field("slots", &self.slots.len())
+            .field("in_slots", &self.at.len())
+            .field("overflow", &self.overflow.len())
+            .finish()
     }
 }
 
 impl SlotIndex {
-    /// The index of a freshly loaded program (an `ARRAY` map starts zeroed): every slot empty.
-    pub(crate) fn new() -> Self {
-        Self { slots: vec![EMPTY; SLOTS], at: HashMap::default(), overflow: Vec::new() }
+    /// The index of 2^`bits` slots of a freshly loaded program (an `ARRAY` map starts zeroed):
+    /// every slot empty.
+    pub(crate) fn new(bits: u32) -> Self {
+        Self { bits, slots: vec![EMPTY; 1 << bits], at: HashMap::default(), overflow: Vec::new() }
     }
 
-    /// Keys left to `services4` alone (their windows are full).
+    /// Slot `s + i`, around the end.
+    fn next(&self, s: usize, i: usize) -> usize {
+        (s + i) & (self.slots.len() - 1)
+    }
+
+    /// Distance from slot `from` forward to slot `to`, around the end.
+    fn dist(&self, from: usize, to: usize) -> usize {
+        to.wrapping_sub(from) & (self.slots.len() - 1)
+    }
+
+    fn home(&self, e: u64) -> usize {
+        home_of(e, self.bits)
+    }
+
+    /// Number of slots.
+    pub(crate) fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Keys left to the hash map alone (their windows are full).
     #[cfg(test)]
     pub(crate) fn overflow(&self) -> usize {
         self.overflow.len()
     }
 
-    /// The `services4` keys (8 bytes, pad 0) left to `services4` alone.
+    /// The hash map's keys (8 bytes, pad 0) left to it alone.
     pub(crate) fn overflow_keys(&self) -> impl Iterator<Item = [u8; 8]> + '_ {
         self.overflow.iter().map(|e| {
             let mut k = e.to_ne_bytes();
@@ -115,13 +150,13 @@ impl SlotIndex {
         &self.slots
     }
 
-    /// Brings the index to the keys `want` (the `services4` keys, 8 bytes each) with
+    /// Brings the index to the keys `want` (the hash map's keys, 8 bytes each) with
     /// `write(slot, value)`, which writes one slot of the kernel's array: removed keys' slots
-    /// first, then new keys and the keys left to `services4` whose windows now have room, then
+    /// first, then new keys and the keys left to the hash map whose windows now have room, then
     /// the slots that hold neither a key nor what a probe needs (tombstones no probe passes any
-    /// longer, values found by [`SlotIndex::reload`] that are no key of ours). Writes only what
-    /// changes. A failed write stops it with that error; what was written stays known, so the
-    /// next call goes on from there.
+    /// longer, values found by [`SlotIndex::reload`] that are no key of the index). Writes only
+    /// what changes. A failed write stops it with that error; what was written stays known, so
+    /// the next call goes on from there.
     ///
     /// # Errors
     /// The first error of `write`.
@@ -146,8 +181,8 @@ impl SlotIndex {
         let mut new: Vec<u64> = want.keys().filter(|e| !self.at.contains_key(*e)).copied().collect();
         new.sort_unstable();
         for e in new {
-            let home = home_of(e);
-            let free = (0..WINDOW).map(|i| (home + i) & (SLOTS - 1)).find(|&s| self.is_free(s));
+            let home = self.home(e);
+            let free = (0..WINDOW).map(|i| self.next(home, i)).find(|&s| self.is_free(s));
             match free {
                 Some(s) => {
                     self.set(s, e, &mut write)?;
@@ -158,7 +193,7 @@ impl SlotIndex {
                 None => {}
             }
         }
-        for s in 0..SLOTS {
+        for s in 0..self.slots.len() {
             let v = self.slots.get(s).copied().unwrap_or(EMPTY);
             if v == EMPTY || self.at.get(&v) == Some(&s) {
                 continue;
@@ -176,15 +211,16 @@ impl SlotIndex {
     }
 
     /// Whether some key's probe passes slot `s` on its way to the key: a key in one of the
-    /// [`WINDOW`] − 1 slots after `s` whose window holds `s`, or a key left to `services4`
+    /// [`WINDOW`] − 1 slots after `s` whose window holds `s`, or a key left to the hash map
     /// whose window holds `s`. Such a slot must not be empty.
     fn needed(&self, s: usize) -> bool {
         let further = (1..WINDOW).any(|i| {
-            let p = (s + i) & (SLOTS - 1);
+            let p = self.next(s, i);
             let v = self.slots.get(p).copied().unwrap_or(EMPTY);
-            self.at.get(&v) == Some(&p) && dist(home_of(v), s) < dist(home_of(v), p)
+            let h = self.home(v);
+            self.at.get(&v) == Some(&p) && self.dist(h, s) < self.dist(h, p)
         });
-        further || self.overflow.iter().any(|e| dist(home_of(*e), s) < WINDOW)
+        further || self.overflow.iter().any(|e| self.dist(self.home(*e), s) < WINDOW)
     }
 
     /// Writes `v` into slot `s` (only if it differs) and notes it once written.
@@ -193,39 +229,41 @@ impl SlotIndex {
         if *slot == v {
             return Ok(());
         }
-        #[expect(clippy::cast_possible_truncation, reason = "s < SLOTS = 2^17")]
+        #[expect(clippy::cast_possible_truncation, reason = "s < 2^19 slots")]
         write(s as u32, v)?;
         *slot = v;
         Ok(())
     }
 
-    /// Takes `read` (each slot's value as read back from the kernel's array, `None` if it could
-    /// not be read) as what the array holds and returns how many slots differed from what the
-    /// index had written. The keys' places are found again in the slots read (a key at a slot
-    /// of its window; the first copy if there are two); the next [`SlotIndex::apply`] then
-    /// places the keys found nowhere, removes the unwanted ones and overwrites every other
-    /// value. A slot that could not be read is taken to hold something else (rewritten).
-    pub(crate) fn reload(&mut self, read: impl Fn(u32) -> Option<u64>) -> usize {
+    /// Compares `n` slots from slot `start` (around the end) with `read` (a slot's value as
+    /// read back from the kernel's array, `None` if it could not be read), takes what was read
+    /// as what each of them holds, and returns how many differed. A slot read holding a key of
+    /// the index's form at a slot of its window, not yet in the index, is taken as that key's
+    /// place; anything else that differs is overwritten by the next [`SlotIndex::apply`] (as a
+    /// tombstone or an empty slot, as probes need), which also places again a key whose slot
+    /// was found holding something else. A slot that could not be read is taken to hold
+    /// something else.
+    pub(crate) fn reload(&mut self, start: usize, n: usize, read: impl Fn(u32) -> Option<u64>) -> usize {
         let mut differed = 0;
-        for s in 0..SLOTS {
-            #[expect(clippy::cast_possible_truncation, reason = "s < SLOTS = 2^17")]
+        for i in 0..n.min(self.slots.len()) {
+            let s = self.next(start, i);
+            #[expect(clippy::cast_possible_truncation, reason = "s < 2^19 slots")]
             let v = read(s as u32).unwrap_or(TOMBSTONE - 1);
-            if let Some(x) = self.slots.get_mut(s)
-                && *x != v
-            {
-                *x = v;
-                differed += 1;
+            let Some(old) = self.slots.get(s).copied() else { continue };
+            if old == v {
+                continue;
             }
-        }
-        if differed == 0 {
-            return 0;
-        }
-        self.at.clear();
-        self.overflow.clear();
-        for (s, &v) in self.slots.iter().enumerate() {
+            differed += 1;
+            if self.at.get(&old) == Some(&s) {
+                self.at.remove(&old);
+            }
+            if let Some(x) = self.slots.get_mut(s) {
+                *x = v;
+            }
             let key = v != EMPTY && v != TOMBSTONE && v.to_ne_bytes()[7] == USED;
-            if key && dist(home_of(v), s) < WINDOW && !self.at.contains_key(&v) {
+            if key && self.dist(self.home(v), s) < WINDOW && !self.at.contains_key(&v) {
                 self.at.insert(v, s);
+                self.overflow.retain(|x| *x != v);
             }
         }
         differed
@@ -237,13 +275,15 @@ mod tests {
     #![allow(clippy::indexing_slicing, clippy::unwrap_used, clippy::panic, reason = "tests")]
     use super::*;
 
-    /// Model of the program's probe (xdp/steer.c `service4_indexed`): `Some(found)` from the
-    /// window, `None` when the window is full of other keys (then `services4` answers).
+    const BITS: u32 = SERVICES4_BITS;
+
+    /// Model of the program's probe (xdp/steer.c `index4_probe`): `Some(found)` from the
+    /// window, `None` when the window is full of other keys (then the hash map answers).
     fn probe(slots: &[u64], key: [u8; 8]) -> Option<bool> {
         let e = entry_of(key);
-        let home = home_of(e);
+        let home = home_of(e, slots.len().trailing_zeros());
         for i in 0..WINDOW {
-            let v = slots[(home + i) & (SLOTS - 1)];
+            let v = slots[(home + i) & (slots.len() - 1)];
             if v == e {
                 return Some(true);
             }
@@ -266,8 +306,8 @@ mod tests {
 
     /// Keys that all share one home slot (found by search), so windows fill up.
     fn same_home(n: usize) -> Vec<[u8; 8]> {
-        let h = home_of(entry_of(key(0)));
-        (0..u32::MAX).map(key).filter(|k| home_of(entry_of(*k)) == h).take(n).collect()
+        let h = home_of(entry_of(key(0)), BITS);
+        (0..u32::MAX).map(key).filter(|k| home_of(entry_of(*k), BITS) == h).take(n).collect()
     }
 
     fn apply(ix: &mut SlotIndex, set: &[[u8; 8]]) -> usize {
@@ -282,22 +322,25 @@ mod tests {
 
     #[test]
     fn every_key_is_found_and_no_other_through_adds_and_removes() {
-        let mut ix = SlotIndex::new();
-        let mut set: Vec<[u8; 8]> = (0..2000).map(key).collect();
-        apply(&mut ix, &set);
-        assert!((0..4000).all(|i| steered(&ix, &set, key(i)) == (i < 2000)));
-        set.retain(|k| k[3] % 3 != 0);
-        set.extend((5000..5500).map(key));
-        apply(&mut ix, &set);
-        for i in 0..6000 {
-            assert_eq!(steered(&ix, &set, key(i)), set.contains(&key(i)), "key {i}");
+        for bits in [SERVICES4_BITS, ENDPOINTS4_BITS] {
+            let mut ix = SlotIndex::new(bits);
+            assert_eq!(ix.len(), 1 << bits);
+            let mut set: Vec<[u8; 8]> = (0..2000).map(key).collect();
+            apply(&mut ix, &set);
+            assert!((0..4000).all(|i| steered(&ix, &set, key(i)) == (i < 2000)));
+            set.retain(|k| k[3] % 3 != 0);
+            set.extend((5000..5500).map(key));
+            apply(&mut ix, &set);
+            for i in 0..6000 {
+                assert_eq!(steered(&ix, &set, key(i)), set.contains(&key(i)), "key {i}, {bits} bits");
+            }
         }
     }
 
     #[test]
     fn a_full_window_leaves_keys_to_the_hash_map_and_they_stay_reachable_when_others_go() {
         let keys = same_home(12);
-        let mut ix = SlotIndex::new();
+        let mut ix = SlotIndex::new(BITS);
         apply(&mut ix, &keys);
         assert_eq!(ix.overflow(), 4, "8 slots in the window, 12 keys of one home");
         assert!(keys.iter().all(|k| steered(&ix, &keys, *k)));
@@ -323,7 +366,7 @@ mod tests {
     #[test]
     fn a_removed_key_leaves_a_tombstone_only_while_a_probe_needs_it_and_none_once_all_are_gone() {
         let keys = same_home(3);
-        let mut ix = SlotIndex::new();
+        let mut ix = SlotIndex::new(BITS);
         apply(&mut ix, &keys);
         // The first of three: the two behind it probe past its slot.
         apply(&mut ix, &keys[1..]);
@@ -336,7 +379,7 @@ mod tests {
     #[test]
     fn an_unchanged_set_writes_nothing() {
         let set: Vec<[u8; 8]> = (0..500).map(key).collect();
-        let mut ix = SlotIndex::new();
+        let mut ix = SlotIndex::new(BITS);
         assert_eq!(apply(&mut ix, &set), 500);
         assert_eq!(apply(&mut ix, &set), 0);
     }
@@ -344,7 +387,7 @@ mod tests {
     #[test]
     fn a_failed_write_is_taken_up_by_the_next_apply() {
         let set: Vec<[u8; 8]> = (0..100).map(key).collect();
-        let mut ix = SlotIndex::new();
+        let mut ix = SlotIndex::new(BITS);
         let mut n = 0;
         assert!(
             ix.apply(set.iter().copied(), |_, _| {
@@ -360,7 +403,7 @@ mod tests {
     #[test]
     fn reload_repairs_slots_changed_behind_the_index() {
         let set: Vec<[u8; 8]> = (0..300).map(key).collect();
-        let mut ix = SlotIndex::new();
+        let mut ix = SlotIndex::new(BITS);
         apply(&mut ix, &set);
         let mut kernel = ix.slots().to_vec();
         // One key's slot cleared, one garbage value elsewhere.
@@ -368,7 +411,10 @@ mod tests {
         kernel[s] = EMPTY;
         let g = kernel.iter().position(|v| *v == EMPTY).unwrap();
         kernel[g] = 0x1234;
-        assert_eq!(ix.reload(|i| Some(kernel[i as usize])), 2);
+        // Read back in two halves, the second starting near the end and wrapping around.
+        let n = kernel.len();
+        let first = ix.reload(0, n / 2, |i| Some(kernel[i as usize]));
+        assert_eq!(first + ix.reload(n / 2, n - n / 2, |i| Some(kernel[i as usize])), 2);
         apply(&mut ix, &set);
         assert!(set.iter().all(|k| steered(&ix, &set, *k)));
         assert!(!ix.slots().contains(&0x1234));

@@ -15,7 +15,7 @@ use tracing::{info, warn};
 
 use crate::{
     NicError, ServiceKey,
-    index::SlotIndex,
+    index::{ENDPOINTS4_BITS, SERVICES4_BITS, SlotIndex},
     maps::{FamilyKey, Service4MapKey, ServiceMapKey, SnatRange, addr_bytes, addr_from_bytes, ipv4_of, stat},
 };
 
@@ -28,6 +28,7 @@ pub const PROGRAM_NAME: &str = "xlb_steer";
 const MAP_XSKS: &str = "xsks";
 const MAP_SERVICES4: &str = "services4";
 const MAP_SERVICES4_INDEX: &str = "services4_index";
+const MAP_ENDPOINTS4_INDEX: &str = "endpoints4_index";
 const MAP_SERVICES: &str = "services";
 const MAP_VIP_ADDRS: &str = "vip_addrs";
 const MAP_SNAT4: &str = "snat4";
@@ -135,8 +136,6 @@ pub struct Steering {
     // program and its link.
     xsks: XskMap<MapData>,
     services4: HashMap<MapData, [u8; Service4MapKey::LEN], u32>,
-    /// The slot index in front of `services4` (`index.rs`).
-    services4_index: Array<MapData, u64>,
     services: HashMap<MapData, [u8; ServiceMapKey::LEN], u32>,
     vip_addrs: HashMap<MapData, [u8; 16], u32>,
     snat4: HashMap<MapData, [u8; 4], [u16; 2]>,
@@ -148,10 +147,9 @@ pub struct Steering {
     l2_addrs: HashMap<MapData, [u8; 16], [u8; 8]>,
     /// What the last sync wrote to each map, so the next one writes only the difference.
     shadow: Shadows,
-    /// What `services4_index` holds (only xlb writes it; a new program's array is all empty).
-    index: SlotIndex,
-    /// Read `services4_index` back before the next index update ([`Steering::verify_next_sync`]).
-    index_verify: bool,
+    /// The slot indexes in front of `services4` and `endpoints4` (`index.rs`).
+    services4_index: IndexMap,
+    endpoints4_index: IndexMap,
     /// Whether this value attached the program (and so detaches it).
     attached: bool,
     /// rtnetlink socket in the interface's network namespace (attach and detach work from
@@ -181,6 +179,58 @@ struct Shadows {
 /// Hash map with foldhash: the keys are our own table entries, and these maps hold up to
 /// 262,144 of them per sync.
 type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
+/// Slots of an index read back per verify sync: 1/8 of them, so the whole index is compared
+/// with the kernel's every 8 `syncPeriod`s (`endpoints4_index`'s 524,288 slots are 65,536 map
+/// lookups per period, `services4_index`'s 131,072 are 16,384).
+const VERIFY_SHARES: usize = 8;
+
+/// A slot index (`index.rs`) and its `ARRAY` map.
+struct IndexMap {
+    name: &'static str,
+    map: Array<MapData, u64>,
+    /// What the map holds (only xlb writes it; a new program's array is all empty).
+    index: SlotIndex,
+    /// Read a share of the slots back before the next update ([`Steering::verify_next_sync`]).
+    verify: bool,
+    /// The first slot of the next share read back.
+    verify_at: usize,
+}
+
+impl IndexMap {
+    fn new(name: &'static str, map: Array<MapData, u64>, bits: u32) -> Self {
+        Self { name, map, index: SlotIndex::new(bits), verify: false, verify_at: 0 }
+    }
+
+    /// The keys left to the hash map, sorted.
+    fn overflow(&self) -> Vec<ServiceKey> {
+        let mut v: Vec<ServiceKey> =
+            self.index.overflow_keys().map(|k| Service4MapKey::from_bytes(&k).to_service_key()).collect();
+        v.sort();
+        v
+    }
+
+    /// Brings the index to `keys`, its hash map's keys as last written (nothing while they are
+    /// not known: the next sync knows them); after a verify sync, first reads the next share
+    /// of its slots back and repairs what differs.
+    fn sync(&mut self, ifname: &str, keys: Option<&FastMap<[u8; Service4MapKey::LEN], u32>>) -> Result<(), NicError> {
+        let Some(keys) = keys else { return Ok(()) };
+        if self.verify {
+            let n = self.index.len() / VERIFY_SHARES;
+            let map = &self.map;
+            let differed = self.index.reload(self.verify_at, n, |i| map.get(&i, 0).ok());
+            self.verify_at = (self.verify_at + n) % self.index.len();
+            if differed > 0 {
+                warn!(ifname, map = self.name, slots = differed, "slot index differed from what xlb wrote; repairing");
+            }
+            self.verify = false;
+        }
+        let (name, map) = (self.name, &mut self.map);
+        self.index
+            .apply(keys.keys().copied(), |i, v| map.set(i, v, 0))
+            .map_err(|e| NicError::map(ifname, name, "update", e))
+    }
+}
 
 /// The wanted entries (value 0) of `services4` and `services` (or `endpoints4` and
 /// `endpoints`), validated: the IPv4 keys, then the IPv6 ones.
@@ -263,15 +313,24 @@ impl Steering {
         program.load().map_err(|e| prog_err(mode, e))?;
         let prog_id = program.info().map_err(|e| prog_err(mode, e))?.id();
         let ifindex = crate::iface::ifindex(ifname)?;
-        let mut map_ids = Vec::with_capacity(12);
+        let mut map_ids = Vec::with_capacity(13);
         let xsks = open_map(&mut ebpf, ifname, MAP_XSKS, &mut map_ids)?;
         let services4 = open_map(&mut ebpf, ifname, MAP_SERVICES4, &mut map_ids)?;
-        let services4_index = open_map(&mut ebpf, ifname, MAP_SERVICES4_INDEX, &mut map_ids)?;
+        let services4_index = IndexMap::new(
+            MAP_SERVICES4_INDEX,
+            open_map(&mut ebpf, ifname, MAP_SERVICES4_INDEX, &mut map_ids)?,
+            SERVICES4_BITS,
+        );
         let services = open_map(&mut ebpf, ifname, MAP_SERVICES, &mut map_ids)?;
         let vip_addrs = open_map(&mut ebpf, ifname, MAP_VIP_ADDRS, &mut map_ids)?;
         let snat4 = open_map(&mut ebpf, ifname, MAP_SNAT4, &mut map_ids)?;
         let snat_addrs = open_map(&mut ebpf, ifname, MAP_SNAT_ADDRS, &mut map_ids)?;
         let endpoints4 = open_map(&mut ebpf, ifname, MAP_ENDPOINTS4, &mut map_ids)?;
+        let endpoints4_index = IndexMap::new(
+            MAP_ENDPOINTS4_INDEX,
+            open_map(&mut ebpf, ifname, MAP_ENDPOINTS4_INDEX, &mut map_ids)?,
+            ENDPOINTS4_BITS,
+        );
         let endpoints = open_map(&mut ebpf, ifname, MAP_ENDPOINTS, &mut map_ids)?;
         let stats = open_map(&mut ebpf, ifname, MAP_STATS, &mut map_ids)?;
         let l2_addrs = open_map(&mut ebpf, ifname, MAP_L2_ADDRS, &mut map_ids)?;
@@ -280,7 +339,6 @@ impl Steering {
         Ok(Self {
             xsks,
             services4,
-            services4_index,
             services,
             vip_addrs,
             snat4,
@@ -290,8 +348,8 @@ impl Steering {
             stats,
             l2_addrs,
             shadow: Shadows::default(),
-            index: SlotIndex::new(),
-            index_verify: false,
+            services4_index,
+            endpoints4_index,
             attached: false,
             nl: crate::nl::RouteSocket::new("RTM_SETLINK IFLA_XDP")?,
             ebpf,
@@ -434,7 +492,8 @@ impl Steering {
     }
 
     /// Kernel ids of the program's maps (`bpftool map show id N`), in the order `xsks`,
-    /// `services4`, `services4_index`, `services`, `vip_addrs`, `snat4`, `snat_addrs`, `endpoints4`, `endpoints`,
+    /// `services4`, `services4_index`, `services`, `vip_addrs`, `snat4`, `snat_addrs`, `endpoints4`,
+    /// `endpoints4_index`, `endpoints`,
     /// `stats`, `l2_addrs`, `l2_self`.
     #[must_use]
     pub fn map_ids(&self) -> &[u32] {
@@ -477,26 +536,8 @@ impl Steering {
     /// (SYNC-04); other syncs cost one system call per changed entry.
     pub fn verify_next_sync(&mut self) {
         self.shadow = Shadows::default();
-        self.index_verify = true;
-    }
-
-    /// Brings `services4_index` to the keys of `services4` as last written (nothing while they
-    /// are not known: the next sync knows them); after [`Steering::verify_next_sync`], reads
-    /// the whole index back first and repairs what differs.
-    fn sync_index(&mut self) -> Result<(), NicError> {
-        let Some(keys) = &self.shadow.services4 else { return Ok(()) };
-        if self.index_verify {
-            let map = &self.services4_index;
-            let differed = self.index.reload(|i| map.get(&i, 0).ok());
-            if differed > 0 {
-                warn!(ifname = %self.ifname, slots = differed, "services4_index differed from what xlb wrote; repairing");
-            }
-            self.index_verify = false;
-        }
-        let (ifname, map) = (&self.ifname, &mut self.services4_index);
-        self.index
-            .apply(keys.keys().copied(), |i, v| map.set(i, v, 0))
-            .map_err(|e| NicError::map(ifname, MAP_SERVICES4_INDEX, "update", e))
+        self.services4_index.verify = true;
+        self.endpoints4_index.verify = true;
     }
 
     /// Makes the `services4` (IPv4 keys) and `services` (IPv6 keys) maps equal to `keys`:
@@ -520,7 +561,7 @@ impl Steering {
             key_maps(keys)?,
             MAX_SERVICES,
         )?;
-        self.sync_index()
+        self.services4_index.sync(&self.ifname, self.shadow.services4.as_ref())
     }
 
     /// Makes the `endpoints4` and `endpoints` maps equal to `keys`: (address, protocol, port)
@@ -536,7 +577,8 @@ impl Steering {
             (MAP_ENDPOINTS, &mut self.endpoints, &mut self.shadow.endpoints),
             key_maps(keys)?,
             MAX_ENDPOINTS,
-        )
+        )?;
+        self.endpoints4_index.sync(&self.ifname, self.shadow.endpoints4.as_ref())
     }
 
     /// Makes the `vip_addrs` map equal to `addrs`. List here addresses wholly owned by xlb
@@ -605,7 +647,13 @@ impl Steering {
             (key_maps(insert)?, key_maps(remove)?),
             MAX_SERVICES,
         )
-        .and_then(|done| if done { self.sync_index().map(|()| true) } else { Ok(false) });
+        .and_then(|done| {
+            if done {
+                self.services4_index.sync(&self.ifname, self.shadow.services4.as_ref()).map(|()| true)
+            } else {
+                Ok(false)
+            }
+        });
         self.forget_on_error(r)
     }
 
@@ -620,7 +668,14 @@ impl Steering {
             (MAP_ENDPOINTS, &mut self.endpoints, &mut self.shadow.endpoints),
             (key_maps(insert)?, key_maps(remove)?),
             MAX_ENDPOINTS,
-        );
+        )
+        .and_then(|done| {
+            if done {
+                self.endpoints4_index.sync(&self.ifname, self.shadow.endpoints4.as_ref()).map(|()| true)
+            } else {
+                Ok(false)
+            }
+        });
         self.forget_on_error(r)
     }
 
@@ -648,14 +703,17 @@ impl Steering {
 
     /// The IPv4 services that `services4_index` leaves to the `services4` hash map, because
     /// the 8 slots the program probes from their home were taken when they were placed
-    /// (their frames cost the program the hash map's lookup as well); sorted. With the table at
-    /// most half full, a handful in tens of thousands.
+    /// (their frames cost the program the hash map's lookup as well); sorted. With the index
+    /// at most half full, a handful in tens of thousands.
     #[must_use]
     pub fn services4_overflow(&self) -> Vec<ServiceKey> {
-        let mut v: Vec<ServiceKey> =
-            self.index.overflow_keys().map(|k| Service4MapKey::from_bytes(&k).to_service_key()).collect();
-        v.sort();
-        v
+        self.services4_index.overflow()
+    }
+
+    /// [`Steering::services4_overflow`] for the NAT backends of `endpoints4_index`.
+    #[must_use]
+    pub fn endpoints4_overflow(&self) -> Vec<ServiceKey> {
+        self.endpoints4_index.overflow()
     }
 
     /// Reads back the `services4` and `services` maps (for diagnostics such as `xlb status`),

@@ -10,7 +10,10 @@ use std::{
 };
 
 use common::{CLIENT_V4, CLIENT_V6, LB_IF, LB_V4, LB_V6, Netns, Pair, VIP_V4, VIP_V6, decode, run, wait_for, xsk::Xsk};
-use nic_config::{IPPROTO_TCP, IPPROTO_UDP, ServiceKey, Steering, XdpMode, interface_info, services4_index_home};
+use nic_config::{
+    IPPROTO_TCP, IPPROTO_UDP, ServiceKey, Steering, XdpMode, endpoints4_index_home, interface_info,
+    services4_index_home,
+};
 
 const SHORT: Duration = Duration::from_millis(400);
 const LONG: Duration = Duration::from_secs(3);
@@ -90,8 +93,8 @@ mod tests {
             let map_ids = steering.map_ids().to_vec();
             assert_eq!(
                 map_ids.len(),
-                12,
-                "xsks, services4, services4_index, services, vip_addrs, snat4, snat_addrs, endpoints4, endpoints, stats, l2_addrs, l2_self"
+                13,
+                "xsks, services4, services4_index, services, vip_addrs, snat4, snat_addrs, endpoints4, endpoints4_index, endpoints, stats, l2_addrs, l2_self"
             );
 
             let info = pair.lb.run_in(|| interface_info(LB_IF).unwrap());
@@ -241,6 +244,65 @@ mod tests {
         assert!(steering.services4_overflow().is_empty());
         client_send_udp(&pair.client, SocketAddr::new(listed[9].addr, listed[9].port), b"gone");
         assert!(xsk.recv(SHORT).is_empty());
+        steering.detach().unwrap();
+    }
+
+    /// `endpoints4_index`: ten NAT backends (address, UDP, port) of one home slot, two of
+    /// them left to the `endpoints4` hash map. The client plays each backend, its address added
+    /// to its interface: every one's frames reach the XSK; an eleventh address of that home,
+    /// not listed, passes.
+    #[test]
+    fn backends_left_to_the_hash_map_by_a_full_index_window_still_reach_the_xsk() {
+        if !common::can_run("backends_left_to_the_hash_map_by_a_full_index_window_still_reach_the_xsk") {
+            return;
+        }
+        let pair = Pair::new(1);
+        let (mut steering, mut xsk) = attach_with_xsk(&pair);
+        let ep = |i: u32, port| ServiceKey {
+            addr: IpAddr::from(std::net::Ipv4Addr::from(0x0ac8_0000 + i)),
+            proto: IPPROTO_UDP,
+            port,
+        };
+        // 2^19 slots: over 10.200.0.0-10.215.255.255 a home holds about 2 addresses of one
+        // port, so the ports vary too.
+        let home = endpoints4_index_home(&ep(1, 5353)).unwrap();
+        let same: Vec<ServiceKey> = (5353..5369)
+            .flat_map(|port| (1..0x10_0000).map(move |i| ep(i, port)))
+            .filter(|k| endpoints4_index_home(k) == Some(home))
+            .take(11)
+            .collect();
+        assert_eq!(same.len(), 11, "eleven of one home");
+        let mut addrs: Vec<IpAddr> = same.iter().map(|k| k.addr).collect();
+        addrs.sort();
+        addrs.dedup();
+        for a in addrs {
+            pair.client.ip(&["addr", "add", &format!("{a}/32"), "dev", common::CLIENT_IF]);
+        }
+        // The way back, so that the lb's kernel takes the frames that pass (reverse path filter).
+        pair.lb.ip(&["route", "add", "10.192.0.0/11", "via", &CLIENT_V4.to_string()]);
+        let (listed, unlisted) = same.split_at(10);
+        steering.sync_endpoints(listed).unwrap();
+        assert_eq!(steering.endpoints4_overflow().len(), 2, "a window of 8 slots for 10 keys");
+        let to = SocketAddr::new(LB_V4.into(), 40_600);
+        let kernel = lb_udp(&pair.lb, to);
+        let send_from = |k: &ServiceKey, payload: &[u8]| {
+            pair.client.run_in(|| {
+                let s = UdpSocket::bind(SocketAddr::new(k.addr, k.port)).expect("bind the backend's address");
+                s.send_to(payload, to).expect("send");
+            });
+        };
+        for k in listed {
+            send_from(k, b"reply");
+            let seen: Vec<_> = xsk.recv_until(1, LONG).iter().filter_map(|f| decode(f)).collect();
+            assert!(seen.iter().any(|s| s.src == k.addr && s.port_or_type == 40_600), "{k:?} on the XSK; saw {seen:?}");
+        }
+        assert_eq!(kernel_got(&kernel), None, "the backends' frames never reach the kernel");
+        send_from(&unlisted[0], b"unlisted");
+        assert_eq!(kernel_got(&kernel).as_deref(), Some(&b"unlisted"[..]));
+        steering.sync_endpoints(&[]).unwrap();
+        assert!(steering.endpoints4_overflow().is_empty());
+        send_from(&listed[9], b"gone");
+        assert_eq!(kernel_got(&kernel).as_deref(), Some(&b"gone"[..]));
         steering.detach().unwrap();
     }
 

@@ -28,10 +28,11 @@
 // Map layouts are shared with nic-config/src/maps.rs. Every struct is padding-free on purpose
 // (checked by _Static_assert here and by const assertions in Rust), so the byte images match.
 // The per-packet lookups of IPv4 TCP/UDP/SCTP frames go to maps of their own with short keys
-// (`services4`, `snat4`, `endpoints4`: 8, 4 and 8 bytes; `services4` behind a slot index of
-// our own, `services4_index`, see service4_listed()), so the kernel hashes and compares
-// 8 bytes where the 16-byte address form would take 20 (the hash map's jhash2 then runs no
-// mixing round; measured with `bpftool prog run ... repeat`, docs/benchmarks.md). Everywhere
+// (`services4`, `snat4`, `endpoints4`: 8, 4 and 8 bytes), so the kernel hashes and compares 8
+// bytes where the 16-byte address form would take 20 (the hash map's jhash2 then runs no
+// mixing round; measured with `bpftool prog run ... repeat`, docs/benchmarks.md); `services4`
+// and `endpoints4` are probed first through slot indexes of our own over ARRAY maps
+// (`services4_index`, `endpoints4_index`, see index4_probe()). Everywhere
 // else addresses are 16 bytes: IPv6 as is, IPv4 as the v4-mapped ::ffff:a.b.c.d
 // (RFC 4291 2.5.5.2); `services`, `snat_addrs` and `endpoints` hold the IPv6 entries.
 //
@@ -211,23 +212,30 @@ struct {
 	__type(value, __u32);
 } services4 SEC(".maps");
 
-/* The slot index in front of `services4` (nic-config/src/index.rs has the rules): an
- * open-addressing table of our own over an ARRAY map, whose lookups the verifier inlines, so a
- * frame to a service costs a multiply and one or two array reads instead of the hash map's
- * jhash2 and helper call. A used slot holds the 8 bytes of the `services4` key with the pad
- * byte SERVICES4_USED, read as one native-endian u64; 0 is an empty slot; any other value (all
- * ones: a removed key's tombstone) is passed over. */
+/* The slot indexes in front of `services4` and `endpoints4` (nic-config/src/index.rs has the
+ * rules): open-addressing tables of our own over ARRAY maps, whose lookups the verifier
+ * inlines, so a frame to a service or from a NAT backend costs a multiply and one or two array
+ * reads instead of the hash map's jhash2 and helper call. A used slot holds the 8 bytes of the
+ * hash map's key with the pad byte INDEX4_USED, read as one native-endian u64; 0 is an empty
+ * slot; any other value (all ones: a removed key's tombstone) is passed over. */
 #define SERVICES4_INDEX_BITS 17
-#define SERVICES4_INDEX_SLOTS (1u << SERVICES4_INDEX_BITS)
-#define SERVICES4_INDEX_WINDOW 8
-#define SERVICES4_INDEX_MUL 0x9E3779B97F4A7C15ull
-#define SERVICES4_USED 1
+#define ENDPOINTS4_INDEX_BITS 19
+#define INDEX4_WINDOW 8
+#define INDEX4_MUL 0x9E3779B97F4A7C15ull
+#define INDEX4_USED 1
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, SERVICES4_INDEX_SLOTS);
+	__uint(max_entries, 1u << SERVICES4_INDEX_BITS);
 	__type(key, __u32);
 	__type(value, __u64);
 } services4_index SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1u << ENDPOINTS4_INDEX_BITS);
+	__type(key, __u32);
+	__type(value, __u64);
+} endpoints4_index SEC(".maps");
 
 /* IPv6 services. */
 struct {
@@ -378,30 +386,21 @@ static __always_inline int is_port_proto(__u8 proto)
 	return proto == IPPROTO_TCP || proto == IPPROTO_UDP || proto == IPPROTO_SCTP_;
 }
 
-/* `services4` itself, for a key whose index window is full: out of line (a BPF-to-BPF call),
- * because inlined into service4_listed() it made every IPv4 frame 2 to 7 ns slower, taken or
- * not (`make bench-steer`, docs/benchmarks.md). */
-static __attribute__((noinline)) int service4_hashed(__be32 addr, __be16 port, __u8 proto)
-{
-	struct service4_key sk = { .addr = addr, .port = port, .proto = proto, .pad = 0 };
-	return bpf_map_lookup_elem(&services4, &sk) != 0;
-}
-
 /*
- * Whether (address, port, protocol), all as in the frame, is in `services4`: probed in
- * `services4_index` from the key's home slot; a match is, an empty slot is not, and a window
- * of other keys leaves the answer to `services4` itself.
+ * Probes slot index `index` (2^bits slots) for (address, port, protocol), all as in the frame,
+ * from the key's home slot: 1 for a match, 0 for an empty slot, -1 when the window holds
+ * neither (the hash map then answers).
  */
-static __always_inline int service4_listed(__be32 addr, __be16 port, __u8 proto)
+static __always_inline int index4_probe(void *index, __u32 bits, __be32 addr, __be16 port, __u8 proto)
 {
-	struct service4_key sk = { .addr = addr, .port = port, .proto = proto, .pad = SERVICES4_USED };
+	struct service4_key sk = { .addr = addr, .port = port, .proto = proto, .pad = INDEX4_USED };
 	__u64 k;
 	__builtin_memcpy(&k, &sk, sizeof(k));
-	__u32 home = (__u32)((k * SERVICES4_INDEX_MUL) >> (64 - SERVICES4_INDEX_BITS));
+	__u32 home = (__u32)((k * INDEX4_MUL) >> (64 - bits));
 #pragma unroll
-	for (__u32 i = 0; i < SERVICES4_INDEX_WINDOW; i++) {
-		__u32 slot = (home + i) & (SERVICES4_INDEX_SLOTS - 1);
-		__u64 *v = bpf_map_lookup_elem(&services4_index, &slot);
+	for (__u32 i = 0; i < INDEX4_WINDOW; i++) {
+		__u32 slot = (home + i) & ((1u << bits) - 1);
+		__u64 *v = bpf_map_lookup_elem(index, &slot);
 		if (!v)
 			break;
 		if (*v == k)
@@ -409,7 +408,36 @@ static __always_inline int service4_listed(__be32 addr, __be16 port, __u8 proto)
 		if (*v == 0)
 			return 0;
 	}
-	return service4_hashed(addr, port, proto);
+	return -1;
+}
+
+/* The hash maps themselves, for a key whose index window is full: out of line (BPF-to-BPF
+ * calls), because inlined after the probe the lookup made every IPv4 frame 2 to 7 ns slower,
+ * taken or not (`make bench-steer`, docs/benchmarks.md). */
+static __attribute__((noinline)) int service4_hashed(__be32 addr, __be16 port, __u8 proto)
+{
+	struct service4_key sk = { .addr = addr, .port = port, .proto = proto, .pad = 0 };
+	return bpf_map_lookup_elem(&services4, &sk) != 0;
+}
+
+static __attribute__((noinline)) int endpoint4_hashed(__be32 addr, __be16 port, __u8 proto)
+{
+	struct service4_key ek = { .addr = addr, .port = port, .proto = proto, .pad = 0 };
+	return bpf_map_lookup_elem(&endpoints4, &ek) != 0;
+}
+
+/* Whether (address, port, protocol), all as in the frame, is in `services4`. */
+static __always_inline int service4_listed(__be32 addr, __be16 port, __u8 proto)
+{
+	int r = index4_probe(&services4_index, SERVICES4_INDEX_BITS, addr, port, proto);
+	return r >= 0 ? r : service4_hashed(addr, port, proto);
+}
+
+/* Whether (address, port, protocol), all as in the frame, is in `endpoints4`. */
+static __always_inline int endpoint4_listed(__be32 addr, __be16 port, __u8 proto)
+{
+	int r = index4_probe(&endpoints4_index, ENDPOINTS4_INDEX_BITS, addr, port, proto);
+	return r >= 0 ? r : endpoint4_hashed(addr, port, proto);
 }
 
 /*
@@ -422,8 +450,7 @@ static __always_inline int ports4_ours(__be32 daddr, __be32 saddr, __u8 proto, c
 		return 1;
 	if (port_in_snat4_range(daddr, ports[1]))
 		return 1;
-	struct service4_key ek = { .addr = saddr, .port = ports[0], .proto = proto, .pad = 0 };
-	return bpf_map_lookup_elem(&endpoints4, &ek) != 0;
+	return endpoint4_listed(saddr, ports[0], proto);
 }
 
 /*

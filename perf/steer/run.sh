@@ -11,8 +11,9 @@
 #   frame and program, default 5; the median is printed).
 # Needs root (BPF_PROG_LOAD, bpffs), clang and bpftool (scripts/install-deps.sh bench).
 #
-# Maps are filled as xlb fills them (`services4` and its slot index) for one IPv4 service 10.96.0.10:80/TCP, one NAT backend
-# 10.1.0.5:8080/TCP and the SNAT address 10.2.0.1 with ports 33000-36863; no AF_XDP socket is
+# Maps are filled as xlb fills them (`services4`, `endpoints4` and, where the program has them,
+# their slot indexes) for one IPv4 service 10.96.0.10:80/TCP, one NAT backend 10.1.0.5:8080/TCP
+# and the SNAT address 10.2.0.1 with ports 33000-36863; no AF_XDP socket is
 # in `xsks`, so xlb's frames end in XDP_DROP (redirect failed) and the others in XDP_PASS.
 # Frames (64 bytes, TCP ACK):
 #   service     client 10.0.0.1:40000 -> 10.96.0.10:80   (a service's packet: one lookup)
@@ -46,6 +47,17 @@ build() {
   clang -O2 -g -Wall -Wextra -target bpf "-I/usr/include/$multiarch" -c "$2" -o "$work/$1.o"
 }
 
+# index_put MAP BITS "KEY BYTES": writes a 7-byte map key (address, port, protocol; decimal)
+# with pad byte 1 into its home slot of a slot index of 2^BITS slots.
+index_put() {
+  bpftool map update pinned "$1" $(python3 -c '
+import struct, sys
+k = bytes([int(x) for x in sys.argv[2].split()] + [1])
+e = struct.unpack("<Q", k)[0]
+home = ((e * 0x9E3779B97F4A7C15) % 2**64) >> (64 - int(sys.argv[1]))
+print("key hex", " ".join("%02x" % b for b in struct.pack("<I", home)), "value hex", " ".join("%02x" % b for b in k))' "$2" "$3")
+}
+
 # load NAME: pins the program and its maps under /sys/fs/bpf and fills the maps.
 load() {
   local pin=/sys/fs/bpf/xlb-steer-bench-$$-$1 m
@@ -57,16 +69,10 @@ load() {
     bpftool map update pinned "$m/services4" key hex 0a 60 00 0a 00 50 06 00 value hex 00 00 00 00
     bpftool map update pinned "$m/endpoints4" key hex 0a 01 00 05 1f 90 06 00 value hex 00 00 00 00
     bpftool map update pinned "$m/snat4" key hex 0a 02 00 01 value hex e8 80 ff 8f
-    if [ -e "$m/services4_index" ]; then
-      # The slot index in front of services4 (nic-config/src/index.rs): the key with pad byte
-      # 1, at its home slot.
-      bpftool map update pinned "$m/services4_index" $(python3 -c '
-import struct
-k = bytes([10, 96, 0, 10, 0, 80, 6, 1])
-e = struct.unpack("<Q", k)[0]
-home = ((e * 0x9E3779B97F4A7C15) % 2**64) >> (64 - 17)
-print("key hex", " ".join("%02x" % b for b in struct.pack("<I", home)), "value hex", " ".join("%02x" % b for b in k))')
-    fi
+    # The slot indexes in front of services4 and endpoints4 (nic-config/src/index.rs), where
+    # the program has them: the key with pad byte 1, at its home slot.
+    if [ -e "$m/services4_index" ]; then index_put "$m/services4_index" 17 "10 96 0 10 0 80 6"; fi
+    if [ -e "$m/endpoints4_index" ]; then index_put "$m/endpoints4_index" 19 "10 1 0 5 31 144 6"; fi
   else
     # One map per kind for both families, IPv4 as ::ffff:a.b.c.d (before `services4`).
     local mapped="00 00 00 00 00 00 00 00 00 00 ff ff"
