@@ -91,6 +91,10 @@ pub(crate) struct SlotIndex {
     slots: Vec<u64>,
     at: HashMap<u64, usize, foldhash::fast::RandomState>,
     overflow: Vec<u64>,
+    /// What some slot that holds no key must hold may have changed (a key left the index or
+    /// found a slot after waiting in the hash map, or a read-back differed): the next
+    /// [`SlotIndex::apply`] goes over every slot.
+    sweep: bool,
 }
 
 impl std::fmt::Debug for SlotIndex {
@@ -107,7 +111,7 @@ impl SlotIndex {
     /// The index of 2^`bits` slots of a freshly loaded program (an `ARRAY` map starts zeroed):
     /// every slot empty.
     pub(crate) fn new(bits: u32) -> Self {
-        Self { bits, slots: vec![EMPTY; 1 << bits], at: HashMap::default(), overflow: Vec::new() }
+        Self { bits, slots: vec![EMPTY; 1 << bits], at: HashMap::default(), overflow: Vec::new(), sweep: false }
     }
 
     /// Slot `s + i`, around the end.
@@ -154,8 +158,8 @@ impl SlotIndex {
     /// `write(slot, value)`, which writes one slot of the kernel's array: removed keys' slots
     /// first, then new keys and the keys left to the hash map whose windows now have room, then
     /// the slots that hold neither a key nor what a probe needs (tombstones no probe passes any
-    /// longer, values found by [`SlotIndex::reload`] that are no key of the index). Writes only
-    /// what changes. A failed write stops it with that error; what was written stays known, so
+    /// longer, values found by [`SlotIndex::reload`] that are no key of the index; this pass
+    /// over every slot only when something that decides it changed). Writes only what changes. A failed write stops it with that error; what was written stays known, so
     /// the next call goes on from there.
     ///
     /// # Errors
@@ -166,9 +170,11 @@ impl SlotIndex {
         mut write: impl FnMut(u32, u64) -> Result<(), E>,
     ) -> Result<(), E> {
         let want: HashMap<u64, (), foldhash::fast::RandomState> = want.into_iter().map(|k| (entry_of(k), ())).collect();
+        let waiting = self.overflow.len();
         self.overflow.retain(|e| want.contains_key(e));
         let gone: Vec<(u64, usize)> =
             self.at.iter().filter(|(e, _)| !want.contains_key(*e)).map(|(e, s)| (*e, *s)).collect();
+        self.sweep |= !gone.is_empty() || self.overflow.len() != waiting;
         for (e, s) in gone {
             // Out of the index before its slot's fate is decided: its own probe no longer
             // matters.
@@ -187,11 +193,17 @@ impl SlotIndex {
                 Some(s) => {
                     self.set(s, e, &mut write)?;
                     self.at.insert(e, s);
-                    self.overflow.retain(|x| *x != e);
+                    if let Some(i) = self.overflow.iter().position(|x| *x == e) {
+                        self.overflow.swap_remove(i);
+                        self.sweep = true;
+                    }
                 }
                 None if !self.overflow.contains(&e) => self.overflow.push(e),
                 None => {}
             }
+        }
+        if !self.sweep {
+            return Ok(());
         }
         for s in 0..self.slots.len() {
             let v = self.slots.get(s).copied().unwrap_or(EMPTY);
@@ -201,6 +213,7 @@ impl SlotIndex {
             let target = if self.needed(s) { TOMBSTONE } else { EMPTY };
             self.set(s, target, &mut write)?;
         }
+        self.sweep = false;
         Ok(())
     }
 
@@ -254,6 +267,7 @@ impl SlotIndex {
                 continue;
             }
             differed += 1;
+            self.sweep = true;
             if self.at.get(&old) == Some(&s) {
                 self.at.remove(&old);
             }

@@ -113,12 +113,18 @@ fi
 for p in "${progs[@]}"; do load "$p"; done
 
 frames=(service snat_reply dnat_reply pass non_ip)
+# The verdict each frame must get (XDP_DROP = 1: xlb's, its redirect failing without a socket;
+# XDP_PASS = 2), so that a map filled wrongly fails the run instead of timing another path.
+declare -A want=([service]=1 [snat_reply]=1 [dnat_reply]=1 [pass]=2 [non_ip]=2)
 for r in $(seq "$rounds"); do
   for f in "${frames[@]}"; do
     for p in "${progs[@]}"; do
-      ns=$(bpftool prog run pinned "/sys/fs/bpf/xlb-steer-bench-$$-$p/xlb_steer" data_in "$work/$f.bin" \
-        repeat "$repeat" 2>&1 | sed -n 's/.*duration (average): \([0-9]*\)ns.*/\1/p')
-      [ -n "$ns" ] || { echo "bpftool prog run gave no duration for $f ($p)" >&2; exit 1; }
+      out=$(bpftool prog run pinned "/sys/fs/bpf/xlb-steer-bench-$$-$p/xlb_steer" data_in "$work/$f.bin" \
+        repeat "$repeat" 2>&1)
+      ns=$(sed -n 's/.*duration (average): \([0-9]*\)ns.*/\1/p' <<<"$out")
+      rv=$(sed -n 's/.*[Rr]eturn value: \([0-9]*\).*/\1/p' <<<"$out")
+      [ -n "$ns" ] || { echo "bpftool prog run gave no duration for $f ($p): $out" >&2; exit 1; }
+      [ "$rv" = "${want[$f]}" ] || { echo "$f ($p): return value '$rv', expected ${want[$f]}: $out" >&2; exit 1; }
       echo "$f $p $ns" >>"$work/raw"
     done
   done
