@@ -23,12 +23,15 @@
 //! tombstone. Each index has twice as many slots as its hash map's capacity
 //! ([`crate::MAX_SERVICES`], [`crate::MAX_ENDPOINTS`]), so it is at most half full.
 //!
-//! Every slot is written whole with one map update; the program reads it with one 8-byte load,
-//! so a frame sees either the old or the new value of a slot. The order of writes keeps every
+//! Every slot is written whole with one map update and read with one 8-byte load. The kernel
+//! copies an `ARRAY` value with `memcpy`, which need not be one store, so a probe racing a
+//! write may in principle read a mix of the old and the new bytes: such a value is neither
+//! empty nor, but by a coincidence of bytes, a key, so the probe goes past it as past a
+//! tombstone; the coincidence would take one frame for another listed key's (to xlb, which
+//! passes frames that are none of its own on to the kernel). The order of writes keeps every
 //! intermediate state correct up to one transient: a key being added is not found until its
 //! slot is written (its hash map entry is written first), and a removed one may still be found
-//! until its slot is (its frames go to xlb, which passes frames that are none of its own on to
-//! the kernel).
+//! until its slot is (its frames go to xlb, which passes them on).
 
 use std::collections::HashMap;
 
