@@ -39,6 +39,8 @@ use std::collections::HashMap;
 pub(crate) const SERVICES4_BITS: u32 = 17;
 /// log2 of the slots of `endpoints4_index`.
 pub(crate) const ENDPOINTS4_BITS: u32 = 19;
+/// log2 of the slots of `snat4_index`.
+pub(crate) const SNAT4_BITS: u32 = 11;
 /// Slots the program probes from a key's home before it asks the hash map.
 pub(crate) const WINDOW: usize = 8;
 /// Multiplier of the home hash: 2^64 / φ (Knuth, TAOCP vol. 3 §6.4, multiplicative hashing).
@@ -52,6 +54,64 @@ pub(crate) const USED: u8 = 1;
 
 const _: () = assert!(1 << SERVICES4_BITS >= 2 * crate::MAX_SERVICES, "services4_index at most half full");
 const _: () = assert!(1 << ENDPOINTS4_BITS >= 2 * crate::MAX_ENDPOINTS, "endpoints4_index at most half full");
+const _: () = assert!(1 << SNAT4_BITS >= 2 * crate::MAX_SNAT_ADDRS, "snat4_index at most half full");
+
+/// What the slots of an index hold, and so what a probe compares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Form {
+    /// A hash map key of 8 bytes (`struct service4_key`) with its pad byte [`USED`]
+    /// (`services4_index`, `endpoints4_index`): the whole value is what a probe compares.
+    Key8,
+    /// An IPv4 SNAT address and its port range (`struct snat4_slot`: the address in network
+    /// order, then the first and last port in host order; `snat4_index`): a probe compares the
+    /// address, and the address alone gives the home. Neither 0.0.0.0 (an empty slot) nor
+    /// 255.255.255.255 (a tombstone) is ever a SNAT address (`Steering::sync_snat`).
+    Snat4,
+}
+
+impl Form {
+    /// What a probe compares of slot value `v`.
+    fn identity(self, v: u64) -> u64 {
+        match self {
+            Self::Key8 => v,
+            Self::Snat4 => {
+                let [a, b, c, d, ..] = v.to_ne_bytes();
+                u64::from(u32::from_ne_bytes([a, b, c, d]))
+            }
+        }
+    }
+
+    /// Whether `v` is a value this form's index writes for a key (not empty, not a tombstone,
+    /// not something else).
+    fn is_entry(self, v: u64) -> bool {
+        if v == EMPTY || v == TOMBSTONE {
+            return false;
+        }
+        let [a, b, c, d, p, q, r, t] = v.to_ne_bytes();
+        match self {
+            Self::Key8 => t == USED,
+            Self::Snat4 => {
+                let addr = [a, b, c, d];
+                addr != [0; 4] && addr != [0xff; 4] && u16::from_ne_bytes([p, q]) <= u16::from_ne_bytes([r, t])
+            }
+        }
+    }
+}
+
+/// The slot value of SNAT address `addr` (network order) with ports `first..=last`.
+pub(crate) fn snat_entry(addr: [u8; 4], first: u16, last: u16) -> u64 {
+    let [a, b, c, d] = addr;
+    let [p, q] = first.to_ne_bytes();
+    let [r, t] = last.to_ne_bytes();
+    u64::from_ne_bytes([a, b, c, d, p, q, r, t])
+}
+
+/// The key of `services4` / `endpoints4` whose slot value is `entry` (pad byte 0 again).
+pub(crate) fn key_of(entry: u64) -> [u8; 8] {
+    let mut k = entry.to_ne_bytes();
+    k[7] = 0;
+    k
+}
 
 /// The slot value of hash map key `key` (its 8 bytes, pad last).
 pub(crate) fn entry_of(key: [u8; 8]) -> u64 {
@@ -80,6 +140,14 @@ pub fn endpoints4_index_home(key: &crate::ServiceKey) -> Option<u32> {
     home4(key, ENDPOINTS4_BITS)
 }
 
+/// [`services4_index_home`] for a SNAT address in `snat4_index`.
+#[must_use]
+pub fn snat4_index_home(addr: std::net::Ipv4Addr) -> u32 {
+    let h = home_of(Form::Snat4.identity(snat_entry(addr.octets(), 0, 0)), SNAT4_BITS);
+    // Below 2^SNAT4_BITS.
+    u32::try_from(h).unwrap_or(u32::MAX)
+}
+
 fn home4(key: &crate::ServiceKey, bits: u32) -> Option<u32> {
     match crate::maps::FamilyKey::try_from(key).ok()? {
         crate::maps::FamilyKey::V4(k) => u32::try_from(home_of(entry_of(k), bits)).ok(),
@@ -91,6 +159,7 @@ fn home4(key: &crate::ServiceKey, bits: u32) -> Option<u32> {
 /// by writes that succeeded), the slot of each key, and the keys left to the hash map alone.
 pub(crate) struct SlotIndex {
     bits: u32,
+    form: Form,
     slots: Vec<u64>,
     at: HashMap<u64, usize, foldhash::fast::RandomState>,
     overflow: Vec<u64>,
@@ -116,9 +185,10 @@ impl std::fmt::Debug for SlotIndex {
 impl SlotIndex {
     /// The index of 2^`bits` slots of a freshly loaded program (an `ARRAY` map starts zeroed):
     /// every slot empty.
-    pub(crate) fn new(bits: u32) -> Self {
+    pub(crate) fn new(bits: u32, form: Form) -> Self {
         Self {
             bits,
+            form,
             slots: vec![EMPTY; 1 << bits],
             at: HashMap::default(),
             overflow: Vec::new(),
@@ -138,7 +208,7 @@ impl SlotIndex {
     }
 
     fn home(&self, e: u64) -> usize {
-        home_of(e, self.bits)
+        home_of(self.form.identity(e), self.bits)
     }
 
     /// Number of slots.
@@ -152,13 +222,9 @@ impl SlotIndex {
         self.overflow.len()
     }
 
-    /// The hash map's keys (8 bytes, pad 0) left to it alone.
-    pub(crate) fn overflow_keys(&self) -> impl Iterator<Item = [u8; 8]> + '_ {
-        self.overflow.iter().map(|e| {
-            let mut k = e.to_ne_bytes();
-            k[7] = 0;
-            k
-        })
+    /// The slot values of the keys left to the hash map alone.
+    pub(crate) fn overflow_entries(&self) -> impl Iterator<Item = u64> + '_ {
+        self.overflow.iter().copied()
     }
 
     /// The slots as written.
@@ -179,16 +245,32 @@ impl SlotIndex {
     /// The first error of `write`.
     pub(crate) fn apply<E>(
         &mut self,
-        want: impl IntoIterator<Item = [u8; 8]>,
+        want: impl IntoIterator<Item = u64>,
         mut write: impl FnMut(u32, u64) -> Result<(), E>,
     ) -> Result<(), E> {
-        let want: HashMap<u64, (), foldhash::fast::RandomState> = want.into_iter().map(|k| (entry_of(k), ())).collect();
+        let want: HashMap<u64, (), foldhash::fast::RandomState> = want.into_iter().map(|e| (e, ())).collect();
         let waiting = self.overflow.len();
         self.overflow.retain(|e| want.contains_key(e));
         let gone: Vec<(u64, usize)> =
             self.at.iter().filter(|(e, _)| !want.contains_key(*e)).map(|(e, s)| (*e, *s)).collect();
         self.sweep |= !gone.is_empty() || self.overflow.len() != waiting;
+        // A wanted value that a probe compares like a value going away (a SNAT address whose
+        // port range changed) takes that value's slot in one write, so that no probe misses
+        // the address in between.
+        let form = self.form;
+        let mut successor: HashMap<u64, u64, foldhash::fast::RandomState> = want
+            .keys()
+            .filter(|e| form != Form::Key8 && !self.at.contains_key(*e))
+            .map(|e| (form.identity(*e), *e))
+            .collect();
         for (e, s) in gone {
+            if let Some(n) = successor.remove(&form.identity(e)) {
+                self.set(s, n, &mut write)?;
+                self.at.remove(&e);
+                self.at.insert(n, s);
+                self.overflow.retain(|x| *x != n);
+                continue;
+            }
             // Out of the index before its slot's fate is decided: its own probe no longer
             // matters.
             self.at.remove(&e);
@@ -289,8 +371,7 @@ impl SlotIndex {
             if let Some(x) = self.slots.get_mut(s) {
                 *x = v;
             }
-            let key = v != EMPTY && v != TOMBSTONE && v.to_ne_bytes()[7] == USED;
-            if key && self.dist(self.home(v), s) < WINDOW && !self.at.contains_key(&v) {
+            if self.form.is_entry(v) && self.dist(self.home(v), s) < WINDOW && !self.at.contains_key(&v) {
                 self.at.insert(v, s);
                 self.overflow.retain(|x| *x != v);
             }
@@ -341,7 +422,7 @@ mod tests {
 
     fn apply(ix: &mut SlotIndex, set: &[[u8; 8]]) -> usize {
         let mut writes = 0;
-        ix.apply(set.iter().copied(), |_, _| {
+        ix.apply(set.iter().map(|k| entry_of(*k)), |_, _| {
             writes += 1;
             Ok::<(), ()>(())
         })
@@ -352,7 +433,7 @@ mod tests {
     #[test]
     fn every_key_is_found_and_no_other_through_adds_and_removes() {
         for bits in [SERVICES4_BITS, ENDPOINTS4_BITS] {
-            let mut ix = SlotIndex::new(bits);
+            let mut ix = SlotIndex::new(bits, Form::Key8);
             assert_eq!(ix.len(), 1 << bits);
             let mut set: Vec<[u8; 8]> = (0..2000).map(key).collect();
             apply(&mut ix, &set);
@@ -369,7 +450,7 @@ mod tests {
     #[test]
     fn a_full_window_leaves_keys_to_the_hash_map_and_they_stay_reachable_when_others_go() {
         let keys = same_home(12);
-        let mut ix = SlotIndex::new(BITS);
+        let mut ix = SlotIndex::new(BITS, Form::Key8);
         apply(&mut ix, &keys);
         assert_eq!(ix.overflow(), 4, "8 slots in the window, 12 keys of one home");
         assert!(keys.iter().all(|k| steered(&ix, &keys, *k)));
@@ -395,7 +476,7 @@ mod tests {
     #[test]
     fn a_removed_key_leaves_a_tombstone_only_while_a_probe_needs_it_and_none_once_all_are_gone() {
         let keys = same_home(3);
-        let mut ix = SlotIndex::new(BITS);
+        let mut ix = SlotIndex::new(BITS, Form::Key8);
         apply(&mut ix, &keys);
         // The first of three: the two behind it probe past its slot.
         apply(&mut ix, &keys[1..]);
@@ -419,7 +500,7 @@ mod tests {
         };
         let universe: Vec<[u8; 8]> = (0..120).map(key).collect();
         for round in 0..40 {
-            let mut ix = SlotIndex::new(6);
+            let mut ix = SlotIndex::new(6, Form::Key8);
             let mut set: Vec<[u8; 8]> = Vec::new();
             for step in 0..200 {
                 // Change the wanted set: up to 6 keys in or out.
@@ -453,7 +534,7 @@ mod tests {
                     let fail = next() % 20 == 0 && tries < 5;
                     let mut n = 0;
                     let at = next() % 8;
-                    let r = ix.apply(set.iter().copied(), |_, _| {
+                    let r = ix.apply(set.iter().map(|k| entry_of(*k)), |_, _| {
                         n += 1;
                         if fail && n > at { Err(()) } else { Ok(()) }
                     });
@@ -468,10 +549,81 @@ mod tests {
         }
     }
 
+    /// The program's SNAT probe (xdp/steer.c `snat4_probe`): the slot value of the first slot
+    /// with `addr`, `None` at a full window (then `snat4` answers).
+    fn snat_probe(slots: &[u64], addr: [u8; 4]) -> Option<Option<u64>> {
+        let id = Form::Snat4.identity(snat_entry(addr, 0, 0));
+        let home = home_of(id, slots.len().trailing_zeros());
+        for i in 0..WINDOW {
+            let v = slots[(home + i) & (slots.len() - 1)];
+            if v == EMPTY {
+                return Some(None);
+            }
+            if Form::Snat4.identity(v) == id {
+                return Some(Some(v));
+            }
+        }
+        None
+    }
+
+    /// SNAT addresses: found by address with the range of the last update; a range changed in
+    /// one write (never absent in between), addresses of one home past the window left to the
+    /// hash map, and values read back that are no SNAT entry rewritten.
+    #[test]
+    fn snat_addresses_are_found_with_their_current_range_and_a_range_changes_in_place() {
+        let addr = |i: u32| (0x0a02_0000 + i).to_be_bytes();
+        let mut ix = SlotIndex::new(SNAT4_BITS, Form::Snat4);
+        let mut want: Vec<u64> = (0..500).map(|i| snat_entry(addr(i), 33_000, 36_863)).collect();
+        apply_entries(&mut ix, &want);
+        for i in 0..1000 {
+            let found = snat_probe(ix.slots(), addr(i)).map(|v| v.is_some());
+            assert_eq!(found.unwrap_or(i < 500), i < 500, "address {i}");
+        }
+        // Address 7's range changes: one write, into its own slot.
+        let slot = ix.slots().iter().position(|v| *v == want[7]).unwrap();
+        want[7] = snat_entry(addr(7), 40_000, 40_999);
+        let mut writes = Vec::new();
+        ix.apply(want.iter().copied(), |s, v| {
+            writes.push((s, v));
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+        assert_eq!(writes, vec![(u32::try_from(slot).unwrap(), want[7])]);
+        assert_eq!(snat_probe(ix.slots(), addr(7)), Some(Some(want[7])));
+        // Twelve addresses of one home: four left to the hash map, all reachable.
+        let h = home_of(Form::Snat4.identity(snat_entry(addr(1000), 0, 0)), SNAT4_BITS);
+        let same: Vec<u64> = (1000..u32::MAX)
+            .map(|i| snat_entry(addr(i), 1, 2))
+            .filter(|e| home_of(Form::Snat4.identity(*e), SNAT4_BITS) == h)
+            .take(12)
+            .collect();
+        let mut ix = SlotIndex::new(SNAT4_BITS, Form::Snat4);
+        apply_entries(&mut ix, &same);
+        assert_eq!(ix.overflow_entries().count(), 4);
+        for e in &same {
+            let a = e.to_ne_bytes();
+            match snat_probe(ix.slots(), [a[0], a[1], a[2], a[3]]) {
+                Some(v) => assert_eq!(v, Some(*e)),
+                None => assert!(ix.overflow_entries().any(|x| x == *e)),
+            }
+        }
+        // Something else in a slot: read back, then rewritten.
+        let mut kernel = ix.slots().to_vec();
+        let free = kernel.iter().position(|v| *v == EMPTY).unwrap();
+        kernel[free] = snat_entry([0; 4], 1, 2);
+        assert_eq!(ix.reload(0, kernel.len(), |i| Some(kernel[i as usize])), 1);
+        apply_entries(&mut ix, &same);
+        assert_eq!(ix.slots()[free], EMPTY);
+    }
+
+    fn apply_entries(ix: &mut SlotIndex, want: &[u64]) {
+        ix.apply(want.iter().copied(), |_, _| Ok::<(), ()>(())).unwrap();
+    }
+
     #[test]
     fn an_unchanged_set_writes_nothing() {
         let set: Vec<[u8; 8]> = (0..500).map(key).collect();
-        let mut ix = SlotIndex::new(BITS);
+        let mut ix = SlotIndex::new(BITS, Form::Key8);
         assert_eq!(apply(&mut ix, &set), 500);
         assert_eq!(apply(&mut ix, &set), 0);
     }
@@ -479,10 +631,10 @@ mod tests {
     #[test]
     fn a_failed_write_is_taken_up_by_the_next_apply() {
         let set: Vec<[u8; 8]> = (0..100).map(key).collect();
-        let mut ix = SlotIndex::new(BITS);
+        let mut ix = SlotIndex::new(BITS, Form::Key8);
         let mut n = 0;
         assert!(
-            ix.apply(set.iter().copied(), |_, _| {
+            ix.apply(set.iter().map(|k| entry_of(*k)), |_, _| {
                 n += 1;
                 if n == 50 { Err(()) } else { Ok(()) }
             })
@@ -495,7 +647,7 @@ mod tests {
     #[test]
     fn reload_repairs_slots_changed_behind_the_index() {
         let set: Vec<[u8; 8]> = (0..300).map(key).collect();
-        let mut ix = SlotIndex::new(BITS);
+        let mut ix = SlotIndex::new(BITS, Form::Key8);
         apply(&mut ix, &set);
         let mut kernel = ix.slots().to_vec();
         // One key's slot cleared, one garbage value elsewhere.

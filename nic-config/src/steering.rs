@@ -15,7 +15,7 @@ use tracing::{info, warn};
 
 use crate::{
     NicError, ServiceKey,
-    index::{ENDPOINTS4_BITS, SERVICES4_BITS, SlotIndex},
+    index::{ENDPOINTS4_BITS, Form, SERVICES4_BITS, SNAT4_BITS, SlotIndex, entry_of, key_of, snat_entry},
     maps::{FamilyKey, Service4MapKey, ServiceMapKey, SnatRange, addr_bytes, addr_from_bytes, ipv4_of, stat},
 };
 
@@ -29,6 +29,7 @@ const MAP_XSKS: &str = "xsks";
 const MAP_SERVICES4: &str = "services4";
 const MAP_SERVICES4_INDEX: &str = "services4_index";
 const MAP_ENDPOINTS4_INDEX: &str = "endpoints4_index";
+const MAP_SNAT4_INDEX: &str = "snat4_index";
 const MAP_SERVICES: &str = "services";
 const MAP_VIP_ADDRS: &str = "vip_addrs";
 const MAP_SNAT4: &str = "snat4";
@@ -147,9 +148,10 @@ pub struct Steering {
     l2_addrs: HashMap<MapData, [u8; 16], [u8; 8]>,
     /// What the last sync wrote to each map, so the next one writes only the difference.
     shadow: Shadows,
-    /// The slot indexes in front of `services4` and `endpoints4` (`index.rs`).
+    /// The slot indexes in front of `services4`, `endpoints4` and `snat4` (`index.rs`).
     services4_index: IndexMap,
     endpoints4_index: IndexMap,
+    snat4_index: IndexMap,
     /// Whether this value attached the program (and so detaches it).
     attached: bool,
     /// rtnetlink socket in the interface's network namespace (attach and detach work from
@@ -198,23 +200,23 @@ struct IndexMap {
 }
 
 impl IndexMap {
-    fn new(name: &'static str, map: Array<MapData, u64>, bits: u32) -> Self {
-        Self { name, map, index: SlotIndex::new(bits), verify: false, verify_at: 0 }
+    fn new(name: &'static str, map: Array<MapData, u64>, bits: u32, form: Form) -> Self {
+        Self { name, map, index: SlotIndex::new(bits, form), verify: false, verify_at: 0 }
     }
 
-    /// The keys left to the hash map, sorted.
+    /// The `services4` / `endpoints4` keys left to the hash map, sorted.
     fn overflow(&self) -> Vec<ServiceKey> {
         let mut v: Vec<ServiceKey> =
-            self.index.overflow_keys().map(|k| Service4MapKey::from_bytes(&k).to_service_key()).collect();
+            self.index.overflow_entries().map(|e| Service4MapKey::from_bytes(&key_of(e)).to_service_key()).collect();
         v.sort();
         v
     }
 
-    /// Brings the index to `keys`, its hash map's keys as last written (nothing while they are
-    /// not known: the next sync knows them); after a verify sync, first reads the next share
-    /// of its slots back and repairs what differs.
-    fn sync(&mut self, ifname: &str, keys: Option<&FastMap<[u8; Service4MapKey::LEN], u32>>) -> Result<(), NicError> {
-        let Some(keys) = keys else { return Ok(()) };
+    /// Brings the index to the slot values `entries`, made from its hash map's contents as
+    /// last written (`None` while they are not known: the next sync knows them); after a
+    /// verify sync, first reads the next share of its slots back and repairs what differs.
+    fn sync(&mut self, ifname: &str, entries: Option<Vec<u64>>) -> Result<(), NicError> {
+        let Some(entries) = entries else { return Ok(()) };
         if self.verify {
             let n = self.index.len() / VERIFY_SHARES;
             let map = &self.map;
@@ -226,10 +228,18 @@ impl IndexMap {
             self.verify = false;
         }
         let (name, map) = (self.name, &mut self.map);
-        self.index
-            .apply(keys.keys().copied(), |i, v| map.set(i, v, 0))
-            .map_err(|e| NicError::map(ifname, name, "update", e))
+        self.index.apply(entries, |i, v| map.set(i, v, 0)).map_err(|e| NicError::map(ifname, name, "update", e))
     }
+}
+
+/// The slot values of the keys of `services4` or `endpoints4` as last written.
+fn key8_entries(keys: Option<&FastMap<[u8; Service4MapKey::LEN], u32>>) -> Option<Vec<u64>> {
+    keys.map(|m| m.keys().map(|k| entry_of(*k)).collect())
+}
+
+/// The slot values of `snat4` as last written.
+fn snat4_entries(ranges: Option<&FastMap<[u8; 4], [u16; 2]>>) -> Option<Vec<u64>> {
+    ranges.map(|m| m.iter().map(|(a, [first, last])| snat_entry(*a, *first, *last)).collect())
 }
 
 /// The wanted entries (value 0) of `services4` and `services` (or `endpoints4` and
@@ -313,23 +323,31 @@ impl Steering {
         program.load().map_err(|e| prog_err(mode, e))?;
         let prog_id = program.info().map_err(|e| prog_err(mode, e))?.id();
         let ifindex = crate::iface::ifindex(ifname)?;
-        let mut map_ids = Vec::with_capacity(13);
+        let mut map_ids = Vec::with_capacity(14);
         let xsks = open_map(&mut ebpf, ifname, MAP_XSKS, &mut map_ids)?;
         let services4 = open_map(&mut ebpf, ifname, MAP_SERVICES4, &mut map_ids)?;
         let services4_index = IndexMap::new(
             MAP_SERVICES4_INDEX,
             open_map(&mut ebpf, ifname, MAP_SERVICES4_INDEX, &mut map_ids)?,
             SERVICES4_BITS,
+            Form::Key8,
         );
         let services = open_map(&mut ebpf, ifname, MAP_SERVICES, &mut map_ids)?;
         let vip_addrs = open_map(&mut ebpf, ifname, MAP_VIP_ADDRS, &mut map_ids)?;
         let snat4 = open_map(&mut ebpf, ifname, MAP_SNAT4, &mut map_ids)?;
+        let snat4_index = IndexMap::new(
+            MAP_SNAT4_INDEX,
+            open_map(&mut ebpf, ifname, MAP_SNAT4_INDEX, &mut map_ids)?,
+            SNAT4_BITS,
+            Form::Snat4,
+        );
         let snat_addrs = open_map(&mut ebpf, ifname, MAP_SNAT_ADDRS, &mut map_ids)?;
         let endpoints4 = open_map(&mut ebpf, ifname, MAP_ENDPOINTS4, &mut map_ids)?;
         let endpoints4_index = IndexMap::new(
             MAP_ENDPOINTS4_INDEX,
             open_map(&mut ebpf, ifname, MAP_ENDPOINTS4_INDEX, &mut map_ids)?,
             ENDPOINTS4_BITS,
+            Form::Key8,
         );
         let endpoints = open_map(&mut ebpf, ifname, MAP_ENDPOINTS, &mut map_ids)?;
         let stats = open_map(&mut ebpf, ifname, MAP_STATS, &mut map_ids)?;
@@ -350,6 +368,7 @@ impl Steering {
             shadow: Shadows::default(),
             services4_index,
             endpoints4_index,
+            snat4_index,
             attached: false,
             nl: crate::nl::RouteSocket::new("RTM_SETLINK IFLA_XDP")?,
             ebpf,
@@ -492,7 +511,7 @@ impl Steering {
     }
 
     /// Kernel ids of the program's maps (`bpftool map show id N`), in the order `xsks`,
-    /// `services4`, `services4_index`, `services`, `vip_addrs`, `snat4`, `snat_addrs`, `endpoints4`,
+    /// `services4`, `services4_index`, `services`, `vip_addrs`, `snat4`, `snat4_index`, `snat_addrs`, `endpoints4`,
     /// `endpoints4_index`, `endpoints`,
     /// `stats`, `l2_addrs`, `l2_self`.
     #[must_use]
@@ -538,6 +557,7 @@ impl Steering {
         self.shadow = Shadows::default();
         self.services4_index.verify = true;
         self.endpoints4_index.verify = true;
+        self.snat4_index.verify = true;
     }
 
     /// Makes the `services4` (IPv4 keys) and `services` (IPv6 keys) maps equal to `keys`:
@@ -561,7 +581,7 @@ impl Steering {
             key_maps(keys)?,
             MAX_SERVICES,
         )?;
-        self.services4_index.sync(&self.ifname, self.shadow.services4.as_ref())
+        self.services4_index.sync(&self.ifname, key8_entries(self.shadow.services4.as_ref()))
     }
 
     /// Makes the `endpoints4` and `endpoints` maps equal to `keys`: (address, protocol, port)
@@ -578,7 +598,7 @@ impl Steering {
             key_maps(keys)?,
             MAX_ENDPOINTS,
         )?;
-        self.endpoints4_index.sync(&self.ifname, self.shadow.endpoints4.as_ref())
+        self.endpoints4_index.sync(&self.ifname, key8_entries(self.shadow.endpoints4.as_ref()))
     }
 
     /// Makes the `vip_addrs` map equal to `addrs`. List here addresses wholly owned by xlb
@@ -604,7 +624,8 @@ impl Steering {
     /// `net.ipv4.ip_local_port_range`. A later entry for the same address replaces an earlier.
     ///
     /// # Errors
-    /// [`NicError::InvalidArgument`] if a range has first > last or there are more than
+    /// [`NicError::InvalidArgument`] if a range has first > last, an address is unspecified
+    /// (`0.0.0.0`, `::`) or the IPv4 broadcast address, or there are more than
     /// [`MAX_SNAT_ADDRS`] addresses of one family (the maps are then unchanged);
     /// [`NicError::Map`] if the kernel refuses.
     pub fn sync_snat(&mut self, ranges: &[(IpAddr, u16, u16)]) -> Result<(), NicError> {
@@ -616,6 +637,14 @@ impl Steering {
                     reason: format!("{addr}: first port {port_min} > last port {port_max}"),
                 });
             }
+            // Neither can be a packet's source; in `snat4_index` they mark empty slots and
+            // tombstones (`index.rs`).
+            if addr.is_unspecified() || ipv4_of(addr).is_some_and(|a| a.is_broadcast() || a.is_unspecified()) {
+                return Err(NicError::InvalidArgument {
+                    field: "SNAT address",
+                    reason: format!("{addr} is not a unicast address"),
+                });
+            }
             let range = SnatRange { port_min, port_max }.to_array();
             match ipv4_of(addr) {
                 Some(a) => want4.insert(a.octets(), range),
@@ -625,6 +654,7 @@ impl Steering {
         check_len(MAP_SNAT4, want4.len(), MAX_SNAT_ADDRS)?;
         check_len(MAP_SNAT_ADDRS, want6.len(), MAX_SNAT_ADDRS)?;
         sync_map(&self.ifname, MAP_SNAT4, &mut self.snat4, &mut self.shadow.snat4, want4)?;
+        self.snat4_index.sync(&self.ifname, snat4_entries(self.shadow.snat4.as_ref()))?;
         sync_map(&self.ifname, MAP_SNAT_ADDRS, &mut self.snat_addrs, &mut self.shadow.snat_addrs, want6)
     }
 
@@ -649,7 +679,7 @@ impl Steering {
         )
         .and_then(|done| {
             if done {
-                self.services4_index.sync(&self.ifname, self.shadow.services4.as_ref()).map(|()| true)
+                self.services4_index.sync(&self.ifname, key8_entries(self.shadow.services4.as_ref())).map(|()| true)
             } else {
                 Ok(false)
             }
@@ -671,7 +701,7 @@ impl Steering {
         )
         .and_then(|done| {
             if done {
-                self.endpoints4_index.sync(&self.ifname, self.shadow.endpoints4.as_ref()).map(|()| true)
+                self.endpoints4_index.sync(&self.ifname, key8_entries(self.shadow.endpoints4.as_ref())).map(|()| true)
             } else {
                 Ok(false)
             }
@@ -708,6 +738,23 @@ impl Steering {
     #[must_use]
     pub fn services4_overflow(&self) -> Vec<ServiceKey> {
         self.services4_index.overflow()
+    }
+
+    /// The IPv4 SNAT addresses that `snat4_index` leaves to the `snat4` hash map (see
+    /// [`Steering::services4_overflow`]); sorted.
+    #[must_use]
+    pub fn snat4_overflow(&self) -> Vec<IpAddr> {
+        let mut v: Vec<IpAddr> = self
+            .snat4_index
+            .index
+            .overflow_entries()
+            .map(|e| {
+                let [a, b, c, d, ..] = e.to_ne_bytes();
+                IpAddr::from([a, b, c, d])
+            })
+            .collect();
+        v.sort();
+        v
     }
 
     /// [`Steering::services4_overflow`] for the NAT backends of `endpoints4_index`.

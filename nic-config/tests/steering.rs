@@ -12,7 +12,7 @@ use std::{
 use common::{CLIENT_V4, CLIENT_V6, LB_IF, LB_V4, LB_V6, Netns, Pair, VIP_V4, VIP_V6, decode, run, wait_for, xsk::Xsk};
 use nic_config::{
     IPPROTO_TCP, IPPROTO_UDP, ServiceKey, Steering, XdpMode, endpoints4_index_home, interface_info,
-    services4_index_home,
+    services4_index_home, snat4_index_home,
 };
 
 const SHORT: Duration = Duration::from_millis(400);
@@ -93,8 +93,8 @@ mod tests {
             let map_ids = steering.map_ids().to_vec();
             assert_eq!(
                 map_ids.len(),
-                13,
-                "xsks, services4, services4_index, services, vip_addrs, snat4, snat_addrs, endpoints4, endpoints4_index, endpoints, stats, l2_addrs, l2_self"
+                14,
+                "xsks, services4, services4_index, services, vip_addrs, snat4, snat4_index, snat_addrs, endpoints4, endpoints4_index, endpoints, stats, l2_addrs, l2_self"
             );
 
             let info = pair.lb.run_in(|| interface_info(LB_IF).unwrap());
@@ -303,6 +303,53 @@ mod tests {
         assert!(steering.endpoints4_overflow().is_empty());
         send_from(&listed[9], b"gone");
         assert_eq!(kernel_got(&kernel).as_deref(), Some(&b"gone"[..]));
+        steering.detach().unwrap();
+    }
+
+    /// `snat4_index`: ten SNAT addresses of one home slot, two of them left to the `snat4`
+    /// hash map. Frames to each address inside its port range reach the XSK, outside it pass;
+    /// a changed range takes effect; an eleventh address of that home, not listed, passes.
+    #[test]
+    fn snat_addresses_left_to_the_hash_map_by_a_full_index_window_still_reach_the_xsk() {
+        if !common::can_run("snat_addresses_left_to_the_hash_map_by_a_full_index_window_still_reach_the_xsk") {
+            return;
+        }
+        let pair = Pair::new(1);
+        pair.client.ip(&["route", "add", "10.192.0.0/11", "via", &LB_V4.to_string()]);
+        let (mut steering, mut xsk) = attach_with_xsk(&pair);
+        let addr = |i: u32| std::net::Ipv4Addr::from(0x0ac8_0000 + i);
+        let home = snat4_index_home(addr(1));
+        let same: Vec<std::net::Ipv4Addr> =
+            (1..0x10_0000).map(addr).filter(|a| snat4_index_home(*a) == home).take(11).collect();
+        assert_eq!(same.len(), 11);
+        let (listed, unlisted) = same.split_at(10);
+        let ranges: Vec<(IpAddr, u16, u16)> = listed.iter().map(|a| (IpAddr::from(*a), 33_000, 33_999)).collect();
+        steering.sync_snat(&ranges).unwrap();
+        assert_eq!(steering.snat4_overflow().len(), 2, "a window of 8 slots for 10 addresses");
+        let steered = |xsk: &mut Xsk, a: std::net::Ipv4Addr, port: u16| {
+            client_send_udp(&pair.client, SocketAddr::new(a.into(), port), b"snat");
+            let seen: Vec<_> = xsk.recv_until(1, SHORT).iter().filter_map(|f| decode(f)).collect();
+            seen.iter().any(|s| s.dst == IpAddr::from(a) && s.port_or_type == port)
+        };
+        for a in listed {
+            assert!(steered(&mut xsk, *a, 33_500), "{a}:33500 on the XSK");
+            assert!(!steered(&mut xsk, *a, 34_000), "{a}:34000 is outside the range");
+        }
+        assert!(!steered(&mut xsk, unlisted[0], 33_500), "an unlisted address of the full window");
+        // Every range moves: the old ports pass, the new ones are xlb's.
+        let moved: Vec<(IpAddr, u16, u16)> = listed.iter().map(|a| (IpAddr::from(*a), 40_000, 40_999)).collect();
+        steering.sync_snat(&moved).unwrap();
+        for a in listed {
+            assert!(steered(&mut xsk, *a, 40_500), "{a}:40500 after the change");
+            assert!(!steered(&mut xsk, *a, 33_500), "{a}:33500 after the change");
+        }
+        // Addresses that cannot be a source are refused, naming the field.
+        let err = steering.sync_snat(&[(IpAddr::from([0, 0, 0, 0]), 1, 2)]).unwrap_err();
+        assert!(err.to_string().contains("SNAT address"), "{err}");
+        assert!(steering.sync_snat(&[(IpAddr::from([255, 255, 255, 255]), 1, 2)]).is_err());
+        steering.sync_snat(&[]).unwrap();
+        assert!(steering.snat4_overflow().is_empty());
+        assert!(!steered(&mut xsk, listed[9], 40_500));
         steering.detach().unwrap();
     }
 

@@ -30,9 +30,10 @@
 // The per-packet lookups of IPv4 TCP/UDP/SCTP frames go to maps of their own with short keys
 // (`services4`, `snat4`, `endpoints4`: 8, 4 and 8 bytes), so the kernel hashes and compares 8
 // bytes where the 16-byte address form would take 20 (the hash map's jhash2 then runs no
-// mixing round; measured with `bpftool prog run ... repeat`, docs/benchmarks.md); `services4`
-// and `endpoints4` are probed first through slot indexes of our own over ARRAY maps
-// (`services4_index`, `endpoints4_index`, see index4_probe()). Everywhere
+// mixing round; measured with `bpftool prog run ... repeat`, docs/benchmarks.md); `services4`,
+// `endpoints4` and `snat4` are probed first through slot indexes of our own over ARRAY maps
+// (`services4_index`, `endpoints4_index`, `snat4_index`; see index4_probe() and
+// port_in_snat4_range()). Everywhere
 // else addresses are 16 bytes: IPv6 as is, IPv4 as the v4-mapped ::ffff:a.b.c.d
 // (RFC 4291 2.5.5.2); `services`, `snat_addrs` and `endpoints` hold the IPv6 entries.
 //
@@ -220,6 +221,7 @@ struct {
  * slot; any other value (all ones: a removed key's tombstone) is passed over. */
 #define SERVICES4_INDEX_BITS 17
 #define ENDPOINTS4_INDEX_BITS 19
+#define SNAT4_INDEX_BITS 11
 #define INDEX4_WINDOW 8
 #define INDEX4_MUL 0x9E3779B97F4A7C15ull
 #define INDEX4_USED 1
@@ -236,6 +238,22 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } endpoints4_index SEC(".maps");
+
+/* The slot index in front of `snat4`: a slot holds a snat4_slot (address, then its port
+ * range), and a probe compares the address, from the address's home. 0.0.0.0 (an empty slot)
+ * and 255.255.255.255 (a tombstone) are never SNAT addresses. */
+struct snat4_slot {
+	__be32 addr;
+	struct snat_range range;
+};
+_Static_assert(sizeof(struct snat4_slot) == 8, "snat4_slot must be 8 bytes");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1u << SNAT4_INDEX_BITS);
+	__type(key, __u32);
+	__type(value, struct snat4_slot);
+} snat4_index SEC(".maps");
 
 /* IPv6 services. */
 struct {
@@ -373,11 +391,34 @@ static __always_inline int port_in_snat_range(const struct addr_key *dst, __be16
 	return r && port_in_range(r, port_be);
 }
 
-/* port_in_snat_range for an IPv4 address (network byte order), in `snat4`. */
-static __always_inline int port_in_snat4_range(__be32 addr, __be16 port_be)
+/* `snat4` itself, for an address whose index window is full: out of line, as
+ * service4_hashed() below. */
+static __attribute__((noinline)) int port_in_snat4_hashed(__be32 addr, __be16 port_be)
 {
 	struct snat_range *r = bpf_map_lookup_elem(&snat4, &addr);
 	return r && port_in_range(r, port_be);
+}
+
+/* port_in_snat_range for an IPv4 address (network byte order): probed in `snat4_index` from
+ * the address's home (its 4 bytes read as a native-endian u32, times INDEX4_MUL); the first
+ * slot with the address decides, an empty slot says it is none, and a window of other
+ * addresses leaves the answer to `snat4`. */
+static __always_inline int port_in_snat4_range(__be32 addr, __be16 port_be)
+{
+	__u64 id = (__u32)addr;
+	__u32 home = (__u32)((id * INDEX4_MUL) >> (64 - SNAT4_INDEX_BITS));
+#pragma unroll
+	for (__u32 i = 0; i < INDEX4_WINDOW; i++) {
+		__u32 slot = (home + i) & ((1u << SNAT4_INDEX_BITS) - 1);
+		struct snat4_slot *v = bpf_map_lookup_elem(&snat4_index, &slot);
+		if (!v)
+			break;
+		if (v->addr == addr)
+			return port_in_range(&v->range, port_be);
+		if (v->addr == 0)
+			return 0;
+	}
+	return port_in_snat4_hashed(addr, port_be);
 }
 
 /* TCP, UDP and SCTP all start with src port, dst port (16 bits each). */

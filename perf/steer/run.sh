@@ -11,8 +11,8 @@
 #   frame and program, default 5; the median is printed).
 # Needs root (BPF_PROG_LOAD, bpffs), clang and bpftool (scripts/install-deps.sh bench).
 #
-# Maps are filled as xlb fills them (`services4`, `endpoints4` and, where the program has them,
-# their slot indexes) for one IPv4 service 10.96.0.10:80/TCP, one NAT backend 10.1.0.5:8080/TCP
+# Maps are filled as xlb fills them (`services4`, `endpoints4`, `snat4` and, where the program
+# has them, their slot indexes) for one IPv4 service 10.96.0.10:80/TCP, one NAT backend 10.1.0.5:8080/TCP
 # and the SNAT address 10.2.0.1 with ports 33000-36863; no AF_XDP socket is
 # in `xsks`, so xlb's frames end in XDP_DROP (redirect failed) and the others in XDP_PASS.
 # Frames (64 bytes, TCP ACK):
@@ -73,6 +73,14 @@ load() {
     # the program has them: the key with pad byte 1, at its home slot.
     if [ -e "$m/services4_index" ]; then index_put "$m/services4_index" 17 "10 96 0 10 0 80 6"; fi
     if [ -e "$m/endpoints4_index" ]; then index_put "$m/endpoints4_index" 19 "10 1 0 5 31 144 6"; fi
+    if [ -e "$m/snat4_index" ]; then
+      # snat4's index: the address and its range at the address's home.
+      bpftool map update pinned "$m/snat4_index" $(python3 -c '
+import struct
+a = bytes([10, 2, 0, 1])
+home = ((struct.unpack("<I", a)[0] * 0x9E3779B97F4A7C15) % 2**64) >> (64 - 11)
+print("key hex", " ".join("%02x" % b for b in struct.pack("<I", home)), "value hex 0a 02 00 01 e8 80 ff 8f")')
+    fi
   else
     # One map per kind for both families, IPv4 as ::ffff:a.b.c.d (before `services4`).
     local mapped="00 00 00 00 00 00 00 00 00 00 ff ff"
