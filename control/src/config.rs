@@ -585,6 +585,18 @@ impl Config {
     /// # Errors
     /// The first [`ConfigFieldError`] found, naming the field.
     pub fn validate(&self) -> Result<(), ConfigFieldError> {
+        // A SNAT address is the source of masqueraded packets: unicast only (the steering
+        // program's `snat4_index` also uses 0.0.0.0 and 255.255.255.255 as markers).
+        if let Some(a) = self.snat_addresses.ipv4
+            && (a.is_unspecified() || a.is_broadcast() || a.is_multicast())
+        {
+            return Err(field_err("snatAddresses.ipv4", format!("{a}: want a unicast address")));
+        }
+        if let Some(a) = self.snat_addresses.ipv6
+            && (a.is_unspecified() || a.is_multicast())
+        {
+            return Err(field_err("snatAddresses.ipv6", format!("{a}: want a unicast address")));
+        }
         if !matches!(self.af_xdp.zero_copy.as_str(), "auto" | "copy" | "zerocopy") {
             return Err(field_err(
                 "afXdp.zeroCopy",
@@ -1036,6 +1048,22 @@ routes: [{{dst: 10.0.0.0/8, via: 192.168.1.1}}]\n"
         assert_eq!(e[0].field.as_deref(), Some("afXdp.busyPollUsecs"), "{}", e[0]);
         let e = errors(&format!("{HEAD}afXdp: {{busyPollBudget: 5000}}\n"));
         assert_eq!(e[0].field.as_deref(), Some("afXdp.busyPollBudget"), "{}", e[0]);
+    }
+
+    #[test]
+    fn snat_addresses_must_be_unicast_and_a_bad_one_names_the_field() {
+        let c = load(&format!("{HEAD}snatAddresses: {{ipv4: 10.0.0.9, ipv6: \"fd00::9\"}}\n")).unwrap().config;
+        assert_eq!(c.snat_addresses.ipv4, Some(Ipv4Addr::new(10, 0, 0, 9)));
+        for (yaml, field) in [
+            ("ipv4: 0.0.0.0", "snatAddresses.ipv4"),
+            ("ipv4: 255.255.255.255", "snatAddresses.ipv4"),
+            ("ipv4: 224.0.0.1", "snatAddresses.ipv4"),
+            ("ipv6: \"::\"", "snatAddresses.ipv6"),
+            ("ipv6: \"ff02::1\"", "snatAddresses.ipv6"),
+        ] {
+            let e = errors(&format!("{HEAD}snatAddresses: {{{yaml}}}\n"));
+            assert_eq!(e[0].field.as_deref(), Some(field), "{yaml}: {}", e[0]);
+        }
     }
 
     #[test]
