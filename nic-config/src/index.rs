@@ -1,27 +1,32 @@
-//! The slot indexes in front of `services4` and `endpoints4`: open-addressing hash tables of
-//! our own over `ARRAY` maps of the steering program (`services4_index`, `endpoints4_index`),
-//! so that an IPv4 frame to a service, or from a NAT backend, is found by a multiply-shift hash
-//! and one or two inlined array reads instead of the kernel's hash map (`htab_map_hash`,
-//! jhash2, and a helper call: about 8 of a service frame's 13 ns above the test runner's floor,
-//! `make bench-steer`, docs/benchmarks.md).
+//! The slot indexes in front of `services4`, `endpoints4` and `snat4`: open-addressing hash
+//! tables of our own over `ARRAY` maps of the steering program (`services4_index`,
+//! `endpoints4_index`, `snat4_index`), so that an IPv4 frame to a service, from a NAT backend
+//! or to a SNAT address is found by a multiply-shift hash and one or two inlined array reads
+//! instead of the kernel's hash map (`htab_map_hash`, jhash2, and a helper call: about 8 of a
+//! service frame's 13 ns above the test runner's floor, `make bench-steer`,
+//! docs/benchmarks.md).
 //!
-//! Layout, shared with `xdp/steer.c` (`index4_probe`): 2^bits slots of one `u64` each
-//! ([`SERVICES4_BITS`], [`ENDPOINTS4_BITS`]). A used slot holds the 8 bytes of the hash map's
-//! key (`struct service4_key`) with its pad byte set to [`USED`], read as a native-endian `u64`
-//! (the program reads the same bytes the same way); an empty slot is 0 ([`EMPTY`]); a slot
-//! whose key was removed while another key's probe may still pass it is [`TOMBSTONE`] (all
-//! ones: its pad byte is never [`USED`]). A key's home is the top `bits` bits of `entry * MUL`
-//! (Knuth's multiplicative hashing with the 64-bit golden ratio); the program probes [`WINDOW`]
-//! slots from there: a match is listed, an empty slot is not, and a window with neither asks
-//! the hash map itself.
+//! Layout, shared with `xdp/steer.c` (`index4_probe`, `port_in_snat4_range`): 2^bits slots of
+//! one `u64` each ([`SERVICES4_BITS`], [`ENDPOINTS4_BITS`], [`SNAT4_BITS`]), in one of two
+//! [`Form`]s. In `services4_index` and `endpoints4_index` a used slot holds the 8 bytes of the
+//! hash map's key (`struct service4_key`) with its pad byte set to [`USED`], read as a
+//! native-endian `u64` (the program reads the same bytes the same way); in `snat4_index` the
+//! address and its port range (`struct snat4_slot`), compared by address. An empty slot is 0
+//! ([`EMPTY`]); a slot whose key was removed while another key's probe may still pass it is
+//! [`TOMBSTONE`] (all ones: its pad byte is never [`USED`], and 255.255.255.255 is never a SNAT
+//! address). A key's home is the top `bits` bits of its identity (the whole value, or the SNAT
+//! address) times `MUL` (Knuth's multiplicative hashing with the 64-bit golden ratio); the
+//! program probes [`WINDOW`] slots from there: a match is listed, an empty slot is not, and a
+//! window with neither asks the hash map itself.
 //!
 //! Invariant, kept by [`SlotIndex::apply`] (every key of the hash map is reachable): each key
 //! is either in a slot of its window, or its window holds no empty slot. So a key is placed in
 //! the first empty or tombstone slot of its window, else left to the hash map alone (overflow);
 //! a removed key's slot is emptied only when no other key's probe passes it (a key placed
 //! further along the window, or an overflow key whose window holds it), else it becomes a
-//! tombstone. Each index has twice as many slots as its hash map's capacity
-//! ([`crate::MAX_SERVICES`], [`crate::MAX_ENDPOINTS`]), so it is at most half full.
+//! tombstone. Each index has at least twice as many slots as its hash map's capacity
+//! ([`crate::MAX_SERVICES`], [`crate::MAX_ENDPOINTS`], [`crate::MAX_SNAT_ADDRS`]), so it is
+//! at most half full.
 //!
 //! Every slot is written whole with one map update and read with one 8-byte load. The kernel
 //! copies an `ARRAY` value with `memcpy`, which need not be one store, so a probe racing a
