@@ -405,6 +405,10 @@ static __attribute__((noinline)) int port_in_snat4_hashed(__be32 addr, __be16 po
  * addresses leaves the answer to `snat4`. */
 static __always_inline int port_in_snat4_range(__be32 addr, __be16 port_be)
 {
+	/* Never SNAT addresses, and the index's own markers: a frame to one must not match an
+	 * empty slot or a tombstone. */
+	if (addr == 0 || addr == 0xffffffff)
+		return 0;
 	__u64 id = (__u32)addr;
 	__u32 home = (__u32)((id * INDEX4_MUL) >> (64 - SNAT4_INDEX_BITS));
 #pragma unroll

@@ -109,6 +109,10 @@ tcp('snat_reply', [10, 1, 0, 5], [10, 2, 0, 1], 8080, 33000)
 tcp('dnat_reply', [10, 1, 0, 5], [10, 0, 0, 1], 8080, 40000)
 tcp('pass', [10, 0, 0, 1], [10, 2, 0, 1], 40000, 22)
 open(f'{out}/non_ip.bin', 'wb').write(eth + b'\x88\xcc' + bytes(46))
+# Checked, not timed: TCP to 0.0.0.0:0 and to 255.255.255.255:65535 (the SNAT index's empty
+# and tombstone markers; never a SNAT address).
+tcp('to_zero', [10, 0, 0, 1], [0, 0, 0, 0], 40000, 0)
+tcp('to_bcast', [10, 0, 0, 1], [255, 255, 255, 255], 40000, 65535)
 EOF
 
 progs=(new)
@@ -119,6 +123,13 @@ if [ -n "${STEER_BASE:-}" ]; then
   progs+=(base)
 fi
 for p in "${progs[@]}"; do load "$p"; done
+
+# The working tree's program passes frames to the SNAT index's markers (run once each).
+for f in to_zero to_bcast; do
+  rv=$(bpftool prog run pinned "/sys/fs/bpf/xlb-steer-bench-$$-new/xlb_steer" data_in "$work/$f.bin" 2>&1 \
+    | sed -n 's/.*[Rr]eturn value: \([0-9]*\).*/\1/p')
+  [ "$rv" = 2 ] || { echo "$f: return value '$rv', expected 2 (XDP_PASS)" >&2; exit 1; }
+done
 
 frames=(service snat_reply dnat_reply pass non_ip)
 # The verdict each frame must get (XDP_DROP = 1: xlb's, its redirect failing without a socket;
