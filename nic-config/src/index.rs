@@ -621,6 +621,70 @@ mod tests {
         assert_eq!(ix.slots()[free], EMPTY);
     }
 
+    /// [`random_updates_failed_writes_and_outside_changes_never_lose_or_invent_a_key`] for
+    /// SNAT addresses, whose ranges also change: after every update that succeeds, each
+    /// address of the universe is found with its current range, or not at all.
+    #[test]
+    fn random_snat_updates_and_range_changes_always_answer_the_current_range() {
+        let mut rng = 0x2545_f491_u64;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let addr = |i: u64| (0x0a02_0000_u32 + u32::try_from(i).unwrap()).to_be_bytes();
+        for round in 0..40 {
+            let mut ix = SlotIndex::new(6, Form::Snat4);
+            // Address number -> (first, last) port.
+            let mut set: Vec<(u64, u16, u16)> = Vec::new();
+            for step in 0..200 {
+                for _ in 0..(next() % 7) {
+                    let a = next() % 120;
+                    let first = u16::try_from(next() % 60_000).unwrap();
+                    let range = (first, first + u16::try_from(next() % 1000).unwrap());
+                    match set.iter().position(|x| x.0 == a) {
+                        Some(i) if next() % 2 == 0 => {
+                            set.swap_remove(i);
+                        }
+                        Some(i) => set[i] = (a, range.0, range.1),
+                        None if set.len() < 56 => set.push((a, range.0, range.1)),
+                        None => {}
+                    }
+                }
+                if next() % 10 == 0 {
+                    let mut kernel = ix.slots().to_vec();
+                    let s = (next() % 64) as usize;
+                    kernel[s] = match next() % 3 {
+                        0 => EMPTY,
+                        1 => TOMBSTONE,
+                        _ => snat_entry(addr(next() % 120), 1, 2),
+                    };
+                    ix.reload(0, 64, |i| Some(kernel[i as usize]));
+                }
+                let want: Vec<u64> = set.iter().map(|&(a, f, l)| snat_entry(addr(a), f, l)).collect();
+                let mut tries = 0;
+                loop {
+                    tries += 1;
+                    let fail = next() % 20 == 0 && tries < 5;
+                    let (mut n, at) = (0, next() % 8);
+                    let r = ix.apply(want.iter().copied(), |_, _| {
+                        n += 1;
+                        if fail && n > at { Err(()) } else { Ok(()) }
+                    });
+                    if r.is_ok() {
+                        break;
+                    }
+                }
+                for a in 0..120 {
+                    let current = set.iter().find(|x| x.0 == a).map(|&(_, f, l)| snat_entry(addr(a), f, l));
+                    let answer = snat_probe(ix.slots(), addr(a)).unwrap_or(current);
+                    assert_eq!(answer, current, "round {round} step {step} address {a}");
+                }
+            }
+        }
+    }
+
     fn apply_entries(ix: &mut SlotIndex, want: &[u64]) {
         ix.apply(want.iter().copied(), |_, _| Ok::<(), ()>(())).unwrap();
     }
