@@ -238,13 +238,15 @@ impl SlotIndex {
         &self.slots
     }
 
-    /// Brings the index to the keys `want` (the hash map's keys, 8 bytes each) with
-    /// `write(slot, value)`, which writes one slot of the kernel's array: removed keys' slots
-    /// first, then new keys and the keys left to the hash map whose windows now have room, then
-    /// the slots that hold neither a key nor what a probe needs (tombstones no probe passes any
-    /// longer, values found by [`SlotIndex::reload`] that are no key of the index; this pass
-    /// over every slot only when something that decides it changed). Writes only what changes. A failed write stops it with that error; what was written stays known, so
-    /// the next call goes on from there.
+    /// Brings the index to the slot values `want` (one per key of its hash map: [`entry_of`]
+    /// a key, or [`snat_entry`] an address and range) with `write(slot, value)`, which writes
+    /// one slot of the kernel's array: removed keys' slots first (a key whose identity a new
+    /// value shares, a SNAT address with a new range, gets the new value in place), then new
+    /// keys and the keys left to the hash map whose windows now have room, then, only when
+    /// something that decides them changed, the slots that hold no key (tombstones no probe
+    /// passes any longer, values found by [`SlotIndex::reload`] that are no key of the index).
+    /// Writes only what changes. A failed write stops it with that error; what was written
+    /// stays known, so the next call goes on from there.
     ///
     /// # Errors
     /// The first error of `write`.
