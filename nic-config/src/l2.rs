@@ -34,8 +34,15 @@ pub struct L2Responder {
     ifindex: u32,
     mac: [u8; 6],
     map: HashMap<MapData, [u8; 16], [u8; 8]>,
-    /// The program's `l2_self` array (one entry: this MAC and the check flag).
+    /// The program's `l2_self` array (one entry: this MAC, the check flag and whether
+    /// `l2_addrs` may hold addresses).
     own: Array<MapData, [u8; 8]>,
+    /// The destination MAC check as last set ([`L2Responder::check_destination_mac`]).
+    check: bool,
+    /// `l2_self`'s `addrs` flag as last written: set before the first address goes into
+    /// `l2_addrs`, cleared after the last one left (so the program never skips a lookup that
+    /// could find one).
+    addrs: bool,
     socket: OwnedFd,
     link: LinkAddr,
 }
@@ -71,7 +78,14 @@ impl L2Responder {
         // Protocol 0: the socket sends only and never receives a frame.
         let socket = socket(AddressFamily::Packet, SockType::Raw, SockFlag::SOCK_CLOEXEC, None)
             .map_err(|e| err("socket", e.into()))?;
-        Ok(Self { ifname: ifname.to_owned(), ifindex, mac, map, own, socket, link })
+        // Whatever a previous responder of this program left: `addrs` set until a sync says.
+        let mut me =
+            Self { ifname: ifname.to_owned(), ifindex, mac, map, own, check: false, addrs: true, socket, link };
+        if let Ok(v) = me.own.get(&0, 0) {
+            me.check = v[6] != 0;
+        }
+        me.write_self()?;
+        Ok(me)
     }
 
     /// The interface's name.
@@ -106,6 +120,10 @@ impl L2Responder {
         }
         let value = l2_mac_value(self.mac);
         let want: std::collections::HashSet<[u8; 16]> = addrs.iter().map(|a| addr_bytes(*a)).collect();
+        if !want.is_empty() && !self.addrs {
+            self.addrs = true;
+            self.write_self()?;
+        }
         let merr = |op, e| NicError::map(&self.ifname, MAP_L2_ADDRS, op, e);
         let have: Vec<[u8; 16]> = self.map.keys().collect::<Result<_, _>>().map_err(|e| merr("iterate keys", e))?;
         for k in have.iter().filter(|k| !want.contains(*k)) {
@@ -120,7 +138,18 @@ impl L2Responder {
                 self.map.insert(k, value, 0).map_err(|e| merr("insert", e))?;
             }
         }
+        if want.is_empty() && self.addrs {
+            self.addrs = false;
+            self.write_self()?;
+        }
         Ok(())
+    }
+
+    /// Writes `l2_self` from this responder's MAC, check flag and `addrs` flag.
+    fn write_self(&mut self) -> Result<(), NicError> {
+        self.own
+            .set(0, l2_self_value(self.mac, self.check, self.addrs), 0)
+            .map_err(|e| NicError::map(&self.ifname, MAP_L2_SELF, "update", e))
     }
 
     /// Turns the program's destination MAC check on or off (`l2_self`). On: a unicast frame
@@ -134,9 +163,8 @@ impl L2Responder {
     /// # Errors
     /// [`NicError::Map`] if the kernel refuses the write.
     pub fn check_destination_mac(&mut self, on: bool) -> Result<(), NicError> {
-        self.own
-            .set(0, l2_self_value(self.mac, on), 0)
-            .map_err(|e| NicError::map(&self.ifname, MAP_L2_SELF, "update", e))
+        self.check = on;
+        self.write_self()
     }
 
     /// The addresses in the map, in no order.

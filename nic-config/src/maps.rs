@@ -195,12 +195,14 @@ pub(crate) fn l2_mac_value(mac: [u8; 6]) -> [u8; 8] {
 
 /// Value of the `l2_self` array's one entry (`struct l2_self`, 8 bytes): the interface's MAC,
 /// then 1 to make the program pass unicast frames addressed to another MAC (0: no check), then
-/// a zero byte.
+/// 1 when `l2_addrs` may hold addresses (0: it is empty, and the program skips its lookup for
+/// the frames it passes).
 #[must_use]
-pub(crate) fn l2_self_value(mac: [u8; 6], check: bool) -> [u8; 8] {
+pub(crate) fn l2_self_value(mac: [u8; 6], check: bool, addrs: bool) -> [u8; 8] {
     let mut v = [0u8; 8];
     v[..6].copy_from_slice(&mac);
     v[6] = u8::from(check);
+    v[7] = u8::from(addrs);
     v
 }
 

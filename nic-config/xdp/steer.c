@@ -180,7 +180,7 @@ _Static_assert(sizeof(struct l2_mac) == 8, "l2_mac must be 8 bytes, no padding")
 struct l2_self {
 	__u8 mac[6];
 	__u8 check; /* 1: check the destination MAC */
-	__u8 pad;   /* always 0 */
+	__u8 addrs; /* 1: `l2_addrs` may hold addresses (0: it is empty, so no lookup) */
 };
 _Static_assert(sizeof(struct l2_self) == 8, "l2_self must be 8 bytes, no padding");
 
@@ -352,7 +352,11 @@ static __always_inline int parse_error(void)
  * LoadBalancer IPs: the node's own sockets never see them). */
 static __always_inline int pass_unless_l2(const struct addr_key *dst)
 {
-	if (bpf_map_lookup_elem(&l2_addrs, (void *)dst))
+	/* Without L2 announcement `l2_addrs` is empty and `l2_self.addrs` 0: no hash lookup for
+	 * every frame of the node's own (6 of its 18 ns, `make bench-steer`). */
+	__u32 zero = 0;
+	struct l2_self *me = bpf_map_lookup_elem(&l2_self, &zero);
+	if (me && me->addrs && bpf_map_lookup_elem(&l2_addrs, (void *)dst))
 		return count(STAT_L2_DROPPED, XDP_DROP);
 	return pass();
 }
