@@ -175,8 +175,9 @@ struct l2_mac {
 };
 _Static_assert(sizeof(struct l2_mac) == 8, "l2_mac must be 8 bytes, no padding");
 
-/* Value of `l2_self` (key 0): the interface's MAC and whether to pass unicast frames addressed
- * to another MAC. 8 bytes; all zero (the default) = no check. */
+/* Value of `l2_self` (key 0): the interface's MAC, whether to pass unicast frames addressed
+ * to another MAC, and whether `l2_addrs` may hold addresses. 8 bytes; all zero (the default) =
+ * no check and no `l2_addrs` lookup. */
 struct l2_self {
 	__u8 mac[6];
 	__u8 check; /* 1: check the destination MAC */
