@@ -498,13 +498,7 @@ mod tests {
     /// probe, or the hash map for a full window) is right for every key of the universe.
     #[test]
     fn random_updates_failed_writes_and_outside_changes_never_lose_or_invent_a_key() {
-        let mut rng = 0x9e37_79b9_u64;
-        let mut next = move || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
+        let mut next = xorshift(0x9e37_79b9);
         let universe: Vec<[u8; 8]> = (0..120).map(key).collect();
         for round in 0..40 {
             let mut ix = SlotIndex::new(6, Form::Key8);
@@ -520,7 +514,7 @@ mod tests {
                     }
                 }
                 // Now and then something else writes into the array; the index reads it back.
-                if next() % 10 == 0 {
+                if next().is_multiple_of(10) {
                     let mut kernel = ix.slots().to_vec();
                     for _ in 0..3 {
                         let s = (next() % 64) as usize;
@@ -535,20 +529,8 @@ mod tests {
                     ix.reload(start, 64, |i| Some(kernel[i as usize]));
                 }
                 // Writes fail now and then; a failed update is retried, as the next sync does.
-                let mut tries = 0;
-                loop {
-                    tries += 1;
-                    let fail = next() % 20 == 0 && tries < 5;
-                    let mut n = 0;
-                    let at = next() % 8;
-                    let r = ix.apply(set.iter().map(|k| entry_of(*k)), |_, _| {
-                        n += 1;
-                        if fail && n > at { Err(()) } else { Ok(()) }
-                    });
-                    if r.is_ok() {
-                        break;
-                    }
-                }
+                let want: Vec<u64> = set.iter().map(|k| entry_of(*k)).collect();
+                apply_flaky(&mut ix, &want, &mut next);
                 for k in &universe {
                     assert_eq!(steered(&ix, &set, *k), set.contains(k), "round {round} step {step} key {k:?}");
                 }
@@ -628,13 +610,7 @@ mod tests {
     /// address of the universe is found with its current range, or not at all.
     #[test]
     fn random_snat_updates_and_range_changes_always_answer_the_current_range() {
-        let mut rng = 0x2545_f491_u64;
-        let mut next = move || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
+        let mut next = xorshift(0x2545_f491);
         let addr = |i: u64| (0x0a02_0000_u32 + u32::try_from(i).unwrap()).to_be_bytes();
         for round in 0..40 {
             let mut ix = SlotIndex::new(6, Form::Snat4);
@@ -646,7 +622,7 @@ mod tests {
                     let first = u16::try_from(next() % 60_000).unwrap();
                     let range = (first, first + u16::try_from(next() % 1000).unwrap());
                     match set.iter().position(|x| x.0 == a) {
-                        Some(i) if next() % 2 == 0 => {
+                        Some(i) if next().is_multiple_of(2) => {
                             set.swap_remove(i);
                         }
                         Some(i) => set[i] = (a, range.0, range.1),
@@ -654,7 +630,7 @@ mod tests {
                         None => {}
                     }
                 }
-                if next() % 10 == 0 {
+                if next().is_multiple_of(10) {
                     let mut kernel = ix.slots().to_vec();
                     let s = (next() % 64) as usize;
                     kernel[s] = match next() % 3 {
@@ -665,24 +641,40 @@ mod tests {
                     ix.reload(0, 64, |i| Some(kernel[i as usize]));
                 }
                 let want: Vec<u64> = set.iter().map(|&(a, f, l)| snat_entry(addr(a), f, l)).collect();
-                let mut tries = 0;
-                loop {
-                    tries += 1;
-                    let fail = next() % 20 == 0 && tries < 5;
-                    let (mut n, at) = (0, next() % 8);
-                    let r = ix.apply(want.iter().copied(), |_, _| {
-                        n += 1;
-                        if fail && n > at { Err(()) } else { Ok(()) }
-                    });
-                    if r.is_ok() {
-                        break;
-                    }
-                }
+                apply_flaky(&mut ix, &want, &mut next);
                 for a in 0..120 {
                     let current = set.iter().find(|x| x.0 == a).map(|&(_, f, l)| snat_entry(addr(a), f, l));
                     let answer = snat_probe(ix.slots(), addr(a)).unwrap_or(current);
                     assert_eq!(answer, current, "round {round} step {step} address {a}");
                 }
+            }
+        }
+    }
+
+    /// A xorshift64 generator (Marsaglia 2003) from `seed`: the randomized tests' draws.
+    fn xorshift(mut x: u64) -> impl FnMut() -> u64 {
+        move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        }
+    }
+
+    /// Applies `want` as a sync does, writes failing now and then (one update in 20, after a
+    /// random number of writes): a failed update is retried, at most four times failing.
+    fn apply_flaky(ix: &mut SlotIndex, want: &[u64], next: &mut impl FnMut() -> u64) {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let fail = next().is_multiple_of(20) && tries < 5;
+            let (mut n, at) = (0, next() % 8);
+            let r = ix.apply(want.iter().copied(), |_, _| {
+                n += 1;
+                if fail && n > at { Err(()) } else { Ok(()) }
+            });
+            if r.is_ok() {
+                return;
             }
         }
     }

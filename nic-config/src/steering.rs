@@ -215,7 +215,7 @@ impl IndexMap {
     /// Brings the index to the slot values `entries`, made from its hash map's contents as
     /// last written (`None` while they are not known: the next sync knows them); after a
     /// verify sync, first reads the next share of its slots back and repairs what differs.
-    fn sync(&mut self, ifname: &str, entries: Option<Vec<u64>>) -> Result<(), NicError> {
+    fn sync(&mut self, ifname: &str, entries: Option<impl IntoIterator<Item = u64>>) -> Result<(), NicError> {
         let Some(entries) = entries else { return Ok(()) };
         if self.verify {
             let n = self.index.len() / VERIFY_SHARES;
@@ -233,13 +233,13 @@ impl IndexMap {
 }
 
 /// The slot values of the keys of `services4` or `endpoints4` as last written.
-fn key8_entries(keys: Option<&FastMap<[u8; Service4MapKey::LEN], u32>>) -> Option<Vec<u64>> {
-    keys.map(|m| m.keys().map(|k| entry_of(*k)).collect())
+fn key8_entries(keys: Option<&FastMap<[u8; Service4MapKey::LEN], u32>>) -> Option<impl Iterator<Item = u64> + '_> {
+    keys.map(|m| m.keys().map(|k| entry_of(*k)))
 }
 
 /// The slot values of `snat4` as last written.
-fn snat4_entries(ranges: Option<&FastMap<[u8; 4], [u16; 2]>>) -> Option<Vec<u64>> {
-    ranges.map(|m| m.iter().map(|(a, [first, last])| snat_entry(*a, *first, *last)).collect())
+fn snat4_entries(ranges: Option<&FastMap<[u8; 4], [u16; 2]>>) -> Option<impl Iterator<Item = u64> + '_> {
+    ranges.map(|m| m.iter().map(|(a, [first, last])| snat_entry(*a, *first, *last)))
 }
 
 /// The wanted entries (value 0) of `services4` and `services` (or `endpoints4` and

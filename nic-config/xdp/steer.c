@@ -351,12 +351,11 @@ static __always_inline int parse_error(void)
 /* A frame that is none of xlb's: to the kernel, unless its destination is an address this node
  * announces in L2 mode, which only the Service's ports may answer (kube-proxy's rule for
  * LoadBalancer IPs: the node's own sockets never see them). */
-static __always_inline int pass_unless_l2(const struct addr_key *dst)
+static __always_inline int pass_unless_l2(const struct l2_self *me, const struct addr_key *dst)
 {
-	/* Without L2 announcement `l2_addrs` is empty and `l2_self.addrs` 0: no hash lookup for
-	 * every frame of the node's own (6 of its 18 ns, `make bench-steer`). */
-	__u32 zero = 0;
-	struct l2_self *me = bpf_map_lookup_elem(&l2_self, &zero);
+	/* Without L2 announcement `l2_addrs` is empty and `l2_self.addrs` 0 (`me`: the entry
+	 * xlb_steer() read): no hash lookup for every frame of the node's own (6 of its 18 ns,
+	 * `make bench-steer`). */
 	if (me && me->addrs && bpf_map_lookup_elem(&l2_addrs, (void *)dst))
 		return count(STAT_L2_DROPPED, XDP_DROP);
 	return pass();
@@ -507,8 +506,9 @@ static __always_inline int ports4_ours(__be32 daddr, __be32 saddr, __u8 proto, c
  * Decide for an IPv6 TCP/UDP/SCTP header at `l4` (4 bytes already bounds-checked by the
  * caller).
  */
-static __always_inline int ports_verdict(struct xdp_md *ctx, const struct addr_key *src,
-					 const struct addr_key *dst, __u8 proto, const __be16 *ports)
+static __always_inline int ports_verdict(struct xdp_md *ctx, const struct l2_self *me,
+					 const struct addr_key *src, const struct addr_key *dst, __u8 proto,
+					 const __be16 *ports)
 {
 	struct service_key sk = {};
 	__builtin_memcpy(sk.addr, dst->addr, 16);
@@ -524,7 +524,7 @@ static __always_inline int ports_verdict(struct xdp_md *ctx, const struct addr_k
 	ek.proto = proto;
 	if (bpf_map_lookup_elem(&endpoints, &ek))
 		return steer(ctx);
-	return pass_unless_l2(dst);
+	return pass_unless_l2(me, dst);
 }
 
 /*
@@ -578,7 +578,7 @@ static __always_inline int icmp_error_verdict(struct xdp_md *ctx, void *inner, v
 	return pass();
 }
 
-static __always_inline int handle_ipv4(struct xdp_md *ctx, void *l3, void *end)
+static __always_inline int handle_ipv4(struct xdp_md *ctx, const struct l2_self *me, void *l3, void *end)
 {
 	struct iphdr *iph = l3;
 	if ((void *)(iph + 1) > end)
@@ -616,7 +616,7 @@ static __always_inline int handle_ipv4(struct xdp_md *ctx, void *l3, void *end)
 		if (t == ICMP_DEST_UNREACH || t == ICMP_TIME_EXCEEDED || t == ICMP_PARAMETERPROB)
 			return icmp_error_verdict(ctx, (void *)(icmp + 1), end, &dst, iph->daddr, 0);
 	}
-	return pass_unless_l2(&dst);
+	return pass_unless_l2(me, &dst);
 }
 
 /* Whether an xlb socket serves this receive queue. A node whose xlb died (its sockets closed,
@@ -762,7 +762,8 @@ static __always_inline int handle_ns(struct xdp_md *ctx, __u32 l3off)
 	return count(STAT_L2_REPLIED, XDP_TX);
 }
 
-static __always_inline int handle_ipv6(struct xdp_md *ctx, void *l3, void *end, __u32 l3off)
+static __always_inline int handle_ipv6(struct xdp_md *ctx, const struct l2_self *me, void *l3, void *end,
+				       __u32 l3off)
 {
 	struct ipv6hdr *ip6 = l3;
 	if ((void *)(ip6 + 1) > end)
@@ -788,7 +789,7 @@ static __always_inline int handle_ipv6(struct xdp_md *ctx, void *l3, void *end, 
 		__be16 *ports = l4;
 		if ((void *)(ports + 2) > end)
 			return parse_error();
-		return ports_verdict(ctx, &src, &dst, proto, ports);
+		return ports_verdict(ctx, me, &src, &dst, proto, ports);
 	}
 	if (proto == IPPROTO_ICMPV6) {
 		struct icmp_hdr *icmp = l4;
@@ -804,7 +805,7 @@ static __always_inline int handle_ipv6(struct xdp_md *ctx, void *l3, void *end, 
 		if (t >= NDISC_NEIGHBOUR_SOLICITATION - 2 && t <= NDISC_NEIGHBOUR_ADVERTISEMENT + 1)
 			return pass();
 	}
-	return pass_unless_l2(&dst);
+	return pass_unless_l2(me, &dst);
 }
 
 SEC("xdp")
@@ -837,9 +838,9 @@ int xlb_steer(struct xdp_md *ctx)
 	}
 
 	if (h_proto == bpf_htons(ETH_P_IP))
-		return handle_ipv4(ctx, l3, end);
+		return handle_ipv4(ctx, me, l3, end);
 	if (h_proto == bpf_htons(ETH_P_IPV6))
-		return handle_ipv6(ctx, l3, end, l3off);
+		return handle_ipv6(ctx, me, l3, end, l3off);
 	if (h_proto == bpf_htons(ETH_P_ARP_))
 		return handle_arp(ctx, eth, l3, end);
 	return pass(); /* LLDP, ... */

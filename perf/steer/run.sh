@@ -47,15 +47,17 @@ build() {
   clang -O2 -g -Wall -Wextra -target bpf "-I/usr/include/$multiarch" -c "$2" -o "$work/$1.o"
 }
 
-# index_put MAP BITS "KEY BYTES": writes a 7-byte map key (address, port, protocol; decimal)
-# with pad byte 1 into its home slot of a slot index of 2^BITS slots.
+# index_put MAP BITS "IDENTITY" "VALUE": writes slot value VALUE (8 bytes, decimal) into the
+# home slot of a slot index of 2^BITS slots (nic-config/src/index.rs): the top BITS bits of
+# IDENTITY (what a probe compares, up to 8 bytes read little-endian as on this host) times
+# 2^64/phi.
 index_put() {
   bpftool map update pinned "$1" $(python3 -c '
 import struct, sys
-k = bytes([int(x) for x in sys.argv[2].split()] + [1])
-e = struct.unpack("<Q", k)[0]
-home = ((e * 0x9E3779B97F4A7C15) % 2**64) >> (64 - int(sys.argv[1]))
-print("key hex", " ".join("%02x" % b for b in struct.pack("<I", home)), "value hex", " ".join("%02x" % b for b in k))' "$2" "$3")
+ident = bytes(int(x) for x in sys.argv[2].split()).ljust(8, b"\0")
+home = ((struct.unpack("<Q", ident)[0] * 0x9E3779B97F4A7C15) % 2**64) >> (64 - int(sys.argv[1]))
+value = bytes(int(x) for x in sys.argv[3].split())
+print("key hex", " ".join("%02x" % b for b in struct.pack("<I", home)), "value hex", " ".join("%02x" % b for b in value))' "$2" "$3" "$4")
 }
 
 # load NAME: pins the program and its maps under /sys/fs/bpf and fills the maps.
@@ -69,18 +71,13 @@ load() {
     bpftool map update pinned "$m/services4" key hex 0a 60 00 0a 00 50 06 00 value hex 00 00 00 00
     bpftool map update pinned "$m/endpoints4" key hex 0a 01 00 05 1f 90 06 00 value hex 00 00 00 00
     bpftool map update pinned "$m/snat4" key hex 0a 02 00 01 value hex e8 80 ff 8f
-    # The slot indexes in front of services4 and endpoints4 (nic-config/src/index.rs), where
-    # the program has them: the key with pad byte 1, at its home slot.
-    if [ -e "$m/services4_index" ]; then index_put "$m/services4_index" 17 "10 96 0 10 0 80 6"; fi
-    if [ -e "$m/endpoints4_index" ]; then index_put "$m/endpoints4_index" 19 "10 1 0 5 31 144 6"; fi
-    if [ -e "$m/snat4_index" ]; then
-      # snat4's index: the address and its range at the address's home.
-      bpftool map update pinned "$m/snat4_index" $(python3 -c '
-import struct
-a = bytes([10, 2, 0, 1])
-home = ((struct.unpack("<I", a)[0] * 0x9E3779B97F4A7C15) % 2**64) >> (64 - 11)
-print("key hex", " ".join("%02x" % b for b in struct.pack("<I", home)), "value hex 0a 02 00 01 e8 80 ff 8f")')
-    fi
+    # The slot indexes (nic-config/src/index.rs), where the program has them: in front of
+    # services4 and endpoints4 the key with pad byte 1 (the whole value is compared); in front
+    # of snat4 the address and its range (the address is compared).
+    local svc="10 96 0 10 0 80 6 1" ep="10 1 0 5 31 144 6 1"
+    if [ -e "$m/services4_index" ]; then index_put "$m/services4_index" 17 "$svc" "$svc"; fi
+    if [ -e "$m/endpoints4_index" ]; then index_put "$m/endpoints4_index" 19 "$ep" "$ep"; fi
+    if [ -e "$m/snat4_index" ]; then index_put "$m/snat4_index" 11 "10 2 0 1" "10 2 0 1 232 128 255 143"; fi
   else
     # One map per kind for both families, IPv4 as ::ffff:a.b.c.d (before `services4`).
     local mapped="00 00 00 00 00 00 00 00 00 00 ff ff"
