@@ -15,6 +15,7 @@ use tracing::{info, warn};
 
 use crate::{
     NicError, ServiceKey,
+    filter::{ENDPOINTS6_BITS, Id, KeyFilter, SERVICES6_BITS, SNAT6_BITS, key_id},
     index::{ENDPOINTS4_BITS, Form, SERVICES4_BITS, SNAT4_BITS, SlotIndex, entry_of, key_of, snat_entry},
     maps::{FamilyKey, Service4MapKey, ServiceMapKey, SnatRange, addr_bytes, addr_from_bytes, ipv4_of, stat},
 };
@@ -30,6 +31,9 @@ const MAP_SERVICES4: &str = "services4";
 const MAP_SERVICES4_INDEX: &str = "services4_index";
 const MAP_ENDPOINTS4_INDEX: &str = "endpoints4_index";
 const MAP_SNAT4_INDEX: &str = "snat4_index";
+const MAP_SERVICES6_FILTER: &str = "services6_filter";
+const MAP_SNAT6_FILTER: &str = "snat6_filter";
+const MAP_ENDPOINTS6_FILTER: &str = "endpoints6_filter";
 const MAP_SERVICES: &str = "services";
 const MAP_VIP_ADDRS: &str = "vip_addrs";
 const MAP_SNAT4: &str = "snat4";
@@ -152,6 +156,10 @@ pub struct Steering {
     services4_index: IndexMap,
     endpoints4_index: IndexMap,
     snat4_index: IndexMap,
+    /// The filters in front of `services`, `snat_addrs` and `endpoints` (`filter.rs`).
+    services6_filter: FilterMap,
+    snat6_filter: FilterMap,
+    endpoints6_filter: FilterMap,
     /// Whether this value attached the program (and so detaches it).
     attached: bool,
     /// rtnetlink socket in the interface's network namespace (attach and detach work from
@@ -230,6 +238,56 @@ impl IndexMap {
         let (name, map) = (self.name, &mut self.map);
         self.index.apply(entries, |i, v| map.set(i, v, 0)).map_err(|e| NicError::map(ifname, name, "update", e))
     }
+}
+
+/// A key filter (`filter.rs`) and its `ARRAY` map.
+struct FilterMap {
+    name: &'static str,
+    map: Array<MapData, u64>,
+    /// What the map holds (only xlb writes it; a new program's array is all zero).
+    filter: KeyFilter,
+    /// Read a share of the words back before the next update ([`Steering::verify_next_sync`]).
+    verify: bool,
+    /// The first word of the next share read back.
+    verify_at: usize,
+}
+
+impl FilterMap {
+    fn new(name: &'static str, map: Array<MapData, u64>, bits: u32) -> Self {
+        Self { name, map, filter: KeyFilter::new(bits), verify: false, verify_at: 0 }
+    }
+
+    /// Brings the filter to the keys `ids` of its hash map as last written (`None` while they
+    /// are not known: the next sync knows them); after a verify sync, first reads the next
+    /// share of its words back, so that what differs is rewritten.
+    fn sync(&mut self, ifname: &str, ids: Option<impl IntoIterator<Item = Id>>) -> Result<(), NicError> {
+        let Some(ids) = ids else { return Ok(()) };
+        if self.verify {
+            let n = self.filter.len() / VERIFY_SHARES;
+            let map = &self.map;
+            let differed = self.filter.reload(self.verify_at, n, |i| map.get(&i, 0).ok());
+            self.verify_at = (self.verify_at + n) % self.filter.len();
+            if differed > 0 {
+                warn!(ifname, map = self.name, words = differed, "filter differed from what xlb wrote; repairing");
+            }
+            self.verify = false;
+        }
+        let (name, map) = (self.name, &mut self.map);
+        self.filter
+            .apply(ids, |i, v| map.set(i, v, 0))
+            .map(|_| ())
+            .map_err(|e| NicError::map(ifname, name, "update", e))
+    }
+}
+
+/// The filter ids of the keys of `services` or `endpoints` as last written.
+fn key20_ids(keys: Option<&FastMap<[u8; ServiceMapKey::LEN], u32>>) -> Option<impl Iterator<Item = Id> + '_> {
+    keys.map(|m| m.keys().map(key_id))
+}
+
+/// The filter ids of the addresses of `snat_addrs` as last written.
+fn snat6_ids(ranges: Option<&FastMap<[u8; 16], [u16; 2]>>) -> Option<impl Iterator<Item = Id> + '_> {
+    ranges.map(|m| m.keys().map(|a| (*a, 0)))
 }
 
 /// The slot values of the keys of `services4` or `endpoints4` as last written.
@@ -323,7 +381,7 @@ impl Steering {
         program.load().map_err(|e| prog_err(mode, e))?;
         let prog_id = program.info().map_err(|e| prog_err(mode, e))?.id();
         let ifindex = crate::iface::ifindex(ifname)?;
-        let mut map_ids = Vec::with_capacity(14);
+        let mut map_ids = Vec::with_capacity(17);
         let xsks = open_map(&mut ebpf, ifname, MAP_XSKS, &mut map_ids)?;
         let services4 = open_map(&mut ebpf, ifname, MAP_SERVICES4, &mut map_ids)?;
         let services4_index = IndexMap::new(
@@ -350,6 +408,12 @@ impl Steering {
             Form::Key8,
         );
         let endpoints = open_map(&mut ebpf, ifname, MAP_ENDPOINTS, &mut map_ids)?;
+        let mut filter = |name, bits| {
+            Ok::<_, NicError>(FilterMap::new(name, open_map(&mut ebpf, ifname, name, &mut map_ids)?, bits))
+        };
+        let services6_filter = filter(MAP_SERVICES6_FILTER, SERVICES6_BITS)?;
+        let snat6_filter = filter(MAP_SNAT6_FILTER, SNAT6_BITS)?;
+        let endpoints6_filter = filter(MAP_ENDPOINTS6_FILTER, ENDPOINTS6_BITS)?;
         let stats = open_map(&mut ebpf, ifname, MAP_STATS, &mut map_ids)?;
         let l2_addrs = open_map(&mut ebpf, ifname, MAP_L2_ADDRS, &mut map_ids)?;
         // Opened again by id by `l2_responder`; kept here so the id is recorded.
@@ -369,6 +433,9 @@ impl Steering {
             services4_index,
             endpoints4_index,
             snat4_index,
+            services6_filter,
+            snat6_filter,
+            endpoints6_filter,
             attached: false,
             nl: crate::nl::RouteSocket::new("RTM_SETLINK IFLA_XDP")?,
             ebpf,
@@ -558,6 +625,9 @@ impl Steering {
         self.services4_index.verify = true;
         self.endpoints4_index.verify = true;
         self.snat4_index.verify = true;
+        self.services6_filter.verify = true;
+        self.snat6_filter.verify = true;
+        self.endpoints6_filter.verify = true;
     }
 
     /// Makes the `services4` (IPv4 keys) and `services` (IPv6 keys) maps equal to `keys`:
@@ -581,7 +651,8 @@ impl Steering {
             key_maps(keys)?,
             MAX_SERVICES,
         )?;
-        self.services4_index.sync(&self.ifname, key8_entries(self.shadow.services4.as_ref()))
+        self.services4_index.sync(&self.ifname, key8_entries(self.shadow.services4.as_ref()))?;
+        self.services6_filter.sync(&self.ifname, key20_ids(self.shadow.services.as_ref()))
     }
 
     /// Makes the `endpoints4` and `endpoints` maps equal to `keys`: (address, protocol, port)
@@ -598,7 +669,8 @@ impl Steering {
             key_maps(keys)?,
             MAX_ENDPOINTS,
         )?;
-        self.endpoints4_index.sync(&self.ifname, key8_entries(self.shadow.endpoints4.as_ref()))
+        self.endpoints4_index.sync(&self.ifname, key8_entries(self.shadow.endpoints4.as_ref()))?;
+        self.endpoints6_filter.sync(&self.ifname, key20_ids(self.shadow.endpoints.as_ref()))
     }
 
     /// Makes the `vip_addrs` map equal to `addrs`. List here addresses wholly owned by xlb
@@ -655,7 +727,8 @@ impl Steering {
         check_len(MAP_SNAT_ADDRS, want6.len(), MAX_SNAT_ADDRS)?;
         sync_map(&self.ifname, MAP_SNAT4, &mut self.snat4, &mut self.shadow.snat4, want4)?;
         self.snat4_index.sync(&self.ifname, snat4_entries(self.shadow.snat4.as_ref()))?;
-        sync_map(&self.ifname, MAP_SNAT_ADDRS, &mut self.snat_addrs, &mut self.shadow.snat_addrs, want6)
+        sync_map(&self.ifname, MAP_SNAT_ADDRS, &mut self.snat_addrs, &mut self.shadow.snat_addrs, want6)?;
+        self.snat6_filter.sync(&self.ifname, snat6_ids(self.shadow.snat_addrs.as_ref()))
     }
 
     /// Applies a difference to the `services4` and `services` maps: inserts `insert`, then
@@ -679,7 +752,8 @@ impl Steering {
         )
         .and_then(|done| {
             if done {
-                self.services4_index.sync(&self.ifname, key8_entries(self.shadow.services4.as_ref())).map(|()| true)
+                self.services4_index.sync(&self.ifname, key8_entries(self.shadow.services4.as_ref()))?;
+                self.services6_filter.sync(&self.ifname, key20_ids(self.shadow.services.as_ref())).map(|()| true)
             } else {
                 Ok(false)
             }
@@ -701,7 +775,8 @@ impl Steering {
         )
         .and_then(|done| {
             if done {
-                self.endpoints4_index.sync(&self.ifname, key8_entries(self.shadow.endpoints4.as_ref())).map(|()| true)
+                self.endpoints4_index.sync(&self.ifname, key8_entries(self.shadow.endpoints4.as_ref()))?;
+                self.endpoints6_filter.sync(&self.ifname, key20_ids(self.shadow.endpoints.as_ref())).map(|()| true)
             } else {
                 Ok(false)
             }

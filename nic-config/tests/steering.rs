@@ -12,7 +12,7 @@ use std::{
 use common::{CLIENT_V4, CLIENT_V6, LB_IF, LB_V4, LB_V6, Netns, Pair, VIP_V4, VIP_V6, decode, run, wait_for, xsk::Xsk};
 use nic_config::{
     IPPROTO_TCP, IPPROTO_UDP, ServiceKey, Steering, XdpMode, endpoints4_index_home, interface_info,
-    services4_index_home, snat4_index_home,
+    services4_index_home, services6_filter_bit, snat4_index_home,
 };
 
 const SHORT: Duration = Duration::from_millis(400);
@@ -104,8 +104,8 @@ mod tests {
             let map_ids = steering.map_ids().to_vec();
             assert_eq!(
                 map_ids.len(),
-                14,
-                "xsks, services4, services4_index, services, vip_addrs, snat4, snat4_index, snat_addrs, endpoints4, endpoints4_index, endpoints, stats, l2_addrs, l2_self"
+                17,
+                "xsks, services4, services4_index, services, vip_addrs, snat4, snat4_index, snat_addrs, endpoints4, endpoints4_index, endpoints, services6_filter, snat6_filter, endpoints6_filter, stats, l2_addrs, l2_self"
             );
 
             let info = pair.lb.run_in(|| interface_info(LB_IF).unwrap());
@@ -554,6 +554,99 @@ mod tests {
         );
         client_send_udp(&pair.client, SocketAddr::new(VIP_V6.into(), 7778), b"v6-kernel");
         assert_eq!(kernel_got(&unlisted).as_deref(), Some(&b"v6-kernel"[..]));
+    }
+
+    /// The IPv6 filters (nic-config/src/filter.rs) follow every way the maps change: a SNAT
+    /// address's replies reach the XSK and its other ports pass; a service and a backend added
+    /// by targeted updates are steered, and removed ones pass again.
+    #[test]
+    fn ipv6_snat_replies_and_keys_of_targeted_updates_pass_the_filters() {
+        if !common::can_run("ipv6_snat_replies_and_keys_of_targeted_updates_pass_the_filters") {
+            return;
+        }
+        let pair = Pair::new(1);
+        let (mut steering, mut xsk) = attach_with_xsk(&pair);
+        let steered = |xsk: &mut Xsk, dst: IpAddr, port: u16| {
+            let seen: Vec<_> = xsk.recv_until(1, LONG).iter().filter_map(|f| decode(f)).collect();
+            assert!(
+                seen.iter().any(|s| s.dst == dst && s.proto == IPPROTO_UDP && s.port_or_type == port),
+                "UDP to [{dst}]:{port} on the XSK: {seen:?}"
+            );
+        };
+        let lb6 = IpAddr::from(LB_V6);
+        let ping = pair.client.exec(&["ping", "-6", "-c", "1", "-W", "2", &LB_V6.to_string()]);
+        assert!(ping.status.success(), "ping -6: {}", String::from_utf8_lossy(&ping.stdout));
+
+        steering.sync_snat(&[(lb6, 41_000, 41_009)]).unwrap();
+        let outside = lb_udp(&pair.lb, SocketAddr::new(lb6, 41_010));
+        client_send_udp(&pair.client, SocketAddr::new(lb6, 41_009), b"reply");
+        steered(&mut xsk, lb6, 41_009);
+        client_send_udp(&pair.client, SocketAddr::new(lb6, 41_010), b"not-ours");
+        assert_eq!(kernel_got(&outside).as_deref(), Some(&b"not-ours"[..]));
+        steering.sync_snat(&[]).unwrap();
+        let inside = lb_udp(&pair.lb, SocketAddr::new(lb6, 41_009));
+        client_send_udp(&pair.client, SocketAddr::new(lb6, 41_009), b"kernel-again");
+        assert_eq!(kernel_got(&inside).as_deref(), Some(&b"kernel-again"[..]), "the address left the SNAT map");
+
+        // Targeted updates, after a full sync made the maps' contents known.
+        let svc = |port| ServiceKey { addr: VIP_V6.into(), proto: IPPROTO_UDP, port };
+        steering.sync_services(&[svc(7000)]).unwrap();
+        steering.sync_endpoints(&[]).unwrap();
+        assert!(steering.update_services(&[svc(7001)], &[svc(7000)]).unwrap());
+        client_send_udp(&pair.client, SocketAddr::new(VIP_V6.into(), 7001), b"added");
+        steered(&mut xsk, VIP_V6.into(), 7001);
+        let removed = lb_udp(&pair.lb, SocketAddr::new(VIP_V6.into(), 7000));
+        client_send_udp(&pair.client, SocketAddr::new(VIP_V6.into(), 7000), b"removed");
+        assert_eq!(kernel_got(&removed).as_deref(), Some(&b"removed"[..]));
+        let ep = ServiceKey { addr: CLIENT_V6.into(), proto: IPPROTO_UDP, port: 5353 };
+        assert!(steering.update_endpoints(&[ep], &[]).unwrap());
+        client_send_udp_from(&pair.client, 5353, SocketAddr::new(lb6, 40_700), b"backend");
+        steered(&mut xsk, lb6, 40_700);
+        assert!(steering.update_endpoints(&[], &[ep]).unwrap());
+        let kernel = lb_udp(&pair.lb, SocketAddr::new(lb6, 40_700));
+        client_send_udp_from(&pair.client, 5353, SocketAddr::new(lb6, 40_700), b"backend-gone");
+        assert_eq!(kernel_got(&kernel).as_deref(), Some(&b"backend-gone"[..]));
+        steering.detach().unwrap();
+    }
+
+    /// A word of `services6_filter` cleared behind xlb's back hides its service from the
+    /// program (the filter is what decides), and the verify syncs, each reading back an eighth
+    /// of the words, put it back within eight of them.
+    #[test]
+    fn a_filter_word_cleared_behind_xlbs_back_is_restored_by_the_verify_syncs() {
+        if !common::can_run("a_filter_word_cleared_behind_xlbs_back_is_restored_by_the_verify_syncs") {
+            return;
+        }
+        let pair = Pair::new(1);
+        let (mut steering, mut xsk) = attach_with_xsk(&pair);
+        let key = ServiceKey { addr: VIP_V6.into(), proto: IPPROTO_UDP, port: 7777 };
+        steering.sync_services(&[key]).unwrap();
+        let ping = pair.client.exec(&["ping", "-6", "-c", "1", "-W", "2", &LB_V6.to_string()]);
+        assert!(ping.status.success(), "ping -6: {}", String::from_utf8_lossy(&ping.stdout));
+        client_send_udp(&pair.client, SocketAddr::new(VIP_V6.into(), 7777), b"listed");
+        assert!(!xsk.recv_until(1, LONG).is_empty(), "the service's frame on the XSK");
+
+        // services6_filter: the twelfth map (see program_attaches_to_a_veth_...).
+        let data = aya::maps::MapData::from_id(steering.map_ids()[11]).unwrap();
+        let mut filter: aya::maps::Array<_, u64> = aya::maps::Array::try_from(aya::maps::Map::Array(data)).unwrap();
+        let word = services6_filter_bit(&key).unwrap() / 64;
+        assert_ne!(filter.get(&word, 0).unwrap(), 0, "xlb set the service's bit");
+        filter.set(word, 0, 0).unwrap();
+        let kernel = lb_udp(&pair.lb, SocketAddr::new(VIP_V6.into(), 7777));
+        client_send_udp(&pair.client, SocketAddr::new(VIP_V6.into(), 7777), b"hidden");
+        assert_eq!(kernel_got(&kernel).as_deref(), Some(&b"hidden"[..]), "a clear bit passes the frame");
+        // A plain sync trusts what it wrote; the verify syncs read the words back.
+        steering.sync_services(&[key]).unwrap();
+        assert_eq!(filter.get(&word, 0).unwrap(), 0);
+        for _ in 0..8 {
+            steering.verify_next_sync();
+            steering.sync_services(&[key]).unwrap();
+        }
+        assert_ne!(filter.get(&word, 0).unwrap(), 0, "repaired");
+        client_send_udp(&pair.client, SocketAddr::new(VIP_V6.into(), 7777), b"again");
+        assert!(!xsk.recv_until(1, LONG).is_empty(), "the service's frame on the XSK again");
+        assert_eq!(kernel_got(&kernel), None);
+        steering.detach().unwrap();
     }
 
     #[test]

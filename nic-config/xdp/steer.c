@@ -35,7 +35,9 @@
 // (`services4_index`, `endpoints4_index`, `snat4_index`; see index4_probe() and
 // port_in_snat4_range()). Everywhere
 // else addresses are 16 bytes: IPv6 as is, IPv4 as the v4-mapped ::ffff:a.b.c.d
-// (RFC 4291 2.5.5.2); `services`, `snat_addrs` and `endpoints` hold the IPv6 entries.
+// (RFC 4291 2.5.5.2); `services`, `snat_addrs` and `endpoints` hold the IPv6 entries, and a
+// TCP/UDP/SCTP frame asks each only when its key's bit is set in a filter of our own over an
+// ARRAY map (`services6_filter`, `snat6_filter`, `endpoints6_filter`; see filter6_has()).
 //
 // Built by nic-config/build.rs with: clang -O2 -g -target bpf -I/usr/include/x86_64-linux-gnu -c
 // Only the kernel's UAPI headers (linux-libc-dev) are used; the few libbpf macros needed are
@@ -255,6 +257,35 @@ struct {
 	__type(key, __u32);
 	__type(value, struct snat4_slot);
 } snat4_index SEC(".maps");
+
+/* The filters in front of the IPv6 hash maps (nic-config/src/filter.rs has the rules): one bit
+ * per key, set for every key of `services` and `endpoints` (address, port and protocol) and
+ * every address of `snat_addrs` (see filter6_has()). A frame whose key has its bit clear is not
+ * in that map, so the node's own IPv6 traffic asks `snat_addrs` alone (the node's address is a
+ * SNAT address) instead of all three hash maps. */
+#define SERVICES6_FILTER_BITS 20
+#define SNAT6_FILTER_BITS 16
+#define ENDPOINTS6_FILTER_BITS 20
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1u << (SERVICES6_FILTER_BITS - 6));
+	__type(key, __u32);
+	__type(value, __u64);
+} services6_filter SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1u << (SNAT6_FILTER_BITS - 6));
+	__type(key, __u32);
+	__type(value, __u64);
+} snat6_filter SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1u << (ENDPOINTS6_FILTER_BITS - 6));
+	__type(key, __u32);
+	__type(value, __u64);
+} endpoints6_filter SEC(".maps");
 
 /* IPv6 services. */
 struct {
@@ -503,27 +534,56 @@ static __always_inline int ports4_ours(__be32 daddr, __be32 saddr, __u8 proto, c
 }
 
 /*
+ * Whether the key of IPv6 address `a` and `x` (a port's two bytes as in the frame, then the
+ * protocol, read as a native-endian u64; 0 for `snat6_filter`) has its bit set in filter
+ * `filter` of 2^bits bits: the top `bits` bits of ((((lo * M) ^ hi) * M) ^ x) * M, lo and hi
+ * the address's halves read as native-endian u64s and M INDEX4_MUL; bit b is bit b % 64 of
+ * word b / 64. Clear: the key is not in the filter's hash map.
+ */
+static __always_inline int filter6_has(void *filter, __u32 bits, const struct addr_key *a, __u64 x)
+{
+	__u64 lo, hi;
+	__builtin_memcpy(&lo, a->addr, 8);
+	__builtin_memcpy(&hi, a->addr + 8, 8);
+	__u64 h = ((((lo * INDEX4_MUL) ^ hi) * INDEX4_MUL) ^ x) * INDEX4_MUL;
+	__u32 bit = (__u32)(h >> (64 - bits));
+	__u32 word = bit >> 6;
+	__u64 *w = bpf_map_lookup_elem(filter, &word);
+	return w && ((*w >> (bit & 63)) & 1);
+}
+
+/* The `x` of filter6_has() for port `port` (as in the frame) and protocol `proto`. */
+static __always_inline __u64 port_proto(__be16 port, __u8 proto)
+{
+	return (__u64)port | ((__u64)proto << 16);
+}
+
+/*
  * Decide for an IPv6 TCP/UDP/SCTP header at `l4` (4 bytes already bounds-checked by the
- * caller).
+ * caller). Each hash map is asked only when the frame's key has its bit in the map's filter.
  */
 static __always_inline int ports_verdict(struct xdp_md *ctx, const struct l2_self *me,
 					 const struct addr_key *src, const struct addr_key *dst, __u8 proto,
 					 const __be16 *ports)
 {
-	struct service_key sk = {};
-	__builtin_memcpy(sk.addr, dst->addr, 16);
-	sk.port = ports[1];
-	sk.proto = proto;
-	if (bpf_map_lookup_elem(&services, &sk))
+	if (filter6_has(&services6_filter, SERVICES6_FILTER_BITS, dst, port_proto(ports[1], proto))) {
+		struct service_key sk = {};
+		__builtin_memcpy(sk.addr, dst->addr, 16);
+		sk.port = ports[1];
+		sk.proto = proto;
+		if (bpf_map_lookup_elem(&services, &sk))
+			return steer(ctx);
+	}
+	if (filter6_has(&snat6_filter, SNAT6_FILTER_BITS, dst, 0) && port_in_snat_range(dst, ports[1]))
 		return steer(ctx);
-	if (port_in_snat_range(dst, ports[1]))
-		return steer(ctx);
-	struct service_key ek = {};
-	__builtin_memcpy(ek.addr, src->addr, 16);
-	ek.port = ports[0];
-	ek.proto = proto;
-	if (bpf_map_lookup_elem(&endpoints, &ek))
-		return steer(ctx);
+	if (filter6_has(&endpoints6_filter, ENDPOINTS6_FILTER_BITS, src, port_proto(ports[0], proto))) {
+		struct service_key ek = {};
+		__builtin_memcpy(ek.addr, src->addr, 16);
+		ek.port = ports[0];
+		ek.proto = proto;
+		if (bpf_map_lookup_elem(&endpoints, &ek))
+			return steer(ctx);
+	}
 	return pass_unless_l2(me, dst);
 }
 

@@ -13,14 +13,19 @@
 #
 # Maps are filled as xlb fills them (`services4`, `endpoints4`, `snat4` and, where the program
 # has them, their slot indexes) for one IPv4 service 10.96.0.10:80/TCP, one NAT backend 10.1.0.5:8080/TCP
-# and the SNAT address 10.2.0.1 with ports 33000-36863; no AF_XDP socket is
-# in `xsks`, so xlb's frames end in XDP_DROP (redirect failed) and the others in XDP_PASS.
+# and the SNAT address 10.2.0.1 with ports 33000-36863, and likewise (`services`, `endpoints`,
+# `snat_addrs` and, where the program has them, their filters) for the IPv6 ones below; no
+# AF_XDP socket is in `xsks`, so xlb's frames end in XDP_DROP (redirect failed) and the others
+# in XDP_PASS.
 # Frames (64 bytes, TCP ACK):
 #   service     client 10.0.0.1:40000 -> 10.96.0.10:80   (a service's packet: one lookup)
 #   snat_reply  10.1.0.5:8080 -> 10.2.0.1:33000          (SNAT reply: two)
 #   dnat_reply  10.1.0.5:8080 -> 10.0.0.1:40000          (a backend's reply to a client: three)
 #   pass        10.0.0.1:40000 -> 10.2.0.1:22            (the node's own traffic: every lookup misses)
 #   non_ip      an LLDP frame                            (passed before any lookup)
+#   service6, snat_reply6, dnat_reply6, pass6: the same over IPv6, with the service
+#               [fd00::10]:80, the backend [fd01::5]:8080, the SNAT address fd02::1 (ports
+#               33000-36863) and the client [2001:db8::1]:40000 (74-byte frames)
 # Prints one `steer_FRAME_ns_per_packet VALUE ns` line per frame, and with STEER_BASE one
 # `steer_FRAME_ns_per_packet_base VALUE ns` line as well. docs/benchmarks.md.
 set -euo pipefail
@@ -60,6 +65,36 @@ value = bytes(int(x) for x in sys.argv[3].split())
 print("key hex", " ".join("%02x" % b for b in struct.pack("<I", home)), "value hex", " ".join("%02x" % b for b in value))' "$2" "$3" "$4")
 }
 
+fd00_10="fd 00 00 00 00 00 00 00 00 00 00 00 00 00 00 10"
+fd01_5="fd 01 00 00 00 00 00 00 00 00 00 00 00 00 00 05"
+fd02_1="fd 02 00 00 00 00 00 00 00 00 00 00 00 00 00 01"
+
+# filter_put MAP BITS "ADDR" "X": sets the bit of IPv6 address ADDR (16 hex bytes) with X (the
+# key's port bytes as in the frame and its protocol, hex, "" for none) in a filter of 2^BITS
+# bits (nic-config/src/filter.rs): the top BITS bits of ((((lo * M) ^ hi) * M) ^ x) * M, with
+# M = 2^64/phi and lo, hi, x read little-endian as on this host; bit b is bit b % 64 of the
+# u64 at index b / 64. Reads the word and writes it back.
+filter_put() {
+  local word bit cur
+  read -r word bit < <(python3 -c '
+import struct, sys
+a = bytes(int(x, 16) for x in sys.argv[2].split())
+x = int.from_bytes(bytes(int(v, 16) for v in sys.argv[3].split()).ljust(8, b"\0"), "little")
+lo, hi = struct.unpack("<QQ", a)
+M, W = 0x9E3779B97F4A7C15, 2**64
+h = (((((lo * M) % W ^ hi) * M) % W ^ x) * M) % W
+b = h >> (64 - int(sys.argv[1]))
+print(b // 64, b % 64)' "$2" "$3" "$4")
+  local key
+  key=$(python3 -c 'import struct,sys; print(" ".join("%02x" % b for b in struct.pack("<I", int(sys.argv[1]))))' "$word")
+  cur=$(bpftool -j map lookup pinned "$1" key hex $key \
+    | python3 -c 'import json,sys; print(" ".join(str(int(x, 16)) for x in json.load(sys.stdin)["value"]))')
+  bpftool map update pinned "$1" key hex $key value hex $(python3 -c '
+import struct, sys
+v = struct.unpack("<Q", bytes(int(x) for x in sys.argv[2].split()))[0] | (1 << int(sys.argv[1]))
+print(" ".join("%02x" % b for b in struct.pack("<Q", v)))' "$bit" "$cur")
+}
+
 # load NAME: pins the program and its maps under /sys/fs/bpf and fills the maps.
 load() {
   local pin=/sys/fs/bpf/xlb-steer-bench-$$-$1 m
@@ -85,6 +120,17 @@ load() {
     bpftool map update pinned "$m/endpoints" key hex $mapped 0a 01 00 05 1f 90 06 00 value hex 00 00 00 00
     bpftool map update pinned "$m/snat_addrs" key hex $mapped 0a 02 00 01 value hex e8 80 ff 8f
   fi
+  # IPv6: the service [fd00::10]:80/TCP, the NAT backend [fd01::5]:8080/TCP and the SNAT
+  # address fd02::1 with ports 33000-36863, in the 16-byte maps.
+  bpftool map update pinned "$m/services" key hex $fd00_10 00 50 06 00 value hex 00 00 00 00
+  bpftool map update pinned "$m/endpoints" key hex $fd01_5 1f 90 06 00 value hex 00 00 00 00
+  bpftool map update pinned "$m/snat_addrs" key hex $fd02_1 value hex e8 80 ff 8f
+  # The filters in front of them, where the program has them (nic-config/src/filter.rs).
+  if [ -e "$m/services6_filter" ]; then
+    filter_put "$m/services6_filter" 20 "$fd00_10" "00 50 06"
+    filter_put "$m/snat6_filter" 16 "$fd02_1" ""
+    filter_put "$m/endpoints6_filter" 20 "$fd01_5" "1f 90 06"
+  fi
 }
 
 python3 - "$work" <<'EOF'
@@ -106,6 +152,15 @@ tcp('snat_reply', [10, 1, 0, 5], [10, 2, 0, 1], 8080, 33000)
 tcp('dnat_reply', [10, 1, 0, 5], [10, 0, 0, 1], 8080, 40000)
 tcp('pass', [10, 0, 0, 1], [10, 2, 0, 1], 40000, 22)
 open(f'{out}/non_ip.bin', 'wb').write(eth + b'\x88\xcc' + bytes(46))
+def tcp6(name, src, dst, sport, dport):
+    l4 = struct.pack('!HHIIBBHHH', sport, dport, 1, 0, 0x50, 0x10, 65535, 0, 0)
+    ip = struct.pack('!IHBB16s16s', 6 << 28, len(l4), 6, 64, bytes.fromhex(src), bytes.fromhex(dst))
+    open(f'{out}/{name}.bin', 'wb').write(eth + b'\x86\xdd' + ip + l4)
+client6 = '20010db8000000000000000000000001'
+tcp6('service6', client6, 'fd000000000000000000000000000010', 40000, 80)
+tcp6('snat_reply6', 'fd010000000000000000000000000005', 'fd020000000000000000000000000001', 8080, 33000)
+tcp6('dnat_reply6', 'fd010000000000000000000000000005', client6, 8080, 40000)
+tcp6('pass6', client6, 'fd020000000000000000000000000001', 40000, 22)
 # Checked, not timed: TCP to 0.0.0.0:0 and to 255.255.255.255:65535 (the SNAT index's empty
 # and tombstone markers; never a SNAT address).
 tcp('to_zero', [10, 0, 0, 1], [0, 0, 0, 0], 40000, 0)
@@ -128,10 +183,11 @@ for f in to_zero to_bcast; do
   [ "$rv" = 2 ] || { echo "$f: return value '$rv', expected 2 (XDP_PASS)" >&2; exit 1; }
 done
 
-frames=(service snat_reply dnat_reply pass non_ip)
+frames=(service snat_reply dnat_reply pass non_ip service6 snat_reply6 dnat_reply6 pass6)
 # The verdict each frame must get (XDP_DROP = 1: xlb's, its redirect failing without a socket;
 # XDP_PASS = 2), so that a map filled wrongly fails the run instead of timing another path.
-declare -A want=([service]=1 [snat_reply]=1 [dnat_reply]=1 [pass]=2 [non_ip]=2)
+declare -A want=([service]=1 [snat_reply]=1 [dnat_reply]=1 [pass]=2 [non_ip]=2
+  [service6]=1 [snat_reply6]=1 [dnat_reply6]=1 [pass6]=2)
 for r in $(seq "$rounds"); do
   for f in "${frames[@]}"; do
     for p in "${progs[@]}"; do
