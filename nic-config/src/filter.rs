@@ -18,7 +18,9 @@
 //! filter with one hash: never a false negative while the words are what xlb wrote, a false
 //! positive (the hash map then answers, as before) for about one key in 2^bits / n with n keys.
 //! So a frame to the node's own address asks `snat_addrs` alone (the node's address is a SNAT
-//! address), unless its port is a NodePort's.
+//! address), unless its port is a NodePort's. `l2_filter`, by address in the 16-byte form
+//! (IPv4 v4-mapped), stands in front of `l2_addrs` for the frames the program passes in L2 mode;
+//! the L2 responder (`l2.rs`) writes it with the map, reading it back whole at every sync.
 //!
 //! The words are recomputed from the hash maps' contents after each of their syncs and only the
 //! words that differ are written (one map update each), after the hash maps: a key being added
@@ -37,6 +39,10 @@ pub(crate) const SNAT6_BITS: u32 = 16;
 /// log2 of the bits of `endpoints6_filter`: 1,048,576 bits, 128 KiB (one key in 4 a false
 /// positive at [`crate::MAX_ENDPOINTS`] keys, one in 64 at 16,384).
 pub(crate) const ENDPOINTS6_BITS: u32 = 20;
+/// log2 of the bits of `l2_filter` (`L2_FILTER_BITS`): 262,144 bits, 32 KiB, one bit per
+/// address of `l2_addrs` (16-byte form, IPv4 v4-mapped; one address in 16 a false positive at
+/// [`crate::MAX_L2_ADDRS`] addresses).
+pub(crate) const L2_BITS: u32 = 18;
 /// Multiplier of the bit hash: 2^64 / φ (Knuth, TAOCP vol. 3 §6.4, multiplicative hashing).
 const MUL: u64 = 0x9E37_79B9_7F4A_7C15;
 
@@ -74,6 +80,14 @@ pub fn services6_filter_bit(key: &crate::ServiceKey) -> Option<u32> {
 #[must_use]
 pub fn endpoints6_filter_bit(key: &crate::ServiceKey) -> Option<u32> {
     key6_bit(key, ENDPOINTS6_BITS)
+}
+
+/// Which bit of `l2_filter` an address has (IPv4 in its v4-mapped form): for diagnostics and
+/// tests.
+#[must_use]
+pub fn l2_filter_bit(addr: std::net::IpAddr) -> u32 {
+    // Below 2^L2_BITS.
+    u32::try_from(bit_of(&(crate::maps::addr_bytes(addr), 0), L2_BITS)).unwrap_or(u32::MAX)
 }
 
 fn key6_bit(key: &crate::ServiceKey, bits: u32) -> Option<u32> {

@@ -20,8 +20,9 @@ use nix::sys::socket::{AddressFamily, LinkAddr, MsgFlags, SockFlag, SockType, se
 
 use crate::{
     NicError,
+    filter::{KeyFilter, L2_BITS},
     maps::{addr_bytes, addr_from_bytes, l2_mac_value, l2_self_value},
-    steering::{MAP_L2_ADDRS, MAP_L2_SELF, MAX_L2_ADDRS},
+    steering::{MAP_L2_ADDRS, MAP_L2_FILTER, MAP_L2_SELF, MAX_L2_ADDRS},
 };
 
 /// Writes the `l2_addrs` map of one steering program and sends announcements on its interface.
@@ -34,6 +35,10 @@ pub struct L2Responder {
     ifindex: u32,
     mac: [u8; 6],
     map: HashMap<MapData, [u8; 16], [u8; 8]>,
+    /// The program's `l2_filter` array and what it holds (`filter.rs`): one bit per address of
+    /// `l2_addrs`, read back whole and rewritten where it differs at every sync.
+    filter_map: Array<MapData, u64>,
+    filter: KeyFilter,
     /// The program's `l2_self` array (one entry: this MAC, the check flag and whether
     /// `l2_addrs` may hold addresses).
     own: Array<MapData, [u8; 8]>,
@@ -62,6 +67,7 @@ impl L2Responder {
         ifname: &str,
         ifindex: u32,
         map: HashMap<MapData, [u8; 16], [u8; 8]>,
+        filter_map: Array<MapData, u64>,
         own: Array<MapData, [u8; 8]>,
     ) -> Result<Self, NicError> {
         let err = |op, source| NicError::Packet { ifname: ifname.to_owned(), op, source };
@@ -79,8 +85,20 @@ impl L2Responder {
         let socket = socket(AddressFamily::Packet, SockType::Raw, SockFlag::SOCK_CLOEXEC, None)
             .map_err(|e| err("socket", e.into()))?;
         // Whatever a previous responder of this program left: `addrs` set until a sync says.
-        let mut me =
-            Self { ifname: ifname.to_owned(), ifindex, mac, map, own, check: false, addrs: true, socket, link };
+        let filter = KeyFilter::new(L2_BITS);
+        let mut me = Self {
+            ifname: ifname.to_owned(),
+            ifindex,
+            mac,
+            map,
+            filter_map,
+            filter,
+            own,
+            check: false,
+            addrs: true,
+            socket,
+            link,
+        };
         if let Ok(v) = me.own.get(&0, 0) {
             me.check = v[6] != 0;
         }
@@ -138,6 +156,14 @@ impl L2Responder {
                 self.map.insert(k, value, 0).map_err(|e| merr("insert", e))?;
             }
         }
+        // The filter after the map (an address being added is not dropped by the program
+        // until its bit is set; a removed one is looked up until its bit is cleared), and
+        // compared with the kernel's words like the map.
+        let fmap = &mut self.filter_map;
+        self.filter.reload(0, self.filter.len(), |i| fmap.get(&i, 0).ok());
+        self.filter
+            .apply(want.iter().map(|a| (*a, 0)), |i, v| fmap.set(i, v, 0))
+            .map_err(|e| NicError::map(&self.ifname, MAP_L2_FILTER, "update", e))?;
         if want.is_empty() && self.addrs {
             self.addrs = false;
             self.write_self()?;

@@ -44,7 +44,7 @@ pub mod rules;
 mod steering;
 
 pub use error::NicError;
-pub use filter::{endpoints6_filter_bit, services6_filter_bit};
+pub use filter::{endpoints6_filter_bit, l2_filter_bit, services6_filter_bit};
 pub use iface::{
     Channels, InterfaceAddress, InterfaceInfo, channels, ifindex, interface_info, local_addresses, set_channels,
     set_tx_checksum_offload, tx_checksum_offload,

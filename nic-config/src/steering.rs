@@ -42,6 +42,7 @@ const MAP_ENDPOINTS4: &str = "endpoints4";
 const MAP_ENDPOINTS: &str = "endpoints";
 const MAP_STATS: &str = "stats";
 pub(crate) const MAP_L2_ADDRS: &str = "l2_addrs";
+pub(crate) const MAP_L2_FILTER: &str = "l2_filter";
 pub(crate) const MAP_L2_SELF: &str = "l2_self";
 
 /// Capacity of the `xsks` map: the highest receive queue index a socket can serve, plus one.
@@ -381,7 +382,7 @@ impl Steering {
         program.load().map_err(|e| prog_err(mode, e))?;
         let prog_id = program.info().map_err(|e| prog_err(mode, e))?.id();
         let ifindex = crate::iface::ifindex(ifname)?;
-        let mut map_ids = Vec::with_capacity(17);
+        let mut map_ids = Vec::with_capacity(18);
         let xsks = open_map(&mut ebpf, ifname, MAP_XSKS, &mut map_ids)?;
         let services4 = open_map(&mut ebpf, ifname, MAP_SERVICES4, &mut map_ids)?;
         let services4_index = IndexMap::new(
@@ -415,6 +416,8 @@ impl Steering {
         let snat6_filter = filter(MAP_SNAT6_FILTER, SNAT6_BITS)?;
         let endpoints6_filter = filter(MAP_ENDPOINTS6_FILTER, ENDPOINTS6_BITS)?;
         let stats = open_map(&mut ebpf, ifname, MAP_STATS, &mut map_ids)?;
+        // Opened again by id by `l2_responder`; kept here so the id is recorded.
+        let _: Array<MapData, u64> = open_map(&mut ebpf, ifname, MAP_L2_FILTER, &mut map_ids)?;
         let l2_addrs = open_map(&mut ebpf, ifname, MAP_L2_ADDRS, &mut map_ids)?;
         // Opened again by id by `l2_responder`; kept here so the id is recorded.
         let _: aya::maps::Array<MapData, [u8; 8]> = open_map(&mut ebpf, ifname, MAP_L2_SELF, &mut map_ids)?;
@@ -874,16 +877,19 @@ impl Steering {
     /// [`NicError::Map`] if the map cannot be opened again by id; [`NicError::Packet`] if
     /// the interface's link address cannot be read or the packet socket cannot be opened.
     pub fn l2_responder(&self) -> Result<crate::L2Responder, NicError> {
-        // `l2_addrs` and `l2_self` are the last two maps `load` opens.
+        // `l2_filter`, `l2_addrs` and `l2_self` are the last three maps `load` opens.
         let n = self.map_ids.len();
         let id = |back: usize| n.checked_sub(back).and_then(|i| self.map_ids.get(i)).copied().unwrap_or_default();
+        let data = MapData::from_id(id(3)).map_err(|e| NicError::map(&self.ifname, MAP_L2_FILTER, "open by id", e))?;
+        let filter = aya::maps::Array::try_from(Map::Array(data))
+            .map_err(|e| NicError::map(&self.ifname, MAP_L2_FILTER, "open by id", e))?;
         let data = MapData::from_id(id(2)).map_err(|e| NicError::map(&self.ifname, MAP_L2_ADDRS, "open by id", e))?;
         let map = HashMap::try_from(Map::HashMap(data))
             .map_err(|e| NicError::map(&self.ifname, MAP_L2_ADDRS, "open by id", e))?;
         let data = MapData::from_id(id(1)).map_err(|e| NicError::map(&self.ifname, MAP_L2_SELF, "open by id", e))?;
         let own = aya::maps::Array::try_from(Map::Array(data))
             .map_err(|e| NicError::map(&self.ifname, MAP_L2_SELF, "open by id", e))?;
-        crate::L2Responder::new(&self.ifname, self.ifindex, map, own)
+        crate::L2Responder::new(&self.ifname, self.ifindex, map, filter, own)
     }
 
     /// Reads back the `vip_addrs` map, in no order.

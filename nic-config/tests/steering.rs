@@ -11,7 +11,7 @@ use std::{
 
 use common::{CLIENT_V4, CLIENT_V6, LB_IF, LB_V4, LB_V6, Netns, Pair, VIP_V4, VIP_V6, decode, run, wait_for, xsk::Xsk};
 use nic_config::{
-    IPPROTO_TCP, IPPROTO_UDP, ServiceKey, Steering, XdpMode, endpoints4_index_home, interface_info,
+    IPPROTO_TCP, IPPROTO_UDP, ServiceKey, Steering, XdpMode, endpoints4_index_home, interface_info, l2_filter_bit,
     services4_index_home, services6_filter_bit, snat4_index_home,
 };
 
@@ -104,8 +104,8 @@ mod tests {
             let map_ids = steering.map_ids().to_vec();
             assert_eq!(
                 map_ids.len(),
-                17,
-                "xsks, services4, services4_index, services, vip_addrs, snat4, snat4_index, snat_addrs, endpoints4, endpoints4_index, endpoints, services6_filter, snat6_filter, endpoints6_filter, stats, l2_addrs, l2_self"
+                18,
+                "xsks, services4, services4_index, services, vip_addrs, snat4, snat4_index, snat_addrs, endpoints4, endpoints4_index, endpoints, services6_filter, snat6_filter, endpoints6_filter, stats, l2_filter, l2_addrs, l2_self"
             );
 
             let info = pair.lb.run_in(|| interface_info(LB_IF).unwrap());
@@ -989,6 +989,21 @@ mod l2 {
         // The service port is steered to xlb.
         client_send_udp(&pair.client, SocketAddr::new(L2_V4.into(), 53), b"service");
         wait_for(LONG, "the service frame to be steered", || (steering.stats().unwrap().redirected >= 1).then_some(()));
+
+        // `l2_filter` decides whether `l2_addrs` is asked: with the address's word cleared
+        // behind the responder's back its frames reach the host, and the next sync, which
+        // reads the filter back, restores it.
+        let ids = steering.map_ids();
+        let data = aya::maps::MapData::from_id(ids[ids.len() - 3]).unwrap();
+        let mut filter: aya::maps::Array<_, u64> = aya::maps::Array::try_from(aya::maps::Map::Array(data)).unwrap();
+        let word = l2_filter_bit(L2_V4.into()) / 64;
+        assert_ne!(filter.get(&word, 0).unwrap(), 0, "the responder set the address's bit");
+        filter.set(word, 0, 0).unwrap();
+        client_send_udp(&pair.client, SocketAddr::new(L2_V4.into(), 7000), b"unfiltered");
+        assert_eq!(kernel_got(&host4).as_deref(), Some(&b"unfiltered"[..]));
+        responder.sync(&[L2_V4.into(), L2_V6.into()]).unwrap();
+        client_send_udp(&pair.client, SocketAddr::new(L2_V4.into(), 7000), b"host-port");
+        assert_eq!(kernel_got(&host4), None, "dropped again after the sync");
 
         // The same frames reach the host once the address is not announced: the drop above
         // is the program's doing.

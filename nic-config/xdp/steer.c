@@ -344,6 +344,16 @@ struct {
 	__type(value, struct l2_mac);
 } l2_addrs SEC(".maps");
 
+/* The filter in front of `l2_addrs` (nic-config/src/filter.rs): one bit per address (16-byte
+ * form), as the IPv6 filters above; written by the L2 responder with the map. */
+#define L2_FILTER_BITS 18
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1u << (L2_FILTER_BITS - 6));
+	__type(key, __u32);
+	__type(value, __u64);
+} l2_filter SEC(".maps");
+
 /* L2 mode: this interface's MAC, to pass frames meant for other hosts (see the head comment). */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -379,6 +389,31 @@ static __always_inline int parse_error(void)
 	return count(STAT_PARSE_ERROR, XDP_PASS);
 }
 
+/*
+ * Whether the key of address `a` (16 bytes: IPv6, or IPv4 v4-mapped for `l2_filter`) and `x` (a port's two bytes as in the frame, then the
+ * protocol, read as a native-endian u64; 0 for `snat6_filter` and `l2_filter`) has its bit set in filter
+ * `filter` of 2^bits bits: the top `bits` bits of ((((lo * M) ^ hi) * M) ^ x) * M, lo and hi
+ * the address's halves read as native-endian u64s and M INDEX4_MUL; bit b is bit b % 64 of
+ * word b / 64. Clear: the key is not in the filter's hash map.
+ */
+static __always_inline int filter6_has(void *filter, __u32 bits, const struct addr_key *a, __u64 x)
+{
+	__u64 lo, hi;
+	__builtin_memcpy(&lo, a->addr, 8);
+	__builtin_memcpy(&hi, a->addr + 8, 8);
+	__u64 h = ((((lo * INDEX4_MUL) ^ hi) * INDEX4_MUL) ^ x) * INDEX4_MUL;
+	__u32 bit = (__u32)(h >> (64 - bits));
+	__u32 word = bit >> 6;
+	__u64 *w = bpf_map_lookup_elem(filter, &word);
+	return w && ((*w >> (bit & 63)) & 1);
+}
+
+/* The `x` of filter6_has() for port `port` (as in the frame) and protocol `proto`. */
+static __always_inline __u64 port_proto(__be16 port, __u8 proto)
+{
+	return (__u64)port | ((__u64)proto << 16);
+}
+
 /* A frame that is none of xlb's: to the kernel, unless its destination is an address this node
  * announces in L2 mode, which only the Service's ports may answer (kube-proxy's rule for
  * LoadBalancer IPs: the node's own sockets never see them). */
@@ -386,8 +421,10 @@ static __always_inline int pass_unless_l2(const struct l2_self *me, const struct
 {
 	/* Without L2 announcement `l2_addrs` is empty and `l2_self.addrs` 0 (`me`: the entry
 	 * xlb_steer() read): no hash lookup for every frame of the node's own (6 of its 18 ns,
-	 * `make bench-steer`). */
-	if (me && me->addrs && bpf_map_lookup_elem(&l2_addrs, (void *)dst))
+	 * `make bench-steer`). With it, the hash map is asked only for an address whose bit is
+	 * set in `l2_filter`. */
+	if (me && me->addrs && filter6_has(&l2_filter, L2_FILTER_BITS, dst, 0) &&
+	    bpf_map_lookup_elem(&l2_addrs, (void *)dst))
 		return count(STAT_L2_DROPPED, XDP_DROP);
 	return pass();
 }
@@ -531,31 +568,6 @@ static __always_inline int ports4_ours(__be32 daddr, __be32 saddr, __u8 proto, c
 	if (port_in_snat4_range(daddr, ports[1]))
 		return 1;
 	return endpoint4_listed(saddr, ports[0], proto);
-}
-
-/*
- * Whether the key of IPv6 address `a` and `x` (a port's two bytes as in the frame, then the
- * protocol, read as a native-endian u64; 0 for `snat6_filter`) has its bit set in filter
- * `filter` of 2^bits bits: the top `bits` bits of ((((lo * M) ^ hi) * M) ^ x) * M, lo and hi
- * the address's halves read as native-endian u64s and M INDEX4_MUL; bit b is bit b % 64 of
- * word b / 64. Clear: the key is not in the filter's hash map.
- */
-static __always_inline int filter6_has(void *filter, __u32 bits, const struct addr_key *a, __u64 x)
-{
-	__u64 lo, hi;
-	__builtin_memcpy(&lo, a->addr, 8);
-	__builtin_memcpy(&hi, a->addr + 8, 8);
-	__u64 h = ((((lo * INDEX4_MUL) ^ hi) * INDEX4_MUL) ^ x) * INDEX4_MUL;
-	__u32 bit = (__u32)(h >> (64 - bits));
-	__u32 word = bit >> 6;
-	__u64 *w = bpf_map_lookup_elem(filter, &word);
-	return w && ((*w >> (bit & 63)) & 1);
-}
-
-/* The `x` of filter6_has() for port `port` (as in the frame) and protocol `proto`. */
-static __always_inline __u64 port_proto(__be16 port, __u8 proto)
-{
-	return (__u64)port | ((__u64)proto << 16);
 }
 
 /*

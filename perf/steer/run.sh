@@ -8,7 +8,9 @@
 # Environment: STEER_BASE=REV also measures the program of git revision REV (its steer.c built
 #   the same way), alternated with the working tree's, so both sets of figures come from one
 #   run; STEER_REPEAT (runs per measurement, default 2000000), STEER_ROUNDS (measurements per
-#   frame and program, default 5; the median is printed).
+#   frame and program, default 5; the median is printed), STEER_L2=1 (L2 mode: `l2_self` says
+#   addresses are announced and `l2_addrs` holds two VIPs that no frame is sent to, so every
+#   passed frame is also checked against them; the figures' names end in `_l2`).
 # Needs root (BPF_PROG_LOAD, bpffs), clang and bpftool (scripts/install-deps.sh bench).
 #
 # Maps are filled as xlb fills them (`services4`, `endpoints4`, `snat4` and, where the program
@@ -31,6 +33,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 repeat=${STEER_REPEAT:-2000000}
+l2=${STEER_L2:-0}
 rounds=${STEER_ROUNDS:-5}
 [ "$(id -u)" -eq 0 ] || { echo "perf/steer/run.sh needs root (BPF_PROG_LOAD)" >&2; exit 1; }
 for t in clang bpftool python3; do
@@ -131,6 +134,19 @@ load() {
     filter_put "$m/snat6_filter" 16 "$fd02_1" ""
     filter_put "$m/endpoints6_filter" 20 "$fd01_5" "1f 90 06"
   fi
+  if [ "$l2" = 1 ]; then
+    # L2 mode: `l2_self` says addresses are announced (its MAC check off), and `l2_addrs`
+    # holds two VIPs none of the frames is sent to, behind `l2_filter` where the program has it.
+    local mac="02 00 00 00 00 01" v4="00 00 00 00 00 00 00 00 00 00 ff ff 0a fb 01 32"
+    local v6="fd 00 02 51 00 01 00 00 00 00 00 00 00 00 00 50"
+    bpftool map update pinned "$m/l2_self" key hex 00 00 00 00 value hex $mac 00 01
+    bpftool map update pinned "$m/l2_addrs" key hex $v4 value hex $mac 00 00
+    bpftool map update pinned "$m/l2_addrs" key hex $v6 value hex $mac 00 00
+    if [ -e "$m/l2_filter" ]; then
+      filter_put "$m/l2_filter" 18 "$v4" ""
+      filter_put "$m/l2_filter" 18 "$v6" ""
+    fi
+  fi
 }
 
 python3 - "$work" <<'EOF'
@@ -205,7 +221,7 @@ for f in "${frames[@]}"; do
   for p in "${progs[@]}"; do
     med=$(awk -v f="$f" -v p="$p" '$1 == f && $2 == p { print $3 }' "$work/raw" | sort -n \
       | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')
-    suffix=; [ "$p" = base ] && suffix=_base
+    suffix=; [ "$l2" = 1 ] && suffix=_l2; [ "$p" = base ] && suffix=${suffix}_base
     echo "steer_${f}_ns_per_packet$suffix $med ns"
   done
 done
