@@ -1,14 +1,15 @@
-//! The filters in front of the IPv6 hash maps: bit arrays over `ARRAY` maps of the steering
-//! program (`services6_filter`, `snat6_filter`, `endpoints6_filter`) that say of an IPv6
-//! frame's key whether it may be listed, so that the program asks the hash maps (`services`,
-//! `snat_addrs`, `endpoints`: jhash2 over a 20- or 16-byte key and a helper call each) only
-//! for the keys whose bit is set. Every IPv6 frame of the node's own traffic asked all three
-//! (37 ns of the program against 12 for IPv4 at `775ff88`, `make bench-steer`,
-//! docs/benchmarks.md).
+//! The filters in front of the steering program's IPv6 hash maps and of `l2_addrs`: bit arrays
+//! over `ARRAY` maps (`services6_filter`, `snat6_filter`, `endpoints6_filter`, `l2_filter`) that
+//! say of a frame's key whether it may be listed, so that the program asks the hash maps
+//! (`services`, `snat_addrs`, `endpoints`, `l2_addrs`: jhash2 over a 20- or 16-byte key and a
+//! helper call each) only for the keys whose bit is set. Every IPv6 frame of the node's own
+//! traffic asked the three IPv6 maps (37 ns of the program against 12 for IPv4 at `775ff88`,
+//! `make bench-steer`, docs/benchmarks.md).
 //!
 //! Layout, shared with `xdp/steer.c` (`filter6_has`): 2^bits bits ([`SERVICES6_BITS`],
-//! [`SNAT6_BITS`], [`ENDPOINTS6_BITS`]) in `u64` words, bit `b` being bit `b % 64` of word
-//! `b / 64`. What is hashed is an IPv6 address and, for `services6_filter` and
+//! [`SNAT6_BITS`], [`ENDPOINTS6_BITS`], [`L2_BITS`]) in `u64` words, bit `b` being bit `b % 64`
+//! of word `b / 64`. What is hashed is a 16-byte address (IPv6, or IPv4 v4-mapped in
+//! `l2_filter`) and, for `services6_filter` and
 //! `endpoints6_filter`, the port and protocol of the hash map's key ([`Id`]): the bit is the top
 //! `bits` bits of `((((lo * MUL) ^ hi) * MUL) ^ x) * MUL`, where `lo` and `hi` are the
 //! address's first and last 8 bytes read as native-endian `u64`s (as the program reads them),
@@ -22,13 +23,13 @@
 //! (IPv4 v4-mapped), stands in front of `l2_addrs` for the frames the program passes in L2 mode;
 //! the L2 responder (`l2.rs`) writes it with the map, reading it back whole at every sync.
 //!
-//! The words are recomputed from the hash maps' contents after each of their syncs and only the
-//! words that differ are written (one map update each), after the hash maps: a key being added
-//! is not found until its word is written (as in `index.rs`), and a removed one may still be
-//! asked for until its word is cleared (the hash map then says no). A failed write leaves the
-//! word as it was in the kernel and here, so the next sync writes it again; a verify sync reads
-//! a share of the words back ([`KeyFilter::reload`]) and the next sync rewrites those that
-//! differed.
+//! The IPv6 filters' words are recomputed from the hash maps' contents after each of their
+//! syncs and only the words that differ are written (one map update each), after the hash maps:
+//! a key being added is not found until its word is written (as in `index.rs`), and a removed
+//! one may still be asked for until its word is cleared (the hash map then says no). A failed
+//! write leaves the word as it was in the kernel and here, so the next sync writes it again; a
+//! verify sync reads a share of the words back ([`KeyFilter::reload`]) and the next sync
+//! rewrites those that differed.
 
 /// log2 of the bits of `services6_filter` (`SERVICES6_FILTER_BITS` in xdp/steer.c): 1,048,576
 /// bits, 128 KiB (one key in 16 a false positive at [`crate::MAX_SERVICES`] keys).

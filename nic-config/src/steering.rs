@@ -736,8 +736,10 @@ impl Steering {
 
     /// Applies a difference to the `services4` and `services` maps: inserts `insert`, then
     /// deletes `remove`
-    /// (a key in both stays). Unlike [`Steering::sync_services`] this costs what the lists
-    /// hold, not what the map holds; the caller must know that every other key is already
+    /// (a key in both stays). Unlike [`Steering::sync_services`] its map writes are what the
+    /// lists hold, not what the map holds (the slot index and the filter are then brought to
+    /// the whole key set as last written, compared in memory, writing only the slots and words
+    /// that change); the caller must know that every other key is already
     /// right (a targeted sync after a change that touched only some services). Keys already
     /// written or already absent cost no system call. Returns `Ok(false)`, writing nothing,
     /// when the previous contents are not known (first sync, an error, or

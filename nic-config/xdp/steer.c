@@ -390,11 +390,12 @@ static __always_inline int parse_error(void)
 }
 
 /*
- * Whether the key of address `a` (16 bytes: IPv6, or IPv4 v4-mapped for `l2_filter`) and `x` (a port's two bytes as in the frame, then the
- * protocol, read as a native-endian u64; 0 for `snat6_filter` and `l2_filter`) has its bit set in filter
- * `filter` of 2^bits bits: the top `bits` bits of ((((lo * M) ^ hi) * M) ^ x) * M, lo and hi
- * the address's halves read as native-endian u64s and M INDEX4_MUL; bit b is bit b % 64 of
- * word b / 64. Clear: the key is not in the filter's hash map.
+ * Whether the key of address `a` (16 bytes: IPv6, or IPv4 v4-mapped for `l2_filter`) and `x`
+ * (a port's two bytes as in the frame, then the protocol, read as a native-endian u64; 0 for
+ * `snat6_filter` and `l2_filter`) has its bit set in filter `filter` of 2^bits bits: the top
+ * `bits` bits of ((((lo * M) ^ hi) * M) ^ x) * M, lo and hi the address's halves read as
+ * native-endian u64s and M INDEX4_MUL; bit b is bit b % 64 of word b / 64. Clear: the key is
+ * not in the filter's hash map.
  */
 static __always_inline int filter6_has(void *filter, __u32 bits, const struct addr_key *a, __u64 x)
 {
