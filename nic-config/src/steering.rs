@@ -196,6 +196,30 @@ type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState
 /// lookups per period, `services4_index`'s 131,072 are 16,384).
 const VERIFY_SHARES: usize = 8;
 
+/// After a verify sync (`verify`), reads the next share of an array of `len` entries xlb alone
+/// writes back with `reload(first entry, entries)`, which takes what the kernel holds and says
+/// how many entries differed from what xlb wrote (the next update rewrites them), and logs
+/// those that did: one share per `syncPeriod`, from `verify_at` on, around the end.
+fn read_back_share(
+    ifname: &str,
+    map: &str,
+    what: &str,
+    verify: &mut bool,
+    verify_at: &mut usize,
+    len: usize,
+    reload: impl FnOnce(usize, usize) -> usize,
+) {
+    if !std::mem::take(verify) {
+        return;
+    }
+    let n = len / VERIFY_SHARES;
+    let differed = reload(*verify_at, n);
+    *verify_at = (*verify_at + n) % len;
+    if differed > 0 {
+        warn!(ifname, map, entries = differed, "{what} differed from what xlb wrote; repairing");
+    }
+}
+
 /// A slot index (`index.rs`) and its `ARRAY` map.
 struct IndexMap {
     name: &'static str,
@@ -226,16 +250,16 @@ impl IndexMap {
     /// verify sync, first reads the next share of its slots back and repairs what differs.
     fn sync(&mut self, ifname: &str, entries: Option<impl IntoIterator<Item = u64>>) -> Result<(), NicError> {
         let Some(entries) = entries else { return Ok(()) };
-        if self.verify {
-            let n = self.index.len() / VERIFY_SHARES;
-            let map = &self.map;
-            let differed = self.index.reload(self.verify_at, n, |i| map.get(&i, 0).ok());
-            self.verify_at = (self.verify_at + n) % self.index.len();
-            if differed > 0 {
-                warn!(ifname, map = self.name, slots = differed, "slot index differed from what xlb wrote; repairing");
-            }
-            self.verify = false;
-        }
+        let (map, index) = (&self.map, &mut self.index);
+        read_back_share(
+            ifname,
+            self.name,
+            "slot index",
+            &mut self.verify,
+            &mut self.verify_at,
+            index.len(),
+            |at, n| index.reload(at, n, |i| map.get(&i, 0).ok()),
+        );
         let (name, map) = (self.name, &mut self.map);
         self.index.apply(entries, |i, v| map.set(i, v, 0)).map_err(|e| NicError::map(ifname, name, "update", e))
     }
@@ -263,16 +287,10 @@ impl FilterMap {
     /// share of its words back, so that what differs is rewritten.
     fn sync(&mut self, ifname: &str, ids: Option<impl IntoIterator<Item = Id>>) -> Result<(), NicError> {
         let Some(ids) = ids else { return Ok(()) };
-        if self.verify {
-            let n = self.filter.len() / VERIFY_SHARES;
-            let map = &self.map;
-            let differed = self.filter.reload(self.verify_at, n, |i| map.get(&i, 0).ok());
-            self.verify_at = (self.verify_at + n) % self.filter.len();
-            if differed > 0 {
-                warn!(ifname, map = self.name, words = differed, "filter differed from what xlb wrote; repairing");
-            }
-            self.verify = false;
-        }
+        let (map, filter) = (&self.map, &mut self.filter);
+        read_back_share(ifname, self.name, "filter", &mut self.verify, &mut self.verify_at, filter.len(), |at, n| {
+            filter.reload(at, n, |i| map.get(&i, 0).ok())
+        });
         let (name, map) = (self.name, &mut self.map);
         self.filter
             .apply(ids, |i, v| map.set(i, v, 0))
