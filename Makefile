@@ -51,8 +51,9 @@ bench-pipeline:
 	@grep -E '^syn_flood_' $(BENCH_OUT)/jitter.txt
 
 ## The steering XDP program's cost per frame (ns, BPF_PROG_TEST_RUN through `bpftool prog
-## run`) for a service's packet, SNAT and DNAT replies, the node's own traffic and a non-IP
-## frame; STEER_BASE=REV measures revision REV's program in the same run. Needs root; seconds.
+## run`) for a service's packet, SNAT and DNAT replies, the node's own traffic (IPv4 and IPv6)
+## and a non-IP frame; STEER_BASE=REV measures revision REV's program in the same run,
+## STEER_L2=1 the same frames in L2 mode. Needs root; seconds.
 .PHONY: bench-steer
 bench-steer:
 	bash scripts/install-deps.sh bench
