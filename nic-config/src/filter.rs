@@ -111,6 +111,9 @@ pub(crate) fn key_id(k: &[u8; crate::maps::ServiceMapKey::LEN]) -> Id {
 pub(crate) struct KeyFilter {
     bits: u32,
     words: Vec<u64>,
+    /// Words a read-back could not read: the next [`KeyFilter::apply`] writes them whatever
+    /// they are taken to hold.
+    unread: Vec<bool>,
 }
 
 impl std::fmt::Debug for KeyFilter {
@@ -124,7 +127,7 @@ impl KeyFilter {
     /// The filter of 2^`bits` bits (`bits` 6 to 30) of a freshly loaded program (an `ARRAY`
     /// map starts zeroed): no bit set.
     pub(crate) fn new(bits: u32) -> Self {
-        Self { bits, words: vec![0; 1 << (bits - 6)] }
+        Self { bits, words: vec![0; 1 << (bits - 6)], unread: vec![false; 1 << (bits - 6)] }
     }
 
     /// Words of the filter (the `ARRAY` map's `max_entries`).
@@ -151,33 +154,38 @@ impl KeyFilter {
             }
         }
         let mut written = 0;
-        for (i, (have, want)) in self.words.iter_mut().zip(want).enumerate() {
-            if *have != want {
+        for (i, ((have, unread), want)) in self.words.iter_mut().zip(self.unread.iter_mut()).zip(want).enumerate() {
+            if *have != want || *unread {
                 // Below 2^24 words.
                 write(i as u32, want)?;
-                *have = want;
+                (*have, *unread) = (want, false);
                 written += 1;
             }
         }
         Ok(written)
     }
 
-    /// Reads back `n` words from word `start` on (wrapping) with `read(word index)` (`None`: not
-    /// readable, taken as unchanged) and takes what the kernel holds as what the filter holds,
-    /// so the next [`AddrFilter::apply`] rewrites every word that differed from what xlb wrote.
-    /// Returns how many differed.
+    /// Reads back `n` words from word `start` on (wrapping) with `read(word index)` and takes
+    /// what the kernel holds as what the filter holds, so the next [`KeyFilter::apply`]
+    /// rewrites every word that differed from what xlb wrote, and every word that could not be
+    /// read (`None`). Returns how many differed or could not be read.
     pub(crate) fn reload(&mut self, start: usize, n: usize, mut read: impl FnMut(u32) -> Option<u64>) -> usize {
         let len = self.words.len();
         let mut differed = 0;
         for k in 0..n.min(len) {
             let i = (start + k) % len;
+            let (Some(w), Some(unread)) = (self.words.get_mut(i), self.unread.get_mut(i)) else { continue };
             // Below 2^24 words.
-            let Some(v) = read(i as u32) else { continue };
-            if let Some(w) = self.words.get_mut(i)
-                && *w != v
-            {
-                *w = v;
-                differed += 1;
+            match read(i as u32) {
+                Some(v) if v == *w => {}
+                Some(v) => {
+                    *w = v;
+                    differed += 1;
+                }
+                None => {
+                    *unread = true;
+                    differed += 1;
+                }
             }
         }
         differed
@@ -278,6 +286,12 @@ mod tests {
         assert_eq!(f.reload(w, 1, |i| Some(kernel[i as usize])), 1);
         assert_eq!(f.apply([x], into(&mut kernel, &[])), Ok(1));
         assert!(kernel_has(&kernel, &x, ENDPOINTS6_BITS));
+        // A word that cannot be read back is written again, whatever it is taken to hold.
+        kernel[w] = 0;
+        assert_eq!(f.reload(w, 1, |_| None), 1);
+        assert_eq!(f.apply([x], into(&mut kernel, &[])), Ok(1));
+        assert!(kernel_has(&kernel, &x, ENDPOINTS6_BITS));
+        assert_eq!(f.apply([x], into(&mut kernel, &[])), Ok(0), "once");
     }
 
     #[cfg(target_endian = "little")]
