@@ -672,8 +672,7 @@ impl Steering {
             key_maps(keys)?,
             MAX_SERVICES,
         )?;
-        self.services4_index.sync(&self.ifname, key8_entries(self.shadow.services4.as_ref()))?;
-        self.services6_filter.sync(&self.ifname, key20_ids(self.shadow.services.as_ref()))
+        self.sync_services_images()
     }
 
     /// Makes the `endpoints4` and `endpoints` maps equal to `keys`: (address, protocol, port)
@@ -690,8 +689,7 @@ impl Steering {
             key_maps(keys)?,
             MAX_ENDPOINTS,
         )?;
-        self.endpoints4_index.sync(&self.ifname, key8_entries(self.shadow.endpoints4.as_ref()))?;
-        self.endpoints6_filter.sync(&self.ifname, key20_ids(self.shadow.endpoints.as_ref()))
+        self.sync_endpoints_images()
     }
 
     /// Makes the `vip_addrs` map equal to `addrs`. List here addresses wholly owned by xlb
@@ -773,14 +771,7 @@ impl Steering {
             (key_maps(insert)?, key_maps(remove)?),
             MAX_SERVICES,
         )
-        .and_then(|done| {
-            if done {
-                self.services4_index.sync(&self.ifname, key8_entries(self.shadow.services4.as_ref()))?;
-                self.services6_filter.sync(&self.ifname, key20_ids(self.shadow.services.as_ref())).map(|()| true)
-            } else {
-                Ok(false)
-            }
-        });
+        .and_then(|done| if done { self.sync_services_images().map(|()| true) } else { Ok(false) });
         self.forget_on_error(r)
     }
 
@@ -796,14 +787,7 @@ impl Steering {
             (key_maps(insert)?, key_maps(remove)?),
             MAX_ENDPOINTS,
         )
-        .and_then(|done| {
-            if done {
-                self.endpoints4_index.sync(&self.ifname, key8_entries(self.shadow.endpoints4.as_ref()))?;
-                self.endpoints6_filter.sync(&self.ifname, key20_ids(self.shadow.endpoints.as_ref())).map(|()| true)
-            } else {
-                Ok(false)
-            }
-        });
+        .and_then(|done| if done { self.sync_endpoints_images().map(|()| true) } else { Ok(false) });
         self.forget_on_error(r)
     }
 
@@ -819,6 +803,19 @@ impl Steering {
             update_map(&self.ifname, MAP_VIP_ADDRS, &mut self.vip_addrs, &mut self.shadow.vip_addrs, ins, rem)
         });
         self.forget_on_error(r)
+    }
+
+    /// Brings `services4_index` and `services6_filter` to the keys of `services4` and
+    /// `services` as last written (after their full sync or targeted update).
+    fn sync_services_images(&mut self) -> Result<(), NicError> {
+        self.services4_index.sync(&self.ifname, key8_entries(self.shadow.services4.as_ref()))?;
+        self.services6_filter.sync(&self.ifname, key20_ids(self.shadow.services.as_ref()))
+    }
+
+    /// [`Steering::sync_services_images`] for `endpoints4_index` and `endpoints6_filter`.
+    fn sync_endpoints_images(&mut self) -> Result<(), NicError> {
+        self.endpoints4_index.sync(&self.ifname, key8_entries(self.shadow.endpoints4.as_ref()))?;
+        self.endpoints6_filter.sync(&self.ifname, key20_ids(self.shadow.endpoints.as_ref()))
     }
 
     /// After a failed update the shadows may be wrong: the next sync compares with the kernel.

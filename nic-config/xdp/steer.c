@@ -571,6 +571,17 @@ static __always_inline int ports4_ours(__be32 daddr, __be32 saddr, __u8 proto, c
 	return endpoint4_listed(saddr, ports[0], proto);
 }
 
+/* Whether (IPv6 address `a`, port as in the frame, protocol) is a key of `map` (`services` or
+ * `endpoints`). */
+static __always_inline int key6_listed(void *map, const struct addr_key *a, __be16 port, __u8 proto)
+{
+	struct service_key k = {};
+	__builtin_memcpy(k.addr, a->addr, 16);
+	k.port = port;
+	k.proto = proto;
+	return bpf_map_lookup_elem(map, &k) != 0;
+}
+
 /*
  * Decide for an IPv6 TCP/UDP/SCTP header at `l4` (4 bytes already bounds-checked by the
  * caller). Each hash map is asked only when the frame's key has its bit in the map's filter.
@@ -579,24 +590,14 @@ static __always_inline int ports_verdict(struct xdp_md *ctx, const struct l2_sel
 					 const struct addr_key *src, const struct addr_key *dst, __u8 proto,
 					 const __be16 *ports)
 {
-	if (filter6_has(&services6_filter, SERVICES6_FILTER_BITS, dst, port_proto(ports[1], proto))) {
-		struct service_key sk = {};
-		__builtin_memcpy(sk.addr, dst->addr, 16);
-		sk.port = ports[1];
-		sk.proto = proto;
-		if (bpf_map_lookup_elem(&services, &sk))
-			return steer(ctx);
-	}
+	if (filter6_has(&services6_filter, SERVICES6_FILTER_BITS, dst, port_proto(ports[1], proto)) &&
+	    key6_listed(&services, dst, ports[1], proto))
+		return steer(ctx);
 	if (filter6_has(&snat6_filter, SNAT6_FILTER_BITS, dst, 0) && port_in_snat_range(dst, ports[1]))
 		return steer(ctx);
-	if (filter6_has(&endpoints6_filter, ENDPOINTS6_FILTER_BITS, src, port_proto(ports[0], proto))) {
-		struct service_key ek = {};
-		__builtin_memcpy(ek.addr, src->addr, 16);
-		ek.port = ports[0];
-		ek.proto = proto;
-		if (bpf_map_lookup_elem(&endpoints, &ek))
-			return steer(ctx);
-	}
+	if (filter6_has(&endpoints6_filter, ENDPOINTS6_FILTER_BITS, src, port_proto(ports[0], proto)) &&
+	    key6_listed(&endpoints, src, ports[0], proto))
+		return steer(ctx);
 	return pass_unless_l2(me, dst);
 }
 
@@ -640,13 +641,7 @@ static __always_inline int icmp_error_verdict(struct xdp_md *ctx, void *inner, v
 			return steer(ctx);
 		return pass();
 	}
-	struct service_key sk = {};
-	__builtin_memcpy(sk.addr, outer_dst->addr, 16);
-	sk.port = ports[0];
-	sk.proto = proto;
-	if (bpf_map_lookup_elem(&services, &sk))
-		return steer(ctx);
-	if (port_in_snat_range(outer_dst, ports[0]))
+	if (key6_listed(&services, outer_dst, ports[0], proto) || port_in_snat_range(outer_dst, ports[0]))
 		return steer(ctx);
 	return pass();
 }
