@@ -9,9 +9,9 @@
 //! Layout, shared with `xdp/steer.c` (`filter6_has`): 2^bits bits ([`SERVICES6_BITS`],
 //! [`SNAT6_BITS`], [`ENDPOINTS6_BITS`], [`L2_BITS`]) in `u64` words, bit `b` being bit `b % 64`
 //! of word `b / 64`. What is hashed is a 16-byte address (IPv6, or IPv4 v4-mapped in
-//! `l2_filter`) and, for `services6_filter` and
-//! `endpoints6_filter`, the port and protocol of the hash map's key ([`Id`]): the bit is the top
-//! `bits` bits of `((((lo * MUL) ^ hi) * MUL) ^ x) * MUL`, where `lo` and `hi` are the
+//! `l2_filter`) and, for `services6_filter` and `endpoints6_filter`, the port and protocol of
+//! the hash map's key ([`Id`]): the bit is the top `bits` bits of
+//! `((((lo * MUL) ^ hi) * MUL) ^ x) * MUL`, where `lo` and `hi` are the
 //! address's first and last 8 bytes read as native-endian `u64`s (as the program reads them),
 //! `x` the key's port bytes (network order, as in the frame) and protocol read the same way (0
 //! for `snat6_filter`, which is by address: the port range needs the map's value), and `MUL`
