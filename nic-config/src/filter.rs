@@ -1,45 +1,28 @@
-//! The filters in front of the steering program's IPv6 hash maps and of `l2_addrs`: bit arrays
-//! over `ARRAY` maps (`services6_filter`, `snat6_filter`, `endpoints6_filter`, `l2_filter`) that
-//! say of a frame's key whether it may be listed, so that the program asks the hash maps
-//! (`services`, `snat_addrs`, `endpoints`, `l2_addrs`: jhash2 over a 20- or 16-byte key and a
-//! helper call each) only for the keys whose bit is set. Every IPv6 frame of the node's own
-//! traffic asked the three IPv6 maps (37 ns of the program against 12 for IPv4 at `775ff88`,
-//! `make bench-steer`, docs/benchmarks.md).
+//! The filter in front of the steering program's `l2_addrs` hash map: a bit array over an
+//! `ARRAY` map (`l2_filter`) that says of a frame's destination whether it may be an address
+//! this node announces in L2 mode, so that the program asks `l2_addrs` (jhash2 over a 16-byte
+//! key and a helper call) only for the addresses whose bit is set. The IPv6 maps `services`,
+//! `snat_addrs` and `endpoints` had filters of this kind too (every IPv6 frame of the node's
+//! own traffic asked the three of them: 37 ns of the program against 12 for IPv4 at
+//! `775ff88`, `make bench-steer`, docs/benchmarks.md) until slot indexes (`index.rs`) replaced
+//! them; the hash of an [`Id`] ([`hash_of`]) is what those indexes take their fingerprints
+//! and ids from.
 //!
-//! Layout, shared with `xdp/steer.c` (`filter6_has`): 2^bits bits ([`SERVICES6_BITS`],
-//! [`SNAT6_BITS`], [`ENDPOINTS6_BITS`], [`L2_BITS`]) in `u64` words, bit `b` being bit `b % 64`
-//! of word `b / 64`. What is hashed is a 16-byte address (IPv6, or IPv4 v4-mapped in
-//! `l2_filter`) and, for `services6_filter` and `endpoints6_filter`, the port and protocol of
-//! the hash map's key ([`Id`]): the bit is the top `bits` bits of
-//! `((((lo * MUL) ^ hi) * MUL) ^ x) * MUL`, where `lo` and `hi` are the
-//! address's first and last 8 bytes read as native-endian `u64`s (as the program reads them),
-//! `x` the key's port bytes (network order, as in the frame) and protocol read the same way (0
-//! for `snat6_filter`, which is by address: the port range needs the map's value), and `MUL`
-//! is 2^64/φ (Knuth's multiplicative hashing, as in `index.rs`). One bit per key, a Bloom
-//! filter with one hash: never a false negative while the words are what xlb wrote, a false
-//! positive (the hash map then answers, as before) for about one key in 2^bits / n with n keys.
-//! So a frame to the node's own address asks `snat_addrs` alone (the node's address is a SNAT
-//! address), unless its port is a NodePort's. `l2_filter`, by address in the 16-byte form
-//! (IPv4 v4-mapped), stands in front of `l2_addrs` for the frames the program passes in L2 mode;
-//! the L2 responder (`l2.rs`) writes it with the map, reading it back whole at every sync.
-//!
-//! The IPv6 filters' words are recomputed from the hash maps' contents after each of their
-//! syncs and only the words that differ are written (one map update each), after the hash maps:
-//! a key being added is not found until its word is written (as in `index.rs`), and a removed
-//! one may still be asked for until its word is cleared (the hash map then says no). A failed
-//! write leaves the word as it was in the kernel and here, so the next sync writes it again; a
-//! verify sync reads a share of the words back ([`KeyFilter::reload`]) and the next sync
-//! rewrites those that differed.
+//! Layout, shared with `xdp/steer.c` (`key6_hash`, `filter6_has`): 2^bits bits ([`L2_BITS`])
+//! in `u64` words, bit `b` being bit `b % 64` of word `b / 64`. What is hashed is a 16-byte
+//! address (IPv6, or IPv4 v4-mapped) and, for the keys of `services` and `endpoints`, the
+//! port and protocol of the hash map's key ([`Id`]): the bit is the top `bits` bits of
+//! `((((lo * MUL) ^ hi) * MUL) ^ x) * MUL`, where `lo` and `hi` are the address's first and
+//! last 8 bytes read as native-endian `u64`s (as the program reads them), `x` the key's port
+//! bytes (network order, as in the frame) and protocol read the same way (0 for an address
+//! alone), and `MUL` is 2^64/φ (Knuth's multiplicative hashing, as in `index.rs`). One bit per
+//! key, a Bloom filter with one hash: never a false negative while the words are what xlb
+//! wrote, a false positive (the hash map then answers) for about one key in 2^bits / n with n
+//! keys. The L2 responder (`l2.rs`) writes `l2_filter` after `l2_addrs` (an address being
+//! added is not acted on until its bit is set; a removed one is looked up until its bit is
+//! cleared, and the hash map then says no), reading it back whole at every sync
+//! ([`KeyFilter::reload`]); only the words that differ are written.
 
-/// log2 of the bits of `services6_filter` (`SERVICES6_FILTER_BITS` in xdp/steer.c): 1,048,576
-/// bits, 128 KiB (one key in 16 a false positive at [`crate::MAX_SERVICES`] keys).
-pub(crate) const SERVICES6_BITS: u32 = 20;
-/// log2 of the bits of `snat6_filter`: 65,536 bits, 8 KiB, for up to [`crate::MAX_SNAT_ADDRS`]
-/// addresses.
-pub(crate) const SNAT6_BITS: u32 = 16;
-/// log2 of the bits of `endpoints6_filter`: 1,048,576 bits, 128 KiB (one key in 4 a false
-/// positive at [`crate::MAX_ENDPOINTS`] keys, one in 64 at 16,384).
-pub(crate) const ENDPOINTS6_BITS: u32 = 20;
 /// log2 of the bits of `l2_filter` (`L2_FILTER_BITS`): 262,144 bits, 32 KiB, one bit per
 /// address of `l2_addrs` (16-byte form, IPv4 v4-mapped; one address in 16 a false positive at
 /// [`crate::MAX_L2_ADDRS`] addresses).
@@ -47,9 +30,9 @@ pub(crate) const L2_BITS: u32 = 18;
 /// Multiplier of the bit hash: 2^64 / φ (Knuth, TAOCP vol. 3 §6.4, multiplicative hashing).
 const MUL: u64 = 0x9E37_79B9_7F4A_7C15;
 
-/// What a filter hashes: an IPv6 address, and the port (2 bytes, network order) and protocol of
-/// a `services` / `endpoints` key as a native-endian `u64` of the bytes `[port, port, proto, 0,
-/// 0, 0, 0, 0]` ([`port_proto`]; 0 for `snat6_filter`).
+/// What a filter or an IPv6 slot index hashes: a 16-byte address, and the port (2 bytes,
+/// network order) and protocol of a `services` / `endpoints` key as a native-endian `u64` of
+/// the bytes `[port, port, proto, 0, 0, 0, 0, 0]` ([`port_proto`]; 0 for an address alone).
 pub(crate) type Id = ([u8; 16], u64);
 
 /// The `x` of an [`Id`] for port bytes `port` (network order) and protocol `proto`.
@@ -58,29 +41,18 @@ pub(crate) fn port_proto(port: [u8; 2], proto: u8) -> u64 {
     u64::from_ne_bytes([p, q, proto, 0, 0, 0, 0, 0])
 }
 
-/// The bit of `id` in a filter of 2^`bits` bits.
-pub(crate) fn bit_of(id: &Id, bits: u32) -> usize {
+/// The 64-bit hash of `id`: `((((lo * MUL) ^ hi) * MUL) ^ x) * MUL` (xdp/steer.c `key6_hash`).
+pub(crate) fn hash_of(id: &Id) -> u64 {
     let (addr, x) = id;
     let (lo, hi) = addr.split_at(8);
     let word = |b: &[u8]| u64::from_ne_bytes(b.try_into().unwrap_or([0; 8]));
-    let h = (((word(lo).wrapping_mul(MUL) ^ word(hi)).wrapping_mul(MUL)) ^ x).wrapping_mul(MUL);
+    (((word(lo).wrapping_mul(MUL) ^ word(hi)).wrapping_mul(MUL)) ^ x).wrapping_mul(MUL)
+}
+
+/// The bit of `id` in a filter of 2^`bits` bits: the top `bits` of [`hash_of`].
+pub(crate) fn bit_of(id: &Id, bits: u32) -> usize {
     // The top `bits` (at most 20) bits: fits any usize.
-    (h >> (64 - bits)) as usize
-}
-
-/// Which bit of `services6_filter` an IPv6 service has (`None` for an IPv4 or IPv4-mapped
-/// address, or a protocol the maps do not take): for diagnostics and tests (which keys share a
-/// bit).
-#[must_use]
-pub fn services6_filter_bit(key: &crate::ServiceKey) -> Option<u32> {
-    key6_bit(key, SERVICES6_BITS)
-}
-
-/// [`services6_filter_bit`] for a NAT backend's (address, protocol, port) in
-/// `endpoints6_filter`.
-#[must_use]
-pub fn endpoints6_filter_bit(key: &crate::ServiceKey) -> Option<u32> {
-    key6_bit(key, ENDPOINTS6_BITS)
+    (hash_of(id) >> (64 - bits)) as usize
 }
 
 /// Which bit of `l2_filter` an address has (IPv4 in its v4-mapped form): for diagnostics and
@@ -89,13 +61,6 @@ pub fn endpoints6_filter_bit(key: &crate::ServiceKey) -> Option<u32> {
 pub fn l2_filter_bit(addr: std::net::IpAddr) -> u32 {
     // Below 2^L2_BITS.
     u32::try_from(bit_of(&(crate::maps::addr_bytes(addr), 0), L2_BITS)).unwrap_or(u32::MAX)
-}
-
-fn key6_bit(key: &crate::ServiceKey, bits: u32) -> Option<u32> {
-    match crate::maps::FamilyKey::try_from(key).ok()? {
-        crate::maps::FamilyKey::V4(_) => None,
-        crate::maps::FamilyKey::V6(k) => u32::try_from(bit_of(&key_id(&k), bits)).ok(),
-    }
 }
 
 /// The [`Id`] of a `services` / `endpoints` key (its 20 bytes: address, port, protocol, pad).
@@ -204,6 +169,11 @@ mod tests {
     use super::*;
     use std::net::Ipv6Addr;
 
+    /// A filter of keys with ports, of the size `services6_filter` had (2^20 bits).
+    const KEY_BITS: u32 = 20;
+    /// A filter of addresses, of the size `snat6_filter` had (2^16 bits).
+    const ADDR_BITS: u32 = 16;
+
     /// The [`Id`] of address `s` with port 80/TCP (`port`), or of the address alone.
     fn id(s: &str, port: bool) -> Id {
         let a = s.parse::<Ipv6Addr>().unwrap().octets();
@@ -230,14 +200,14 @@ mod tests {
 
     #[test]
     fn listed_keys_have_their_bit_and_a_removed_one_is_cleared() {
-        let mut f = KeyFilter::new(SERVICES6_BITS);
+        let mut f = KeyFilter::new(KEY_BITS);
         let mut kernel = vec![0u64; f.len()];
         let (x, y) = (id("fd00::10", true), id("2001:db8::1", true));
         assert_eq!(f.apply([x, y, x], into(&mut kernel, &[])), Ok(2));
         assert!(f.has(&x) && f.has(&y));
-        assert!(kernel_has(&kernel, &x, SERVICES6_BITS) && kernel_has(&kernel, &y, SERVICES6_BITS));
+        assert!(kernel_has(&kernel, &x, KEY_BITS) && kernel_has(&kernel, &y, KEY_BITS));
         assert_eq!(f.apply([y], into(&mut kernel, &[])), Ok(1));
-        assert!(!kernel_has(&kernel, &x, SERVICES6_BITS) && kernel_has(&kernel, &y, SERVICES6_BITS));
+        assert!(!kernel_has(&kernel, &x, KEY_BITS) && kernel_has(&kernel, &y, KEY_BITS));
         // Nothing changed: nothing written.
         assert_eq!(f.apply([y], into(&mut kernel, &[])), Ok(0));
         assert_eq!(kernel.iter().map(|w| w.count_ones()).sum::<u32>(), 1);
@@ -246,38 +216,38 @@ mod tests {
     #[test]
     fn two_keys_of_one_bit_keep_it_while_either_is_listed() {
         let x = id("fd00::1", false);
-        let bx = bit_of(&x, SNAT6_BITS);
+        let bx = bit_of(&x, ADDR_BITS);
         let y = (2u32..)
             .map(|i| id(&format!("fd00::{:x}:{:x}", i >> 16, i & 0xffff), false))
-            .find(|y| bit_of(y, SNAT6_BITS) == bx)
+            .find(|y| bit_of(y, ADDR_BITS) == bx)
             .expect("65,536 bits: a collision within a few hundred thousand addresses");
-        let mut f = KeyFilter::new(SNAT6_BITS);
+        let mut f = KeyFilter::new(ADDR_BITS);
         let mut kernel = vec![0u64; f.len()];
         f.apply([x, y], into(&mut kernel, &[])).unwrap();
         f.apply([y], into(&mut kernel, &[])).unwrap();
         assert!(f.has(&y), "removing one key of a shared bit must not lose the other");
-        assert!(kernel_has(&kernel, &y, SNAT6_BITS));
+        assert!(kernel_has(&kernel, &y, ADDR_BITS));
     }
 
     #[test]
     fn a_failed_write_is_written_by_the_next_apply() {
-        let mut f = KeyFilter::new(SERVICES6_BITS);
+        let mut f = KeyFilter::new(KEY_BITS);
         let mut kernel = vec![0u64; f.len()];
         let x = id("fd00::10", true);
-        let w = (bit_of(&x, SERVICES6_BITS) / 64) as u32;
+        let w = (bit_of(&x, KEY_BITS) / 64) as u32;
         assert_eq!(f.apply([x], into(&mut kernel, &[w])), Err(w));
         assert!(!f.has(&x), "the filter holds what the kernel holds");
         assert_eq!(f.apply([x], into(&mut kernel, &[])), Ok(1));
-        assert!(f.has(&x) && kernel_has(&kernel, &x, SERVICES6_BITS));
+        assert!(f.has(&x) && kernel_has(&kernel, &x, KEY_BITS));
     }
 
     #[test]
     fn a_word_changed_behind_xlbs_back_is_rewritten_after_a_read_back() {
-        let mut f = KeyFilter::new(ENDPOINTS6_BITS);
+        let mut f = KeyFilter::new(KEY_BITS);
         let mut kernel = vec![0u64; f.len()];
         let x = id("fd01::5", true);
         f.apply([x], into(&mut kernel, &[])).unwrap();
-        let w = bit_of(&x, ENDPOINTS6_BITS) / 64;
+        let w = bit_of(&x, KEY_BITS) / 64;
         kernel[w] = 0; // an outside write: the program would now pass the backend's replies
         // A read-back of another share finds nothing.
         let other = (w + f.len() / 2) % f.len();
@@ -285,19 +255,19 @@ mod tests {
         assert_eq!(f.apply([x], into(&mut kernel, &[])), Ok(0), "not known to differ yet");
         assert_eq!(f.reload(w, 1, |i| Some(kernel[i as usize])), 1);
         assert_eq!(f.apply([x], into(&mut kernel, &[])), Ok(1));
-        assert!(kernel_has(&kernel, &x, ENDPOINTS6_BITS));
+        assert!(kernel_has(&kernel, &x, KEY_BITS));
         // A word that cannot be read back is written again, whatever it is taken to hold.
         kernel[w] = 0;
         assert_eq!(f.reload(w, 1, |_| None), 1);
         assert_eq!(f.apply([x], into(&mut kernel, &[])), Ok(1));
-        assert!(kernel_has(&kernel, &x, ENDPOINTS6_BITS));
+        assert!(kernel_has(&kernel, &x, KEY_BITS));
         assert_eq!(f.apply([x], into(&mut kernel, &[])), Ok(0), "once");
     }
 
     #[cfg(target_endian = "little")]
     #[test]
     fn the_bit_is_the_top_bits_of_the_address_halves_and_port_hashed() {
-        // The formula of xdp/steer.c's filter6_has(), written out for one key (little-endian
+        // The formula of xdp/steer.c's key6_hash() and filter6_has(), written out for one key (little-endian
         // halves, as the program reads them on this host).
         let (a, x) = id("fd00::10", true);
         assert_eq!(
@@ -308,14 +278,14 @@ mod tests {
         let lo = u64::from_le_bytes(a[..8].try_into().unwrap());
         let hi = u64::from_le_bytes(a[8..].try_into().unwrap());
         let h = ((lo.wrapping_mul(MUL) ^ hi).wrapping_mul(MUL) ^ x).wrapping_mul(MUL);
-        assert_eq!(bit_of(&(a, x), SERVICES6_BITS), (h >> 44) as usize);
-        assert_eq!(bit_of(&(a, x), SNAT6_BITS), (h >> 48) as usize);
+        assert_eq!(bit_of(&(a, x), KEY_BITS), (h >> 44) as usize);
+        assert_eq!(bit_of(&(a, x), ADDR_BITS), (h >> 48) as usize);
         // The key's 20 bytes give the same id.
         let k = crate::maps::ServiceMapKey { addr: a, port_be: 80u16.to_be_bytes(), proto: 6, pad: 0 }.to_bytes();
         assert_eq!(key_id(&k), (a, x));
         // Addresses that differ in their last byte alone (pods of one node) get distinct bits.
         let bits: std::collections::HashSet<usize> =
-            (0u8..=255).map(|i| bit_of(&id(&format!("fd01::{i:x}"), true), ENDPOINTS6_BITS)).collect();
+            (0u8..=255).map(|i| bit_of(&id(&format!("fd01::{i:x}"), true), KEY_BITS)).collect();
         assert_eq!(bits.len(), 256);
     }
 }

@@ -1,17 +1,29 @@
-//! The slot indexes in front of `services4`, `endpoints4` and `snat4`: open-addressing hash
-//! tables of our own over `ARRAY` maps of the steering program (`services4_index`,
-//! `endpoints4_index`, `snat4_index`), so that an IPv4 frame to a service, from a NAT backend
-//! or to a SNAT address is found by a multiply-shift hash and one or two inlined array reads
-//! instead of the kernel's hash map (`htab_map_hash`, jhash2, and a helper call: about 8 of a
+//! The slot indexes in front of `services4`, `endpoints4`, `snat4`, `services`, `endpoints`
+//! and `snat_addrs`: open-addressing hash tables of our own over `ARRAY` maps of the steering
+//! program (`services4_index`, `endpoints4_index`, `snat4_index`, `services6_index`,
+//! `endpoints6_index`, `snat6_index`), so that a frame to a service, from a NAT backend or to
+//! a SNAT address is found by a multiply-shift hash and one or two inlined array reads instead
+//! of the kernel's hash map (`htab_map_hash`, jhash2, and a helper call: about 8 of an IPv4
 //! service frame's 13 ns above the test runner's floor, `make bench-steer`,
 //! docs/benchmarks.md).
 //!
-//! Layout, shared with `xdp/steer.c` (`index4_probe`, `port_in_snat4_range`): 2^bits slots of
-//! one `u64` each ([`SERVICES4_BITS`], [`ENDPOINTS4_BITS`], [`SNAT4_BITS`]), in one of two
+//! Layout, shared with `xdp/steer.c` (`index_probe`, `index4_probe`, `index6_probe`,
+//! `snat_probe`): 2^bits slots of one `u64` each ([`SERVICES4_BITS`], [`ENDPOINTS4_BITS`],
+//! [`SNAT4_BITS`], [`SERVICES6_BITS`], [`ENDPOINTS6_BITS`], [`SNAT6_BITS`]), in one of two
 //! [`Form`]s. In `services4_index` and `endpoints4_index` a used slot holds the 8 bytes of the
 //! hash map's key (`struct service4_key`) with its pad byte set to [`USED`], read as a
-//! native-endian `u64` (the program reads the same bytes the same way); in `snat4_index` the
-//! address and its port range (`struct snat4_slot`), compared by address. An empty slot is 0
+//! native-endian `u64` (the program reads the same bytes the same way); in `services6_index`
+//! and `endpoints6_index`, which a 20-byte key would not fit, the key's fingerprint
+//! ([`fingerprint6`]: the top 56 bits of its hash with [`USED`] in the top byte, the same
+//! [`Form`]);
+//! in `snat4_index` the address and its port range (`struct snat4_slot`), compared by address,
+//! and in `snat6_index` the same with the IPv6 address's 30-bit id ([`snat6_id`]) in place of
+//! the address. A fingerprint or an id stands for its key alone but for a collision: an
+//! unlisted key whose fingerprint is a listed key's (one in 2^56 per key probed; one in 2^30
+//! per SNAT address) has its frames taken to xlb, which passes frames that are none of its own
+//! on to the kernel, as for a torn read below; listed keys of one fingerprint share its slot,
+//! and listed SNAT addresses of one id share a slot whose range covers all of theirs
+//! ([`snat6_entries`]), so that no SNAT reply is ever passed to the kernel. An empty slot is 0
 //! ([`EMPTY`]); a slot whose key was removed while another key's probe may still pass it is
 //! [`TOMBSTONE`] (all ones: its pad byte is never [`USED`], and 255.255.255.255 is never a SNAT
 //! address). A key's home is the top `bits` bits of its identity (the whole value, or the SNAT
@@ -46,6 +58,12 @@ pub(crate) const SERVICES4_BITS: u32 = 17;
 pub(crate) const ENDPOINTS4_BITS: u32 = 19;
 /// log2 of the slots of `snat4_index`.
 pub(crate) const SNAT4_BITS: u32 = 11;
+/// log2 of the slots of `services6_index` (`SERVICES6_INDEX_BITS` in xdp/steer.c): 1 MiB.
+pub(crate) const SERVICES6_BITS: u32 = 17;
+/// log2 of the slots of `endpoints6_index`: 4 MiB.
+pub(crate) const ENDPOINTS6_BITS: u32 = 19;
+/// log2 of the slots of `snat6_index`.
+pub(crate) const SNAT6_BITS: u32 = 11;
 /// Slots the program probes from a key's home before it asks the hash map.
 pub(crate) const WINDOW: usize = 8;
 /// Multiplier of the home hash: 2^64 / φ (Knuth, TAOCP vol. 3 §6.4, multiplicative hashing).
@@ -60,23 +78,30 @@ pub(crate) const USED: u8 = 1;
 const _: () = assert!(1 << SERVICES4_BITS >= 2 * crate::MAX_SERVICES, "services4_index at most half full");
 const _: () = assert!(1 << ENDPOINTS4_BITS >= 2 * crate::MAX_ENDPOINTS, "endpoints4_index at most half full");
 const _: () = assert!(1 << SNAT4_BITS >= 2 * crate::MAX_SNAT_ADDRS, "snat4_index at most half full");
+const _: () = assert!(1 << SERVICES6_BITS >= 2 * crate::MAX_SERVICES, "services6_index at most half full");
+const _: () = assert!(1 << ENDPOINTS6_BITS >= 2 * crate::MAX_ENDPOINTS, "endpoints6_index at most half full");
+const _: () = assert!(1 << SNAT6_BITS >= 2 * crate::MAX_SNAT_ADDRS, "snat6_index at most half full");
 
 /// What the slots of an index hold, and so what a probe compares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Form {
     /// A hash map key of 8 bytes (`struct service4_key`) with its pad byte [`USED`]
-    /// (`services4_index`, `endpoints4_index`): the whole value is what a probe compares.
+    /// (`services4_index`, `endpoints4_index`), or an IPv6 key's [`fingerprint6`] (top byte
+    /// [`USED`]; `services6_index`, `endpoints6_index`): the whole value is what a probe
+    /// compares.
     Key8,
     /// An IPv4 SNAT address and its port range (`struct snat4_slot`: the address in network
-    /// order, then the first and last port in host order; `snat4_index`): a probe compares the
-    /// address, and the address alone gives the home. Neither 0.0.0.0 (an empty slot) nor
-    /// 255.255.255.255 (a tombstone) is ever a SNAT address (`Steering::sync_snat`).
+    /// order, then the first and last port in host order; `snat4_index`), or an IPv6 SNAT
+    /// address's [`snat6_id`] and range (`snat6_index`): a probe compares the address (id),
+    /// and the address alone gives the home. Neither 0.0.0.0 (an empty slot) nor
+    /// 255.255.255.255 (a tombstone) is ever a SNAT address (`Steering::sync_snat`), nor
+    /// either an id.
     Snat4,
 }
 
 impl Form {
     /// What a probe compares of slot value `v`.
-    fn identity(self, v: u64) -> u64 {
+    pub(crate) fn identity(self, v: u64) -> u64 {
         match self {
             Self::Key8 => v,
             Self::Snat4 => {
@@ -124,6 +149,38 @@ pub(crate) fn entry_of(key: [u8; 8]) -> u64 {
     u64::from_ne_bytes([a, b, c, d, p, q, proto, USED])
 }
 
+/// The slot value of a `services` / `endpoints` key (its 20 bytes: IPv6 address, port in
+/// network order, protocol, pad) in `services6_index` / `endpoints6_index`: the top 56 bits of
+/// its hash ([`crate::filter::hash_of`] of its [`crate::filter::key_id`], xdp/steer.c
+/// `index6_probe`) with [`USED`] in the top byte, so never [`EMPTY`] nor [`TOMBSTONE`]. The top
+/// bits, because a product's low bits depend only on its factors' low bits: the hash's low 56
+/// bits do not see the address's last byte (read into the top byte of the second half), so
+/// addresses that differ only there (pods of one node) would share a fingerprint.
+pub(crate) fn fingerprint6(key: &[u8; crate::maps::ServiceMapKey::LEN]) -> u64 {
+    let h = crate::filter::hash_of(&crate::filter::key_id(key));
+    h >> 8 | u64::from(USED) << 56
+}
+
+/// The id of IPv6 SNAT address `addr` in `snat6_index`: the top 30 bits of its hash
+/// ([`crate::filter::hash_of`] with no port, xdp/steer.c `port_in_snat6_range`) with the lowest
+/// bit set, so never 0 (an empty slot) nor all ones (a tombstone).
+pub(crate) fn snat6_id(addr: &[u8; 16]) -> u32 {
+    // 30 bits: fits.
+    (crate::filter::hash_of(&(*addr, 0)) >> 34) as u32 | 1
+}
+
+/// The slot values of `snat6_index` for the IPv6 SNAT addresses and port ranges of `ranges`
+/// (`snat_addrs` as last written): one per id ([`snat6_id`]), with the range from the least
+/// first port to the greatest last port of the addresses of that id (almost always one).
+pub(crate) fn snat6_entries<'a>(ranges: impl IntoIterator<Item = (&'a [u8; 16], &'a [u16; 2])>) -> Vec<u64> {
+    let mut by_id: HashMap<u32, (u16, u16)> = HashMap::new();
+    for (addr, &[first, last]) in ranges {
+        let r = by_id.entry(snat6_id(addr)).or_insert((first, last));
+        *r = (r.0.min(first), r.1.max(last));
+    }
+    by_id.into_iter().map(|(id, (first, last))| snat_entry(id.to_ne_bytes(), first, last)).collect()
+}
+
 /// The home slot of `entry` in an index of 2^`bits` slots.
 pub(crate) fn home_of(entry: u64, bits: u32) -> usize {
     // The top `bits` (at most 19) bits: fits any usize.
@@ -143,6 +200,36 @@ pub fn services4_index_home(key: &crate::ServiceKey) -> Option<u32> {
 #[must_use]
 pub fn endpoints4_index_home(key: &crate::ServiceKey) -> Option<u32> {
     home4(key, ENDPOINTS4_BITS)
+}
+
+/// [`services4_index_home`] for an IPv6 service in `services6_index`: `None` for an IPv4 (or
+/// IPv4-mapped) key or a protocol the maps do not take.
+#[must_use]
+pub fn services6_index_home(key: &crate::ServiceKey) -> Option<u32> {
+    home6(key, SERVICES6_BITS)
+}
+
+/// [`services6_index_home`] for a NAT backend's (address, protocol, port) in
+/// `endpoints6_index`.
+#[must_use]
+pub fn endpoints6_index_home(key: &crate::ServiceKey) -> Option<u32> {
+    home6(key, ENDPOINTS6_BITS)
+}
+
+fn home6(key: &crate::ServiceKey, bits: u32) -> Option<u32> {
+    match crate::maps::FamilyKey::try_from(key).ok()? {
+        crate::maps::FamilyKey::V4(_) => None,
+        crate::maps::FamilyKey::V6(k) => u32::try_from(home_of(fingerprint6(&k), bits)).ok(),
+    }
+}
+
+/// [`services4_index_home`] for an IPv6 SNAT address in `snat6_index` (IPv4-mapped addresses
+/// are IPv4 ones: `snat4_index`).
+#[must_use]
+pub fn snat6_index_home(addr: std::net::Ipv6Addr) -> u32 {
+    let h = home_of(Form::Snat4.identity(snat_entry(snat6_id(&addr.octets()).to_ne_bytes(), 0, 0)), SNAT6_BITS);
+    // Below 2^SNAT6_BITS.
+    u32::try_from(h).unwrap_or(u32::MAX)
 }
 
 /// [`services4_index_home`] for a SNAT address in `snat4_index`.
@@ -725,5 +812,77 @@ mod tests {
         apply(&mut ix, &set);
         assert!(set.iter().all(|k| steered(&ix, &set, *k)));
         assert!(!ix.slots().contains(&0x1234));
+    }
+
+    /// The `services` / `endpoints` key of `[addr]:port` over UDP.
+    fn key6(addr: &str, port: u16) -> [u8; crate::maps::ServiceMapKey::LEN] {
+        let addr = addr.parse::<std::net::Ipv6Addr>().unwrap().octets();
+        crate::maps::ServiceMapKey { addr, port_be: port.to_be_bytes(), proto: 17, pad: 0 }.to_bytes()
+    }
+
+    #[test]
+    fn ipv6_fingerprints_are_index_entries_and_tell_apart_addresses_of_one_prefix_and_ports() {
+        let mut seen = std::collections::HashSet::new();
+        for i in 0..4096u32 {
+            // Pods of one node differ in the address's last bytes; a service's ports differ.
+            let (addr, port) = (format!("fd00:251:b::{:x}:{:x}", i >> 8, i & 0xff), 5353);
+            for k in [key6(&addr, port), key6("fd00:251:a::9", u16::try_from(i).unwrap())] {
+                let fp = fingerprint6(&k);
+                assert!(Form::Key8.is_entry(fp), "{fp:#x} is an entry of the Key8 form");
+                seen.insert(fp);
+            }
+        }
+        assert_eq!(seen.len(), 2 * 4096, "one fingerprint per key");
+    }
+
+    #[cfg(target_endian = "little")]
+    #[test]
+    fn an_ipv6_fingerprint_is_the_top_56_bits_of_the_key_hash_with_the_used_byte() {
+        // The formula of xdp/steer.c's index6_probe(), written out for one key.
+        let k = key6("fd00::10", 80);
+        let (lo, hi) =
+            (u64::from_le_bytes(k[..8].try_into().unwrap()), u64::from_le_bytes(k[8..16].try_into().unwrap()));
+        let x = u64::from(u16::from_le_bytes([0, 80])) | 17 << 16;
+        let h = ((lo.wrapping_mul(MUL) ^ hi).wrapping_mul(MUL) ^ x).wrapping_mul(MUL);
+        assert_eq!(fingerprint6(&k), h >> 8 | 1 << 56);
+    }
+
+    #[test]
+    fn ipv6_snat_ids_are_never_the_markers_and_addresses_of_one_id_share_a_slot_covering_their_ranges() {
+        // 30-bit ids: among 2^18 random addresses some 32 pairs share one (birthday bound;
+        // consecutive addresses do not, the multiplicative hash spreads them).
+        let mut next = xorshift(0x5eed_6a7e);
+        let mut addr = || {
+            let mut a = [0u8; 16];
+            a[..8].copy_from_slice(&next().to_ne_bytes());
+            a[8..].copy_from_slice(&next().to_ne_bytes());
+            a
+        };
+        let mut seen = HashMap::new();
+        let mut pair = None;
+        for _ in 0..1 << 18 {
+            let a = addr();
+            let id = snat6_id(&a);
+            assert!(id & 1 == 1 && id != u32::MAX && Form::Snat4.is_entry(snat_entry(id.to_ne_bytes(), 1, 2)));
+            if let Some(b) = seen.insert(id, a) {
+                pair = Some((b, a));
+                break;
+            }
+        }
+        let (a, b) = pair.expect("two addresses of one id");
+        let id = snat6_id(&a);
+        // One slot for both, its range covering both ranges: neither's SNAT replies pass to the
+        // kernel (a port in one range but not the other goes to xlb, which passes it on).
+        let e = snat6_entries([(&a, &[40_000, 40_999]), (&b, &[33_000, 33_999])]);
+        assert_eq!(e, vec![snat_entry(id.to_ne_bytes(), 33_000, 40_999)]);
+        // Distinct ids keep their own ranges.
+        let c = addr();
+        assert_ne!(snat6_id(&c), id);
+        let mut e = snat6_entries([(&a, &[40_000, 40_999]), (&c, &[33_000, 33_999])]);
+        e.sort_unstable();
+        let mut want =
+            vec![snat_entry(id.to_ne_bytes(), 40_000, 40_999), snat_entry(snat6_id(&c).to_ne_bytes(), 33_000, 33_999)];
+        want.sort_unstable();
+        assert_eq!(e, want);
     }
 }

@@ -44,12 +44,15 @@ pub mod rules;
 mod steering;
 
 pub use error::NicError;
-pub use filter::{endpoints6_filter_bit, l2_filter_bit, services6_filter_bit};
+pub use filter::l2_filter_bit;
 pub use iface::{
     Channels, InterfaceAddress, InterfaceInfo, channels, ifindex, interface_info, local_addresses, set_channels,
     set_tx_checksum_offload, tx_checksum_offload,
 };
-pub use index::{endpoints4_index_home, services4_index_home, snat4_index_home};
+pub use index::{
+    endpoints4_index_home, endpoints6_index_home, services4_index_home, services6_index_home, snat4_index_home,
+    snat6_index_home,
+};
 pub use l2::{L2Responder, gratuitous_arp, unsolicited_na};
 pub use maps::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, ServiceKey};
 pub use neighbours::{Neighbour, NeighbourEvent, NeighbourState, NeighbourWatcher};

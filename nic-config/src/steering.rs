@@ -15,8 +15,10 @@ use tracing::{info, warn};
 
 use crate::{
     NicError, ServiceKey,
-    filter::{ENDPOINTS6_BITS, Id, KeyFilter, SERVICES6_BITS, SNAT6_BITS, key_id},
-    index::{ENDPOINTS4_BITS, Form, SERVICES4_BITS, SNAT4_BITS, SlotIndex, entry_of, key_of, snat_entry},
+    index::{
+        ENDPOINTS4_BITS, ENDPOINTS6_BITS, Form, SERVICES4_BITS, SERVICES6_BITS, SNAT4_BITS, SNAT6_BITS, SlotIndex,
+        entry_of, fingerprint6, key_of, snat_entry, snat6_entries, snat6_id,
+    },
     maps::{FamilyKey, Service4MapKey, ServiceMapKey, SnatRange, addr_bytes, addr_from_bytes, ipv4_of, stat},
 };
 
@@ -31,9 +33,9 @@ const MAP_SERVICES4: &str = "services4";
 const MAP_SERVICES4_INDEX: &str = "services4_index";
 const MAP_ENDPOINTS4_INDEX: &str = "endpoints4_index";
 const MAP_SNAT4_INDEX: &str = "snat4_index";
-const MAP_SERVICES6_FILTER: &str = "services6_filter";
-const MAP_SNAT6_FILTER: &str = "snat6_filter";
-const MAP_ENDPOINTS6_FILTER: &str = "endpoints6_filter";
+const MAP_SERVICES6_INDEX: &str = "services6_index";
+const MAP_SNAT6_INDEX: &str = "snat6_index";
+const MAP_ENDPOINTS6_INDEX: &str = "endpoints6_index";
 const MAP_SERVICES: &str = "services";
 const MAP_VIP_ADDRS: &str = "vip_addrs";
 const MAP_SNAT4: &str = "snat4";
@@ -153,14 +155,14 @@ pub struct Steering {
     l2_addrs: HashMap<MapData, [u8; 16], [u8; 8]>,
     /// What the last sync wrote to each map, so the next one writes only the difference.
     shadow: Shadows,
-    /// The slot indexes in front of `services4`, `endpoints4` and `snat4` (`index.rs`).
+    /// The slot indexes in front of `services4`, `endpoints4`, `snat4`, `services`,
+    /// `endpoints` and `snat_addrs` (`index.rs`).
     services4_index: IndexMap,
     endpoints4_index: IndexMap,
     snat4_index: IndexMap,
-    /// The filters in front of `services`, `snat_addrs` and `endpoints` (`filter.rs`).
-    services6_filter: FilterMap,
-    snat6_filter: FilterMap,
-    endpoints6_filter: FilterMap,
+    services6_index: IndexMap,
+    endpoints6_index: IndexMap,
+    snat6_index: IndexMap,
     /// Whether this value attached the program (and so detaches it).
     attached: bool,
     /// rtnetlink socket in the interface's network namespace (attach and detach work from
@@ -265,48 +267,28 @@ impl IndexMap {
     }
 }
 
-/// A key filter (`filter.rs`) and its `ARRAY` map.
-struct FilterMap {
-    name: &'static str,
-    map: Array<MapData, u64>,
-    /// What the map holds (only xlb writes it; a new program's array is all zero).
-    filter: KeyFilter,
-    /// Read a share of the words back before the next update ([`Steering::verify_next_sync`]).
-    verify: bool,
-    /// The first word of the next share read back.
-    verify_at: usize,
+/// The slot values (fingerprints) of the keys of `services` or `endpoints` as last written.
+fn key20_entries(keys: Option<&FastMap<[u8; ServiceMapKey::LEN], u32>>) -> Option<impl Iterator<Item = u64> + '_> {
+    keys.map(|m| m.keys().map(fingerprint6))
 }
 
-impl FilterMap {
-    fn new(name: &'static str, map: Array<MapData, u64>, bits: u32) -> Self {
-        Self { name, map, filter: KeyFilter::new(bits), verify: false, verify_at: 0 }
-    }
-
-    /// Brings the filter to the keys `ids` of its hash map as last written (`None` while they
-    /// are not known: the next sync knows them); after a verify sync, first reads the next
-    /// share of its words back, so that what differs is rewritten.
-    fn sync(&mut self, ifname: &str, ids: Option<impl IntoIterator<Item = Id>>) -> Result<(), NicError> {
-        let Some(ids) = ids else { return Ok(()) };
-        let (map, filter) = (&self.map, &mut self.filter);
-        read_back_share(ifname, self.name, "filter", &mut self.verify, &mut self.verify_at, filter.len(), |at, n| {
-            filter.reload(at, n, |i| map.get(&i, 0).ok())
-        });
-        let (name, map) = (self.name, &mut self.map);
-        self.filter
-            .apply(ids, |i, v| map.set(i, v, 0))
-            .map(|_| ())
-            .map_err(|e| NicError::map(ifname, name, "update", e))
-    }
+/// The keys of `keys` (`services` or `endpoints` as last written) whose fingerprints `index`
+/// leaves to the hash map, sorted.
+fn overflow6(index: &IndexMap, keys: Option<&FastMap<[u8; ServiceMapKey::LEN], u32>>) -> Vec<ServiceKey> {
+    let left: std::collections::HashSet<u64> = index.index.overflow_entries().collect();
+    let mut v: Vec<ServiceKey> = keys
+        .into_iter()
+        .flat_map(|m| m.keys())
+        .filter(|k| left.contains(&fingerprint6(k)))
+        .map(|k| ServiceMapKey::from_bytes(k).to_service_key())
+        .collect();
+    v.sort();
+    v
 }
 
-/// The filter ids of the keys of `services` or `endpoints` as last written.
-fn key20_ids(keys: Option<&FastMap<[u8; ServiceMapKey::LEN], u32>>) -> Option<impl Iterator<Item = Id> + '_> {
-    keys.map(|m| m.keys().map(key_id))
-}
-
-/// The filter ids of the addresses of `snat_addrs` as last written.
-fn snat6_ids(ranges: Option<&FastMap<[u8; 16], [u16; 2]>>) -> Option<impl Iterator<Item = Id> + '_> {
-    ranges.map(|m| m.keys().map(|a| (*a, 0)))
+/// The slot values of `snat6_index` for `snat_addrs` as last written ([`snat6_entries`]).
+fn snat6_slots(ranges: Option<&FastMap<[u8; 16], [u16; 2]>>) -> Option<Vec<u64>> {
+    ranges.map(|m| snat6_entries(m.iter()))
 }
 
 /// The slot values of the keys of `services4` or `endpoints4` as last written.
@@ -427,12 +409,24 @@ impl Steering {
             Form::Key8,
         );
         let endpoints = open_map(&mut ebpf, ifname, MAP_ENDPOINTS, &mut map_ids)?;
-        let mut filter = |name, bits| {
-            Ok::<_, NicError>(FilterMap::new(name, open_map(&mut ebpf, ifname, name, &mut map_ids)?, bits))
-        };
-        let services6_filter = filter(MAP_SERVICES6_FILTER, SERVICES6_BITS)?;
-        let snat6_filter = filter(MAP_SNAT6_FILTER, SNAT6_BITS)?;
-        let endpoints6_filter = filter(MAP_ENDPOINTS6_FILTER, ENDPOINTS6_BITS)?;
+        let services6_index = IndexMap::new(
+            MAP_SERVICES6_INDEX,
+            open_map(&mut ebpf, ifname, MAP_SERVICES6_INDEX, &mut map_ids)?,
+            SERVICES6_BITS,
+            Form::Key8,
+        );
+        let snat6_index = IndexMap::new(
+            MAP_SNAT6_INDEX,
+            open_map(&mut ebpf, ifname, MAP_SNAT6_INDEX, &mut map_ids)?,
+            SNAT6_BITS,
+            Form::Snat4,
+        );
+        let endpoints6_index = IndexMap::new(
+            MAP_ENDPOINTS6_INDEX,
+            open_map(&mut ebpf, ifname, MAP_ENDPOINTS6_INDEX, &mut map_ids)?,
+            ENDPOINTS6_BITS,
+            Form::Key8,
+        );
         let stats = open_map(&mut ebpf, ifname, MAP_STATS, &mut map_ids)?;
         // Opened again by id by `l2_responder`; kept here so the id is recorded.
         let _: Array<MapData, u64> = open_map(&mut ebpf, ifname, MAP_L2_FILTER, &mut map_ids)?;
@@ -454,9 +448,9 @@ impl Steering {
             services4_index,
             endpoints4_index,
             snat4_index,
-            services6_filter,
-            snat6_filter,
-            endpoints6_filter,
+            services6_index,
+            endpoints6_index,
+            snat6_index,
             attached: false,
             nl: crate::nl::RouteSocket::new("RTM_SETLINK IFLA_XDP")?,
             ebpf,
@@ -599,9 +593,9 @@ impl Steering {
     }
 
     /// Kernel ids of the program's maps (`bpftool map show id N`), in the order `xsks`,
-    /// `services4`, `services4_index`, `services`, `vip_addrs`, `snat4`, `snat4_index`, `snat_addrs`, `endpoints4`,
-    /// `endpoints4_index`, `endpoints`,
-    /// `stats`, `l2_addrs`, `l2_self`.
+    /// `services4`, `services4_index`, `services`, `vip_addrs`, `snat4`, `snat4_index`,
+    /// `snat_addrs`, `endpoints4`, `endpoints4_index`, `endpoints`, `services6_index`,
+    /// `snat6_index`, `endpoints6_index`, `stats`, `l2_filter`, `l2_addrs`, `l2_self`.
     #[must_use]
     pub fn map_ids(&self) -> &[u32] {
         &self.map_ids
@@ -646,9 +640,9 @@ impl Steering {
         self.services4_index.verify = true;
         self.endpoints4_index.verify = true;
         self.snat4_index.verify = true;
-        self.services6_filter.verify = true;
-        self.snat6_filter.verify = true;
-        self.endpoints6_filter.verify = true;
+        self.services6_index.verify = true;
+        self.endpoints6_index.verify = true;
+        self.snat6_index.verify = true;
     }
 
     /// Makes the `services4` (IPv4 keys) and `services` (IPv6 keys) maps equal to `keys`:
@@ -747,7 +741,7 @@ impl Steering {
         sync_map(&self.ifname, MAP_SNAT4, &mut self.snat4, &mut self.shadow.snat4, want4)?;
         self.snat4_index.sync(&self.ifname, snat4_entries(self.shadow.snat4.as_ref()))?;
         sync_map(&self.ifname, MAP_SNAT_ADDRS, &mut self.snat_addrs, &mut self.shadow.snat_addrs, want6)?;
-        self.snat6_filter.sync(&self.ifname, snat6_ids(self.shadow.snat_addrs.as_ref()))
+        self.snat6_index.sync(&self.ifname, snat6_slots(self.shadow.snat_addrs.as_ref()))
     }
 
     /// Applies a difference to the `services4` and `services` maps: inserts `insert`, then
@@ -805,17 +799,17 @@ impl Steering {
         self.forget_on_error(r)
     }
 
-    /// Brings `services4_index` and `services6_filter` to the keys of `services4` and
+    /// Brings `services4_index` and `services6_index` to the keys of `services4` and
     /// `services` as last written (after their full sync or targeted update).
     fn sync_services_images(&mut self) -> Result<(), NicError> {
         self.services4_index.sync(&self.ifname, key8_entries(self.shadow.services4.as_ref()))?;
-        self.services6_filter.sync(&self.ifname, key20_ids(self.shadow.services.as_ref()))
+        self.services6_index.sync(&self.ifname, key20_entries(self.shadow.services.as_ref()))
     }
 
-    /// [`Steering::sync_services_images`] for `endpoints4_index` and `endpoints6_filter`.
+    /// [`Steering::sync_services_images`] for `endpoints4_index` and `endpoints6_index`.
     fn sync_endpoints_images(&mut self) -> Result<(), NicError> {
         self.endpoints4_index.sync(&self.ifname, key8_entries(self.shadow.endpoints4.as_ref()))?;
-        self.endpoints6_filter.sync(&self.ifname, key20_ids(self.shadow.endpoints.as_ref()))
+        self.endpoints6_index.sync(&self.ifname, key20_entries(self.shadow.endpoints.as_ref()))
     }
 
     /// After a failed update the shadows may be wrong: the next sync compares with the kernel.
@@ -856,6 +850,38 @@ impl Steering {
     #[must_use]
     pub fn endpoints4_overflow(&self) -> Vec<ServiceKey> {
         self.endpoints4_index.overflow()
+    }
+
+    /// [`Steering::services4_overflow`] for the IPv6 services of `services6_index` (left to
+    /// the `services` hash map); empty while the map's contents are not known (before the
+    /// first sync, or after [`Steering::verify_next_sync`] until the next).
+    #[must_use]
+    pub fn services6_overflow(&self) -> Vec<ServiceKey> {
+        overflow6(&self.services6_index, self.shadow.services.as_ref())
+    }
+
+    /// [`Steering::services6_overflow`] for the IPv6 SNAT addresses of `snat6_index` (every
+    /// address of an id the index leaves to the `snat_addrs` hash map).
+    #[must_use]
+    pub fn snat6_overflow(&self) -> Vec<IpAddr> {
+        let left: std::collections::HashSet<u64> =
+            self.snat6_index.index.overflow_entries().map(|e| Form::Snat4.identity(e)).collect();
+        let mut v: Vec<IpAddr> = self
+            .shadow
+            .snat_addrs
+            .iter()
+            .flat_map(|m| m.keys())
+            .filter(|a| left.contains(&u64::from(snat6_id(a))))
+            .map(|a| IpAddr::from(*a))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// [`Steering::services6_overflow`] for the IPv6 NAT backends of `endpoints6_index`.
+    #[must_use]
+    pub fn endpoints6_overflow(&self) -> Vec<ServiceKey> {
+        overflow6(&self.endpoints6_index, self.shadow.endpoints.as_ref())
     }
 
     /// Reads back the `services4` and `services` maps (for diagnostics such as `xlb status`),

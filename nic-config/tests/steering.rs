@@ -11,8 +11,8 @@ use std::{
 
 use common::{CLIENT_V4, CLIENT_V6, LB_IF, LB_V4, LB_V6, Netns, Pair, VIP_V4, VIP_V6, decode, run, wait_for, xsk::Xsk};
 use nic_config::{
-    IPPROTO_TCP, IPPROTO_UDP, ServiceKey, Steering, XdpMode, endpoints4_index_home, interface_info, l2_filter_bit,
-    services4_index_home, services6_filter_bit, snat4_index_home,
+    IPPROTO_TCP, IPPROTO_UDP, ServiceKey, Steering, XdpMode, endpoints4_index_home, endpoints6_index_home,
+    interface_info, l2_filter_bit, services4_index_home, services6_index_home, snat4_index_home, snat6_index_home,
 };
 
 const SHORT: Duration = Duration::from_millis(400);
@@ -105,7 +105,7 @@ mod tests {
             assert_eq!(
                 map_ids.len(),
                 18,
-                "xsks, services4, services4_index, services, vip_addrs, snat4, snat4_index, snat_addrs, endpoints4, endpoints4_index, endpoints, services6_filter, snat6_filter, endpoints6_filter, stats, l2_filter, l2_addrs, l2_self"
+                "xsks, services4, services4_index, services, vip_addrs, snat4, snat4_index, snat_addrs, endpoints4, endpoints4_index, endpoints, services6_index, snat6_index, endpoints6_index, stats, l2_filter, l2_addrs, l2_self"
             );
 
             let info = pair.lb.run_in(|| interface_info(LB_IF).unwrap());
@@ -354,6 +354,49 @@ mod tests {
         steering.detach().unwrap();
     }
 
+    /// `snat6_index`: ten IPv6 SNAT addresses of one home slot, two of them left to the
+    /// `snat_addrs` hash map. Frames to each address inside its port range reach the XSK,
+    /// outside it pass; a changed range takes effect; an eleventh address of that home, not
+    /// listed, passes.
+    #[test]
+    fn ipv6_snat_addresses_left_to_the_hash_map_by_a_full_index_window_still_reach_the_xsk() {
+        if !common::can_run("ipv6_snat_addresses_left_to_the_hash_map_by_a_full_index_window_still_reach_the_xsk") {
+            return;
+        }
+        let pair = Pair::new(1);
+        let (mut steering, mut xsk) = attach_with_xsk(&pair);
+        let ping = pair.client.exec(&["ping", "-6", "-c", "1", "-W", "2", &LB_V6.to_string()]);
+        assert!(ping.status.success(), "ping -6: {}", String::from_utf8_lossy(&ping.stdout));
+        pair.client.ip(&["-6", "route", "add", "fd00:251:c::/64", "via", &LB_V6.to_string()]);
+        let addr = |i: u32| std::net::Ipv6Addr::new(0xfd00, 0x251, 0xc, 0, 0, 0, (i >> 16) as u16, i as u16);
+        let same = eleven_of_one_home((1..0x10_0000).map(addr), |a| snat6_index_home(*a));
+        let (listed, unlisted) = same.split_at(10);
+        let ranges: Vec<(IpAddr, u16, u16)> = listed.iter().map(|a| (IpAddr::from(*a), 33_000, 33_999)).collect();
+        steering.sync_snat(&ranges).unwrap();
+        assert_eq!(steering.snat6_overflow().len(), 2, "a window of 8 slots for 10 addresses");
+        let steered = |xsk: &mut Xsk, a: std::net::Ipv6Addr, port: u16| {
+            client_send_udp(&pair.client, SocketAddr::new(a.into(), port), b"snat");
+            let seen: Vec<_> = xsk.recv_until(1, SHORT).iter().filter_map(|f| decode(f)).collect();
+            seen.iter().any(|s| s.dst == IpAddr::from(a) && s.port_or_type == port)
+        };
+        for a in listed {
+            assert!(steered(&mut xsk, *a, 33_500), "[{a}]:33500 on the XSK");
+            assert!(!steered(&mut xsk, *a, 34_000), "[{a}]:34000 is outside the range");
+        }
+        assert!(!steered(&mut xsk, unlisted[0], 33_500), "an unlisted address of the full window");
+        // Every range moves: the old ports pass, the new ones are xlb's.
+        let moved: Vec<(IpAddr, u16, u16)> = listed.iter().map(|a| (IpAddr::from(*a), 40_000, 40_999)).collect();
+        steering.sync_snat(&moved).unwrap();
+        for a in listed {
+            assert!(steered(&mut xsk, *a, 40_500), "[{a}]:40500 after the change");
+            assert!(!steered(&mut xsk, *a, 33_500), "[{a}]:33500 after the change");
+        }
+        steering.sync_snat(&[]).unwrap();
+        assert!(steering.snat6_overflow().is_empty());
+        assert!(!steered(&mut xsk, listed[9], 40_500));
+        steering.detach().unwrap();
+    }
+
     /// What a crashed xlb leaves: its program stays attached (netlink attach) and, once its
     /// socket is closed, drops frames that are xlb's while ping to the node passes; a plain
     /// second attach is refused, and `attach_replacing_leftover` swaps it for the new one.
@@ -560,8 +603,8 @@ mod tests {
     /// address's replies reach the XSK and its other ports pass; a service and a backend added
     /// by targeted updates are steered, and removed ones pass again.
     #[test]
-    fn ipv6_snat_replies_and_keys_of_targeted_updates_pass_the_filters() {
-        if !common::can_run("ipv6_snat_replies_and_keys_of_targeted_updates_pass_the_filters") {
+    fn ipv6_snat_replies_and_keys_of_targeted_updates_are_steered() {
+        if !common::can_run("ipv6_snat_replies_and_keys_of_targeted_updates_are_steered") {
             return;
         }
         let pair = Pair::new(1);
@@ -609,12 +652,12 @@ mod tests {
         steering.detach().unwrap();
     }
 
-    /// A word of `services6_filter` cleared behind xlb's back hides its service from the
-    /// program (the filter is what decides), and the verify syncs, each reading back an eighth
-    /// of the words, put it back within eight of them.
+    /// A slot of `services6_index` cleared behind xlb's back hides its service from the
+    /// program (an empty slot ends the probe), and the verify syncs, each reading back an
+    /// eighth of the slots, put it back within eight of them.
     #[test]
-    fn a_filter_word_cleared_behind_xlbs_back_is_restored_by_the_verify_syncs() {
-        if !common::can_run("a_filter_word_cleared_behind_xlbs_back_is_restored_by_the_verify_syncs") {
+    fn an_ipv6_index_slot_cleared_behind_xlbs_back_is_restored_by_the_verify_syncs() {
+        if !common::can_run("an_ipv6_index_slot_cleared_behind_xlbs_back_is_restored_by_the_verify_syncs") {
             return;
         }
         let pair = Pair::new(1);
@@ -626,26 +669,97 @@ mod tests {
         client_send_udp(&pair.client, SocketAddr::new(VIP_V6.into(), 7777), b"listed");
         assert!(!xsk.recv_until(1, LONG).is_empty(), "the service's frame on the XSK");
 
-        // services6_filter: the twelfth map (see program_attaches_to_a_veth_...).
+        // services6_index: the twelfth map (see program_attaches_to_a_veth_...). The only key
+        // sits in its home slot.
         let data = aya::maps::MapData::from_id(steering.map_ids()[11]).unwrap();
-        let mut filter: aya::maps::Array<_, u64> = aya::maps::Array::try_from(aya::maps::Map::Array(data)).unwrap();
-        let word = services6_filter_bit(&key).unwrap() / 64;
-        assert_ne!(filter.get(&word, 0).unwrap(), 0, "xlb set the service's bit");
-        filter.set(word, 0, 0).unwrap();
+        let mut index: aya::maps::Array<_, u64> = aya::maps::Array::try_from(aya::maps::Map::Array(data)).unwrap();
+        let slot = services6_index_home(&key).unwrap();
+        assert_ne!(index.get(&slot, 0).unwrap(), 0, "xlb wrote the service's slot");
+        index.set(slot, 0, 0).unwrap();
         let kernel = lb_udp(&pair.lb, SocketAddr::new(VIP_V6.into(), 7777));
         client_send_udp(&pair.client, SocketAddr::new(VIP_V6.into(), 7777), b"hidden");
-        assert_eq!(kernel_got(&kernel).as_deref(), Some(&b"hidden"[..]), "a clear bit passes the frame");
-        // A plain sync trusts what it wrote; the verify syncs read the words back.
+        assert_eq!(kernel_got(&kernel).as_deref(), Some(&b"hidden"[..]), "an empty slot passes the frame");
+        // A plain sync trusts what it wrote; the verify syncs read the slots back.
         steering.sync_services(&[key]).unwrap();
-        assert_eq!(filter.get(&word, 0).unwrap(), 0);
+        assert_eq!(index.get(&slot, 0).unwrap(), 0);
         for _ in 0..8 {
             steering.verify_next_sync();
             steering.sync_services(&[key]).unwrap();
         }
-        assert_ne!(filter.get(&word, 0).unwrap(), 0, "repaired");
+        assert_ne!(index.get(&slot, 0).unwrap(), 0, "repaired");
         client_send_udp(&pair.client, SocketAddr::new(VIP_V6.into(), 7777), b"again");
         assert!(!xsk.recv_until(1, LONG).is_empty(), "the service's frame on the XSK again");
         assert_eq!(kernel_got(&kernel), None);
+        steering.detach().unwrap();
+    }
+
+    /// `services6_index` and `endpoints6_index`: ten IPv6 services of one home slot, two of
+    /// them left to the `services` hash map, and likewise ten NAT backends (the client plays
+    /// each, its address added to its interface) left to `endpoints`. Every listed key's
+    /// frames reach the XSK; an eleventh key of that home, not listed, passes.
+    #[test]
+    fn ipv6_keys_left_to_the_hash_maps_by_a_full_index_window_still_reach_the_xsk() {
+        if !common::can_run("ipv6_keys_left_to_the_hash_maps_by_a_full_index_window_still_reach_the_xsk") {
+            return;
+        }
+        let pair = Pair::new(1);
+        let (mut steering, mut xsk) = attach_with_xsk(&pair);
+        let ping = pair.client.exec(&["ping", "-6", "-c", "1", "-W", "2", &LB_V6.to_string()]);
+        assert!(ping.status.success(), "ping -6: {}", String::from_utf8_lossy(&ping.stdout));
+        let key = |net: u16, i: u32, port| ServiceKey {
+            addr: IpAddr::from(std::net::Ipv6Addr::new(0xfd00, 0x251, net, 0, 0, 0, (i >> 16) as u16, i as u16)),
+            proto: IPPROTO_UDP,
+            port,
+        };
+        // Fingerprints are well mixed: a home of 2^17 (2^19) slots holds about one key in
+        // 131,072 (524,288) candidates.
+        let services =
+            eleven_of_one_home((1..0x40_0000).map(|i| key(0xa, i, 5000)), |k| services6_index_home(k).unwrap());
+        pair.client.ip(&["-6", "route", "add", "fd00:251:a::/64", "via", &LB_V6.to_string()]);
+        let (listed, unlisted) = services.split_at(10);
+        steering.sync_services(listed).unwrap();
+        assert_eq!(steering.services6_overflow().len(), 2, "a window of 8 slots for 10 keys");
+        for k in listed {
+            client_send_udp(&pair.client, SocketAddr::new(k.addr, k.port), b"listed");
+            let seen: Vec<_> = xsk.recv_until(1, LONG).iter().filter_map(|f| decode(f)).collect();
+            assert!(seen.iter().any(|s| s.dst == k.addr && s.port_or_type == k.port), "{k:?} on the XSK; saw {seen:?}");
+        }
+        let passed = steering.stats().unwrap().passed;
+        client_send_udp(&pair.client, SocketAddr::new(unlisted[0].addr, unlisted[0].port), b"unlisted");
+        assert!(xsk.recv(SHORT).is_empty(), "an unlisted service of the full window passes");
+        assert!(steering.stats().unwrap().passed > passed);
+
+        let backends =
+            eleven_of_one_home((1..0x100_0000).map(|i| key(0xb, i, 5353)), |k| endpoints6_index_home(k).unwrap());
+        for k in &backends {
+            pair.client.ip(&["-6", "addr", "add", &format!("{}/128", k.addr), "dev", common::CLIENT_IF, "nodad"]);
+        }
+        // The way back, so that the lb's kernel takes the frames that pass.
+        pair.lb.ip(&["-6", "route", "add", "fd00:251:b::/64", "via", &CLIENT_V6.to_string()]);
+        let (listed, unlisted) = backends.split_at(10);
+        steering.sync_endpoints(listed).unwrap();
+        assert_eq!(steering.endpoints6_overflow().len(), 2, "a window of 8 slots for 10 keys");
+        let to = SocketAddr::new(LB_V6.into(), 40_600);
+        let kernel = lb_udp(&pair.lb, to);
+        let send_from = |k: &ServiceKey, payload: &[u8]| {
+            pair.client.run_in(|| {
+                let s = UdpSocket::bind(SocketAddr::new(k.addr, k.port)).expect("bind the backend's address");
+                s.send_to(payload, to).expect("send");
+            });
+        };
+        for k in listed {
+            send_from(k, b"reply");
+            let seen: Vec<_> = xsk.recv_until(1, LONG).iter().filter_map(|f| decode(f)).collect();
+            assert!(seen.iter().any(|s| s.src == k.addr && s.port_or_type == 40_600), "{k:?} on the XSK; saw {seen:?}");
+        }
+        assert_eq!(kernel_got(&kernel), None, "the backends' frames never reach the kernel");
+        send_from(&unlisted[0], b"unlisted");
+        assert_eq!(kernel_got(&kernel).as_deref(), Some(&b"unlisted"[..]));
+        steering.sync_services(&[]).unwrap();
+        steering.sync_endpoints(&[]).unwrap();
+        assert!(steering.services6_overflow().is_empty() && steering.endpoints6_overflow().is_empty());
+        send_from(&listed[9], b"gone");
+        assert_eq!(kernel_got(&kernel).as_deref(), Some(&b"gone"[..]));
         steering.detach().unwrap();
     }
 

@@ -35,9 +35,10 @@
 // (`services4_index`, `endpoints4_index`, `snat4_index`; see index4_probe() and
 // port_in_snat4_range()). Everywhere
 // else addresses are 16 bytes: IPv6 as is, IPv4 as the v4-mapped ::ffff:a.b.c.d
-// (RFC 4291 2.5.5.2); `services`, `snat_addrs` and `endpoints` hold the IPv6 entries, and a
-// TCP/UDP/SCTP frame asks each only when its key's bit is set in a filter of our own over an
-// ARRAY map (`services6_filter`, `snat6_filter`, `endpoints6_filter`; see filter6_has()).
+// (RFC 4291 2.5.5.2); `services`, `snat_addrs` and `endpoints` hold the IPv6 entries. An IPv6
+// TCP/UDP/SCTP frame finds its key in slot indexes of our own too (`services6_index`,
+// `endpoints6_index`, `snat6_index`, holding fingerprints of the keys; see index6_probe() and
+// port_in_snat6_range()) before it asks `services`, `endpoints` or `snat_addrs`.
 //
 // Built by nic-config/build.rs with: clang -O2 -g -target bpf -I/usr/include/x86_64-linux-gnu -c
 // Only the kernel's UAPI headers (linux-libc-dev) are used; the few libbpf macros needed are
@@ -258,34 +259,37 @@ struct {
 	__type(value, struct snat4_slot);
 } snat4_index SEC(".maps");
 
-/* The filters in front of the IPv6 hash maps (nic-config/src/filter.rs has the rules): one bit
- * per key, set for every key of `services` and `endpoints` (address, port and protocol) and
- * every address of `snat_addrs` (see filter6_has()). A frame whose key has its bit clear is not
- * in that map, so the node's own IPv6 traffic asks `snat_addrs` alone (the node's address is a
- * SNAT address) instead of all three hash maps. */
-#define SERVICES6_FILTER_BITS 20
-#define SNAT6_FILTER_BITS 16
-#define ENDPOINTS6_FILTER_BITS 20
+/* The slot indexes in front of `services` and `endpoints` (IPv6 keys; nic-config/src/index.rs
+ * has the rules): as `services4_index`, but a used slot holds the key's fingerprint, the top
+ * 56 bits of key6_hash() with INDEX4_USED in the top byte (see index6_probe()). Two keys
+ * sharing a fingerprint (one pair in 2^56) both find it: a frame taken for another key's goes
+ * to xlb, which passes frames that are none of its own on to the kernel. */
+#define SERVICES6_INDEX_BITS 17
+#define ENDPOINTS6_INDEX_BITS 19
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1u << (SERVICES6_FILTER_BITS - 6));
+	__uint(max_entries, 1u << SERVICES6_INDEX_BITS);
 	__type(key, __u32);
 	__type(value, __u64);
-} services6_filter SEC(".maps");
+} services6_index SEC(".maps");
+
+/* The slot index in front of `snat_addrs`: as `snat4_index`, but a slot's `addr` holds the
+ * IPv6 address's 30-bit id, never 0 (an empty slot) nor all ones (a tombstone), and the port
+ * range of every listed address with that id (see port_in_snat6_range()). */
+#define SNAT6_INDEX_BITS 11
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1u << SNAT6_INDEX_BITS);
+	__type(key, __u32);
+	__type(value, struct snat4_slot);
+} snat6_index SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1u << (SNAT6_FILTER_BITS - 6));
+	__uint(max_entries, 1u << ENDPOINTS6_INDEX_BITS);
 	__type(key, __u32);
 	__type(value, __u64);
-} snat6_filter SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1u << (ENDPOINTS6_FILTER_BITS - 6));
-	__type(key, __u32);
-	__type(value, __u64);
-} endpoints6_filter SEC(".maps");
+} endpoints6_index SEC(".maps");
 
 /* IPv6 services. */
 struct {
@@ -390,19 +394,27 @@ static __always_inline int parse_error(void)
 }
 
 /*
- * Whether the key of address `a` (16 bytes: IPv6, or IPv4 v4-mapped for `l2_filter`) and `x`
- * (a port's two bytes as in the frame, then the protocol, read as a native-endian u64; 0 for
- * `snat6_filter` and `l2_filter`) has its bit set in filter `filter` of 2^bits bits: the top
- * `bits` bits of ((((lo * M) ^ hi) * M) ^ x) * M, lo and hi the address's halves read as
- * native-endian u64s and M INDEX4_MUL; bit b is bit b % 64 of word b / 64. Clear: the key is
- * not in the filter's hash map.
+ * The hash of address `a` (16 bytes: IPv6, or IPv4 v4-mapped for `l2_filter`) and `x` (a
+ * port's two bytes as in the frame, then the protocol, read as a native-endian u64; 0 for
+ * `snat6_index` and `l2_filter`): ((((lo * M) ^ hi) * M) ^ x) * M, lo and hi the address's
+ * halves read as native-endian u64s and M INDEX4_MUL (nic-config/src/filter.rs `hash_of`).
  */
-static __always_inline int filter6_has(void *filter, __u32 bits, const struct addr_key *a, __u64 x)
+static __always_inline __u64 key6_hash(const struct addr_key *a, __u64 x)
 {
 	__u64 lo, hi;
 	__builtin_memcpy(&lo, a->addr, 8);
 	__builtin_memcpy(&hi, a->addr + 8, 8);
-	__u64 h = ((((lo * INDEX4_MUL) ^ hi) * INDEX4_MUL) ^ x) * INDEX4_MUL;
+	return ((((lo * INDEX4_MUL) ^ hi) * INDEX4_MUL) ^ x) * INDEX4_MUL;
+}
+
+/*
+ * Whether the key of address `a` and `x` (as key6_hash()) has its bit set in filter `filter`
+ * of 2^bits bits: the top `bits` bits of key6_hash(); bit b is bit b % 64 of word b / 64.
+ * Clear: the key is not in the filter's hash map.
+ */
+static __always_inline int filter6_has(void *filter, __u32 bits, const struct addr_key *a, __u64 x)
+{
+	__u64 h = key6_hash(a, x);
 	__u32 bit = (__u32)(h >> (64 - bits));
 	__u32 word = bit >> 6;
 	__u64 *w = bpf_map_lookup_elem(filter, &word);
@@ -458,10 +470,47 @@ static __always_inline int port_in_range(const struct snat_range *r, __be16 port
 	return port >= r->port_min && port <= r->port_max;
 }
 
-static __always_inline int port_in_snat_range(const struct addr_key *dst, __be16 port_be)
+/* `snat_addrs` itself, for an address whose index window is full: out of line, as
+ * service4_hashed() below. */
+static __attribute__((noinline)) int port_in_snat6_hashed(const struct addr_key *dst, __be16 port_be)
 {
 	struct snat_range *r = bpf_map_lookup_elem(&snat_addrs, (void *)dst);
 	return r && port_in_range(r, port_be);
+}
+
+/* Probes SNAT slot index `index` (`snat4_index` or `snat6_index`, 2^bits slots) for the
+ * address of id `id` (never 0 nor all ones) from its home (the top `bits` bits of id *
+ * INDEX4_MUL): the first slot with the id decides whether `port_be` is in its range, an empty
+ * slot says the address is none, and -1 when the window holds neither (the hash map then
+ * answers). */
+static __always_inline int snat_probe(void *index, __u32 bits, __u32 id, __be16 port_be)
+{
+	__u32 home = (__u32)(((__u64)id * INDEX4_MUL) >> (64 - bits));
+#pragma unroll
+	for (__u32 i = 0; i < INDEX4_WINDOW; i++) {
+		__u32 slot = (home + i) & ((1u << bits) - 1);
+		struct snat4_slot *v = bpf_map_lookup_elem(index, &slot);
+		if (!v)
+			break;
+		if (v->addr == id)
+			return port_in_range(&v->range, port_be);
+		if (v->addr == 0)
+			return 0;
+	}
+	return -1;
+}
+
+/* Whether an IPv6 frame to `dst` with port `port_be` is a SNAT reply: probed in `snat6_index`
+ * by the address's id, the top 30 bits of key6_hash(dst, 0) with the lowest bit set
+ * (nic-config/src/index.rs `snat6_id`). An unlisted address that shares a listed one's id
+ * (one in 2^30 per slot compared) has the frames in that range taken to xlb, which passes
+ * frames that are none of its own on to the kernel; listed addresses that share an id share
+ * a slot whose range covers all of theirs. */
+static __always_inline int port_in_snat6_range(const struct addr_key *dst, __be16 port_be)
+{
+	__u32 id = (__u32)(key6_hash(dst, 0) >> 34) | 1;
+	int r = snat_probe(&snat6_index, SNAT6_INDEX_BITS, id, port_be);
+	return r >= 0 ? r : port_in_snat6_hashed(dst, port_be);
 }
 
 /* `snat4` itself, for an address whose index window is full: out of line, as
@@ -472,30 +521,17 @@ static __attribute__((noinline)) int port_in_snat4_hashed(__be32 addr, __be16 po
 	return r && port_in_range(r, port_be);
 }
 
-/* port_in_snat_range for an IPv4 address (network byte order): probed in `snat4_index` from
- * the address's home (its 4 bytes read as a native-endian u32, times INDEX4_MUL); the first
- * slot with the address decides, an empty slot says it is none, and a window of other
- * addresses leaves the answer to `snat4`. */
+/* Whether an IPv4 frame to `addr` (network byte order) with port `port_be` is a SNAT reply:
+ * probed in `snat4_index` by the address itself (its 4 bytes read as a native-endian u32),
+ * then, for a full window, in `snat4`. */
 static __always_inline int port_in_snat4_range(__be32 addr, __be16 port_be)
 {
 	/* Never SNAT addresses, and the index's own markers: a frame to one must not match an
 	 * empty slot or a tombstone. */
 	if (addr == 0 || addr == 0xffffffff)
 		return 0;
-	__u64 id = (__u32)addr;
-	__u32 home = (__u32)((id * INDEX4_MUL) >> (64 - SNAT4_INDEX_BITS));
-#pragma unroll
-	for (__u32 i = 0; i < INDEX4_WINDOW; i++) {
-		__u32 slot = (home + i) & ((1u << SNAT4_INDEX_BITS) - 1);
-		struct snat4_slot *v = bpf_map_lookup_elem(&snat4_index, &slot);
-		if (!v)
-			break;
-		if (v->addr == addr)
-			return port_in_range(&v->range, port_be);
-		if (v->addr == 0)
-			return 0;
-	}
-	return port_in_snat4_hashed(addr, port_be);
+	int r = snat_probe(&snat4_index, SNAT4_INDEX_BITS, (__u32)addr, port_be);
+	return r >= 0 ? r : port_in_snat4_hashed(addr, port_be);
 }
 
 /* TCP, UDP and SCTP all start with src port, dst port (16 bits each). */
@@ -505,15 +541,12 @@ static __always_inline int is_port_proto(__u8 proto)
 }
 
 /*
- * Probes slot index `index` (2^bits slots) for (address, port, protocol), all as in the frame,
- * from the key's home slot: 1 for a match, 0 for an empty slot, -1 when the window holds
- * neither (the hash map then answers).
+ * Probes slot index `index` (2^bits slots) for slot value `k` from its home slot (the top
+ * `bits` bits of k * INDEX4_MUL): 1 for a match, 0 for an empty slot, -1 when the window
+ * holds neither (the hash map then answers).
  */
-static __always_inline int index4_probe(void *index, __u32 bits, __be32 addr, __be16 port, __u8 proto)
+static __always_inline int index_probe(void *index, __u32 bits, __u64 k)
 {
-	struct service4_key sk = { .addr = addr, .port = port, .proto = proto, .pad = INDEX4_USED };
-	__u64 k;
-	__builtin_memcpy(&k, &sk, sizeof(k));
 	__u32 home = (__u32)((k * INDEX4_MUL) >> (64 - bits));
 #pragma unroll
 	for (__u32 i = 0; i < INDEX4_WINDOW; i++) {
@@ -527,6 +560,24 @@ static __always_inline int index4_probe(void *index, __u32 bits, __be32 addr, __
 			return 0;
 	}
 	return -1;
+}
+
+/* index_probe() for an IPv4 key: the slot value is the key itself, pad byte INDEX4_USED. */
+static __always_inline int index4_probe(void *index, __u32 bits, __be32 addr, __be16 port, __u8 proto)
+{
+	struct service4_key sk = { .addr = addr, .port = port, .proto = proto, .pad = INDEX4_USED };
+	__u64 k;
+	__builtin_memcpy(&k, &sk, sizeof(k));
+	return index_probe(index, bits, k);
+}
+
+/* index_probe() for an IPv6 key (address `a`, port as in the frame, protocol): the slot value
+ * is its fingerprint, key6_hash()'s top 56 bits with INDEX4_USED in the top byte (the hash's
+ * low bits do not see the address's last byte; nic-config/src/index.rs `fingerprint6`). */
+static __always_inline int index6_probe(void *index, __u32 bits, const struct addr_key *a, __be16 port, __u8 proto)
+{
+	__u64 k = (key6_hash(a, port_proto(port, proto)) >> 8) | ((__u64)INDEX4_USED << 56);
+	return index_probe(index, bits, k);
 }
 
 /* The hash maps themselves, for a key whose index window is full: out of line (BPF-to-BPF
@@ -572,8 +623,9 @@ static __always_inline int ports4_ours(__be32 daddr, __be32 saddr, __u8 proto, c
 }
 
 /* Whether (IPv6 address `a`, port as in the frame, protocol) is a key of `map` (`services` or
- * `endpoints`). */
-static __always_inline int key6_listed(void *map, const struct addr_key *a, __be16 port, __u8 proto)
+ * `endpoints`): the hash map itself, for a key whose index window is full (out of line, as
+ * service4_hashed()). */
+static __attribute__((noinline)) int key6_hashed(void *map, const struct addr_key *a, __be16 port, __u8 proto)
 {
 	struct service_key k = {};
 	__builtin_memcpy(k.addr, a->addr, 16);
@@ -582,21 +634,33 @@ static __always_inline int key6_listed(void *map, const struct addr_key *a, __be
 	return bpf_map_lookup_elem(map, &k) != 0;
 }
 
+/* Whether (IPv6 address `a`, port as in the frame, protocol) is in `services`. */
+static __always_inline int service6_listed(const struct addr_key *a, __be16 port, __u8 proto)
+{
+	int r = index6_probe(&services6_index, SERVICES6_INDEX_BITS, a, port, proto);
+	return r >= 0 ? r : key6_hashed(&services, a, port, proto);
+}
+
+/* Whether (IPv6 address `a`, port as in the frame, protocol) is in `endpoints`. */
+static __always_inline int endpoint6_listed(const struct addr_key *a, __be16 port, __u8 proto)
+{
+	int r = index6_probe(&endpoints6_index, ENDPOINTS6_INDEX_BITS, a, port, proto);
+	return r >= 0 ? r : key6_hashed(&endpoints, a, port, proto);
+}
+
 /*
  * Decide for an IPv6 TCP/UDP/SCTP header at `l4` (4 bytes already bounds-checked by the
- * caller). Each hash map is asked only when the frame's key has its bit in the map's filter.
+ * caller): to a service, a SNAT reply, or from a NAT backend.
  */
 static __always_inline int ports_verdict(struct xdp_md *ctx, const struct l2_self *me,
 					 const struct addr_key *src, const struct addr_key *dst, __u8 proto,
 					 const __be16 *ports)
 {
-	if (filter6_has(&services6_filter, SERVICES6_FILTER_BITS, dst, port_proto(ports[1], proto)) &&
-	    key6_listed(&services, dst, ports[1], proto))
+	if (service6_listed(dst, ports[1], proto))
 		return steer(ctx);
-	if (filter6_has(&snat6_filter, SNAT6_FILTER_BITS, dst, 0) && port_in_snat_range(dst, ports[1]))
+	if (port_in_snat6_range(dst, ports[1]))
 		return steer(ctx);
-	if (filter6_has(&endpoints6_filter, ENDPOINTS6_FILTER_BITS, src, port_proto(ports[0], proto)) &&
-	    key6_listed(&endpoints, src, ports[0], proto))
+	if (endpoint6_listed(src, ports[0], proto))
 		return steer(ctx);
 	return pass_unless_l2(me, dst);
 }
@@ -641,7 +705,7 @@ static __always_inline int icmp_error_verdict(struct xdp_md *ctx, void *inner, v
 			return steer(ctx);
 		return pass();
 	}
-	if (key6_listed(&services, outer_dst, ports[0], proto) || port_in_snat_range(outer_dst, ports[0]))
+	if (service6_listed(outer_dst, ports[0], proto) || port_in_snat6_range(outer_dst, ports[0]))
 		return steer(ctx);
 	return pass();
 }

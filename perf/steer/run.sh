@@ -14,11 +14,11 @@
 # Needs root (BPF_PROG_LOAD, bpffs), clang and bpftool (scripts/install-deps.sh bench).
 #
 # Maps are filled as xlb fills them (`services4`, `endpoints4`, `snat4` and, where the program
-# has them, their slot indexes) for one IPv4 service 10.96.0.10:80/TCP, one NAT backend 10.1.0.5:8080/TCP
-# and the SNAT address 10.2.0.1 with ports 33000-36863, and likewise (`services`, `endpoints`,
-# `snat_addrs` and, where the program has them, their filters) for the IPv6 ones below; no
-# AF_XDP socket is in `xsks`, so xlb's frames end in XDP_DROP (redirect failed) and the others
-# in XDP_PASS.
+# has them, their slot indexes) for one IPv4 service 10.96.0.10:80/TCP, one NAT backend
+# 10.1.0.5:8080/TCP and the SNAT address 10.2.0.1 with ports 33000-36863, and likewise
+# (`services`, `endpoints`, `snat_addrs` and, where the program has them, their filters or slot
+# indexes) for the IPv6 ones below; no AF_XDP socket is in `xsks`, so xlb's frames end in
+# XDP_DROP (redirect failed) and the others in XDP_PASS.
 # Frames (64 bytes, TCP ACK):
 #   service     client 10.0.0.1:40000 -> 10.96.0.10:80   (a service's packet: one lookup)
 #   snat_reply  10.1.0.5:8080 -> 10.2.0.1:33000          (SNAT reply: two)
@@ -98,6 +98,40 @@ v = struct.unpack("<Q", bytes(int(x) for x in sys.argv[2].split()))[0] | (1 << i
 print(" ".join("%02x" % b for b in struct.pack("<Q", v)))' "$bit" "$cur")
 }
 
+# index6_put MAP BITS "ADDR" "X": writes the fingerprint of the IPv6 key (ADDR, X as for
+# filter_put) into its home slot of a slot index of 2^BITS slots (nic-config/src/index.rs
+# `fingerprint6`): the top 56 bits of the filter's hash with 1 in the top byte, its home the top
+# BITS bits of the fingerprint times 2^64/phi.
+index6_put() {
+  bpftool map update pinned "$1" $(python3 -c '
+import struct, sys
+a = bytes(int(x, 16) for x in sys.argv[2].split())
+x = int.from_bytes(bytes(int(v, 16) for v in sys.argv[3].split()).ljust(8, b"\0"), "little")
+lo, hi = struct.unpack("<QQ", a)
+M, W = 0x9E3779B97F4A7C15, 2**64
+h = (((((lo * M) % W ^ hi) * M) % W ^ x) * M) % W
+fp = h >> 8 | 1 << 56
+home = ((fp * M) % W) >> (64 - int(sys.argv[1]))
+print("key hex", " ".join("%02x" % b for b in struct.pack("<I", home)), "value hex", " ".join("%02x" % b for b in struct.pack("<Q", fp)))' "$2" "$3" "$4")
+}
+
+# snat6_put MAP BITS "ADDR" "RANGE": writes the slot of IPv6 SNAT address ADDR (16 hex bytes)
+# with port range RANGE (4 hex bytes: first and last port, little-endian) into its home slot
+# of a SNAT slot index of 2^BITS slots (nic-config/src/index.rs `snat6_id`): the id is the top
+# 30 bits of the filter's hash with no port, its lowest bit set; the slot, the id's 4 bytes
+# then the range; the home, the top BITS bits of the id times 2^64/phi.
+snat6_put() {
+  bpftool map update pinned "$1" $(python3 -c '
+import struct, sys
+a = bytes(int(x, 16) for x in sys.argv[2].split())
+lo, hi = struct.unpack("<QQ", a)
+M, W = 0x9E3779B97F4A7C15, 2**64
+h = ((((lo * M) % W ^ hi) * M) % W * M) % W
+ident = h >> 34 | 1
+home = ((ident * M) % W) >> (64 - int(sys.argv[1]))
+print("key hex", " ".join("%02x" % b for b in struct.pack("<I", home)), "value hex", " ".join("%02x" % b for b in struct.pack("<I", ident)), sys.argv[3])' "$2" "$3" "$4")
+}
+
 # load NAME: pins the program and its maps under /sys/fs/bpf and fills the maps.
 load() {
   local pin=/sys/fs/bpf/xlb-steer-bench-$$-$1 m
@@ -128,12 +162,15 @@ load() {
   bpftool map update pinned "$m/services" key hex $fd00_10 00 50 06 00 value hex 00 00 00 00
   bpftool map update pinned "$m/endpoints" key hex $fd01_5 1f 90 06 00 value hex 00 00 00 00
   bpftool map update pinned "$m/snat_addrs" key hex $fd02_1 value hex e8 80 ff 8f
-  # The filters in front of them, where the program has them (nic-config/src/filter.rs).
-  if [ -e "$m/services6_filter" ]; then
-    filter_put "$m/services6_filter" 20 "$fd00_10" "00 50 06"
-    filter_put "$m/snat6_filter" 16 "$fd02_1" ""
-    filter_put "$m/endpoints6_filter" 20 "$fd01_5" "1f 90 06"
-  fi
+  # The filters and slot indexes in front of them, where the program has them
+  # (nic-config/src/filter.rs, index.rs: programs before 2026-11-27 22:50 UTC have filters
+  # in front of the three IPv6 maps, later ones slot indexes).
+  if [ -e "$m/services6_filter" ]; then filter_put "$m/services6_filter" 20 "$fd00_10" "00 50 06"; fi
+  if [ -e "$m/snat6_filter" ]; then filter_put "$m/snat6_filter" 16 "$fd02_1" ""; fi
+  if [ -e "$m/endpoints6_filter" ]; then filter_put "$m/endpoints6_filter" 20 "$fd01_5" "1f 90 06"; fi
+  if [ -e "$m/services6_index" ]; then index6_put "$m/services6_index" 17 "$fd00_10" "00 50 06"; fi
+  if [ -e "$m/endpoints6_index" ]; then index6_put "$m/endpoints6_index" 19 "$fd01_5" "1f 90 06"; fi
+  if [ -e "$m/snat6_index" ]; then snat6_put "$m/snat6_index" 11 "$fd02_1" "e8 80 ff 8f"; fi
   if [ "$l2" = 1 ]; then
     # L2 mode: `l2_self` says addresses are announced (its MAC check off), and `l2_addrs`
     # holds two VIPs none of the frames is sent to, behind `l2_filter` where the program has it.
