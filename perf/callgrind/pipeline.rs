@@ -15,7 +15,9 @@
 //! - `syn_flood`: SYNs of distinct new flows into a conntrack that earlier SYNs filled
 //!   ([`SYN_FLOOD_CAPACITY`] flows, none established, as under a SYN flood): every one evicts
 //!   the oldest half-open flow near its bucket. This world holds no established flows (MIX is
-//!   ignored).
+//!   ignored);
+//! - `established6`, `new_flow6`: `established` and `new_flow` in the IPv6 DNAT world (the same
+//!   services, backends and flows over IPv6, 74-byte frames).
 //!
 //! MIX (`uniform`, `zipf`, `hot`) picks the flow of each packet (see the scenario). `batch`
 //! runs batches of 64 frames rotated over 4,096 buffers at headroom 0 through
@@ -116,7 +118,14 @@ mod callgrind {
 /// Processes `k` packets of `stream` starting at `*at`, in batches or one at a time (or, with
 /// `copy_only`, only copies them into the buffers); returns how many were not forwarded.
 #[inline(never)]
-fn packets(w: &mut World, arena: &mut Arena, stream: &Stream, at: &mut usize, k: usize, mode: Mode) -> usize {
+fn packets<const N: usize>(
+    w: &mut World,
+    arena: &mut Arena,
+    stream: &Stream<N>,
+    at: &mut usize,
+    k: usize,
+    mode: Mode,
+) -> usize {
     let mut not_tx = 0;
     let n = stream.count();
     let mut done = 0;
@@ -206,6 +215,9 @@ fn main() -> ExitCode {
         drop(tpl);
         return measure(&mut w, &stream, k, mode, profile, mix);
     }
+    if let Some(base) = profile.strip_suffix('6') {
+        return ipv6(base, k, mode, profile, mix);
+    }
     let kind = match profile.as_str() {
         "established" | "new_flow" => Kind::Dnat,
         "snat_reply" => Kind::Snat,
@@ -231,8 +243,34 @@ fn main() -> ExitCode {
     measure(&mut w, &stream, k, mode, profile, mix)
 }
 
+/// The IPv6 profiles (`established6`, `new_flow6`; `base` without the `6`).
+fn ipv6(base: &str, k: usize, mode: Mode, profile: &str, mix: Mix) -> ExitCode {
+    let acks = scenario::ack_templates6(FLOWS);
+    let mut w = World::of6(&acks);
+    let room = scenario::CT_CAPACITY - FLOWS;
+    let (tpl, seq) = match base {
+        "established" => (acks, scenario::sequence(mix, FLOWS, 0x5eed_0001)),
+        "new_flow" if 2 * k <= room => (scenario::new_syn_templates6(2 * k), scenario::in_order(2 * k)),
+        "new_flow" => {
+            eprintln!("{profile}: 2K must be at most {room} (conntrack room)");
+            return ExitCode::from(2);
+        }
+        _ => return usage(),
+    };
+    let stream = Stream::new(&tpl, &seq);
+    drop((tpl, seq));
+    measure(&mut w, &stream, k, mode, profile, mix)
+}
+
 /// Runs `2k` packets of `stream` through `w`, collecting only the last `k` under callgrind.
-fn measure(w: &mut World, stream: &Stream, k: usize, mode: Mode, profile: &str, mix: Mix) -> ExitCode {
+fn measure<const N: usize>(
+    w: &mut World,
+    stream: &Stream<N>,
+    k: usize,
+    mode: Mode,
+    profile: &str,
+    mix: Mix,
+) -> ExitCode {
     if std::env::var_os("CG_GENERAL_NEW_FLOWS").is_some() {
         w.pipeline.set_direct_new_flows(false);
     }
@@ -272,7 +310,7 @@ fn measure(w: &mut World, stream: &Stream, k: usize, mode: Mode, profile: &str, 
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: callgrind-pipeline batch|single|copy established|new_flow|snat_reply|dsr_ipip|syn_flood uniform|zipf|hot K\n       callgrind-pipeline jitter syn_flood uniform BATCHES"
+        "usage: callgrind-pipeline batch|single|copy established|new_flow|snat_reply|dsr_ipip|syn_flood|established6|new_flow6 uniform|zipf|hot K\n       callgrind-pipeline jitter syn_flood uniform BATCHES"
     );
     ExitCode::from(2)
 }

@@ -19,6 +19,8 @@
 #   MODE_MIX_PROFILE_llc_misses_per_packet            LL misses (ILmr + DLmr + DLmw) of the pipeline
 # and, for continuity with earlier figures, `established_instructions_per_packet` and
 # `new_flow_instructions_per_packet` (the one-packet loop, harness included, as before).
+# `established6` and `new_flow6` are `established` and `new_flow` in the IPv6 DNAT world
+# (`batch_uniform_established6_instructions_per_packet`, ...).
 # Logs and callgrind.out files go to OUT_DIR (default: $CARGO_TARGET_DIR/xlb-bench or
 # target/xlb-bench). CALLGRIND_QUICK=1 runs only batch uniform established and new_flow.
 set -euo pipefail
@@ -43,6 +45,8 @@ runs=(
   "batch established hot 50000"
   "single established uniform 50000"
   "single new_flow uniform 50000"
+  "batch established6 uniform 50000"
+  "batch new_flow6 uniform 50000"
 )
 [ "${CALLGRIND_QUICK:-0}" = 1 ] && runs=("${runs[0]}" "${runs[1]}")
 

@@ -8,7 +8,10 @@
 //! (`10.96.x.y:80`), every backend with a resolved neighbour:
 //! - [`Kind::Dnat`]: ClusterIP, DNAT (kube-proxy's mode);
 //! - [`Kind::Snat`]: the same frontends masqueraded (SNAT to `192.0.2.1`, as NodePorts are);
-//! - [`Kind::Dsr`]: IPIP direct server return (outer sources from `172.16.0.0/16`).
+//! - [`Kind::Dsr`]: IPIP direct server return (outer sources from `172.16.0.0/16`);
+//! - [`Kind::Dnat6`]: [`Kind::Dnat`] over IPv6 (`fd00:96::x:y` port 80, backends in
+//!   `fd00:128::/64`, clients in `2001:db8:64::/64` and, for new flows, `2001:db8:198::/64`),
+//!   its 74-byte frames in [`SLOT6`]-byte templates.
 //!
 //! Each world holds [`FLOWS`] (1,000,000) client flows, opened by one SYN each and moved to
 //! `ESTABLISHED` by one ACK each ([`populate`]), in a conntrack sized for [`CT_CAPACITY`].
@@ -22,7 +25,7 @@
 //! loop ([`PacketBuf`], one buffer with 256 bytes of headroom, [`Pipeline::process`]) is kept
 //! for the ratio.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use dataplane::addr::Cidr;
 use dataplane::build::Frame;
@@ -57,6 +60,8 @@ pub(crate) const BUFFERS: usize = 4_096;
 pub(crate) const FRAME: usize = 2_048;
 /// Bytes of a frame template slot (a TCP/IPv4 frame without payload is 54 bytes).
 pub(crate) const SLOT: usize = 64;
+/// Bytes of an IPv6 world's template slot (a TCP/IPv6 frame without payload is 74 bytes).
+pub(crate) const SLOT6: usize = 128;
 /// Headroom before the frame in the one-packet loop's buffer.
 pub(crate) const HEADROOM: usize = 256;
 /// Tailroom after the frame in the one-packet loop's buffer.
@@ -81,6 +86,8 @@ pub(crate) enum Kind {
     Snat,
     /// IPIP direct server return.
     Dsr,
+    /// DNAT over IPv6.
+    Dnat6,
 }
 
 /// Which flows the packets of a run belong to.
@@ -116,6 +123,22 @@ pub(crate) fn vip(svc: usize) -> [u8; 4] {
     [10, 96, hi, lo]
 }
 
+/// The IPv6 VIP of service `svc`: `fd00:96::x:y`, `x:y` the IPv4 VIP's last two octets.
+pub(crate) fn vip6(svc: usize) -> [u8; 16] {
+    let [_, _, hi, lo] = vip(svc);
+    let mut a = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0).octets();
+    (a[13], a[15]) = (hi, lo);
+    a
+}
+
+/// The IPv6 address of backend `i`: `fd00:128::/64`, the IPv4 address's last three octets.
+pub(crate) fn backend_addr6(i: usize) -> [u8; 16] {
+    let [_, b, c, d] = backend_addr(i);
+    let mut a = Ipv6Addr::new(0xfd00, 0x128, 0, 0, 0, 0, 0, 0).octets();
+    (a[13], a[14], a[15]) = (b, c, d);
+    a
+}
+
 /// The address of backend `i` (0..[`BACKENDS`]): `10.128.0.0/14` in order.
 pub(crate) fn backend_addr(i: usize) -> [u8; 4] {
     let [_, b, c, d] = u32::try_from(i).unwrap_or(u32::MAX).to_be_bytes();
@@ -135,11 +158,15 @@ pub(crate) fn scheduler() -> Scheduler {
 /// The table spec of a world: [`SERVICES`] services × [`BACKENDS_PER_SERVICE`] backends, one
 /// port, one neighbour per backend.
 pub(crate) fn spec_of(kind: Kind) -> TablesSpec {
+    let v6 = kind == Kind::Dnat6;
+    let vip_of = |s| if v6 { IpAddr::V6(Ipv6Addr::from(vip6(s))) } else { IpAddr::V4(Ipv4Addr::from(vip(s))) };
+    let backend_of =
+        |i| if v6 { IpAddr::V6(Ipv6Addr::from(backend_addr6(i))) } else { IpAddr::V4(Ipv4Addr::from(backend_addr(i))) };
     let services = (0..SERVICES)
         .map(|s| ServiceSpec {
             name: format!("bench/svc-{s}:http"),
             frontends: vec![Frontend::new(
-                IpAddr::V4(Ipv4Addr::from(vip(s))),
+                vip_of(s),
                 L4Proto::Tcp,
                 VIP_PORT,
                 FrontendKind::ClusterIp,
@@ -150,12 +177,7 @@ pub(crate) fn spec_of(kind: Kind) -> TablesSpec {
             mode: if kind == Kind::Dsr { ForwardingMode::DsrIpip } else { ForwardingMode::Nat },
             when_empty: EmptyAction::Reject,
             backends: (0..BACKENDS_PER_SERVICE)
-                .map(|b| {
-                    BackendSpec::ready(
-                        IpAddr::V4(Ipv4Addr::from(backend_addr(s * BACKENDS_PER_SERVICE + b))),
-                        BACKEND_PORT,
-                    )
-                })
+                .map(|b| BackendSpec::ready(backend_of(s * BACKENDS_PER_SERVICE + b), BACKEND_PORT))
                 .collect(),
         })
         .map(std::sync::Arc::new)
@@ -163,7 +185,7 @@ pub(crate) fn spec_of(kind: Kind) -> TablesSpec {
     let neighbours = (0..BACKENDS)
         .map(|i| {
             let [_, b, c, d] = backend_addr(i);
-            NeighbourSpec { addr: IpAddr::V4(Ipv4Addr::from(backend_addr(i))), mac: [0x02, 0xbe, 0, b, c, d], port: 0 }
+            NeighbourSpec { addr: backend_of(i), mac: [0x02, 0xbe, 0, b, c, d], port: 0 }
         })
         .collect();
     TablesSpec {
@@ -244,26 +266,48 @@ pub(crate) fn tcp_frame((client, port, svc): ([u8; 4], u16, usize), flags: u8) -
     Frame::tcp_v4(client, port, vip(svc), VIP_PORT, flags)
 }
 
-/// Frames in fixed [`SLOT`]-byte slots, one cache line each.
+/// [`flow`] in the IPv6 world: the client `2001:db8:64::a:b:c`, `a.b.c` the IPv4 client's
+/// last three octets.
+pub(crate) fn flow6(i: usize) -> ([u8; 16], u16, usize) {
+    let ([_, b, c, d], port, svc) = flow(i);
+    let mut a = Ipv6Addr::new(0x2001, 0xdb8, 0x64, 0, 0, 0, 0, 0).octets();
+    (a[13], a[14], a[15]) = (b, c, d);
+    (a, port, svc)
+}
+
+/// [`new_flow`] in the IPv6 world: clients in `2001:db8:198::/64`.
+pub(crate) fn new_flow6(i: usize) -> ([u8; 16], u16, usize) {
+    let ([_, b, c, d], port, svc) = new_flow(i);
+    let mut a = Ipv6Addr::new(0x2001, 0xdb8, 0x198, 0, 0, 0, 0, 0).octets();
+    (a[13], a[14], a[15]) = (b, c, d);
+    (a, port, svc)
+}
+
+/// A TCP/IPv6 frame from `(client, port)` to service `svc`'s IPv6 VIP with `flags`.
+pub(crate) fn tcp_frame6((client, port, svc): ([u8; 16], u16, usize), flags: u8) -> Frame {
+    Frame::tcp_v6(client, port, vip6(svc), VIP_PORT, flags)
+}
+
+/// Frames in fixed `N`-byte slots ([`SLOT`], one cache line each; [`SLOT6`] for IPv6).
 #[derive(Debug)]
-pub(crate) struct Templates {
-    slots: Vec<[u8; SLOT]>,
+pub(crate) struct Templates<const N: usize = SLOT> {
+    slots: Vec<[u8; N]>,
     len: usize,
 }
 
-impl Templates {
-    /// `n` frames made by `make(i)`; all must have the same length, at most [`SLOT`] bytes.
+impl<const N: usize> Templates<N> {
+    /// `n` frames made by `make(i)`; all must have the same length, at most `N` bytes.
     ///
     /// # Panics
-    /// If a frame is longer than [`SLOT`] or the lengths differ.
+    /// If a frame is longer than `N` or the lengths differ.
     pub(crate) fn new(n: usize, make: impl Fn(usize) -> Frame) -> Self {
         let mut len = 0;
         let slots = (0..n)
             .map(|i| {
                 let f = make(i);
-                assert!(f.bytes.len() <= SLOT && (i == 0 || f.bytes.len() == len), "template {i}");
+                assert!(f.bytes.len() <= N && (i == 0 || f.bytes.len() == len), "template {i}");
                 len = f.bytes.len();
-                let mut s = [0u8; SLOT];
+                let mut s = [0u8; N];
                 s[..len].copy_from_slice(&f.bytes);
                 s
             })
@@ -276,9 +320,9 @@ impl Templates {
         self.slots.len()
     }
 
-    /// Template `i` (`i < count()`), padded to [`SLOT`] bytes.
+    /// Template `i` (`i < count()`), padded to `N` bytes.
     #[inline]
-    pub(crate) fn slot(&self, i: usize) -> &[u8; SLOT] {
+    pub(crate) fn slot(&self, i: usize) -> &[u8; N] {
         &self.slots[i]
     }
 
@@ -292,14 +336,14 @@ impl Templates {
 /// them into the RX buffers reads memory in order, as a NIC's DMA engine writes it, instead of
 /// adding a random template read per packet to what is measured.
 #[derive(Debug)]
-pub(crate) struct Stream {
-    frames: Vec<[u8; SLOT]>,
+pub(crate) struct Stream<const N: usize = SLOT> {
+    frames: Vec<[u8; N]>,
     len: usize,
 }
 
-impl Stream {
+impl<const N: usize> Stream<N> {
     /// The frames `tpl.slot(seq[0]), tpl.slot(seq[1]), ...`.
-    pub(crate) fn new(tpl: &Templates, seq: &[u32]) -> Self {
+    pub(crate) fn new(tpl: &Templates<N>, seq: &[u32]) -> Self {
         Self { frames: seq.iter().map(|&i| *tpl.slot(i as usize)).collect(), len: tpl.frame_len() }
     }
 
@@ -310,7 +354,7 @@ impl Stream {
 
     /// Frames `at..at + n` (at most to the end of the stream).
     #[inline]
-    pub(crate) fn frames(&self, at: usize, n: usize) -> &[[u8; SLOT]] {
+    pub(crate) fn frames(&self, at: usize, n: usize) -> &[[u8; N]] {
         &self.frames[at..(at + n).min(self.frames.len())]
     }
 
@@ -333,16 +377,16 @@ impl Default for PacketBuf {
 }
 
 impl PacketBuf {
-    /// Copies a template into the buffer (a fixed 64-byte copy): the harness part of every
-    /// measured packet.
+    /// Copies a template into the buffer (a fixed `N`-byte copy, 64 for IPv4): the harness
+    /// part of every measured packet.
     #[inline]
-    pub(crate) fn load(&mut self, tpl: &[u8; SLOT]) {
-        self.buf[HEADROOM..HEADROOM + SLOT].copy_from_slice(tpl);
+    pub(crate) fn load<const N: usize>(&mut self, tpl: &[u8; N]) {
+        self.buf[HEADROOM..HEADROOM + N].copy_from_slice(tpl);
     }
 
     /// [`Self::load`] then [`Pipeline::process`] of the `len`-byte frame, arriving on port 0.
     #[inline]
-    pub(crate) fn run(&mut self, p: &mut Pipeline, t: &Tables, tpl: &[u8; SLOT], len: usize) -> Verdict {
+    pub(crate) fn run<const N: usize>(&mut self, p: &mut Pipeline, t: &Tables, tpl: &[u8; N], len: usize) -> Verdict {
         self.load(tpl);
         let mut pkt = Packet::new(&mut self.buf, HEADROOM, len);
         p.process(t, &mut pkt, 0)
@@ -374,7 +418,12 @@ impl Arena {
     /// given, runs them through [`Pipeline::process_batch`] on port 0. Returns how many verdicts
     /// were not [`Verdict::Tx`] (0 when only copying).
     #[inline]
-    pub(crate) fn run(&mut self, p: Option<(&mut Pipeline, &Tables)>, frames: &[[u8; SLOT]], len: usize) -> usize {
+    pub(crate) fn run<const N: usize>(
+        &mut self,
+        p: Option<(&mut Pipeline, &Tables)>,
+        frames: &[[u8; N]],
+        len: usize,
+    ) -> usize {
         let n = frames.len().min(BATCH);
         let start = self.next * FRAME;
         self.next = (self.next + BATCH) % BUFFERS;
@@ -386,7 +435,7 @@ impl Arena {
             None => Packet::new(&mut [], 0, 0),
         });
         for (pkt, f) in pkts.iter_mut().zip(frames) {
-            pkt.buf[h..h + SLOT].copy_from_slice(f);
+            pkt.buf[h..h + N].copy_from_slice(f);
         }
         let Some((p, t)) = p else {
             std::hint::black_box(&pkts);
@@ -504,7 +553,7 @@ pub(crate) fn snat_reply_templates(w: &World, n: usize) -> Templates {
 
 /// Runs every template through `p` once in batches of [`BATCH`] at [`NOW_MS`] and returns
 /// the number of packets that were not [`Verdict::Tx`].
-pub(crate) fn run_all(p: &mut Pipeline, t: &Tables, tpl: &Templates, arena: &mut Arena) -> usize {
+pub(crate) fn run_all<const N: usize>(p: &mut Pipeline, t: &Tables, tpl: &Templates<N>, arena: &mut Arena) -> usize {
     let mut not_tx = 0;
     for chunk in tpl.slots.chunks(BATCH) {
         p.begin_batch(t, NOW_MS);
@@ -520,15 +569,43 @@ pub(crate) fn run_all(p: &mut Pipeline, t: &Tables, tpl: &Templates, arena: &mut
 /// If any of those packets is not forwarded ([`Verdict::Tx`]) or the conntrack does not
 /// hold every flow afterwards: the benchmarks must measure the forwarding path, not a drop.
 pub(crate) fn populate(t: &Tables, acks: &Templates, seed: u64) -> Pipeline {
+    populate_with(t, &syn_templates(acks.count()), acks, seed)
+}
+
+/// [`populate`] with the SYNs `syns` of the flows of `acks` (of either family).
+///
+/// # Panics
+/// As [`populate`].
+pub(crate) fn populate_with<const N: usize>(
+    t: &Tables,
+    syns: &Templates<N>,
+    acks: &Templates<N>,
+    seed: u64,
+) -> Pipeline {
     let mut p = Pipeline::new(config(), seed);
     let mut arena = Arena::new(0);
-    let syns = syn_templates(acks.count());
-    let not_tx = run_all(&mut p, t, &syns, &mut arena);
+    let not_tx = run_all(&mut p, t, syns, &mut arena);
     assert_eq!(not_tx, 0, "SYNs of new flows must be forwarded");
     let not_tx = run_all(&mut p, t, acks, &mut arena);
     assert_eq!(not_tx, 0, "ACKs of established flows must be forwarded");
-    assert_eq!(p.families().v4.ct.len(), acks.count(), "every flow is tracked");
+    let fam = p.families();
+    assert_eq!(fam.v4.ct.len() + fam.v6.ct.len(), acks.count(), "every flow is tracked");
     p
+}
+
+/// SYN templates of the IPv6 world's pre-inserted flows `0..n` ([`flow6`]).
+pub(crate) fn syn_templates6(n: usize) -> Templates<SLOT6> {
+    Templates::new(n, |i| tcp_frame6(flow6(i), tcp_flags::SYN))
+}
+
+/// ACK templates of the IPv6 world's pre-inserted flows `0..n`.
+pub(crate) fn ack_templates6(n: usize) -> Templates<SLOT6> {
+    Templates::new(n, |i| tcp_frame6(flow6(i), tcp_flags::ACK))
+}
+
+/// SYN templates of `n` IPv6 flows that are not in conntrack ([`new_flow6`] `0..n`).
+pub(crate) fn new_syn_templates6(n: usize) -> Templates<SLOT6> {
+    Templates::new(n, |i| tcp_frame6(new_flow6(i), tcp_flags::SYN))
 }
 
 /// The tables, a populated worker and a packet buffer.
@@ -555,6 +632,13 @@ impl World {
     /// [`World::of`] the DNAT world.
     pub(crate) fn new(acks: &Templates) -> Self {
         Self::of(Kind::Dnat, acks)
+    }
+
+    /// The IPv6 DNAT world ([`Kind::Dnat6`]) holding the flows of `acks` ([`ack_templates6`]).
+    pub(crate) fn of6(acks: &Templates<SLOT6>) -> Self {
+        let (_, tables) = tables_of(Kind::Dnat6);
+        let pipeline = populate_with(&tables, &syn_templates6(acks.count()), acks, 0x5eed);
+        Self { kind: Kind::Dnat6, tables, pipeline, buf: PacketBuf::default() }
     }
 }
 
