@@ -15,10 +15,9 @@
 //! native-endian `u64` (the program reads the same bytes the same way); in `services6_index`
 //! and `endpoints6_index`, which a 20-byte key would not fit, the key's fingerprint
 //! ([`fingerprint6`]: the top 56 bits of its hash with [`USED`] in the top byte, the same
-//! [`Form`]);
-//! in `snat4_index` the address and its port range (`struct snat4_slot`), compared by address,
-//! and in `snat6_index` the same with the IPv6 address's 30-bit id ([`snat6_id`]) in place of
-//! the address. A fingerprint or an id stands for its key alone but for a collision: an
+//! [`Form`]); in `snat4_index` the address and its port range (`struct snat4_slot`), compared
+//! by address, and in `snat6_index` the same with the IPv6 address's 30-bit id ([`snat6_id`])
+//! in place of the address. A fingerprint or an id stands for its key alone but for a collision: an
 //! unlisted key whose fingerprint is a listed key's (one in 2^56 per key probed; one in 2^30
 //! per SNAT address) has its frames taken to xlb, which passes frames that are none of its own
 //! on to the kernel, as for a torn read below; listed keys of one fingerprint share its slot,
