@@ -371,3 +371,29 @@ fn new_flows_in_one_batch_reach_the_frontend_of_their_own_protocol_port_and_addr
         }
     }
 }
+
+/// A batch of IPv6 TCP frames behind an untagged Ethernet header (the IPv6 common shape) runs
+/// the shaped stages (`Pipeline::batch_shaped` for IPv6) and its new flows the direct route,
+/// as IPv4 ones do; both routes give the same frames and flows, and so do the flows' next
+/// packets (ACKs, through the shaped stage 3).
+#[test]
+fn ipv6_tcp_batches_take_the_shaped_stages_and_the_direct_route() {
+    let t = harness::tables();
+    let (client, vip) = (IpAddr::V6(Ipv6Addr::from(harness::CLIENT6)), IpAddr::V6(Ipv6Addr::from(harness::VIP6)));
+    let syns: Vec<Vec<u8>> = (0..64u16).map(|i| tcp(client, 30_000 + i, vip, 80, tcp_flags::SYN, 64)).collect();
+    let acks: Vec<Vec<u8>> = (0..64u16).map(|i| tcp(client, 30_000 + i, vip, 80, tcp_flags::ACK, 64)).collect();
+    let cfg = PipelineConfig { conntrack_capacity: 4096, ..harness::config() };
+    let mut outs = Vec::new();
+    for direct in [true, false] {
+        let mut p = Pipeline::new(cfg.clone(), harness::SEED);
+        p.set_flow_table_seeds([0x5eed, 1, 2, 3, 4]);
+        p.set_direct_new_flows(direct);
+        let mut out = process(&mut p, t, &syns, 0);
+        out.extend(process(&mut p, t, &acks, 1));
+        assert!(out.iter().all(|(v, _)| matches!(v, Verdict::Tx { .. })), "direct {direct}: {out:?}");
+        assert_eq!(p.shaped_batches(), [0, 2], "direct {direct}: both batches through the IPv6 shaped stages");
+        assert_eq!(p.direct_new_flows(), if direct { 64 } else { 0 }, "direct {direct}");
+        outs.push((out, state(&p)));
+    }
+    assert_eq!(outs[0], outs[1], "the direct route gives what the general route gives");
+}

@@ -1,7 +1,7 @@
 //! Fuzz target: the fixed-offset fast parser against the full parser. Wherever the fast parser
 //! takes a frame, the full parser must give exactly the same view of it (issue 9); and the
-//! common shape's parser (`parse_fast_v4_tcp`) must give what the fast parser gives for that
-//! shape, and nothing for any other frame.
+//! common shapes' parsers (`parse_fast_v4_tcp`, `parse_fast_v6_tcp`) must give what the fast
+//! parser gives for their shape, and nothing for any other frame.
 #![no_main]
 
 use dataplane::wire;
@@ -19,4 +19,9 @@ fuzz_target!(|data: &[u8]| {
         _ => None,
     };
     assert_eq!(wire::parse_fast_v4_tcp(data), common, "common-shape and fast parser disagree");
+    let common6 = match wire::parse_fast_frame(data) {
+        Some(wire::FastFrame::V6(x)) if x.l3 == 14 && x.proto == wire::proto::TCP => Some(x),
+        _ => None,
+    };
+    assert_eq!(wire::parse_fast_v6_tcp(data), common6, "IPv6 common-shape and fast parser disagree");
 });

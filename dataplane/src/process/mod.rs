@@ -9,10 +9,11 @@
 //!    802.1Q tag, IPv4 without options or IPv6 without extension headers, TCP or UDP, at fixed
 //!    offsets) reads each frame, the flow key is hashed once, and the key's home bucket in the
 //!    flow table is prefetched. Frames the fast parser does not take go to the slow path. The
-//!    most common shape, IPv4 TCP behind an untagged Ethernet header, has a parser of its own
-//!    ([`wire::parse_fast_v4_tcp`]): a batch whose frames all have it runs instances of stages
-//!    1 to 3 made for it, with the shape's offsets and protocol as constants
-//!    (`Pipeline::batch_shaped`, `fast::stage_shaped`); at the first frame of another shape
+//!    most common shapes, IPv4 or IPv6 TCP behind an untagged Ethernet header, have parsers of
+//!    their own ([`wire::parse_fast_v4_tcp`], [`wire::parse_fast_v6_tcp`]): a batch whose
+//!    frames all have one of them runs instances of stages 1 to 3 made for it, with the
+//!    shape's offsets and protocol as constants (`Pipeline::batch_shaped`,
+//!    `fast::stage_shaped`); at the first frame of another shape
 //!    the batch starts again on the general path (the frames before it are parsed twice), and
 //!    after such a batch the next 16 go to the general path at once. What each path costs is
 //!    measured in `docs/benchmarks.md`;
@@ -296,6 +297,12 @@ impl<A: CtFamily> FamState<A> {
 /// Selects the per-family state and family-specific table fields.
 trait Fam: CtFamily {
     fn state(w: &mut Families) -> &mut FamState<Self>;
+    /// Empties the other family's lanes.
+    fn clear_other(w: &mut Families);
+    /// The common shape's parser of this family (TCP behind an untagged Ethernet header).
+    fn parse_shaped(f: &[u8]) -> Option<Fast<Self>>;
+    /// What marks this family's lanes in `Pipeline::lane_of` (0, or [`V6_LANE`]).
+    const LANE_FLAG: u8;
     fn snat(t: &Tables) -> Option<Self>;
     fn dsr_prefix(t: &Tables) -> Option<Cidr>;
     const ICMP: u8;
@@ -315,6 +322,14 @@ impl Fam for V4 {
     fn state(w: &mut Families) -> &mut FamState<Self> {
         &mut w.v4
     }
+    fn clear_other(w: &mut Families) {
+        w.v6.lanes.n = 0;
+    }
+    #[inline(always)]
+    fn parse_shaped(f: &[u8]) -> Option<Fast<Self>> {
+        wire::parse_fast_v4_tcp(f)
+    }
+    const LANE_FLAG: u8 = 0;
     fn snat(t: &Tables) -> Option<Self> {
         t.snat_v4.map(V4)
     }
@@ -331,6 +346,14 @@ impl Fam for V6 {
     fn state(w: &mut Families) -> &mut FamState<Self> {
         &mut w.v6
     }
+    fn clear_other(w: &mut Families) {
+        w.v4.lanes.n = 0;
+    }
+    #[inline(always)]
+    fn parse_shaped(f: &[u8]) -> Option<Fast<Self>> {
+        wire::parse_fast_v6_tcp(f)
+    }
+    const LANE_FLAG: u8 = V6_LANE;
     fn snat(t: &Tables) -> Option<Self> {
         t.snat_v6.map(V6)
     }
@@ -534,6 +557,8 @@ pub struct Pipeline {
     /// Batches still to run on the general stages before [`Pipeline::batch_shaped`] is tried
     /// again.
     shaped_backoff: u8,
+    /// Batches [`Pipeline::batch_shaped`] ran ([`Pipeline::shaped_batches`]), IPv4 and IPv6.
+    shaped: [u64; 2],
     /// Lane of each packet of the current batch (with [`V6_LANE`] set for an IPv6 packet), or
     /// [`NO_LANE`] if the fast parser did not take it, for the slow path.
     lane_of: [u8; BATCH],
@@ -598,6 +623,7 @@ impl Pipeline {
             },
             slow: 0,
             shaped_backoff: 0,
+            shaped: [0; 2],
             lane_of: [NO_LANE; BATCH],
         }
     }
@@ -709,31 +735,32 @@ impl Pipeline {
         self.slow = slow;
     }
 
-    /// Stage 1 for a batch of the most common shape alone ([`wire::parse_fast_v4_tcp`]: IPv4
-    /// TCP behind an untagged Ethernet header): parse, hash, prefetch the home bucket. Returns
+    /// Stage 1 for a batch of family `A`'s common shape alone (`Fam::parse_shaped`: TCP
+    /// behind an untagged Ethernet header): parse, hash, prefetch the home bucket. Returns
     /// how many frames it took before one of another shape (`n` if none), whose lanes the
     /// general [`Pipeline::stage1`] then makes again: carrying on from that frame instead made
     /// every batch of the general path about 20 instructions per packet slower in callgrind.
     #[inline]
-    fn stage1_shaped(&mut self, pkts: &[Packet<'_>], n: usize) -> usize {
-        let v4 = &mut self.fam.v4;
-        let (view, lanes) = (v4.ct.view(), &mut v4.lanes);
+    fn stage1_shaped<A: Fam>(&mut self, pkts: &[Packet<'_>], n: usize) -> usize {
+        let st = A::state(&mut self.fam);
+        let (view, lanes) = (st.ct.view(), &mut st.lanes);
         lanes.n = 0;
         let pkts = pkts.get(..n.min(BATCH)).unwrap_or(&[]);
         for (i, (pkt, lane_of)) in pkts.iter().zip(self.lane_of.iter_mut()).enumerate() {
-            let Some(x) = wire::parse_fast_v4_tcp(pkt.frame()) else { return i };
-            *lane_of = lane_for::<V4>(&view, lanes, i, &x);
+            let Some(x) = A::parse_shaped(pkt.frame()) else { return i };
+            *lane_of = lane_for::<A>(&view, lanes, i, &x) | A::LANE_FLAG;
         }
         pkts.len()
     }
 
-    /// A batch whose frames all have the most common shape, through stage 1's and stage 3's
-    /// instances for it (the shape's offsets and protocol are constants there). `Err(k)`, with
-    /// nothing done but parsing frames `..k`, when frame `k` has another shape. Out of line, as
-    /// is [`Pipeline::batch`], so that each path is compiled on its own (with either inlined
-    /// into the other, the general path measured 20 to 50 instructions per packet more).
+    /// A batch whose frames all have family `A`'s common shape, through stage 1's and stage
+    /// 3's instances for it (the shape's offsets and protocol are constants there). `Err(k)`,
+    /// with nothing done but parsing frames `..k`, when frame `k` has another shape. Out of
+    /// line, as is [`Pipeline::batch`], so that each path is compiled on its own (with either
+    /// inlined into the other, the general path measured 20 to 50 instructions per packet
+    /// more).
     #[inline(never)]
-    fn batch_shaped(
+    fn batch_shaped<A: Fam>(
         &mut self,
         t: &Tables,
         pkts: &mut [Packet<'_>],
@@ -741,32 +768,41 @@ impl Pipeline {
         verdicts: &mut [Verdict],
     ) -> Result<(), usize> {
         let n = pkts.len().min(BATCH);
-        let k = self.stage1_shaped(pkts, n);
+        let k = self.stage1_shaped::<A>(pkts, n);
         if k < n {
             return Err(k);
         }
         self.fam.v4.ct.mark();
         self.fam.v6.ct.mark();
-        self.fam.v6.lanes.n = 0;
+        A::clear_other(&mut self.fam);
         self.slow = 0;
-        stage_tags(&mut self.fam.v4, self.c.now_s);
-        let (slow, tx) = fast::stage_shaped::<V4>(&mut self.fam.v4, &mut self.c, pkts, verdicts);
+        let st = A::state(&mut self.fam);
+        stage_tags(st, self.c.now_s);
+        let (slow, tx) = fast::stage_shaped::<A>(st, &mut self.c, pkts, verdicts);
         self.slow |= slow;
+        if let Some(x) = self.shaped.get_mut(usize::from(A::LANE_FLAG != 0)) {
+            *x += 1;
+        }
         self.finish_batch(t, pkts, in_port, verdicts, n, tx);
         Ok(())
     }
 
     /// One batch of at most [`BATCH`] packets: [`Pipeline::batch_shaped`] when all its frames
-    /// have the most common shape, else the general stages. After a batch whose first frames
-    /// had that shape and a later one did not (its first frames were parsed twice), the next
-    /// [`SHAPED_BACKOFF`] batches take the general stages at once: with shapes mixed in the
-    /// traffic, most batches would be parsed twice in part.
+    /// have one of the common shapes (IPv4 TCP, else IPv6 TCP, untagged), else the general
+    /// stages. After a batch whose first frames had that shape and a later one did not (its
+    /// first frames were parsed twice), the next [`SHAPED_BACKOFF`] batches take the general
+    /// stages at once: with shapes mixed in the traffic, most batches would be parsed twice in
+    /// part.
     #[inline(never)]
     fn batch(&mut self, t: &Tables, pkts: &mut [Packet<'_>], in_port: u8, verdicts: &mut [Verdict]) {
         if self.shaped_backoff > 0 {
             self.shaped_backoff -= 1;
         } else {
-            match self.batch_shaped(t, pkts, in_port, verdicts) {
+            let shaped = match self.batch_shaped::<V4>(t, pkts, in_port, verdicts) {
+                Err(0) => self.batch_shaped::<V6>(t, pkts, in_port, verdicts),
+                r => r,
+            };
+            match shaped {
                 Ok(()) => return,
                 Err(0) => {}
                 Err(_) => self.shaped_backoff = SHAPED_BACKOFF,
@@ -891,6 +927,13 @@ impl Pipeline {
     /// are counted in the `new_flow` event either way.
     pub fn direct_new_flows(&self) -> u64 {
         self.c.direct_flows
+    }
+
+    /// How many batches took the common shapes' stages (`Pipeline::batch_shaped`) since the
+    /// pipeline was made, IPv4 and IPv6: tests check that their batches reached them. Not a
+    /// metric.
+    pub fn shaped_batches(&self) -> [u64; 2] {
+        self.shaped
     }
 
     /// Active and inactive connection counts this worker holds for a backend.

@@ -432,6 +432,46 @@ pub fn parse_fast_v4_tcp(f: &[u8]) -> Option<Fast<V4>> {
     })
 }
 
+/// [`parse_fast_v4_tcp`] for IPv6: TCP right after an IPv6 header behind an untagged
+/// Ethernet header. `Some` exactly when [`parse_fast_frame`] gives [`FastFrame::V6`] with `l3`
+/// 14 and protocol TCP, and then the same value; `None` for every other frame. One check of
+/// the frame's length covers every field it reads (the pipeline's path for batches of this
+/// shape, `process`); the differential tests below and the `fast_parse` fuzz target keep it in
+/// agreement with [`parse_fast_frame`].
+#[inline(always)]
+pub fn parse_fast_v6_tcp(f: &[u8]) -> Option<Fast<V6>> {
+    // Offsets: Ethernet type 12, IPv6 header 14 (version 14, payload length 18, next header
+    // 20, addresses 22 and 38), TCP header 54 (ports 54 and 56, data offset 66, flags 67).
+    let h: &[u8; ETH_LEN + 40 + 20] = f.first_chunk()?;
+    let (e0, e1, v, p0, p1, proto) = (h[12], h[13], h[14], h[18], h[19], h[20]);
+    let (off, flags) = (h[66], h[67]);
+    let seg = usize::from(u16::from_be_bytes([p0, p1]));
+    let data_off = usize::from(off >> 4) * 4;
+    // The checks of `fast_v6` and `fast_l4`: version 6, the whole IP packet in the frame, a
+    // TCP header of at least 20 bytes that fits in it.
+    if [e0, e1] != [0x86, 0xDD]
+        || v >> 4 != 6
+        || proto != proto::TCP
+        || ETH_LEN + 40 + seg > f.len()
+        || seg < 20
+        || data_off < 20
+        || data_off > seg
+    {
+        return None;
+    }
+    let addr = |at: usize| -> [u8; 16] { h.get(at..at + 16).and_then(|a| a.try_into().ok()).unwrap_or([0; 16]) };
+    Some(Fast {
+        l3: ETH_LEN,
+        end: ETH_LEN + 40 + seg,
+        proto,
+        tcp_flags: flags,
+        sport: u16::from_be_bytes([h[54], h[55]]),
+        dport: u16::from_be_bytes([h[56], h[57]]),
+        src: V6(addr(22)),
+        dst: V6(addr(38)),
+    })
+}
+
 /// IPv4 at offset `L3` (see [`parse_fast_frame`]).
 #[inline(always)]
 fn fast_v4<const L3: usize>(f: &[u8]) -> Option<Fast<V4>> {
@@ -649,6 +689,37 @@ mod tests {
                 proptest::prop_assert_eq!(parse(&f), Ok(Some(p)));
             }
             proptest::prop_assert_eq!(parse_fast_v4_tcp(&f), common_shape(&f));
+            proptest::prop_assert_eq!(parse_fast_v6_tcp(&f), common_shape6(&f));
+        }
+    }
+
+    /// What [`parse_fast_v6_tcp`] must give: [`parse_fast_frame`]'s IPv6 result when the IP
+    /// header is at 14 and the protocol is TCP, else `None`.
+    fn common_shape6(f: &[u8]) -> Option<Fast<V6>> {
+        match parse_fast_frame(f) {
+            Some(FastFrame::V6(x)) if x.l3 == ETH_LEN && x.proto == proto::TCP => Some(x),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn the_ipv6_common_shape_parser_takes_untagged_ipv6_tcp_alone_and_agrees_with_the_fast_parser() {
+        let mut frames = shapes();
+        let mut tagged = build::Frame::tcp_v6([0xfd; 16], 7, [0xfe; 16], 443, tcp_flags::ACK);
+        tagged.vlan(5);
+        frames.push(tagged.bytes);
+        let mut padded = build::Frame::tcp_v6([0xfd; 16], 7, [0xfe; 16], 443, tcp_flags::SYN).bytes;
+        padded.resize(100, 0);
+        frames.push(padded);
+        let taken: Vec<bool> = frames.iter().map(|f| parse_fast_v6_tcp(f).is_some()).collect();
+        let expect: Vec<bool> = frames.iter().map(|f| common_shape6(f).is_some()).collect();
+        assert_eq!(taken, expect);
+        assert_eq!(taken.iter().filter(|t| **t).count(), 2, "untagged IPv6 TCP, plain and padded: {taken:?}");
+        for f in &frames {
+            assert_eq!(parse_fast_v6_tcp(f), common_shape6(f));
+            for cut in 0..f.len() {
+                assert_eq!(parse_fast_v6_tcp(&f[..cut]), common_shape6(&f[..cut]), "cut at {cut}");
+            }
         }
     }
 
