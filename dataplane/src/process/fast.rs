@@ -12,9 +12,9 @@
 //! without options or extension headers, then at least 20 (TCP) or 8 (UDP) bytes of transport
 //! header. The rewrites are instantiated for each of the two IP header offsets (14, 18) and
 //! both transport protocols, so every field is at a constant offset and one bounds check
-//! covers all the writes of a packet. A batch whose frames are all IPv4 TCP behind an untagged
-//! Ethernet header runs a second instance of the stage, `stage_shaped`, in which the IP offset
-//! and the protocol are constants (`Pipeline::batch_shaped`).
+//! covers all the writes of a packet. A batch whose frames are all IPv4 TCP, or all IPv6 TCP,
+//! behind an untagged Ethernet header runs a second instance of the stage, `stage_shaped`, in
+//! which the IP offset and the protocol are constants (`Pipeline::batch_shaped`).
 
 use crate::addr::Family;
 use crate::conntrack::{CtState, Dir, Rec, flow_flags, tcp_next};
@@ -26,7 +26,8 @@ use super::{Common, Fam, FamState, Lane, Verdict, slow};
 
 /// Defines a stage 3 function (`$stage`) and the rewrite it calls (`$rewrite`) from one source.
 /// `shaped = true`: every lane is TCP right behind an untagged Ethernet header (`l3` 14,
-/// `wire::parse_fast_v4_tcp`), so the rewrite's offsets and protocol are constants. The two
+/// `wire::parse_fast_v4_tcp` or `wire::parse_fast_v6_tcp`), so the rewrite's offsets and
+/// protocol are constants. The two
 /// instances are separate functions rather than one function generic over the shape: measured
 /// with callgrind, the generic one compiled to 17 to 21 more instructions per packet in each
 /// instance (`docs/benchmarks.md`).
@@ -152,8 +153,8 @@ fast_stage!(
 );
 
 fast_stage!(
-    /// [`stage`] for a batch whose lanes are all IPv4 TCP behind an untagged Ethernet header
-    /// (`Pipeline::batch_shaped`).
+    /// [`stage`] for a batch whose lanes are all TCP of one family behind an untagged Ethernet
+    /// header (`Pipeline::batch_shaped`).
     stage_shaped,
     rewrite_shaped,
     shaped = true
