@@ -310,9 +310,47 @@ mod tests {
         steering.detach().unwrap();
     }
 
+    /// A SNAT index's full window, for either family: `same` holds eleven addresses of one
+    /// home slot ([`eleven_of_one_home`]), `overflow` counts the addresses the index leaves to
+    /// its hash map. Ten are listed with ports 33000-33999: frames to each inside the range
+    /// reach the XSK and outside it pass, two of the ten wait in the hash map, and a frame to
+    /// the eleventh passes; every range then moves to 40000-40999 and the old ports pass; the
+    /// addresses then leave, and nothing waits in the hash map.
+    fn snat_full_window(
+        pair: &Pair,
+        steering: &mut Steering,
+        xsk: &mut Xsk,
+        same: &[IpAddr],
+        overflow: impl Fn(&Steering) -> usize,
+    ) {
+        let (listed, unlisted) = same.split_at(10);
+        let ranges: Vec<(IpAddr, u16, u16)> = listed.iter().map(|a| (*a, 33_000, 33_999)).collect();
+        steering.sync_snat(&ranges).unwrap();
+        assert_eq!(overflow(steering), 2, "a window of 8 slots for 10 addresses");
+        let steered = |xsk: &mut Xsk, a: IpAddr, port: u16| {
+            client_send_udp(&pair.client, SocketAddr::new(a, port), b"snat");
+            let seen: Vec<_> = xsk.recv_until(1, SHORT).iter().filter_map(|f| decode(f)).collect();
+            seen.iter().any(|s| s.dst == a && s.port_or_type == port)
+        };
+        for a in listed {
+            assert!(steered(xsk, *a, 33_500), "[{a}]:33500 on the XSK");
+            assert!(!steered(xsk, *a, 34_000), "[{a}]:34000 is outside the range");
+        }
+        assert!(!steered(xsk, unlisted[0], 33_500), "an unlisted address of the full window");
+        // Every range moves: the old ports pass, the new ones are xlb's.
+        let moved: Vec<(IpAddr, u16, u16)> = listed.iter().map(|a| (*a, 40_000, 40_999)).collect();
+        steering.sync_snat(&moved).unwrap();
+        for a in listed {
+            assert!(steered(xsk, *a, 40_500), "[{a}]:40500 after the change");
+            assert!(!steered(xsk, *a, 33_500), "[{a}]:33500 after the change");
+        }
+        steering.sync_snat(&[]).unwrap();
+        assert_eq!(overflow(steering), 0);
+        assert!(!steered(xsk, listed[9], 40_500));
+    }
+
     /// `snat4_index`: ten SNAT addresses of one home slot, two of them left to the `snat4`
-    /// hash map. Frames to each address inside its port range reach the XSK, outside it pass;
-    /// a changed range takes effect; an eleventh address of that home, not listed, passes.
+    /// hash map ([`snat_full_window`]); addresses that cannot be a source are refused.
     #[test]
     fn snat_addresses_left_to_the_hash_map_by_a_full_index_window_still_reach_the_xsk() {
         if !common::can_run("snat_addresses_left_to_the_hash_map_by_a_full_index_window_still_reach_the_xsk") {
@@ -323,41 +361,17 @@ mod tests {
         let (mut steering, mut xsk) = attach_with_xsk(&pair);
         let addr = |i: u32| std::net::Ipv4Addr::from(0x0ac8_0000 + i);
         let same = eleven_of_one_home((1..0x10_0000).map(addr), |a| snat4_index_home(*a));
-        let (listed, unlisted) = same.split_at(10);
-        let ranges: Vec<(IpAddr, u16, u16)> = listed.iter().map(|a| (IpAddr::from(*a), 33_000, 33_999)).collect();
-        steering.sync_snat(&ranges).unwrap();
-        assert_eq!(steering.snat4_overflow().len(), 2, "a window of 8 slots for 10 addresses");
-        let steered = |xsk: &mut Xsk, a: std::net::Ipv4Addr, port: u16| {
-            client_send_udp(&pair.client, SocketAddr::new(a.into(), port), b"snat");
-            let seen: Vec<_> = xsk.recv_until(1, SHORT).iter().filter_map(|f| decode(f)).collect();
-            seen.iter().any(|s| s.dst == IpAddr::from(a) && s.port_or_type == port)
-        };
-        for a in listed {
-            assert!(steered(&mut xsk, *a, 33_500), "{a}:33500 on the XSK");
-            assert!(!steered(&mut xsk, *a, 34_000), "{a}:34000 is outside the range");
-        }
-        assert!(!steered(&mut xsk, unlisted[0], 33_500), "an unlisted address of the full window");
-        // Every range moves: the old ports pass, the new ones are xlb's.
-        let moved: Vec<(IpAddr, u16, u16)> = listed.iter().map(|a| (IpAddr::from(*a), 40_000, 40_999)).collect();
-        steering.sync_snat(&moved).unwrap();
-        for a in listed {
-            assert!(steered(&mut xsk, *a, 40_500), "{a}:40500 after the change");
-            assert!(!steered(&mut xsk, *a, 33_500), "{a}:33500 after the change");
-        }
+        let same: Vec<IpAddr> = same.into_iter().map(IpAddr::from).collect();
+        snat_full_window(&pair, &mut steering, &mut xsk, &same, |s| s.snat4_overflow().len());
         // Addresses that cannot be a source are refused, naming the field.
         let err = steering.sync_snat(&[(IpAddr::from([0, 0, 0, 0]), 1, 2)]).unwrap_err();
         assert!(err.to_string().contains("SNAT address"), "{err}");
         assert!(steering.sync_snat(&[(IpAddr::from([255, 255, 255, 255]), 1, 2)]).is_err());
-        steering.sync_snat(&[]).unwrap();
-        assert!(steering.snat4_overflow().is_empty());
-        assert!(!steered(&mut xsk, listed[9], 40_500));
         steering.detach().unwrap();
     }
 
     /// `snat6_index`: ten IPv6 SNAT addresses of one home slot, two of them left to the
-    /// `snat_addrs` hash map. Frames to each address inside its port range reach the XSK,
-    /// outside it pass; a changed range takes effect; an eleventh address of that home, not
-    /// listed, passes.
+    /// `snat_addrs` hash map ([`snat_full_window`]).
     #[test]
     fn ipv6_snat_addresses_left_to_the_hash_map_by_a_full_index_window_still_reach_the_xsk() {
         if !common::can_run("ipv6_snat_addresses_left_to_the_hash_map_by_a_full_index_window_still_reach_the_xsk") {
@@ -370,30 +384,8 @@ mod tests {
         pair.client.ip(&["-6", "route", "add", "fd00:251:c::/64", "via", &LB_V6.to_string()]);
         let addr = |i: u32| std::net::Ipv6Addr::new(0xfd00, 0x251, 0xc, 0, 0, 0, (i >> 16) as u16, i as u16);
         let same = eleven_of_one_home((1..0x10_0000).map(addr), |a| snat6_index_home(*a));
-        let (listed, unlisted) = same.split_at(10);
-        let ranges: Vec<(IpAddr, u16, u16)> = listed.iter().map(|a| (IpAddr::from(*a), 33_000, 33_999)).collect();
-        steering.sync_snat(&ranges).unwrap();
-        assert_eq!(steering.snat6_overflow().len(), 2, "a window of 8 slots for 10 addresses");
-        let steered = |xsk: &mut Xsk, a: std::net::Ipv6Addr, port: u16| {
-            client_send_udp(&pair.client, SocketAddr::new(a.into(), port), b"snat");
-            let seen: Vec<_> = xsk.recv_until(1, SHORT).iter().filter_map(|f| decode(f)).collect();
-            seen.iter().any(|s| s.dst == IpAddr::from(a) && s.port_or_type == port)
-        };
-        for a in listed {
-            assert!(steered(&mut xsk, *a, 33_500), "[{a}]:33500 on the XSK");
-            assert!(!steered(&mut xsk, *a, 34_000), "[{a}]:34000 is outside the range");
-        }
-        assert!(!steered(&mut xsk, unlisted[0], 33_500), "an unlisted address of the full window");
-        // Every range moves: the old ports pass, the new ones are xlb's.
-        let moved: Vec<(IpAddr, u16, u16)> = listed.iter().map(|a| (IpAddr::from(*a), 40_000, 40_999)).collect();
-        steering.sync_snat(&moved).unwrap();
-        for a in listed {
-            assert!(steered(&mut xsk, *a, 40_500), "[{a}]:40500 after the change");
-            assert!(!steered(&mut xsk, *a, 33_500), "[{a}]:33500 after the change");
-        }
-        steering.sync_snat(&[]).unwrap();
-        assert!(steering.snat6_overflow().is_empty());
-        assert!(!steered(&mut xsk, listed[9], 40_500));
+        let same: Vec<IpAddr> = same.into_iter().map(IpAddr::from).collect();
+        snat_full_window(&pair, &mut steering, &mut xsk, &same, |s| s.snat6_overflow().len());
         steering.detach().unwrap();
     }
 
