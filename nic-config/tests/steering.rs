@@ -215,10 +215,40 @@ mod tests {
         steering.detach().unwrap();
     }
 
+    /// A service index's full window, for either family: `same` holds eleven services of one
+    /// home slot ([`eleven_of_one_home`]), routed to the lb; `overflow` counts the services the
+    /// index leaves to its hash map. Ten are listed: two of them wait in the hash map, frames
+    /// to each of the ten reach the XSK, and a frame to the eleventh passes (a full window,
+    /// then the hash map's miss); once they leave, nothing is steered or waits.
+    fn services_full_window(
+        pair: &Pair,
+        steering: &mut Steering,
+        xsk: &mut Xsk,
+        same: &[ServiceKey],
+        overflow: impl Fn(&Steering) -> usize,
+    ) {
+        let (listed, unlisted) = same.split_at(10);
+        steering.sync_services(listed).unwrap();
+        assert_eq!(overflow(steering), 2, "a window of 8 slots for 10 keys");
+        for k in listed {
+            client_send_udp(&pair.client, SocketAddr::new(k.addr, k.port), b"listed");
+            let seen: Vec<_> = xsk.recv_until(1, LONG).iter().filter_map(|f| decode(f)).collect();
+            assert!(seen.iter().any(|s| s.dst == k.addr && s.port_or_type == k.port), "{k:?} on the XSK; saw {seen:?}");
+        }
+        let passed = steering.stats().unwrap().passed;
+        client_send_udp(&pair.client, SocketAddr::new(unlisted[0].addr, unlisted[0].port), b"unlisted");
+        assert!(xsk.recv(SHORT).is_empty(), "an unlisted service of the full window passes");
+        assert!(steering.stats().unwrap().passed > passed);
+        // Taking the services away leaves nothing steered and nothing to the hash map.
+        steering.sync_services(&[]).unwrap();
+        assert_eq!(overflow(steering), 0);
+        client_send_udp(&pair.client, SocketAddr::new(listed[9].addr, listed[9].port), b"gone");
+        assert!(xsk.recv(SHORT).is_empty());
+    }
+
     /// `services4_index` (nic-config/src/index.rs): ten services with one home slot, so that
-    /// eight fill its window and the index leaves two to the `services4` hash map. Frames to
-    /// each of the ten reach the XSK; a frame to an eleventh address of that home, not
-    /// listed, passes (a full window, then the hash map's miss).
+    /// eight fill its window and the index leaves two to the `services4` hash map
+    /// ([`services_full_window`]).
     #[test]
     fn services_left_to_the_hash_map_by_a_full_index_window_still_reach_the_xsk() {
         if !common::can_run("services_left_to_the_hash_map_by_a_full_index_window_still_reach_the_xsk") {
@@ -235,30 +265,53 @@ mod tests {
         // (The address's last two octets move the home in steps too regular for eleven in one
         // /16; the second octet too.)
         let same = eleven_of_one_home((1..0x10_0000).map(|i| svc(i, 5000)), |k| services4_index_home(k).unwrap());
-        let (listed, unlisted) = same.split_at(10);
-        steering.sync_services(listed).unwrap();
-        assert_eq!(steering.services4_overflow().len(), 2, "a window of 8 slots for 10 keys");
-        for k in listed {
-            client_send_udp(&pair.client, SocketAddr::new(k.addr, k.port), b"listed");
-            let seen: Vec<_> = xsk.recv_until(1, LONG).iter().filter_map(|f| decode(f)).collect();
-            assert!(seen.iter().any(|s| s.dst == k.addr && s.port_or_type == k.port), "{k:?} on the XSK; saw {seen:?}");
-        }
-        let passed = steering.stats().unwrap().passed;
-        client_send_udp(&pair.client, SocketAddr::new(unlisted[0].addr, unlisted[0].port), b"unlisted");
-        assert!(xsk.recv(SHORT).is_empty(), "an unlisted address of the full window passes");
-        assert!(steering.stats().unwrap().passed > passed);
-        // Taking the services away leaves nothing steered and nothing to the hash map.
-        steering.sync_services(&[]).unwrap();
-        assert!(steering.services4_overflow().is_empty());
-        client_send_udp(&pair.client, SocketAddr::new(listed[9].addr, listed[9].port), b"gone");
-        assert!(xsk.recv(SHORT).is_empty());
+        services_full_window(&pair, &mut steering, &mut xsk, &same, |s| s.services4_overflow().len());
         steering.detach().unwrap();
     }
 
+    /// A NAT backend index's full window, for either family: `same` holds eleven backends
+    /// (address, UDP, port) of one home slot, whose addresses the client has on its interface
+    /// and the lb routes back to it; `overflow` counts the backends the index leaves to its
+    /// hash map. Ten are listed, two of them waiting in the hash map; the client plays each,
+    /// sending to `to` (the lb's address): every listed one's frames reach the XSK and none
+    /// the kernel, the eleventh's reach the kernel; once they leave, so do the tenth's.
+    fn backends_full_window(
+        pair: &Pair,
+        steering: &mut Steering,
+        xsk: &mut Xsk,
+        same: &[ServiceKey],
+        to: SocketAddr,
+        overflow: impl Fn(&Steering) -> usize,
+    ) {
+        let (listed, unlisted) = same.split_at(10);
+        steering.sync_endpoints(listed).unwrap();
+        assert_eq!(overflow(steering), 2, "a window of 8 slots for 10 keys");
+        let kernel = lb_udp(&pair.lb, to);
+        let send_from = |k: &ServiceKey, payload: &[u8]| {
+            pair.client.run_in(|| {
+                let s = UdpSocket::bind(SocketAddr::new(k.addr, k.port)).expect("bind the backend's address");
+                s.send_to(payload, to).expect("send");
+            });
+        };
+        for k in listed {
+            send_from(k, b"reply");
+            let seen: Vec<_> = xsk.recv_until(1, LONG).iter().filter_map(|f| decode(f)).collect();
+            assert!(
+                seen.iter().any(|s| s.src == k.addr && s.port_or_type == to.port()),
+                "{k:?} on the XSK; saw {seen:?}"
+            );
+        }
+        assert_eq!(kernel_got(&kernel), None, "the backends' frames never reach the kernel");
+        send_from(&unlisted[0], b"unlisted");
+        assert_eq!(kernel_got(&kernel).as_deref(), Some(&b"unlisted"[..]));
+        steering.sync_endpoints(&[]).unwrap();
+        assert_eq!(overflow(steering), 0);
+        send_from(&listed[9], b"gone");
+        assert_eq!(kernel_got(&kernel).as_deref(), Some(&b"gone"[..]));
+    }
+
     /// `endpoints4_index`: ten NAT backends (address, UDP, port) of one home slot, two of
-    /// them left to the `endpoints4` hash map. The client plays each backend, its address added
-    /// to its interface: every one's frames reach the XSK; an eleventh address of that home,
-    /// not listed, passes.
+    /// them left to the `endpoints4` hash map ([`backends_full_window`]).
     #[test]
     fn backends_left_to_the_hash_map_by_a_full_index_window_still_reach_the_xsk() {
         if !common::can_run("backends_left_to_the_hash_map_by_a_full_index_window_still_reach_the_xsk") {
@@ -284,29 +337,8 @@ mod tests {
         }
         // The way back, so that the lb's kernel takes the frames that pass (reverse path filter).
         pair.lb.ip(&["route", "add", "10.192.0.0/11", "via", &CLIENT_V4.to_string()]);
-        let (listed, unlisted) = same.split_at(10);
-        steering.sync_endpoints(listed).unwrap();
-        assert_eq!(steering.endpoints4_overflow().len(), 2, "a window of 8 slots for 10 keys");
         let to = SocketAddr::new(LB_V4.into(), 40_600);
-        let kernel = lb_udp(&pair.lb, to);
-        let send_from = |k: &ServiceKey, payload: &[u8]| {
-            pair.client.run_in(|| {
-                let s = UdpSocket::bind(SocketAddr::new(k.addr, k.port)).expect("bind the backend's address");
-                s.send_to(payload, to).expect("send");
-            });
-        };
-        for k in listed {
-            send_from(k, b"reply");
-            let seen: Vec<_> = xsk.recv_until(1, LONG).iter().filter_map(|f| decode(f)).collect();
-            assert!(seen.iter().any(|s| s.src == k.addr && s.port_or_type == 40_600), "{k:?} on the XSK; saw {seen:?}");
-        }
-        assert_eq!(kernel_got(&kernel), None, "the backends' frames never reach the kernel");
-        send_from(&unlisted[0], b"unlisted");
-        assert_eq!(kernel_got(&kernel).as_deref(), Some(&b"unlisted"[..]));
-        steering.sync_endpoints(&[]).unwrap();
-        assert!(steering.endpoints4_overflow().is_empty());
-        send_from(&listed[9], b"gone");
-        assert_eq!(kernel_got(&kernel).as_deref(), Some(&b"gone"[..]));
+        backends_full_window(&pair, &mut steering, &mut xsk, &same, to, |s| s.endpoints4_overflow().len());
         steering.detach().unwrap();
     }
 
@@ -686,9 +718,8 @@ mod tests {
     }
 
     /// `services6_index` and `endpoints6_index`: ten IPv6 services of one home slot, two of
-    /// them left to the `services` hash map, and likewise ten NAT backends (the client plays
-    /// each, its address added to its interface) left to `endpoints`. Every listed key's
-    /// frames reach the XSK; an eleventh key of that home, not listed, passes.
+    /// them left to the `services` hash map ([`services_full_window`]), and likewise ten NAT
+    /// backends left to `endpoints` ([`backends_full_window`]).
     #[test]
     fn ipv6_keys_left_to_the_hash_maps_by_a_full_index_window_still_reach_the_xsk() {
         if !common::can_run("ipv6_keys_left_to_the_hash_maps_by_a_full_index_window_still_reach_the_xsk") {
@@ -708,18 +739,7 @@ mod tests {
         let services =
             eleven_of_one_home((1..0x40_0000).map(|i| key(0xa, i, 5000)), |k| services6_index_home(k).unwrap());
         pair.client.ip(&["-6", "route", "add", "fd00:251:a::/64", "via", &LB_V6.to_string()]);
-        let (listed, unlisted) = services.split_at(10);
-        steering.sync_services(listed).unwrap();
-        assert_eq!(steering.services6_overflow().len(), 2, "a window of 8 slots for 10 keys");
-        for k in listed {
-            client_send_udp(&pair.client, SocketAddr::new(k.addr, k.port), b"listed");
-            let seen: Vec<_> = xsk.recv_until(1, LONG).iter().filter_map(|f| decode(f)).collect();
-            assert!(seen.iter().any(|s| s.dst == k.addr && s.port_or_type == k.port), "{k:?} on the XSK; saw {seen:?}");
-        }
-        let passed = steering.stats().unwrap().passed;
-        client_send_udp(&pair.client, SocketAddr::new(unlisted[0].addr, unlisted[0].port), b"unlisted");
-        assert!(xsk.recv(SHORT).is_empty(), "an unlisted service of the full window passes");
-        assert!(steering.stats().unwrap().passed > passed);
+        services_full_window(&pair, &mut steering, &mut xsk, &services, |s| s.services6_overflow().len());
 
         let backends =
             eleven_of_one_home((1..0x100_0000).map(|i| key(0xb, i, 5353)), |k| endpoints6_index_home(k).unwrap());
@@ -728,30 +748,8 @@ mod tests {
         }
         // The way back, so that the lb's kernel takes the frames that pass.
         pair.lb.ip(&["-6", "route", "add", "fd00:251:b::/64", "via", &CLIENT_V6.to_string()]);
-        let (listed, unlisted) = backends.split_at(10);
-        steering.sync_endpoints(listed).unwrap();
-        assert_eq!(steering.endpoints6_overflow().len(), 2, "a window of 8 slots for 10 keys");
         let to = SocketAddr::new(LB_V6.into(), 40_600);
-        let kernel = lb_udp(&pair.lb, to);
-        let send_from = |k: &ServiceKey, payload: &[u8]| {
-            pair.client.run_in(|| {
-                let s = UdpSocket::bind(SocketAddr::new(k.addr, k.port)).expect("bind the backend's address");
-                s.send_to(payload, to).expect("send");
-            });
-        };
-        for k in listed {
-            send_from(k, b"reply");
-            let seen: Vec<_> = xsk.recv_until(1, LONG).iter().filter_map(|f| decode(f)).collect();
-            assert!(seen.iter().any(|s| s.src == k.addr && s.port_or_type == 40_600), "{k:?} on the XSK; saw {seen:?}");
-        }
-        assert_eq!(kernel_got(&kernel), None, "the backends' frames never reach the kernel");
-        send_from(&unlisted[0], b"unlisted");
-        assert_eq!(kernel_got(&kernel).as_deref(), Some(&b"unlisted"[..]));
-        steering.sync_services(&[]).unwrap();
-        steering.sync_endpoints(&[]).unwrap();
-        assert!(steering.services6_overflow().is_empty() && steering.endpoints6_overflow().is_empty());
-        send_from(&listed[9], b"gone");
-        assert_eq!(kernel_got(&kernel).as_deref(), Some(&b"gone"[..]));
+        backends_full_window(&pair, &mut steering, &mut xsk, &backends, to, |s| s.endpoints6_overflow().len());
         steering.detach().unwrap();
     }
 
