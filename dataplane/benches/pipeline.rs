@@ -15,8 +15,10 @@
 //!   outside the timed region, so every measured SYN is a true new flow;
 //! - `{mix}_snat_reply`: replies from the backends of established SNAT flows;
 //! - `{mix}_dsr_ipip`: ACKs of established IPIP DSR flows, encapsulated into the tailroom;
-//! - `copy_{dnat,snat,dsr,new}`: the same loops copying frames into the buffers and nothing
-//!   else: the harness cost, subtracted in the `*_ns_per_packet` figures.
+//! - `uniform_established6`, `uniform_new_flow6`: the same in the IPv6 DNAT world (74-byte
+//!   frames);
+//! - `copy_{dnat,snat,dsr,new,dnat6,new6}`: the same loops copying frames into the buffers and
+//!   nothing else: the harness cost, subtracted in the `*_ns_per_packet` figures.
 //!
 //! mix is `uniform` (each packet of a uniformly chosen flow of the 1,000,000), `zipf` (Zipf, s =
 //! 1, over them) or `hot` (uniform over 1,024 flows).
@@ -58,7 +60,8 @@ use dataplane::tables::TablesHandle;
 #[allow(dead_code, reason = "shared with the callgrind driver, which uses other items")]
 mod scenario;
 
-use scenario::{Arena, BATCH, FLOWS, Kind, Mix, NOW_MS, Stream, Templates, World};
+use dataplane::process::Pipeline;
+use scenario::{Arena, BATCH, FLOWS, Kind, Mix, NOW_MS, SLOT, SLOT6, Stream, Templates, World};
 
 /// New-flow SYNs per pass; with the [`FLOWS`] established flows this stays below the
 /// conntrack capacity.
@@ -125,12 +128,13 @@ fn rss_bytes() -> usize {
         .map_or(0, |pages| pages * 4096)
 }
 
-/// A world with its streams: one per mix for its established packets (ACKs or replies).
-struct Bench {
+/// A world with its streams: one per mix for its established packets (ACKs or replies), in
+/// templates of `N` bytes ([`SLOT`] for IPv4, [`SLOT6`] for IPv6).
+struct Bench<const N: usize = SLOT> {
     w: World,
     arena: Arena,
-    /// Packets by mix: uniform, zipf, hot.
-    streams: Vec<(Mix, Stream)>,
+    /// Packets by mix: uniform, zipf, hot (the IPv6 world: uniform alone).
+    streams: Vec<(Mix, Stream<N>)>,
     /// Allocations made inside timed packet loops (the pipeline must make none).
     timed_allocs: usize,
     /// The pipeline's clock (ms) after the last new-flow benchmark: the next one continues
@@ -171,12 +175,21 @@ fn world(kind: Kind, flows: usize) -> (Bench, Templates) {
     (Bench { w, arena: Arena::new(0), streams, timed_allocs: 0, clock: NOW_MS }, acks)
 }
 
+/// The IPv6 DNAT world ([`Kind::Dnat6`]) with `flows` flows and the uniform stream of their
+/// ACKs.
+fn world6(flows: usize) -> Bench<SLOT6> {
+    let acks = scenario::ack_templates6(flows);
+    let w = World::of6(&acks);
+    let streams = vec![(Mix::Uniform, Stream::new(&acks, &scenario::sequence(Mix::Uniform, flows, 0x5eed_0001)))];
+    Bench { w, arena: Arena::new(0), streams, timed_allocs: 0, clock: NOW_MS }
+}
+
 /// Runs `iters` packets of `stream` from `*at` (wrapping), batch by batch; with `copy_only`,
 /// only copies them into the buffers.
 ///
 /// # Panics
 /// If a packet was not forwarded.
-fn run_stream(b: &mut Bench, mix: Mix, at: &mut usize, iters: u64, copy_only: bool) -> Duration {
+fn run_stream<const N: usize>(b: &mut Bench<N>, mix: Mix, at: &mut usize, iters: u64, copy_only: bool) -> Duration {
     let Bench { w, arena, streams, timed_allocs, .. } = b;
     let Some((_, s)) = streams.iter().find(|(m, _)| *m == mix) else { return Duration::ZERO };
     let mut left = usize::try_from(iters).unwrap_or(usize::MAX);
@@ -213,12 +226,28 @@ fn batch_world(g: &mut BenchmarkGroup<'_, WallTime>, b: &mut Bench, profile: &st
     }
 }
 
-/// `batch/uniform_new_flow` and its copy baseline, on the DNAT world.
-fn batch_new_flow(g: &mut BenchmarkGroup<'_, WallTime>, b: &mut Bench) {
-    let pool = NEW_POOL.min(b.w.pipeline.families().v4.ct.len());
-    let syns = Stream::new(&scenario::new_syn_templates(pool), &scenario::in_order(pool));
+/// `batch/uniform_established6` and its copy baseline, on the IPv6 DNAT world.
+fn batch_world6(g: &mut BenchmarkGroup<'_, WallTime>, b: &mut Bench<SLOT6>) {
     let mut at = 0;
-    g.bench_function("copy_new", |x| {
+    g.bench_function("copy_dnat6", |x| x.iter_custom(|n| run_stream(b, Mix::Uniform, &mut at, n, true)));
+    let mut at = 0;
+    g.bench_function("uniform_established6", |x| x.iter_custom(|n| run_stream(b, Mix::Uniform, &mut at, n, false)));
+}
+
+/// `batch/uniform_new_flow` (`suffix` "") or `batch/uniform_new_flow6` (`suffix` "6") and its
+/// copy baseline, on the DNAT world of that family: `syns` makes the SYNs of `n` new flows,
+/// `tracked` counts the flows of the family's conntrack.
+fn batch_new_flow<const N: usize>(
+    g: &mut BenchmarkGroup<'_, WallTime>,
+    b: &mut Bench<N>,
+    suffix: &str,
+    syns: impl Fn(usize) -> Templates<N>,
+    tracked: impl Fn(&Pipeline) -> usize,
+) {
+    let pool = NEW_POOL.min(tracked(&b.w.pipeline));
+    let syns = Stream::new(&syns(pool), &scenario::in_order(pool));
+    let mut at = 0;
+    g.bench_function(format!("copy_new{suffix}"), |x| {
         x.iter_custom(|n| {
             let start = Instant::now();
             let mut left = usize::try_from(n).unwrap_or(usize::MAX);
@@ -231,10 +260,10 @@ fn batch_new_flow(g: &mut BenchmarkGroup<'_, WallTime>, b: &mut Bench) {
             start.elapsed()
         })
     });
-    let flows = b.w.pipeline.families().v4.ct.len();
+    let flows = tracked(&b.w.pipeline);
     let mut clock = b.clock;
     let mut at = 0;
-    g.bench_function("uniform_new_flow", |x| {
+    g.bench_function(format!("uniform_new_flow{suffix}"), |x| {
         x.iter_custom(|n| {
             let mut total = Duration::ZERO;
             let mut left = usize::try_from(n).unwrap_or(usize::MAX);
@@ -242,7 +271,7 @@ fn batch_new_flow(g: &mut BenchmarkGroup<'_, WallTime>, b: &mut Bench) {
                 if at == syns.count() {
                     // Untimed: forget this pass's flows so the next pass's SYNs are new again.
                     clock = scenario::expire_new_flows(&mut b.w.pipeline, &b.w.tables, clock);
-                    assert_eq!(b.w.pipeline.families().v4.ct.len(), flows, "only the established flows remain");
+                    assert_eq!(tracked(&b.w.pipeline), flows, "only the established flows remain");
                     at = 0;
                 }
                 let take = BATCH.min(left).min(syns.count() - at);
@@ -470,12 +499,16 @@ fn main() {
         let mut g = c.benchmark_group("batch");
         g.throughput(Throughput::Elements(1));
         batch_world(&mut g, &mut dnat, "established", "dnat");
-        batch_new_flow(&mut g, &mut dnat);
+        batch_new_flow(&mut g, &mut dnat, "", scenario::new_syn_templates, |p| p.families().v4.ct.len());
         for (kind, profile, copy) in [(Kind::Snat, "snat_reply", "snat"), (Kind::Dsr, "dsr_ipip", "dsr")] {
             let (mut b, _) = world(kind, flows);
             batch_world(&mut g, &mut b, profile, copy);
             allocs_timed += b.timed_allocs;
         }
+        let mut dnat6 = world6(flows);
+        batch_world6(&mut g, &mut dnat6);
+        batch_new_flow(&mut g, &mut dnat6, "6", scenario::new_syn_templates6, |p| p.families().v6.ct.len());
+        allocs_timed += dnat6.timed_allocs;
         g.finish();
     }
     {

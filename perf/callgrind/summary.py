@@ -73,6 +73,8 @@ def main():
         for profile, copy in (("established", "copy_dnat"), ("snat_reply", "copy_snat"), ("dsr_ipip", "copy_dsr")):
             lines += packet_figures(crit, "batch", f"{mix}_{profile}", copy, "batch_")
     lines += packet_figures(crit, "batch", "uniform_new_flow", "copy_new", "batch_")
+    lines += packet_figures(crit, "batch", "uniform_established6", "copy_dnat6", "batch_")
+    lines += packet_figures(crit, "batch", "uniform_new_flow6", "copy_new6", "batch_")
 
     for name in ("established", "established_hot", "new_flow", "uniform_established"):
         lines += packet_figures(crit, "pipeline", name, f"{name}_copy_only", "single_" if name == "uniform_established" else "")
