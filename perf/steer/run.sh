@@ -72,21 +72,27 @@ fd00_10="fd 00 00 00 00 00 00 00 00 00 00 00 00 00 00 10"
 fd01_5="fd 01 00 00 00 00 00 00 00 00 00 00 00 00 00 05"
 fd02_1="fd 02 00 00 00 00 00 00 00 00 00 00 00 00 00 01"
 
-# filter_put MAP BITS "ADDR" "X": sets the bit of IPv6 address ADDR (16 hex bytes) with X (the
-# key's port bytes as in the frame and its protocol, hex, "" for none) in a filter of 2^BITS
-# bits (nic-config/src/filter.rs): the top BITS bits of ((((lo * M) ^ hi) * M) ^ x) * M, with
-# M = 2^64/phi and lo, hi, x read little-endian as on this host; bit b is bit b % 64 of the
-# u64 at index b / 64. Reads the word and writes it back.
+# Python the IPv6 helpers below start with: key6_hash(ADDR, X), the hash of
+# nic-config/src/filter.rs (`hash_of`, xdp/steer.c `key6_hash`) of IPv6 address ADDR (16 hex
+# bytes) and X (the key's port bytes as in the frame and its protocol, hex, "" for none):
+# ((((lo * M) ^ hi) * M) ^ x) * M, with M = 2^64/phi and lo, hi, x read little-endian as on
+# this host.
+key6_hash_py='
+import struct, sys
+M, W = 0x9E3779B97F4A7C15, 2**64
+def key6_hash(addr, xs):
+    lo, hi = struct.unpack("<QQ", bytes(int(v, 16) for v in addr.split()))
+    x = int.from_bytes(bytes(int(v, 16) for v in xs.split()).ljust(8, b"\0"), "little")
+    return (((((lo * M) % W ^ hi) * M) % W ^ x) * M) % W
+'
+
+# filter_put MAP BITS "ADDR" "X": sets the bit of the IPv6 key (ADDR, X as for key6_hash) in
+# a filter of 2^BITS bits (nic-config/src/filter.rs): the top BITS bits of its key6_hash; bit
+# b is bit b % 64 of the u64 at index b / 64. Reads the word and writes it back.
 filter_put() {
   local word bit cur
-  read -r word bit < <(python3 -c '
-import struct, sys
-a = bytes(int(x, 16) for x in sys.argv[2].split())
-x = int.from_bytes(bytes(int(v, 16) for v in sys.argv[3].split()).ljust(8, b"\0"), "little")
-lo, hi = struct.unpack("<QQ", a)
-M, W = 0x9E3779B97F4A7C15, 2**64
-h = (((((lo * M) % W ^ hi) * M) % W ^ x) * M) % W
-b = h >> (64 - int(sys.argv[1]))
+  read -r word bit < <(python3 -c "$key6_hash_py"'
+b = key6_hash(sys.argv[2], sys.argv[3]) >> (64 - int(sys.argv[1]))
 print(b // 64, b % 64)' "$2" "$3" "$4")
   local key
   key=$(python3 -c 'import struct,sys; print(" ".join("%02x" % b for b in struct.pack("<I", int(sys.argv[1]))))' "$word")
@@ -99,18 +105,12 @@ print(" ".join("%02x" % b for b in struct.pack("<Q", v)))' "$bit" "$cur")
 }
 
 # index6_put MAP BITS "ADDR" "X": writes the fingerprint of the IPv6 key (ADDR, X as for
-# filter_put) into its home slot of a slot index of 2^BITS slots (nic-config/src/index.rs
-# `fingerprint6`): the top 56 bits of the filter's hash with 1 in the top byte, its home the top
+# key6_hash) into its home slot of a slot index of 2^BITS slots (nic-config/src/index.rs
+# `fingerprint6`): the top 56 bits of its key6_hash with 1 in the top byte, its home the top
 # BITS bits of the fingerprint times 2^64/phi.
 index6_put() {
-  bpftool map update pinned "$1" $(python3 -c '
-import struct, sys
-a = bytes(int(x, 16) for x in sys.argv[2].split())
-x = int.from_bytes(bytes(int(v, 16) for v in sys.argv[3].split()).ljust(8, b"\0"), "little")
-lo, hi = struct.unpack("<QQ", a)
-M, W = 0x9E3779B97F4A7C15, 2**64
-h = (((((lo * M) % W ^ hi) * M) % W ^ x) * M) % W
-fp = h >> 8 | 1 << 56
+  bpftool map update pinned "$1" $(python3 -c "$key6_hash_py"'
+fp = key6_hash(sys.argv[2], sys.argv[3]) >> 8 | 1 << 56
 home = ((fp * M) % W) >> (64 - int(sys.argv[1]))
 print("key hex", " ".join("%02x" % b for b in struct.pack("<I", home)), "value hex", " ".join("%02x" % b for b in struct.pack("<Q", fp)))' "$2" "$3" "$4")
 }
@@ -118,16 +118,11 @@ print("key hex", " ".join("%02x" % b for b in struct.pack("<I", home)), "value h
 # snat6_put MAP BITS "ADDR" "RANGE": writes the slot of IPv6 SNAT address ADDR (16 hex bytes)
 # with port range RANGE (4 hex bytes: first and last port, little-endian) into its home slot
 # of a SNAT slot index of 2^BITS slots (nic-config/src/index.rs `snat6_id`): the id is the top
-# 30 bits of the filter's hash with no port, its lowest bit set; the slot, the id's 4 bytes
-# then the range; the home, the top BITS bits of the id times 2^64/phi.
+# 30 bits of its key6_hash with no port, its lowest bit set; the slot, the id's 4 bytes then
+# the range; the home, the top BITS bits of the id times 2^64/phi.
 snat6_put() {
-  bpftool map update pinned "$1" $(python3 -c '
-import struct, sys
-a = bytes(int(x, 16) for x in sys.argv[2].split())
-lo, hi = struct.unpack("<QQ", a)
-M, W = 0x9E3779B97F4A7C15, 2**64
-h = ((((lo * M) % W ^ hi) * M) % W * M) % W
-ident = h >> 34 | 1
+  bpftool map update pinned "$1" $(python3 -c "$key6_hash_py"'
+ident = key6_hash(sys.argv[2], "") >> 34 | 1
 home = ((ident * M) % W) >> (64 - int(sys.argv[1]))
 print("key hex", " ".join("%02x" % b for b in struct.pack("<I", home)), "value hex", " ".join("%02x" % b for b in struct.pack("<I", ident)), sys.argv[3])' "$2" "$3" "$4")
 }
