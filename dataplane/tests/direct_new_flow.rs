@@ -199,16 +199,30 @@ fn run(
 
 /// Batch number `batch` (clock `NOW_MS + 100 * batch`, port `batch % 2`).
 fn process(p: &mut Pipeline, t: &Tables, chunk: &[Vec<u8>], batch: u64) -> Vec<(Verdict, Vec<u8>)> {
+    process_in(p, t, chunk, batch, 0, harness::TAILROOM)
+}
+
+/// [`process`] with the frames at `headroom` in buffers with `tailroom` bytes after them.
+fn process_in(
+    p: &mut Pipeline,
+    t: &Tables,
+    chunk: &[Vec<u8>],
+    batch: u64,
+    headroom: usize,
+    tailroom: usize,
+) -> Vec<(Verdict, Vec<u8>)> {
     p.begin_batch(t, harness::NOW_MS + 100 * batch);
     let mut bufs: Vec<Vec<u8>> = chunk
         .iter()
         .map(|f| {
-            let mut v = f.clone();
-            v.resize(f.len() + harness::TAILROOM, 0);
+            let mut v = vec![0xa5; headroom];
+            v.extend_from_slice(f);
+            v.resize(headroom + f.len() + tailroom, 0);
             v
         })
         .collect();
-    let mut pkts: Vec<Packet<'_>> = bufs.iter_mut().zip(chunk).map(|(b, f)| Packet::new(b, 0, f.len())).collect();
+    let mut pkts: Vec<Packet<'_>> =
+        bufs.iter_mut().zip(chunk).map(|(b, f)| Packet::new(b, headroom, f.len())).collect();
     let mut verdicts = vec![Verdict::Pass; pkts.len()];
     p.process_batch(t, &mut pkts, (batch % 2) as u8, &mut verdicts);
     pkts.iter().zip(verdicts).map(|(pkt, v)| (v, pkt.frame().to_vec())).collect()
@@ -369,6 +383,36 @@ fn new_flows_in_one_batch_reach_the_frontend_of_their_own_protocol_port_and_addr
                 assert!(p.direct_new_flows() > 0, "batches of {size}: no direct new flow");
             }
         }
+    }
+}
+
+/// Frames whose buffer ends where the frame ends (no tailroom), at headroom 0 and 256, are
+/// forwarded as frames with room after them are, byte for byte: new flows (SYNs) and their next
+/// packets (ACKs, rewritten in stage 3 from the record, in a range of the buffer that must
+/// end inside the frame), over IPv4 and IPv6.
+#[test]
+fn frames_that_end_their_buffer_are_rewritten_as_frames_with_tailroom() {
+    let t = harness::tables();
+    let cfg = PipelineConfig { conntrack_capacity: 4096, ..harness::config() };
+    let pairs = [
+        (v4(harness::CLIENT4), v4(harness::VIP4)),
+        (IpAddr::V6(Ipv6Addr::from(harness::CLIENT6)), IpAddr::V6(Ipv6Addr::from(harness::VIP6))),
+    ];
+    for (client, vip) in pairs {
+        let syns: Vec<Vec<u8>> = (0..64u16).map(|i| tcp(client, 30_000 + i, vip, 80, tcp_flags::SYN, 64)).collect();
+        let acks: Vec<Vec<u8>> = (0..64u16).map(|i| tcp(client, 30_000 + i, vip, 80, tcp_flags::ACK, 64)).collect();
+        let mut outs = Vec::new();
+        for (headroom, tailroom) in [(0, harness::TAILROOM), (0, 0), (256, 0)] {
+            let mut p = Pipeline::new(cfg.clone(), harness::SEED);
+            p.set_flow_table_seeds([0x5eed, 1, 2, 3, 4]);
+            let mut out = process_in(&mut p, t, &syns, 0, headroom, tailroom);
+            out.extend(process_in(&mut p, t, &acks, 1, headroom, tailroom));
+            assert!(out.iter().all(|(v, _)| matches!(v, Verdict::Tx { .. })), "{vip} {headroom}/{tailroom}: {out:?}");
+            assert_eq!(p.shaped_batches().iter().sum::<u64>(), 2, "{vip} {headroom}/{tailroom}: the shaped stages");
+            outs.push(out);
+        }
+        assert_eq!(outs[0], outs[1], "{vip}: no tailroom, headroom 0");
+        assert_eq!(outs[0], outs[2], "{vip}: no tailroom, headroom 256");
     }
 }
 

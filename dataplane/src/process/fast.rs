@@ -118,7 +118,7 @@ macro_rules! fast_stage {
                     // The record's fields are read after the frame's checks (`nat_at`), each just before
                     // it is written, so they need not be held in registers (or spilled) meanwhile.
                     let to = |_: &[u8]| forward_nat(c, r);
-                    nat::<A>(from_head(pkt), l3, tcp, to).then_some(Verdict::Tx { port: r.out_port })
+                    nat::<A>(pkt.buf, pkt.head, l3, tcp, to).then_some(Verdict::Tx { port: r.out_port })
                 }
                 Dir::Reply => {
                     let to = |h: &[u8]| {
@@ -136,7 +136,7 @@ macro_rules! fast_stage {
                             dmac: r.peer_mac,
                         }
                     };
-                    nat::<A>(from_head(pkt), l3, tcp, to).then_some(Verdict::Tx { port: r.in_port })
+                    nat::<A>(pkt.buf, pkt.head, l3, tcp, to).then_some(Verdict::Tx { port: r.in_port })
                 }
                 Dir::Forward => dsr::<A>(c, r, pkt, usize::from(l3), usize::from(l.end)),
             }
@@ -177,13 +177,6 @@ fn forward_nat<A: Fam>(c: &Common, r: &Rec<A>) -> Nat<A> {
     }
 }
 
-/// The buffer from the frame's first byte on. The NAT rewrite writes only the headers, which
-/// the fast parser found inside the frame, so it needs no view that ends with the frame.
-#[inline(always)]
-fn from_head<'b>(pkt: &'b mut Packet<'_>) -> &'b mut [u8] {
-    pkt.buf.get_mut(pkt.head..).unwrap_or(&mut [])
-}
-
 /// Whether a parsed packet has the fast parser's shape (TCP or UDP, not fragmented, right after
 /// an IP header without options or extension headers at offset 14 or 18), so the precomputed
 /// rewrite of its flow's record applies.
@@ -201,12 +194,12 @@ pub(super) fn shaped<A: Family>(p: &Parsed) -> bool {
 pub(super) fn nat_forward<A: Fam>(c: &Common, r: &Rec<A>, pkt: &mut Packet<'_>, p: &Parsed) -> Option<Verdict> {
     #[expect(clippy::cast_possible_truncation, reason = "14 or 18 (shaped)")]
     let l3 = p.l3 as u8;
-    nat_forward_at(c, r, pkt.frame_mut(), l3, p.proto == proto::TCP)
+    nat_forward_at(c, r, pkt.frame_mut(), 0, l3, p.proto == proto::TCP)
 }
 
-/// [`nat_forward`] for a fast-parsed packet of the slow path: `f` is the buffer from the
-/// frame's head ([`from_head`]; the fast parser found the headers inside the frame), the IP
-/// header is at `l3` (14 or 18) and the transport is TCP (`tcp`) or UDP.
+/// [`nat_forward`] for a fast-parsed packet of the slow path: the rewrite takes the headers
+/// from the frame's head in the packet's buffer (the fast parser found them inside the
+/// frame), the IP header at `l3` (14 or 18), the transport TCP (`tcp`) or UDP.
 #[inline]
 pub(super) fn nat_forward_lane<A: Fam>(
     c: &Common,
@@ -215,14 +208,15 @@ pub(super) fn nat_forward_lane<A: Fam>(
     l3: u8,
     tcp: bool,
 ) -> Option<Verdict> {
-    nat_forward_at(c, r, from_head(pkt), l3, tcp)
+    nat_forward_at(c, r, pkt.buf, pkt.head, l3, tcp)
 }
 
-/// The forward NAT rewrite of record `r` into frame bytes `f`, IP header at `l3`.
+/// The forward NAT rewrite of record `r` into the frame at offset `head` of `buf`, IP header
+/// at `l3` from there.
 #[inline(always)]
-fn nat_forward_at<A: Fam>(c: &Common, r: &Rec<A>, f: &mut [u8], l3: u8, tcp: bool) -> Option<Verdict> {
+fn nat_forward_at<A: Fam>(c: &Common, r: &Rec<A>, buf: &mut [u8], head: usize, l3: u8, tcp: bool) -> Option<Verdict> {
     let to = |_: &[u8]| forward_nat(c, r);
-    nat::<A>(f, l3, tcp, to).then_some(Verdict::Tx { port: r.out_port })
+    nat::<A>(buf, head, l3, tcp, to).then_some(Verdict::Tx { port: r.out_port })
 }
 
 /// What a NAT rewrite writes.
@@ -240,16 +234,18 @@ struct Nat<A> {
 }
 
 /// The NAT rewrite at the fast parser's offsets: picks the instance for the IP header offset
-/// and the transport protocol. `to` gives what to write (from the frame's headers, checked);
-/// it is called only once the frame passed its checks. Returns `false`, frame untouched, if
-/// the TTL would expire.
+/// and the transport protocol. The frame starts at `head` in `buf`; the rewrite writes only
+/// its headers, which the fast parser found inside the frame, so it needs no view that ends
+/// with the frame. `to` gives what to write (from the frame's headers, checked); it is called
+/// only once the frame passed its checks. Returns `false`, frame untouched, if the TTL would
+/// expire or the headers do not fit in `buf`.
 #[inline(always)]
-fn nat<A: Family>(f: &mut [u8], l3: u8, tcp: bool, to: impl FnOnce(&[u8]) -> Nat<A>) -> bool {
+fn nat<A: Family>(buf: &mut [u8], head: usize, l3: u8, tcp: bool, to: impl FnOnce(&[u8]) -> Nat<A>) -> bool {
     match (l3, tcp) {
-        (14, true) => nat_at::<A, 14, true>(f, to),
-        (14, false) => nat_at::<A, 14, false>(f, to),
-        (18, true) => nat_at::<A, 18, true>(f, to),
-        (18, false) => nat_at::<A, 18, false>(f, to),
+        (14, true) => nat_at::<A, 14, true>(buf, head, to),
+        (14, false) => nat_at::<A, 14, false>(buf, head, to),
+        (18, true) => nat_at::<A, 18, true>(buf, head, to),
+        (18, false) => nat_at::<A, 18, false>(buf, head, to),
         _ => false,
     }
 }
@@ -257,11 +253,17 @@ fn nat<A: Family>(f: &mut [u8], l3: u8, tcp: bool, to: impl FnOnce(&[u8]) -> Nat
 /// Writes MACs, source and destination address and port, decrements the TTL / hop limit and
 /// applies the precomputed IPv4 header delta (TTL decrement included) and transport delta
 /// (RFC 1624); UDP over IPv4 keeps a zero checksum zero (RFC 768). `L3` is the IP header
-/// offset, `TCP` the transport protocol (else UDP).
+/// offset from the frame's first byte, at `head` in `buf`; `TCP` the transport protocol
+/// (else UDP). One range check covers every byte written: `head..head + l4 + 18` (TCP's
+/// checksum) or `+ 8` (UDP's header); a `head` so large that the end wraps fails it too.
 #[inline(always)]
-fn nat_at<A: Family, const L3: usize, const TCP: bool>(f: &mut [u8], to: impl FnOnce(&[u8]) -> Nat<A>) -> bool {
+fn nat_at<A: Family, const L3: usize, const TCP: bool>(
+    buf: &mut [u8],
+    head: usize,
+    to: impl FnOnce(&[u8]) -> Nat<A>,
+) -> bool {
     let l4 = L3 + A::HEADER_LEN;
-    let Some(h) = f.get_mut(..l4 + if TCP { 18 } else { 8 }) else { return false };
+    let Some(h) = buf.get_mut(head..head.wrapping_add(l4 + if TCP { 18 } else { 8 })) else { return false };
     let ttl = L3 + A::TTL_OFF;
     if h.get(ttl).is_none_or(|t| *t <= 1) {
         return false;
