@@ -729,3 +729,58 @@ fn a_full_tables_reclaim_expires_at_most_its_budget_in_one_insert_and_leaves_the
     // The room it made serves the next flows without another reclaim.
     insert(&mut ct, mk(cap as u32 + 1, 5000), 200, |_| panic!("nothing to remove")).expect("room left");
 }
+
+/// Every key that differs from an entry's key in one field (a byte of either address, either
+/// port, the protocol), or has the ports or addresses swapped, is a different flow: looked up
+/// under the entry's own hash (so the probe reaches the entry and the key compare alone
+/// decides), `find` and `resolve` do not return the entry; the entry's own key is found in
+/// its direction. Both directions, both families (IPv4 compares an entry's addresses and
+/// ports as words, `CtFamily::key_is`).
+fn one_field_off_is_another_flow<A: CtFamily>(r: Rec<A>, byte: impl Fn(&mut A, usize)) {
+    let mut ct = Conntrack::<A>::with_seeds(64, SEEDS);
+    let h = ct.hash(&r.fwd_key());
+    let id = ct.insert(r, h, 0, |_| {}).unwrap();
+    for (k, dir) in [(r.fwd_key(), Dir::Forward), (r.reply_key(), Dir::Reply)] {
+        let h = ct.hash(&k);
+        assert_eq!(ct.find(&k, h).map(|x| (x.id, x.dir)), Some((id, dir)));
+        let mut others = vec![
+            FlowKey { sport: k.sport ^ 1, ..k },
+            FlowKey { sport: k.sport ^ 0x100, ..k },
+            FlowKey { dport: k.dport ^ 1, ..k },
+            FlowKey { dport: k.dport ^ 0x8000, ..k },
+            FlowKey { proto: k.proto ^ 0x17, ..k },
+            FlowKey { sport: k.dport, dport: k.sport, ..k },
+            FlowKey { src: k.dst, dst: k.src, ..k },
+        ];
+        for i in 0..A::LEN {
+            let mut o = k;
+            byte(&mut o.src, i);
+            others.push(o);
+            let mut o = k;
+            byte(&mut o.dst, i);
+            others.push(o);
+        }
+        for o in others {
+            assert!(ct.find(&o, h).is_none(), "{dir:?}: {o:?} found as {k:?}");
+            let probe = ct.view().probe(h);
+            assert!(ct.view_mut().resolve(&o, h, &probe).is_none(), "{dir:?}: {o:?} resolved as {k:?}");
+        }
+        let probe = ct.view().probe(h);
+        assert_eq!(ct.view_mut().resolve(&k, h, &probe).map(|(x, _)| (x.id, x.dir)), Some((id, dir)));
+    }
+}
+
+#[test]
+fn a_key_one_field_off_an_entry_is_another_flow() {
+    let mut r = rec(40_000, 100, CtState::Established);
+    r.proto = 17;
+    one_field_off_is_another_flow::<V4>(r, |a, i| a.0[i] ^= 0x40);
+    let mut r = Rec::<V6>::zeroed_record();
+    r.client = V6([0xfd; 16]);
+    r.vip = V6([0xfe; 16]);
+    r.reply_dst = V6([0xfb; 16]);
+    r.backend_addr = V6([0xfc; 16]);
+    (r.cport, r.vport, r.reply_dport, r.bport, r.proto, r.expires_s) = (40_000, 443, 40_001, 8443, 6, 100);
+    r.state = CtState::Established as u8;
+    one_field_off_is_another_flow::<V6>(r, |a, i| a.0[i] ^= 0x40);
+}
