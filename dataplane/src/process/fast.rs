@@ -46,6 +46,9 @@ macro_rules! fast_stage {
                 return (0, 0);
             }
             let (now, generation) = (c.now_s, c.generation);
+            // Both cut to one length, so that one bounds check per lane covers both.
+            let n = pkts.len().min(verdicts.len());
+            let (Some(pkts), Some(verdicts)) = (pkts.get_mut(..n), verdicts.get_mut(..n)) else { return (0, 0) };
             let mut view = st.ct.view_mut();
             let deferred = &mut st.deferred;
             for l in st.lanes.as_mut_slice() {
