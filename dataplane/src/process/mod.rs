@@ -246,6 +246,24 @@ impl<A: Copy + Default> Lanes<A> {
     fn push(&mut self, key: FlowKey<A>, hash: u64, pkt: usize, p: &Fast<A>) -> u8 {
         let i = self.n;
         let Some(x) = self.l.get_mut(i) else { return NO_LANE };
+        Self::fill(x, key, hash, pkt, p);
+        self.n = i + 1;
+        #[expect(clippy::cast_possible_truncation, reason = "i < BATCH = 64")]
+        let lane = i as u8;
+        lane
+    }
+
+    /// Writes lane `pkt` (taken modulo [`BATCH`]) for packet `pkt`, without counting it: for a
+    /// stage that gives packet `i` lane `i` and sets [`Lanes::n`] once at its end.
+    #[inline]
+    fn put(&mut self, key: FlowKey<A>, hash: u64, pkt: usize, p: &Fast<A>) {
+        if let Some(x) = self.l.get_mut(pkt & (BATCH - 1)) {
+            Self::fill(x, key, hash, pkt, p);
+        }
+    }
+
+    #[inline(always)]
+    fn fill(x: &mut Lane<A>, key: FlowKey<A>, hash: u64, pkt: usize, p: &Fast<A>) {
         x.key = key;
         x.hash = hash;
         x.end = u16::try_from(p.end).unwrap_or(u16::MAX);
@@ -255,10 +273,6 @@ impl<A: Copy + Default> Lanes<A> {
             x.l3 = p.l3 as u8;
         }
         x.tcp_flags = p.tcp_flags;
-        self.n = i + 1;
-        #[expect(clippy::cast_possible_truncation, reason = "i < BATCH = 64")]
-        let lane = i as u8;
-        lane
     }
 }
 
@@ -746,10 +760,21 @@ impl Pipeline {
         let (view, lanes) = (st.ct.view(), &mut st.lanes);
         lanes.n = 0;
         let pkts = pkts.get(..n.min(BATCH)).unwrap_or(&[]);
+        // Packet `i` takes lane `i`; the count is set once, at the end.
         for (i, (pkt, lane_of)) in pkts.iter().zip(self.lane_of.iter_mut()).enumerate() {
-            let Some(x) = A::parse_shaped(pkt.frame()) else { return i };
-            *lane_of = lane_for::<A>(&view, lanes, i, &x) | A::LANE_FLAG;
+            let Some(x) = A::parse_shaped(pkt.frame()) else {
+                lanes.n = i;
+                return i;
+            };
+            let key = FlowKey { src: x.src, dst: x.dst, sport: x.sport, dport: x.dport, proto: x.proto };
+            let hash = view.hash(&key);
+            view.prefetch(hash);
+            lanes.put(key, hash, i, &x);
+            #[expect(clippy::cast_possible_truncation, reason = "i < BATCH = 64")]
+            let lane = i as u8;
+            *lane_of = lane | A::LANE_FLAG;
         }
+        lanes.n = pkts.len();
         pkts.len()
     }
 
