@@ -52,11 +52,10 @@ macro_rules! fast_stage {
             let mut view = st.ct.view_mut();
             let deferred = &mut st.deferred;
             for l in st.lanes.as_mut_slice() {
-                let bit = 1u64 << (l.pkt & 63);
                 let i = usize::from(l.pkt);
                 let Some((hit, r)) = view.resolve(&l.key, l.hash, &l.probe) else {
                     l.miss = true;
-                    slow |= bit;
+                    slow |= 1u64 << (i & 63);
                     continue;
                 };
                 let (Some(pkt), Some(v)) = (pkts.get_mut(i), verdicts.get_mut(i)) else { continue };
@@ -75,7 +74,7 @@ macro_rules! fast_stage {
                         r.flags |= flow_flags::DEFERRED;
                         deferred.push(hit.id);
                     }
-                    slow |= bit;
+                    slow |= 1u64 << (i & 63);
                     continue;
                 };
                 *v = out;
