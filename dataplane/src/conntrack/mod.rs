@@ -391,8 +391,8 @@ impl CtFamily for V4 {
         const PORTS: usize = offset_of!(Rec<V4>, cport);
         const _: () =
             assert!(offset_of!(Rec<V4>, backend_addr) == ADDRS + 8 && offset_of!(Rec<V4>, bport) == PORTS + 4);
-        let b: &[u8; 64] = bytemuck::cast_ref(r);
-        let d = dir as usize;
+        let b = bytemuck::bytes_of(r);
+        let d = usize::from(dir == Dir::Reply);
         let (Some(a), Some(p)) = (
             b.get(ADDRS + 8 * d..).and_then(|x| x.first_chunk::<8>()),
             b.get(PORTS + 4 * d..).and_then(|x| x.first_chunk::<4>()),
