@@ -114,6 +114,12 @@ const OWN_SETUP_ROWS: &[(&str, &str, Frames)] = &[
     ("source_ranges_admit_listed_clients_and_drop_others", "fixtures-source-ranges.yaml", Frames::Exact),
     ("client_ip_affinity_keeps_a_client_on_one_backend_until_timeout", "fixtures-affinity.yaml", Frames::Exact),
     ("sctp_dnat_recomputes_crc32c", "fixtures-sctp.yaml", Frames::Exact),
+    (
+        "an_established_flow_keeps_its_reply_tuple_and_a_new_flow_with_the_same_one_is_dropped",
+        "fixtures-two-frontends.yaml",
+        Frames::Exact,
+    ),
+    ("a_new_flow_takes_the_reply_tuple_of_a_flow_not_yet_established", "fixtures-two-frontends.yaml", Frames::Exact),
 ];
 
 /// Fixture rows `xlb trace` cannot express (one config, one worker, no kernel routes):
@@ -296,7 +302,7 @@ fn trace_replays_the_fixture_rows_with_their_own_setups_and_clock_steps() {
     assert_eq!(replayed.len(), 2 * OWN_SETUP_ROWS.len() - 1, "{replayed:?}");
     let steps: usize = rows.iter().filter(|(r, _)| own(base(r)).is_some()).map(|(_, recs)| recs.len()).sum();
     assert_eq!(checked, steps);
-    assert_eq!(checked, 35, "records checked");
+    assert_eq!(checked, 53, "records checked");
     assert!(rows.iter().filter(|(r, _)| own(base(r)).is_some()).any(|(_, recs)| recs.iter().any(|r| r.advance_s > 0)));
 }
 

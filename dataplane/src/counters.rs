@@ -88,6 +88,7 @@ declare_counters! {
         UnsupportedProtocol = 18, "unsupported_protocol", Counter, "Protocol on a VIP that the pipeline does not balance (not TCP/UDP/SCTP/ICMP).";
         ReplyUntracked = 19, "reply_untracked", Counter, "A reply handed from worker to worker that no worker has a flow for, and no punt device to hand it to the kernel, or within 5 s of a start after a crash (its flow may not be picked up yet).";
         NoRoute = 20, "no_route", Counter, "A new flow's backend matches none of the kernel's routes; no conntrack entry is made.";
+        ReplyTupleInUse = 21, "reply_tuple_in_use", Counter, "A new flow's reply tuple (its backend to its client address and port) is a live flow's, which came through another frontend: the live flow keeps it and the new flow gets no conntrack entry (Linux conntrack's clash, insert_failed).";
     }
 }
 

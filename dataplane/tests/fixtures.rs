@@ -519,6 +519,86 @@ fn rows_for(f: Fam) -> Vec<Row> {
         ],
     ));
 
+    // --- Two frontends, one backend: the same client port to both meets one reply tuple ---
+    let two_vips = || {
+        spec(
+            f,
+            vec![
+                service(
+                    "default/web:http",
+                    vec![Frontend::new(vip, L4Proto::Tcp, 80, FrontendKind::ClusterIp, false)],
+                    vec![local_backend(b0, 8080)],
+                    ForwardingMode::Nat,
+                ),
+                service(
+                    "default/web-lb:http",
+                    vec![Frontend::new(f.lbip, L4Proto::Tcp, 80, FrontendKind::LoadBalancer, false)],
+                    vec![local_backend(b0, 8080)],
+                    ForwardingMode::Nat,
+                ),
+            ],
+        )
+    };
+    rows.push(row(
+        "an_established_flow_keeps_its_reply_tuple_and_a_new_flow_with_the_same_one_is_dropped",
+        f,
+        two_vips(),
+        vec![
+            step(
+                "SYN to the ClusterIP",
+                tcp(c, 40000, vip, 80, SYN, 64, IN),
+                Expect::Tx(tcp(c, 40000, b0, 8080, SYN, 63, to_b(0))),
+            ),
+            step(
+                "SYN-ACK from the backend",
+                tcp(b0, 8080, c, 40000, SYN | ACK, 64, from_b(0)),
+                Expect::Tx(tcp(vip, 80, c, 40000, SYN | ACK, 63, OUT)),
+            ),
+            step(
+                "ACK: established",
+                tcp(c, 40000, vip, 80, ACK, 64, IN),
+                Expect::Tx(tcp(c, 40000, b0, 8080, ACK, 63, to_b(0))),
+            ),
+            step(
+                "SYN from the same client port to the LB IP, same backend: same reply tuple",
+                tcp(c, 40000, f.lbip, 80, SYN, 64, IN),
+                Expect::Drop(DropReason::ReplyTupleInUse),
+            ),
+            step(
+                "the backend's packets still reach the client from the ClusterIP",
+                tcp(b0, 8080, c, 40000, ACK, 64, from_b(0)),
+                Expect::Tx(tcp(vip, 80, c, 40000, ACK, 63, OUT)),
+            ),
+            step(
+                "and the client's from the ClusterIP still reach the backend",
+                tcp(c, 40000, vip, 80, ACK, 64, IN),
+                Expect::Tx(tcp(c, 40000, b0, 8080, ACK, 63, to_b(0))),
+            ),
+        ],
+    ));
+    rows.push(row(
+        "a_new_flow_takes_the_reply_tuple_of_a_flow_not_yet_established",
+        f,
+        two_vips(),
+        vec![
+            step(
+                "SYN to the ClusterIP",
+                tcp(c, 40000, vip, 80, SYN, 64, IN),
+                Expect::Tx(tcp(c, 40000, b0, 8080, SYN, 63, to_b(0))),
+            ),
+            step(
+                "SYN from the same client port to the LB IP, same backend",
+                tcp(c, 40000, f.lbip, 80, SYN, 64, IN),
+                Expect::Tx(tcp(c, 40000, b0, 8080, SYN, 63, to_b(0))),
+            ),
+            step(
+                "the backend's SYN-ACK goes back from the LB IP",
+                tcp(b0, 8080, c, 40000, SYN | ACK, 64, from_b(0)),
+                Expect::Tx(tcp(f.lbip, 80, c, 40000, SYN | ACK, 63, OUT)),
+            ),
+        ],
+    ));
+
     // --- Backend removal: TCP gets a RST, UDP is re-balanced ---
     let two = |list: &[usize]| {
         spec(

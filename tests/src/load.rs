@@ -223,6 +223,28 @@ pub struct StreamReport {
     pub broken: Option<(Duration, String)>,
 }
 
+/// A TCP connection to `dest` from a client port no other socket of the namespace holds: the
+/// socket is bound to port 0 before connect(2). An unbound socket's connect(2) may be given a
+/// port that connections to other destinations already use (Linux's `__inet_hash_connect`
+/// only keeps the 4-tuple unique), and two such connections through two DNAT frontends to one
+/// backend meet one reply tuple at the backend: xlb keeps the live flow's and drops the newer
+/// one (`reply_tuple_in_use`, as Linux conntrack does; dataplane/tests/fixtures.rs pins it), a
+/// collision the streams' tests do not mean to test.
+///
+/// # Errors
+/// The socket, bind or connect error (a timeout after `timeout`).
+fn connect_from_own_port(dest: SocketAddr, timeout: Duration) -> std::io::Result<TcpStream> {
+    let sock =
+        socket2::Socket::new(socket2::Domain::for_address(dest), socket2::Type::STREAM, Some(socket2::Protocol::TCP))?;
+    let any: SocketAddr = match dest {
+        SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
+        SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    sock.bind(&any.into())?;
+    sock.connect_timeout(&dest.into(), timeout)?;
+    Ok(sock.into())
+}
+
 /// Long-lived TCP connections from the client that stream numbered messages through xlb to
 /// an [`EchoServer`] and check every echo. Each has its own thread; [`Streams::finish`]
 /// stops them and reports.
@@ -275,7 +297,7 @@ impl Streams {
         let conns = in_netns(client, move || -> Result<Vec<(TcpStream, u8, String)>> {
             (0..n)
                 .map(|k| {
-                    let mut c = TcpStream::connect_timeout(&dest, Duration::from_secs(5))
+                    let mut c = connect_from_own_port(dest, Duration::from_secs(5))
                         .map_err(io_err(format!("stream {k} to {dest}: connect")))?;
                     c.set_read_timeout(Some(Duration::from_secs(5))).map_err(io_err("set_read_timeout"))?;
                     let line = read_line(&mut c).map_err(io_err(format!("stream {k} to {dest}: greeting")))?;

@@ -38,7 +38,7 @@
 //! not, and the second it was inserted), like Linux's `early_drop` of unassured entries and
 //! Katran's LRU: a SYN flood against a full table costs O(1) per SYN. Failing that, at most
 //! once a second the next [`RECLAIM_BUDGET`] records of the sweep's current step are swept and
-//! the not-established flows among them evicted; else the new flow is refused ([`Full`]).
+//! the not-established flows among them evicted; else the new flow is refused ([`InsertError::Full`]).
 //!
 //! Expiry is checked on lookup ([`Conntrack::lookup`]) and by the sweep, which visits one
 //! [`SHARDS`]th of the slab per step ([`Conntrack::sweep`]); the batch pipeline starts a step
@@ -189,8 +189,10 @@ pub mod flow_flags {
     /// outer source address.
     pub const ENCAP: u8 = 0x04;
     /// The reply entry was taken over by a newer flow with the same reply tuple (the same
-    /// client address and port reaching the same backend through another frontend): this
-    /// flow's replies are no longer recognised. Its reply entry is not removed with it.
+    /// client address and port reaching the same backend through another frontend) while this
+    /// flow was not live (not yet established, or closing), or released for a frontend
+    /// ([`super::Conntrack::release_reply`]): this flow's replies are no longer recognised.
+    /// Its reply entry is not removed with it.
     pub const NO_REPLY: u8 = 0x08;
     /// Set by the batch pipeline while a packet of this flow waits for the slow path, so later
     /// packets of the same flow in that batch wait too (keeps per-flow order).
@@ -449,7 +451,17 @@ pub struct Hit {
 
 /// Why an insert failed.
 #[derive(Copy, Clone, PartialEq, Eq, Debug)]
-pub struct Full;
+pub enum InsertError {
+    /// No record could be freed, or (never seen at [`TARGET_LOAD`]) no bucket slot was free
+    /// within [`MAX_PROBE`] buckets.
+    Full,
+    /// The new flow's reply tuple (backend address and port to client address and port) is
+    /// the reply tuple of a live flow: an established TCP flow or a datagram flow, not past its
+    /// expiry. That flow keeps it, and the new flow is not inserted: its replies could not be
+    /// told from the older flow's. Linux conntrack drops such a packet as a clash
+    /// (`insert_failed`); the new flow's next packet tries again.
+    ReplyTupleInUse,
+}
 
 /// A removed or expired flow, handed to the caller so it can fix per-backend counts.
 #[derive(Copy, Clone, Debug)]
@@ -824,13 +836,15 @@ impl<A: CtFamily> Conntrack<A> {
     /// Inserts a new flow: record `rec` (which must be [`FlowRecord::in_use`]) with its forward
     /// entry under hash `fwd_hash` (the hash of `rec.fwd_key()`, from the lookup that missed) and,
     /// unless it is DSR, its reply entry. The forward key must not be in the table. A reply entry
-    /// of another flow with the same tuple is taken over (that flow gets
+    /// of another flow with the same tuple is taken over if that flow is not live (not
+    /// established, closing, or past its expiry: [`CtState::is_evictable`]; it gets
     /// [`flow_flags::NO_REPLY`]). Makes room if full (module docs); flows removed for it are
     /// reported through `on_remove`.
     ///
     /// # Errors
-    /// [`Full`] if no record could be freed, or (never seen at [`TARGET_LOAD`]) no bucket slot
-    /// was free within [`MAX_PROBE`] buckets.
+    /// [`InsertError::Full`] if no record could be freed, or (never seen at [`TARGET_LOAD`]) no
+    /// bucket slot was free within [`MAX_PROBE`] buckets; [`InsertError::ReplyTupleInUse`] if
+    /// another live flow has the same reply tuple (a flow evicted to make room stays evicted).
     #[inline]
     pub fn insert(
         &mut self,
@@ -838,7 +852,7 @@ impl<A: CtFamily> Conntrack<A> {
         fwd_hash: u64,
         now_s: u32,
         on_remove: impl FnMut(Removed),
-    ) -> Result<RecId, Full> {
+    ) -> Result<RecId, InsertError> {
         self.insert_hashed(&rec, fwd_hash, None, now_s, on_remove)
     }
 
@@ -859,7 +873,7 @@ impl<A: CtFamily> Conntrack<A> {
         reply_hash: Option<u64>,
         now_s: u32,
         on_remove: impl FnMut(Removed),
-    ) -> Result<RecId, Full> {
+    ) -> Result<RecId, InsertError> {
         if self.len >= self.capacity {
             return self.insert_evicting(rec, fwd_hash, reply_hash, now_s, on_remove);
         }
@@ -870,12 +884,18 @@ impl<A: CtFamily> Conntrack<A> {
     /// [`Conntrack::insert_evicting`] is: the caller's check of the length picks one of the two
     /// without a call in between.
     #[inline(never)]
-    fn insert_room(&mut self, rec: &Rec<A>, fwd_hash: u64, reply_hash: Option<u64>, now_s: u32) -> Result<RecId, Full> {
+    fn insert_room(
+        &mut self,
+        rec: &Rec<A>,
+        fwd_hash: u64,
+        reply_hash: Option<u64>,
+        now_s: u32,
+    ) -> Result<RecId, InsertError> {
         // The arrays are borrowed once for the whole insert (each borrow of a mapped region is
         // a few checks).
         let (bs, rs) = (self.buckets.as_mut_slice(), self.recs.as_mut_slice());
         let mut fl = FreeList { stack: self.free.as_mut_slice(), n: &mut self.nfree, hw: &mut self.hw, cap: rs.len() };
-        let id = fl.alloc().ok_or(Full)?;
+        let id = fl.alloc().ok_or(InsertError::Full)?;
         let id =
             insert_in(bs, rs, &mut fl, &mut self.placed, self.nb, &self.seeds, rec, fwd_hash, reply_hash, now_s, id)?;
         self.len += 1;
@@ -893,7 +913,7 @@ impl<A: CtFamily> Conntrack<A> {
         reply_hash: Option<u64>,
         now_s: u32,
         mut on_remove: impl FnMut(Removed),
-    ) -> Result<RecId, Full> {
+    ) -> Result<RecId, InsertError> {
         let (nb, seeds) = (self.nb, &self.seeds);
         // The arrays are borrowed once for the whole insert, eviction included (an insert that
         // evicted borrowing them per step made nine borrows).
@@ -999,7 +1019,7 @@ impl<A: CtFamily> Conntrack<A> {
         reply_hash: Option<u64>,
         now_s: u32,
         mut on_remove: impl FnMut(Removed),
-    ) -> Result<RecId, Full> {
+    ) -> Result<RecId, InsertError> {
         if self.last_reclaim_s != now_s {
             self.last_reclaim_s = now_s;
             self.sweep_begin();
@@ -1010,7 +1030,7 @@ impl<A: CtFamily> Conntrack<A> {
             }
         }
         if self.len >= self.capacity {
-            return Err(Full);
+            return Err(InsertError::Full);
         }
         // Not full now, so this insert evicts nothing and does not come back here.
         self.insert_hashed(rec, fwd_hash, reply_hash, now_s, on_remove)
@@ -1316,7 +1336,7 @@ fn insert_in<A: CtFamily>(
     reply_hash: Option<u64>,
     now_s: u32,
     id: RecId,
-) -> Result<RecId, Full> {
+) -> Result<RecId, InsertError> {
     let meta = age(now_s) | if rec.ct_state().is_evictable() { EVICTABLE } else { 0 };
     let mut flags = rec.flags & !(flow_flags::NO_REPLY | flow_flags::DEFERRED);
     if flags & flow_flags::DSR == 0 {
@@ -1324,7 +1344,14 @@ fn insert_in<A: CtFamily>(
         let rh = reply_hash.unwrap_or_else(|| A::hash_key(&rk, seeds));
         match find_in(bs, rs, home_of(rh, nb), nb as usize, &rk, rh) {
             Some(Hit { id: other, dir: Dir::Reply, bucket, slot }) => {
-                // Same reply tuple as an older flow: the newer flow takes the entry.
+                // Same reply tuple as an older flow (the same client address and port reaching
+                // the same backend through another frontend). A live older flow keeps it and
+                // the newer one is refused, as Linux conntrack refuses the clash; an
+                // unassured or closing one (or one past its expiry) gives it up.
+                if rs.get(other as usize).is_some_and(|o| !o.ct_state().is_evictable() && o.expires_s >= now_s) {
+                    fl.free(rs, id);
+                    return Err(InsertError::ReplyTupleInUse);
+                }
                 if let Some(r) = bs.get_mut(bucket as usize).and_then(|b| b.refs.get_mut(usize::from(slot))) {
                     *r = id << 1 | 1;
                 }
@@ -1337,7 +1364,7 @@ fn insert_in<A: CtFamily>(
             None => {
                 if !place(bs, nb, rh, id << 1 | 1, meta) {
                     fl.free(rs, id);
-                    return Err(Full);
+                    return Err(InsertError::Full);
                 }
                 note_placed(placed, rh);
             }
@@ -1349,7 +1376,7 @@ fn insert_in<A: CtFamily>(
             unplace(bs, nb, reply_hash.unwrap_or_else(|| A::hash_key(&rec.reply_key(), seeds)), id << 1 | 1);
         }
         fl.free(rs, id);
-        return Err(Full);
+        return Err(InsertError::Full);
     }
     if let Some(slot) = rs.get_mut(id as usize) {
         *slot = *rec;

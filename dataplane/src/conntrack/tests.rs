@@ -35,7 +35,7 @@ fn reply_key(i: u16) -> FlowKey<V4> {
     FlowKey { src: V4([10, 1, 0, 1]), dst: V4([10, 0, 0, 1]), sport: 8080, dport: i, proto: 6 }
 }
 
-fn insert(ct: &mut Conntrack<V4>, r: Rec<V4>, now: u32, on: impl FnMut(Removed)) -> Result<RecId, Full> {
+fn insert(ct: &mut Conntrack<V4>, r: Rec<V4>, now: u32, on: impl FnMut(Removed)) -> Result<RecId, InsertError> {
     let h = ct.hash(&r.fwd_key());
     ct.insert(r, h, now, on)
 }
@@ -183,20 +183,76 @@ fn expired_entry_is_a_miss_and_reported() {
     assert!(get(&mut ct, &reply_key(1), 11).is_none(), "the reply entry went with it");
 }
 
+/// Flow 7's record through another VIP: the same client address and port reaching the same
+/// backend, so the same reply tuple as `rec(7, ..)`.
+fn rec_via_other_vip(expires_s: u32, st: CtState) -> Rec<V4> {
+    let mut r = rec(7, expires_s, st);
+    r.vip = V4([10, 96, 0, 2]);
+    r.backend = BackendRef(70);
+    r
+}
+
 #[test]
-fn a_newer_flow_takes_over_a_reply_tuple_and_the_older_keeps_working_forward() {
-    let mut ct = Conntrack::<V4>::with_seeds(16, SEEDS);
-    let a = insert(&mut ct, rec(7, 100, CtState::Established), 0, |_| {}).unwrap();
-    // Same client address and port, same backend, another VIP: same reply tuple.
-    let mut other = rec(7, 100, CtState::Established);
-    other.vip = V4([10, 96, 0, 2]);
-    let b = insert(&mut ct, other, 0, |_| {}).unwrap();
-    assert_eq!(get(&mut ct, &reply_key(7), 0).unwrap().id, b);
-    assert!(ct.rec(a).unwrap().flags & flow_flags::NO_REPLY != 0);
-    assert_eq!(get(&mut ct, &key(7), 0).unwrap().id, a);
-    // Removing the older flow leaves the newer one's reply entry alone.
-    ct.remove(a);
-    assert_eq!(get(&mut ct, &reply_key(7), 0).unwrap().id, b);
+fn a_newer_flow_takes_over_the_reply_tuple_of_a_flow_that_is_not_live_and_the_older_keeps_working_forward() {
+    // Not established yet, closing, closed, or live by state but past its expiry.
+    for (older, now) in [
+        (CtState::SynSent, 0),
+        (CtState::FinWait, 0),
+        (CtState::Closed, 0),
+        (CtState::Established, 101),
+        (CtState::Datagram, 101),
+    ] {
+        let mut ct = Conntrack::<V4>::with_seeds(16, SEEDS);
+        let a = insert(&mut ct, rec(7, 100, older), 0, |_| {}).unwrap();
+        let b = insert(&mut ct, rec_via_other_vip(200, CtState::SynSent), now, |_| {}).unwrap();
+        assert_eq!(get(&mut ct, &reply_key(7), now).unwrap().id, b, "{older:?} at {now} s");
+        assert!(ct.rec(a).unwrap().flags & flow_flags::NO_REPLY != 0, "{older:?} at {now} s");
+        if now == 0 {
+            assert_eq!(get(&mut ct, &key(7), now).unwrap().id, a, "{older:?}");
+            // Removing the older flow leaves the newer one's reply entry alone.
+            ct.remove(a);
+            assert_eq!(get(&mut ct, &reply_key(7), now).unwrap().id, b, "{older:?}");
+        }
+        assert_index_consistent(&ct);
+    }
+}
+
+#[test]
+fn a_live_flow_keeps_its_reply_tuple_and_a_newer_flow_with_the_same_one_is_refused() {
+    for older in [CtState::Established, CtState::Datagram] {
+        let mut ct = Conntrack::<V4>::with_seeds(16, SEEDS);
+        let a = insert(&mut ct, rec(7, 100, older), 0, |_| {}).unwrap();
+        // At the last second of the older flow's life, by a SYN and by a mid-stream pickup.
+        for newer in [CtState::SynSent, CtState::Established] {
+            let res = insert(&mut ct, rec_via_other_vip(200, newer), 100, |_| {});
+            assert_eq!(res, Err(InsertError::ReplyTupleInUse), "{older:?} then {newer:?}");
+            assert_eq!(get(&mut ct, &reply_key(7), 100).map(|h| (h.id, h.dir)), Some((a, Dir::Reply)));
+            assert_eq!(ct.rec(a).unwrap().flags & flow_flags::NO_REPLY, 0);
+            assert_eq!(ct.len(), 1, "the refused flow left nothing behind");
+            assert_index_consistent(&ct);
+        }
+        // Once the older flow is gone the newer one gets in, reply entry and all.
+        ct.remove(a);
+        let b = insert(&mut ct, rec_via_other_vip(200, CtState::SynSent), 100, |_| {}).unwrap();
+        assert_eq!(get(&mut ct, &reply_key(7), 100).map(|h| (h.id, h.dir)), Some((b, Dir::Reply)));
+        assert_index_consistent(&ct);
+    }
+}
+
+#[test]
+fn a_refused_insert_into_a_full_table_keeps_the_length_true() {
+    // Full of SYN flows, flow 7 established: the newer flow evicts a SYN flow to make room,
+    // then is refused for flow 7's reply tuple.
+    let cap = 64;
+    let mut ct = full_of_syns(cap, 0);
+    let a = get(&mut ct, &key(7), 0).unwrap().id;
+    ct.rec_mut(a).unwrap().state = CtState::Established as u8;
+    let mut evicted = 0;
+    let res = insert(&mut ct, rec_via_other_vip(2000, CtState::SynSent), 0, |_| evicted += 1);
+    assert_eq!(res, Err(InsertError::ReplyTupleInUse));
+    assert_eq!((evicted, ct.len()), (1, cap - 1), "one SYN flow evicted, nothing inserted");
+    assert_eq!(get(&mut ct, &reply_key(7), 0).map(|h| (h.id, h.dir)), Some((a, Dir::Reply)));
+    assert_index_consistent(&ct);
 }
 
 #[test]
@@ -215,7 +271,8 @@ fn full_table_of_syn_flows_evicts_an_unestablished_one_per_new_flow_in_o1() {
         r.backend = BackendRef(100_000);
         match insert(&mut ct, r, 5, |x| evicted.push(x)) {
             Ok(_) => {}
-            Err(Full) => refused += 1,
+            Err(InsertError::Full) => refused += 1,
+            Err(InsertError::ReplyTupleInUse) => panic!("flow {} has a reply tuple of its own", 20_000 + i),
         }
         assert!(ct.len() <= cap);
     }
@@ -232,7 +289,7 @@ fn full_table_of_syn_flows_evicts_an_unestablished_one_per_new_flow_in_o1() {
     for i in 0..64 {
         insert(&mut full, rec(i, 100, CtState::Established), 0, |_| {}).unwrap();
     }
-    assert_eq!(insert(&mut full, rec(999, 100, CtState::SynSent), 0, |_| {}), Err(Full));
+    assert_eq!(insert(&mut full, rec(999, 100, CtState::SynSent), 0, |_| {}), Err(InsertError::Full));
 }
 
 proptest! {
@@ -376,7 +433,7 @@ fn full_table_evicts_expired_then_refuses() {
     for i in 0..SHARDS as u16 {
         insert(&mut ct, rec(i, 100, CtState::Established), 0, |_| {}).unwrap();
     }
-    assert_eq!(insert(&mut ct, rec(999, 100, CtState::Established), 0, |_| {}), Err(Full));
+    assert_eq!(insert(&mut ct, rec(999, 100, CtState::Established), 0, |_| {}), Err(InsertError::Full));
     // Once everything has expired, a refused insert sweeps (at most RECLAIM_BUDGET records of)
     // the current step, at most once per second; within SHARDS seconds some step holding an
     // expired flow is swept.
@@ -388,7 +445,7 @@ fn full_table_evicts_expired_then_refuses() {
             break;
         }
         let before = n;
-        assert_eq!(insert(&mut ct, rec(998, 500, CtState::Established), sec, |_| n += 1), Err(Full));
+        assert_eq!(insert(&mut ct, rec(998, 500, CtState::Established), sec, |_| n += 1), Err(InsertError::Full));
         assert_eq!(n, before, "reclaim ran twice in second {sec}");
     }
     let at = at.expect("room was made within SHARDS seconds");
@@ -639,7 +696,8 @@ proptest! {
                     }
                     match res {
                         Ok(_) => { model.insert(i, M { expires: now + u32::from(ttl), dsr, syn }); }
-                        Err(Full) => prop_assert!(full, "refused while not full"),
+                        Err(InsertError::Full) => prop_assert!(full, "refused while not full"),
+                        Err(InsertError::ReplyTupleInUse) => prop_assert!(false, "flow {i} has a reply tuple of its own"),
                     }
                     prop_assert_eq!(ct.len(), model.len());
                 }

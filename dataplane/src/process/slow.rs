@@ -604,6 +604,14 @@ fn forward<A: Fam>(
     new_flow::<A>(st, c, t, pkt, p, fe, key, h, hint.found, in_port)
 }
 
+/// The drop reason of a new flow's failed insert.
+fn insert_failed(e: conntrack::InsertError) -> DropReason {
+    match e {
+        conntrack::InsertError::Full => DropReason::ConntrackFull,
+        conntrack::InsertError::ReplyTupleInUse => DropReason::ReplyTupleInUse,
+    }
+}
+
 fn remove_flow<A: Fam>(st: &mut FamState<A>, c: &mut Common, id: conntrack::RecId) {
     if let Some(r) = st.ct.remove(id) {
         c.sched.conns.sub(r.backend, r.state.is_active());
@@ -854,9 +862,8 @@ fn new_flow<A: Fam>(
     }
     set_rewrite::<A>(&mut r, flow_hash);
     refresh::<A>(&mut r, c, t, b, svc.id);
-    let inserted = st.ct.insert(r, h, now, |x| c.on_removed(x));
-    if inserted.is_err() {
-        return Verdict::Drop(DropReason::ConntrackFull);
+    if let Err(e) = st.ct.insert(r, h, now, |x| c.on_removed(x)) {
+        return Verdict::Drop(insert_failed(e));
     }
     c.sched.conns.add(b.this, state.is_active());
     c.count_new_flow(svc.id, b.this);
@@ -988,8 +995,8 @@ fn insert_direct<A: Fam>(
     let mut r = new_record::<A>(c, &key, state, svc.id, b, baddr, in_port, wire::emit::src_mac(pkt.frame()));
     (r.ip_delta_fwd, r.ip_delta_rev, r.l4_delta) = dnat_deltas(key.dst, baddr, key.dport, b.port);
     (r.out_port, r.hop_mac, r.generation) = (hop.port, hop.dst_mac, c.generation);
-    if st.ct.insert_hashed(&r, l.hash, Some(reply_hash), now, |x| c.on_removed(x)).is_err() {
-        return Verdict::Drop(DropReason::ConntrackFull);
+    if let Err(e) = st.ct.insert_hashed(&r, l.hash, Some(reply_hash), now, |x| c.on_removed(x)) {
+        return Verdict::Drop(insert_failed(e));
     }
     c.direct_flows += 1;
     c.sched.conns.add(b.this, state.is_active());
