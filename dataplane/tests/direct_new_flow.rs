@@ -4,8 +4,9 @@
 //! that variant with its Maglev services on the random scheduler (whose draw the direct route
 //! makes in stage 5): streams of new flows of every kind — direct ones, hairpins, masqueraded
 //! NodePorts, source ranges, DSR, affinity, IPv6, tagged frames, mid-stream pickups, a TTL that
-//! expires, a service without endpoints, duplicates in one batch — through a small flow table
-//! that fills and evicts, and under a new-flow rate limit. Both routes must give the same
+//! expires, a service without endpoints, duplicates in one batch, SYNs to a second VIP from the
+//! client port of a picked-up flow with the same backends (one reply tuple) — through a small
+//! flow table that fills and evicts, and under a new-flow rate limit. Both routes must give the same
 //! verdicts and bytes, the same flows and the same counters; the direct route must have been
 //! taken. Also: new flows of one batch to frontends that share an address reach their own
 //! frontend (stage 4 reuses the previous new flow's frontend lookup only for the same address,
@@ -15,6 +16,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use dataplane::addr::Cidr;
 use dataplane::build::{Frame, IpOpts, tcp_segment, udp_datagram};
+use dataplane::counters::DropReason;
 use dataplane::nat::Packet;
 use dataplane::process::{Pipeline, PipelineConfig, Verdict};
 use dataplane::tables::{
@@ -33,6 +35,9 @@ fn v4(a: [u8; 4]) -> IpAddr {
 
 /// A VIP of the variant tables whose one backend has no neighbour entry and no route.
 const NO_HOP_VIP4: [u8; 4] = [10, 96, 0, 50];
+/// A VIP of the variant tables with the same backends as the harness's DNAT service on
+/// `harness::VIP4`:80 (Maglev), so that one client port to both can meet one reply tuple.
+const SECOND_VIP4: [u8; 4] = [10, 96, 0, 51];
 
 /// The harness's tables with cluster CIDRs (10.0.0.0/24: the harness's client is inside, the
 /// 192.168.1.0/24 clients are not, so their ClusterIP flows are masqueraded) and a service
@@ -53,6 +58,16 @@ fn variant_spec() -> dataplane::tables::TablesSpec {
         mode: ForwardingMode::Nat,
         when_empty: EmptyAction::Reject,
         backends: vec![BackendSpec::ready(v4([10, 3, 0, 9]), 8080)],
+    }));
+    let [b0, b1] = harness::NAT_BACKENDS4.map(v4);
+    spec.services.push(std::sync::Arc::new(ServiceSpec {
+        name: "direct/second".into(),
+        frontends: vec![Frontend::new(v4(SECOND_VIP4), L4Proto::Tcp, 80, FrontendKind::ClusterIp, false)],
+        scheduler: Scheduler::Maglev { port: true },
+        affinity_timeout_s: None,
+        mode: ForwardingMode::Nat,
+        when_empty: EmptyAction::Reject,
+        backends: vec![BackendSpec::ready(b0, 8080), BackendSpec::ready(b1, 8080)],
     }));
     spec
 }
@@ -132,6 +147,14 @@ fn stream(n: usize, seed: u64) -> Vec<Vec<u8>> {
             out.push(f.clone());
         }
         out.push(f);
+        // Now and then a picked-up flow to VIP4:80 (established) and a SYN from the same
+        // client port to the second VIP: on the variant tables, when both reach one backend
+        // (DNAT, from inside the cluster CIDR), one reply tuple, and the SYN is dropped.
+        if r & 0x7_0000 == 0x1_0000 {
+            let sport = 1024 + (g.next() % 60_000) as u16;
+            out.push(tcp(client, sport, vip, 80, tcp_flags::ACK, 64));
+            out.push(tcp(client, sport, v4(SECOND_VIP4), 80, tcp_flags::SYN, 64));
+        }
     }
     out.truncate(n);
     out
@@ -244,8 +267,10 @@ fn reply_to(v: Verdict, f: &[u8]) -> Option<Vec<u8>> {
     }
 }
 
-fn compare(t: &Tables, cfg: &PipelineConfig, frames: &[Vec<u8>], what: &str) -> u64 {
-    let mut direct_flows = 0;
+/// Runs `frames` through both routes in batches of 64, 16, 5 and 1 and compares them; returns
+/// the direct route's new flows and its `reply_tuple_in_use` drops, over the four runs.
+fn compare(t: &Tables, cfg: &PipelineConfig, frames: &[Vec<u8>], what: &str) -> (u64, u64) {
+    let (mut direct_flows, mut clashes) = (0, 0);
     for size in [64, 16, 5, 1] {
         let (got, d) = run(t, cfg, true, frames, size);
         let (want, g) = run(t, cfg, false, frames, size);
@@ -259,8 +284,9 @@ fn compare(t: &Tables, cfg: &PipelineConfig, frames: &[Vec<u8>], what: &str) -> 
         }
         assert_eq!(state(&d), state(&g), "{what}, batches of {size}: the workers differ (direct, then general)");
         direct_flows += d.direct_new_flows();
+        clashes += d.counters().drops_of(DropReason::ReplyTupleInUse);
     }
-    direct_flows
+    (direct_flows, clashes)
 }
 
 #[test]
@@ -286,9 +312,12 @@ fn direct_new_flows_give_what_the_general_route_gives() {
             for seed in [1, 2, 3] {
                 let frames = stream(600, seed);
                 let what = format!("{name}, {cname}, seed {seed}");
-                let direct = compare(t, cfg, &frames, &what);
+                let (direct, clashes) = compare(t, cfg, &frames, &what);
                 if cname == "room" {
                     assert!(direct >= 4 * least, "{what}: only {direct} direct new flows over four runs");
+                    if name != "harness tables" {
+                        assert!(clashes > 0, "{what}: no new flow met a live flow's reply tuple");
+                    }
                 } else {
                     assert!(direct > 0, "{what}: no direct new flow");
                 }
