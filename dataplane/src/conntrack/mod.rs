@@ -602,9 +602,12 @@ pub struct Conntrack<A: CtFamily> {
     /// Records handed out at least once (`0..hw` are initialised).
     hw: u32,
     /// Freed records, a stack (the most recently freed, likely still cached, is reused first;
-    /// the next ones can be prefetched without chasing links). Mapped like the slab, so only
-    /// the depth it reaches costs memory.
-    free: Region<u32>,
+    /// the next ones can be prefetched without chasing links). A zeroed vector (`calloc`, so a
+    /// large one is an anonymous mapping and only the depth it reaches costs memory until
+    /// [`Conntrack::prefault`]), not a [`Region`]: borrowing a vector costs no checks, a
+    /// region's borrow about 10 instructions, and a new flow borrowed it twice (the record's
+    /// prefetch, the insert).
+    free: Vec<u32>,
     nfree: usize,
     sweep_at: usize,
     /// What is left of the step [`Conntrack::sweep_begin`] started, for
@@ -665,7 +668,7 @@ impl<A: CtFamily> Conntrack<A> {
             len: 0,
             capacity,
             hw: 0,
-            free: Region::new(capacity),
+            free: vec![0; capacity],
             nfree: 0,
             sweep_at: 0,
             pending: 0..0,
@@ -674,17 +677,16 @@ impl<A: CtFamily> Conntrack<A> {
         }
     }
 
-    /// Prefetches the record the `k`-th next insert will take (the miss stage of a batch
-    /// prefetches one per new flow, so inserts find their record in cache).
+    /// The record the `k`-th next insert will take, if no flow is removed or evicted first:
+    /// the miss stage of a batch prefetches one per new flow ([`View::prefetch_record`]), so
+    /// inserts find their record in cache. Past the table's capacity an id with no record,
+    /// which [`View::prefetch_record`] ignores (not checked here: this runs once per new flow).
     #[inline]
-    pub fn prefetch_alloc(&self, k: usize) {
-        let id = if k < self.nfree {
-            self.free.as_slice().get(self.nfree - 1 - k).copied()
+    pub fn next_alloc(&self, k: usize) -> Option<RecId> {
+        if k < self.nfree {
+            self.free.get(self.nfree - 1 - k).copied()
         } else {
             u32::try_from(self.hw as usize + (k - self.nfree)).ok()
-        };
-        if let Some(r) = id.and_then(|id| self.recs.as_slice().get(id as usize)) {
-            prefetch_rec(r);
         }
     }
 
@@ -734,7 +736,12 @@ impl<A: CtFamily> Conntrack<A> {
     /// keeping what is in it; returns the bytes committed. A worker calls this before it takes
     /// traffic, so that no page of the table is first touched by a packet.
     pub fn prefault(&mut self) -> usize {
-        self.buckets.prefault() + self.recs.prefault() + self.free.prefault()
+        // The stack below its depth holds freed records (written, so committed); above it,
+        // nothing yet.
+        if let Some(unused) = self.free.get_mut(self.nfree..) {
+            unused.fill(0);
+        }
+        self.buckets.prefault() + self.recs.prefault() + self.free.len() * core::mem::size_of::<u32>()
     }
 
     /// Bytes reserved: buckets plus the whole record slab (virtual memory).
@@ -894,7 +901,7 @@ impl<A: CtFamily> Conntrack<A> {
         // The arrays are borrowed once for the whole insert (each borrow of a mapped region is
         // a few checks).
         let (bs, rs) = (self.buckets.as_mut_slice(), self.recs.as_mut_slice());
-        let mut fl = FreeList { stack: self.free.as_mut_slice(), n: &mut self.nfree, hw: &mut self.hw, cap: rs.len() };
+        let mut fl = FreeList { stack: &mut self.free, n: &mut self.nfree, hw: &mut self.hw, cap: rs.len() };
         let id = fl.alloc().ok_or(InsertError::Full)?;
         let id =
             insert_in(bs, rs, &mut fl, &mut self.placed, self.nb, &self.seeds, rec, fwd_hash, reply_hash, now_s, id)?;
@@ -918,7 +925,7 @@ impl<A: CtFamily> Conntrack<A> {
         // The arrays are borrowed once for the whole insert, eviction included (an insert that
         // evicted borrowing them per step made nine borrows).
         let (bs, rs) = (self.buckets.as_mut_slice(), self.recs.as_mut_slice());
-        let mut fl = FreeList { stack: self.free.as_mut_slice(), n: &mut self.nfree, hw: &mut self.hw, cap: rs.len() };
+        let mut fl = FreeList { stack: &mut self.free, n: &mut self.nfree, hw: &mut self.hw, cap: rs.len() };
         let Some(id) = evict_in(bs, rs, nb, seeds, fwd_hash, age(now_s), &mut on_remove) else {
             return self.insert_after_reclaim(rec, fwd_hash, reply_hash, now_s, on_remove);
         };
@@ -932,7 +939,7 @@ impl<A: CtFamily> Conntrack<A> {
     /// copied out (an eviction under a SYN flood removes a flow per new flow).
     pub fn remove(&mut self, id: RecId) -> Option<Removed> {
         let (bs, rs) = (self.buckets.as_mut_slice(), self.recs.as_mut_slice());
-        let mut fl = FreeList { stack: self.free.as_mut_slice(), n: &mut self.nfree, hw: &mut self.hw, cap: rs.len() };
+        let mut fl = FreeList { stack: &mut self.free, n: &mut self.nfree, hw: &mut self.hw, cap: rs.len() };
         let gone = remove_in(bs, rs, &mut fl, self.nb, &self.seeds, id)?;
         self.len -= 1;
         Some(gone)
@@ -1036,52 +1043,6 @@ impl<A: CtFamily> Conntrack<A> {
         self.insert_hashed(rec, fwd_hash, reply_hash, now_s, on_remove)
     }
 
-    /// The entry an insert's eviction (`evict_in`) would try first for hash `h`: the oldest
-    /// marked evictable in the home bucket of `h` (the first of equals in slot order); if it
-    /// holds none, the same in the next bucket, and so on up to [`EVICT_REACH`]; as (bucket,
-    /// slot).
-    #[inline]
-    fn victim_near(&self, h: u64, now7: u8) -> Option<(usize, usize)> {
-        victim_in(self.buckets.as_slice(), self.nb, h, now7)
-    }
-
-    /// For a new flow of hash `h` that will need room (the table is full): `step` 0 prefetches
-    /// the record of the flow [`Conntrack::insert`] would evict, `step` 1 (later, when that
-    /// record has arrived) the bucket of its other entry, which the eviction must clear. The
-    /// batch pipeline's miss stage runs both over its new flows so that a full table's
-    /// evictions find what they touch in cache. Only hints: nothing changes. Returns the
-    /// victim's entry (as [`Conntrack::prefetch_victim_other`] takes it), or [`Probe::NONE`] if
-    /// there is none.
-    #[inline]
-    pub fn prefetch_victim(&self, h: u64, now_s: u32, step: u8) -> u32 {
-        let Some((b, s)) = self.victim_near(h, age(now_s)) else { return Probe::NONE };
-        let Some(&r) = self.buckets.as_slice().get(b).and_then(|bk| bk.refs.get(s)) else { return Probe::NONE };
-        if step == 0 {
-            if let Some(rec) = self.recs.as_slice().get((r >> 1) as usize) {
-                prefetch_rec(rec);
-            }
-        } else {
-            self.prefetch_victim_other(r);
-        }
-        r
-    }
-
-    /// Step 1 of [`Conntrack::prefetch_victim`] for the victim entry step 0 returned (a hint:
-    /// if the batch's earlier inserts changed the table since, only the prefetch is wasted).
-    #[inline]
-    pub fn prefetch_victim_other(&self, r: u32) {
-        let Some(rec) = self.recs.as_slice().get((r >> 1) as usize) else { return };
-        if !rec.in_use() {
-            return;
-        }
-        let other = match dir_of(r) {
-            Dir::Forward if rec.has_reply() => rec.reply_key(),
-            Dir::Forward => return,
-            Dir::Reply => rec.fwd_key(),
-        };
-        self.prefetch_bucket(self.hash(&other));
-    }
-
     /// Evicts the not-established flows of `range` (the records the reclaim just swept).
     fn early_drop(&mut self, range: core::ops::Range<u32>, on_remove: &mut impl FnMut(Removed)) {
         for id in range.start..range.end.min(self.hw) {
@@ -1159,6 +1120,52 @@ impl<A: CtFamily> View<'_, A> {
     pub fn prefetch(&self, h: u64) {
         if let Some(b) = self.buckets.get(home_of(h, self.nb)) {
             prefetch(b);
+        }
+    }
+
+    /// For a new flow of hash `h` that will need room (the table is full): `step` 0 prefetches
+    /// the record of the flow [`Conntrack::insert`] would evict (the oldest evictable entry of
+    /// the home bucket or, failing one there, of the next buckets, up to [`EVICT_REACH`]),
+    /// `step` 1 (later, when that record has arrived) the bucket of its other entry, which the
+    /// eviction must clear. The batch pipeline's stages 2 and 4 run both over its new flows so
+    /// that a full table's evictions find what they touch in cache. Only hints: nothing
+    /// changes. Returns the victim's entry (as [`View::prefetch_victim_other`] takes it), or
+    /// [`Probe::NONE`] if there is none.
+    #[inline]
+    pub fn prefetch_victim(&self, h: u64, now_s: u32, step: u8) -> u32 {
+        let Some((b, s)) = victim_in(self.buckets, self.nb, h, age(now_s)) else { return Probe::NONE };
+        let Some(&r) = self.buckets.get(b).and_then(|bk| bk.refs.get(s)) else { return Probe::NONE };
+        if step == 0 {
+            if let Some(rec) = self.recs.get((r >> 1) as usize) {
+                prefetch_rec(rec);
+            }
+        } else {
+            self.prefetch_victim_other(r);
+        }
+        r
+    }
+
+    /// Step 1 of [`View::prefetch_victim`] for the victim entry step 0 returned (a hint:
+    /// if the batch's earlier inserts changed the table since, only the prefetch is wasted).
+    #[inline]
+    pub fn prefetch_victim_other(&self, r: u32) {
+        let Some(rec) = self.recs.get((r >> 1) as usize) else { return };
+        if !rec.in_use() {
+            return;
+        }
+        let other = match dir_of(r) {
+            Dir::Forward if rec.has_reply() => rec.reply_key(),
+            Dir::Forward => return,
+            Dir::Reply => rec.fwd_key(),
+        };
+        self.prefetch(self.hash(&other));
+    }
+
+    /// Prefetches record `id` (out of range: nothing).
+    #[inline]
+    pub fn prefetch_record(&self, id: RecId) {
+        if let Some(r) = self.recs.get(id as usize) {
+            prefetch_rec(r);
         }
     }
 
@@ -1385,8 +1392,9 @@ fn insert_in<A: CtFamily>(
     Ok(id)
 }
 
-/// The entry [`Conntrack::insert`] would evict for hash `h` (see [`Conntrack::victim_near`]),
-/// over the table's buckets, as (bucket, slot), in one loop: the tag stage's search for its
+/// The entry [`Conntrack::insert`] would evict for hash `h` (the oldest evictable entry of its
+/// home bucket or, failing one there, of the next buckets, up to [`EVICT_REACH`]), over the
+/// table's buckets, as (bucket, slot), in one loop: the tag stage's search for its
 /// prefetch (in the split form of [`victim_for_insert`] there, a SYN into a full table cost 29
 /// instructions more, callgrind, docs/benchmarks.md). A test holds the two to one answer.
 #[inline]

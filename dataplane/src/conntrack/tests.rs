@@ -378,7 +378,7 @@ fn a_new_flow_whose_home_bucket_holds_nothing_evictable_evicts_a_little_further_
             }
         }
     }
-    let victim = ct.victim_near(ct.hash(&key(i)), age(5));
+    let victim = victim_in(ct.buckets.as_slice(), ct.nb, ct.hash(&key(i)), age(5));
     assert!(victim.is_some_and(|(b, _)| b != home), "{victim:?}");
     let mut evicted = Vec::new();
     insert(&mut ct, rec(i, 1000, CtState::SynSent), 5, |x| evicted.push(x)).expect("room made further on");
@@ -841,4 +841,25 @@ fn a_key_one_field_off_an_entry_is_another_flow() {
     (r.cport, r.vport, r.reply_dport, r.bport, r.proto, r.expires_s) = (40_000, 443, 40_001, 8443, 6, 100);
     r.state = CtState::Established as u8;
     one_field_off_is_another_flow::<V6>(r, |a, i| a.0[i] ^= 0x40);
+}
+
+#[test]
+fn next_alloc_names_the_records_inserts_take_and_prefault_keeps_the_free_stack_and_the_flows() {
+    let mut ct = Conntrack::<V4>::with_seeds(64, SEEDS);
+    let ids: Vec<RecId> =
+        (0..10).map(|i| insert(&mut ct, rec(i, 100, CtState::Established), 0, |_| {}).unwrap()).collect();
+    // Three freed (the last freed is taken first), then the never-used records above them.
+    for &i in &[2, 5, 7] {
+        ct.remove(ids[i]);
+    }
+    let want: Vec<Option<RecId>> = (0..5).map(|k| ct.next_alloc(k)).collect();
+    assert_eq!(want, [Some(ids[7]), Some(ids[5]), Some(ids[2]), Some(10), Some(11)]);
+    assert!(ct.prefault() >= 64 * core::mem::size_of::<u32>());
+    for (k, i) in (100..105).enumerate() {
+        assert_eq!(insert(&mut ct, rec(i, 100, CtState::Established), 0, |_| {}).ok(), want[k], "insert {k}");
+    }
+    for i in (0..10).filter(|i| ![2, 5, 7].contains(i)).chain(100..105) {
+        assert!(get(&mut ct, &key(i), 0).is_some(), "flow {i}");
+    }
+    assert_index_consistent(&ct);
 }

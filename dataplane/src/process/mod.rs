@@ -1008,7 +1008,7 @@ fn lane_for<A: CtFamily>(view: &conntrack::View<'_, A>, lanes: &mut Lanes<A>, i:
 /// Stage 2: compare the tags of each lane's home bucket, prefetch the record of the first match.
 /// When the table is full, a lane with no matching tag is a new flow whose insert will evict:
 /// prefetch the record of its victim (the miss stage then prefetches the victim's other
-/// bucket, [`conntrack::Conntrack::prefetch_victim`]). Always inlined: with three callers
+/// bucket, [`conntrack::View::prefetch_victim`]). Always inlined: with three callers
 /// (the shaped path and both families of the general one) the compiler otherwise calls it.
 #[inline(always)]
 fn stage_tags<A: CtFamily>(st: &mut FamState<A>, now_s: u32) {
@@ -1028,10 +1028,10 @@ fn stage_tags<A: CtFamily>(st: &mut FamState<A>, now_s: u32) {
 /// (all of an established packet's path) does not carry it.
 #[inline(never)]
 fn stage_victims<A: CtFamily>(st: &mut FamState<A>, now_s: u32) {
-    let lanes = &mut st.lanes;
+    let (lanes, view) = (&mut st.lanes, st.ct.view());
     for (l, v) in lanes.l.get(..lanes.n).unwrap_or(&[]).iter().zip(lanes.victim.iter_mut()) {
         *v = if l.probe.first == conntrack::Probe::NONE {
-            st.ct.prefetch_victim(l.hash, now_s, 0)
+            view.prefetch_victim(l.hash, now_s, 0)
         } else {
             conntrack::Probe::NONE
         };

@@ -110,6 +110,9 @@ struct Hint<'t, A> {
 /// take. The slow path then finds all of it in cache, and what was found in `m`.
 pub(super) fn stage_misses<'t, A: Fam>(st: &mut FamState<A>, c: &Common, t: &'t Tables, slow: u64, m: &mut Misses<'t>) {
     let (lanes, ct) = (&mut st.lanes, &st.ct);
+    // The table's arrays borrowed once for the stage's prefetches (each borrow of a mapped
+    // region is a few checks).
+    let view = ct.view();
     let mut misses = 0;
     // Lanes whose Maglev slot is to be read (bit = lane index).
     let mut maglev = 0u64;
@@ -122,7 +125,9 @@ pub(super) fn stage_misses<'t, A: Fam>(st: &mut FamState<A>, c: &Common, t: &'t 
         if !l.miss || slow & (1 << (l.pkt & 63)) == 0 {
             continue;
         }
-        ct.prefetch_alloc(misses);
+        if let Some(id) = ct.next_alloc(misses) {
+            view.prefetch_record(id);
+        }
         misses += 1;
 
         let fe = match last {
@@ -172,9 +177,9 @@ pub(super) fn stage_misses<'t, A: Fam>(st: &mut FamState<A>, c: &Common, t: &'t 
                 k += 1;
                 if ct.len() + k > ct.capacity() {
                     if lanes.victims && v != conntrack::Probe::NONE {
-                        ct.prefetch_victim_other(v);
+                        view.prefetch_victim_other(v);
                     } else {
-                        ct.prefetch_victim(l.hash, c.now_s, 1);
+                        view.prefetch_victim(l.hash, c.now_s, 1);
                     }
                 }
             }
@@ -196,7 +201,7 @@ pub(super) fn stage_misses<'t, A: Fam>(st: &mut FamState<A>, c: &Common, t: &'t 
             if let Some(baddr) = A::from_ip(b.addr) {
                 let (src, sport, proto) = (l.key.src, l.key.sport, l.key.proto);
                 let rh = ct.hash(&FlowKey { src: baddr, dst: src, sport: b.port, dport: sport, proto });
-                ct.prefetch_bucket(rh);
+                view.prefetch(rh);
                 if let (Some(g), Some(x)) = (m.guess.get_mut(p), m.reply_hash.get_mut(p)) {
                     (*g, *x) = (Some(b), rh);
                 }
@@ -262,7 +267,7 @@ pub(super) fn stage_misses<'t, A: Fam>(st: &mut FamState<A>, c: &Common, t: &'t 
             _ => (l.key.src, l.key.sport),
         };
         let rh = ct.hash(&FlowKey { src: baddr, dst, sport: b.port, dport, proto: l.key.proto });
-        ct.prefetch_bucket(rh);
+        view.prefetch(rh);
         if direct {
             m.direct |= 1 << p;
             if let Some(x) = m.reply_hash.get_mut(p) {
