@@ -863,3 +863,30 @@ fn next_alloc_names_the_records_inserts_take_and_prefault_keeps_the_free_stack_a
     }
     assert_index_consistent(&ct);
 }
+
+#[test]
+fn a_reply_entry_displaced_past_its_home_bucket_still_refuses_a_newer_flow_with_its_tuple() {
+    let mut ct = Conntrack::<V4>::with_seeds(1024, SEEDS);
+    let home = ct.home(ct.hash(&reply_key(7)));
+    // Fill the home bucket of flow 7's reply tuple with other flows' entries.
+    let mut fillers = Vec::new();
+    for i in 1000..u16::MAX {
+        if ids_in_bucket(&ct, home).len() == SLOTS {
+            break;
+        }
+        if ct.home(ct.hash(&key(i))) == home || ct.home(ct.hash(&reply_key(i))) == home {
+            fillers.push(insert(&mut ct, rec(i, 100, CtState::Established), 0, |_| {}).unwrap());
+        }
+    }
+    assert_eq!(ids_in_bucket(&ct, home).len(), SLOTS, "home bucket filled");
+    // Flow 7's reply entry goes to a later bucket; then a slot of its home bucket frees up.
+    let a = insert(&mut ct, rec(7, 100, CtState::Established), 0, |_| {}).unwrap();
+    assert!(!ids_in_bucket(&ct, home).contains(&a));
+    let f = *fillers.iter().find(|&&f| ids_in_bucket(&ct, home).contains(&f)).unwrap();
+    ct.remove(f);
+    assert!(ids_in_bucket(&ct, home).len() < SLOTS);
+    // The newer flow's insert must still find the live flow's entry past the home bucket.
+    assert_eq!(insert(&mut ct, rec_via_other_vip(200, CtState::SynSent), 0, |_| {}), Err(InsertError::ReplyTupleInUse));
+    assert_eq!(get(&mut ct, &reply_key(7), 0).map(|h| (h.id, h.dir)), Some((a, Dir::Reply)));
+    assert_index_consistent(&ct);
+}
