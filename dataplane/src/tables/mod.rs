@@ -884,8 +884,11 @@ impl Tables {
         self.backend(*r)
     }
 
-    /// The frontend for (address, protocol, port).
-    #[inline]
+    /// The frontend for (address, protocol, port). Always inlined: the batch's miss stage
+    /// looks one up per new flow, and as a call (the compiler's choice with `#[inline]` once
+    /// the map's hash took a second multiply) it cost a new flow about 35 instructions more
+    /// (callgrind, docs/benchmarks.md).
+    #[inline(always)]
     pub fn frontend(&self, addr: [u8; 16], proto: u8, port: u16) -> Option<&FrontendEntry> {
         self.vips.get(&VipKey { addr, port, proto })
     }
