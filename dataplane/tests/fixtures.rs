@@ -1523,6 +1523,63 @@ fn flows_handed_over_to_a_new_pipeline_continue_byte_for_byte() {
     }
 }
 
+/// Two flows that share a reply tuple (one client port to two frontends with one backend):
+/// the newer took the reply entry while the older was not established, and the older was
+/// established afterwards. A hand-over keeps the entry with its owner, whichever flow the
+/// new process imports first.
+#[test]
+fn handed_over_flows_that_share_a_reply_tuple_keep_its_owner() {
+    for f in [v4(), v6()] {
+        let cfg = PipelineConfig { conntrack_capacity: 1024, snat_ports: (1024, 2047), ..PipelineConfig::default() };
+        let (c, b0) = (f.client, f.backends[0]);
+        let setup = spec(
+            f,
+            vec![
+                service(
+                    "default/web:http",
+                    vec![Frontend::new(f.vip, L4Proto::Tcp, 80, FrontendKind::ClusterIp, false)],
+                    vec![local_backend(b0, 8080)],
+                    ForwardingMode::Nat,
+                ),
+                service(
+                    "default/web-lb:http",
+                    vec![Frontend::new(f.lbip, L4Proto::Tcp, 80, FrontendKind::LoadBalancer, false)],
+                    vec![local_backend(b0, 8080)],
+                    ForwardingMode::Nat,
+                ),
+            ],
+        );
+        let t = TableBuilder::new().build(&setup).unwrap();
+        let mut old = Pipeline::new(cfg.clone(), 7);
+        old.begin_batch(&t, 1_000);
+        let made = run_frames(
+            &mut old,
+            &t,
+            &[
+                tcp(c, 40000, f.vip, 80, SYN, 64, IN),
+                tcp(c, 40000, f.lbip, 80, SYN, 64, IN),
+                tcp(c, 40000, f.vip, 80, ACK, 64, IN),
+            ],
+        );
+        assert!(made.iter().all(|(v, _)| *v == Verdict::Tx { port: 0 }), "{made:?}");
+        let states: Vec<dataplane::conntrack::CtState> = old.dump_flows().iter().map(|x| x.state).collect();
+        assert!(
+            states.contains(&dataplane::conntrack::CtState::Established),
+            "the older flow is established: {states:?}"
+        );
+        let reply = [tcp(b0, 8080, c, 40000, ACK, 64, from_b(0))];
+        let want = run_frames(&mut old, &t, &reply);
+        assert_eq!(hex(&want[0].1), hex(&tcp(f.lbip, 80, c, 40000, ACK, 63, OUT)), "the newer flow owns the replies");
+        let snap = old.export_flows();
+        assert_eq!(snap.len(), 2);
+        let mut new = Pipeline::new(cfg.clone(), 12345);
+        let rep = new.import_flows(&t, &snap, 5_000);
+        assert_eq!(rep.imported, 2, "{rep:?}");
+        let got = run_frames(&mut new, &t, &reply);
+        assert_eq!(got, want, "the new process sends the replies as the old one did");
+    }
+}
+
 /// A changed SNAT address or a backend that left keeps a flow out of the import; the others
 /// come in.
 #[test]

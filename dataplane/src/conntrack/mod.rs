@@ -842,11 +842,12 @@ impl<A: CtFamily> Conntrack<A> {
 
     /// Inserts a new flow: record `rec` (which must be [`FlowRecord::in_use`]) with its forward
     /// entry under hash `fwd_hash` (the hash of `rec.fwd_key()`, from the lookup that missed) and,
-    /// unless it is DSR, its reply entry. The forward key must not be in the table. A reply entry
-    /// of another flow with the same tuple is taken over if that flow is not live (not
-    /// established, closing, or past its expiry: [`CtState::is_evictable`]; it gets
-    /// [`flow_flags::NO_REPLY`]). Makes room if full (module docs); flows removed for it are
-    /// reported through `on_remove`.
+    /// unless it is DSR or marked [`flow_flags::NO_REPLY`] (a flow handed over from another
+    /// process whose reply entry another flow took there), its reply entry. The forward key
+    /// must not be in the table. A reply entry of another flow with the same tuple is taken
+    /// over if that flow is not live (not established, closing, or past its expiry:
+    /// [`CtState::is_evictable`]; it gets [`flow_flags::NO_REPLY`]). Makes room if full
+    /// (module docs); flows removed for it are reported through `on_remove`.
     ///
     /// # Errors
     /// [`InsertError::Full`] if no record could be freed, or (never seen at [`TARGET_LOAD`]) no
@@ -1369,8 +1370,10 @@ fn insert_in<A: CtFamily>(
     id: RecId,
 ) -> Result<RecId, InsertError> {
     let meta = age(now_s) | if rec.ct_state().is_evictable() { EVICTABLE } else { 0 };
-    let mut flags = rec.flags & !(flow_flags::NO_REPLY | flow_flags::DEFERRED);
-    if flags & flow_flags::DSR == 0 {
+    // `NO_REPLY` comes only with a record handed over from another process (a new flow's
+    // record has none): the flow's reply entry was another's there and stays so.
+    let mut flags = rec.flags & !flow_flags::DEFERRED;
+    if flags & (flow_flags::DSR | flow_flags::NO_REPLY) == 0 {
         let rk = rec.reply_key();
         let rh = reply_hash.unwrap_or_else(|| A::hash_key(&rk, seeds));
         let home = home_of(rh, nb);

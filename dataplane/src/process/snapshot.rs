@@ -363,7 +363,9 @@ fn import<A: Fam>(
         rep.gone += 1;
         return;
     };
-    r.flags &= flow_flags::SNAT | flow_flags::DSR | flow_flags::ENCAP;
+    // A flow whose reply entry another flow took (`NO_REPLY`) stays without one: the entry's
+    // owner is imported too, and gets it whatever the order.
+    r.flags &= flow_flags::SNAT | flow_flags::DSR | flow_flags::ENCAP | flow_flags::NO_REPLY;
     if r.flags & flow_flags::SNAT != 0 && (!same_snat || A::snat(t) != Some(r.reply_dst)) {
         rep.snat_changed += 1;
         return;
