@@ -21,6 +21,7 @@ pub mod conntrack;
 pub mod counters;
 pub mod csum;
 pub mod frag;
+mod hash;
 pub mod icmp;
 pub mod maglev;
 pub mod nat;

@@ -63,6 +63,7 @@ mod mem;
 use bytemuck::{Pod, Zeroable};
 
 use crate::addr::{Family, V4, V6};
+use crate::hash::fold_mul;
 use crate::prefetch;
 use crate::tables::BackendRef;
 use crate::wire::tcp_flags;
@@ -355,17 +356,6 @@ pub trait CtFamily: Family {
     fn key_is(r: &Rec<Self>, dir: Dir, k: &FlowKey<Self>) -> bool {
         r.key(dir) == *k
     }
-}
-
-/// The 64×64→128-bit multiply folded to 64 bits (high half XOR low half): the mixing step of
-/// foldhash and wyhash.
-#[inline]
-fn fold_mul(a: u64, b: u64) -> u64 {
-    let p = u128::from(a) * u128::from(b);
-    // Truncation keeps the low half on purpose; the high half is the shift.
-    #[expect(clippy::cast_possible_truncation, reason = "the low 64 bits are wanted")]
-    let lo = p as u64;
-    lo ^ (p >> 64) as u64
 }
 
 #[inline]
@@ -687,15 +677,6 @@ impl<A: CtFamily> Conntrack<A> {
             self.free.get(self.nfree - 1 - k).copied()
         } else {
             u32::try_from(self.hw as usize + (k - self.nfree)).ok()
-        }
-    }
-
-    /// Prefetches the home bucket of hash `h` (the miss stage prefetches where a new flow's
-    /// reply entry will go).
-    #[inline]
-    pub fn prefetch_bucket(&self, h: u64) {
-        if let Some(b) = self.buckets.as_slice().get(self.home(h)) {
-            prefetch(b);
         }
     }
 
@@ -1115,8 +1096,9 @@ impl<A: CtFamily> View<'_, A> {
         A::hash_key(k, self.seeds)
     }
 
-    /// Prefetches the home bucket of hash `h` (where a lookup almost always ends, and where a
-    /// new flow's insert into a full table almost always finds the flow it evicts).
+    /// Prefetches the home bucket of hash `h` (where a lookup almost always ends, where a new
+    /// flow's insert into a full table almost always finds the flow it evicts, and where the
+    /// miss stage expects a new flow's reply entry to go).
     #[inline]
     pub fn prefetch(&self, h: u64) {
         if let Some(b) = self.buckets.get(home_of(h, self.nb)) {

@@ -21,6 +21,8 @@
 
 use std::sync::Arc;
 
+use crate::hash::fold_mul;
+
 /// log2 of [`CHUNK`].
 const CHUNK_BITS: u32 = 8;
 /// Elements per chunk of a [`Chunked`] array: 256.
@@ -302,15 +304,6 @@ fn hash(seeds: [u64; 2], addr: [u64; 2], pp: u32) -> u64 {
 /// XORed into a seed for [`hash`]'s second fold (the golden ratio's bits), so that it
 /// multiplies by another word than the first fold's.
 const SECOND_FOLD: u64 = 0x9e37_79b9_7f4a_7c15;
-
-/// The 128-bit product of `a` and `b`, its halves XORed.
-#[inline]
-fn fold_mul(a: u64, b: u64) -> u64 {
-    let p = u128::from(a) * u128::from(b);
-    #[expect(clippy::cast_possible_truncation, reason = "folding the product's halves")]
-    let lo = p as u64;
-    lo ^ (p >> 64) as u64
-}
 
 /// A hash map from [`MapKey`] to `V` whose shards are shared between snapshots. Reads (the
 /// per-packet side): [`KeyMap::get`], [`KeyMap::find`] + [`KeyMap::entry`]. Writes (the
