@@ -50,25 +50,25 @@ fn variant_tables() -> Tables {
 fn variant_spec() -> dataplane::tables::TablesSpec {
     let mut spec = harness::spec();
     spec.cluster_cidrs = vec![Cidr { addr: v4([10, 0, 0, 0]), len: 24 }];
-    spec.services.push(std::sync::Arc::new(ServiceSpec {
-        name: "direct/no-hop".into(),
-        frontends: vec![Frontend::new(v4(NO_HOP_VIP4), L4Proto::Tcp, 80, FrontendKind::ClusterIp, false)],
-        scheduler: Scheduler::Maglev { port: true },
-        affinity_timeout_s: None,
-        mode: ForwardingMode::Nat,
-        when_empty: EmptyAction::Reject,
-        backends: vec![BackendSpec::ready(v4([10, 3, 0, 9]), 8080)],
-    }));
+    // A ClusterIP :80/TCP service with Maglev in NAT mode.
+    let clusterip = |name: &str, vip: [u8; 4], backends: Vec<BackendSpec>| {
+        std::sync::Arc::new(ServiceSpec {
+            name: name.into(),
+            frontends: vec![Frontend::new(v4(vip), L4Proto::Tcp, 80, FrontendKind::ClusterIp, false)],
+            scheduler: Scheduler::Maglev { port: true },
+            affinity_timeout_s: None,
+            mode: ForwardingMode::Nat,
+            when_empty: EmptyAction::Reject,
+            backends,
+        })
+    };
+    spec.services.push(clusterip("direct/no-hop", NO_HOP_VIP4, vec![BackendSpec::ready(v4([10, 3, 0, 9]), 8080)]));
     let [b0, b1] = harness::NAT_BACKENDS4.map(v4);
-    spec.services.push(std::sync::Arc::new(ServiceSpec {
-        name: "direct/second".into(),
-        frontends: vec![Frontend::new(v4(SECOND_VIP4), L4Proto::Tcp, 80, FrontendKind::ClusterIp, false)],
-        scheduler: Scheduler::Maglev { port: true },
-        affinity_timeout_s: None,
-        mode: ForwardingMode::Nat,
-        when_empty: EmptyAction::Reject,
-        backends: vec![BackendSpec::ready(b0, 8080), BackendSpec::ready(b1, 8080)],
-    }));
+    spec.services.push(clusterip(
+        "direct/second",
+        SECOND_VIP4,
+        vec![BackendSpec::ready(b0, 8080), BackendSpec::ready(b1, 8080)],
+    ));
     spec
 }
 

@@ -143,6 +143,28 @@ fn spec(f: Fam, mut services: Vec<ServiceSpec>) -> TablesSpec {
     }
 }
 
+/// Two Services, one backend: the ClusterIP `vip`:80 and the LoadBalancer `lbip`:80, both to
+/// backend 0's port 8080 (one client port to both meets one reply tuple at the backend).
+fn two_frontends_one_backend(f: Fam) -> TablesSpec {
+    spec(
+        f,
+        vec![
+            service(
+                "default/web:http",
+                vec![Frontend::new(f.vip, L4Proto::Tcp, 80, FrontendKind::ClusterIp, false)],
+                vec![local_backend(f.backends[0], 8080)],
+                ForwardingMode::Nat,
+            ),
+            service(
+                "default/web-lb:http",
+                vec![Frontend::new(f.lbip, L4Proto::Tcp, 80, FrontendKind::LoadBalancer, false)],
+                vec![local_backend(f.backends[0], 8080)],
+                ForwardingMode::Nat,
+            ),
+        ],
+    )
+}
+
 fn opts(ttl: u8) -> IpOpts {
     IpOpts { ttl, ..IpOpts::default() }
 }
@@ -520,29 +542,10 @@ fn rows_for(f: Fam) -> Vec<Row> {
     ));
 
     // --- Two frontends, one backend: the same client port to both meets one reply tuple ---
-    let two_vips = || {
-        spec(
-            f,
-            vec![
-                service(
-                    "default/web:http",
-                    vec![Frontend::new(vip, L4Proto::Tcp, 80, FrontendKind::ClusterIp, false)],
-                    vec![local_backend(b0, 8080)],
-                    ForwardingMode::Nat,
-                ),
-                service(
-                    "default/web-lb:http",
-                    vec![Frontend::new(f.lbip, L4Proto::Tcp, 80, FrontendKind::LoadBalancer, false)],
-                    vec![local_backend(b0, 8080)],
-                    ForwardingMode::Nat,
-                ),
-            ],
-        )
-    };
     rows.push(row(
         "an_established_flow_keeps_its_reply_tuple_and_a_new_flow_with_the_same_one_is_dropped",
         f,
-        two_vips(),
+        two_frontends_one_backend(f),
         vec![
             step(
                 "SYN to the ClusterIP",
@@ -579,7 +582,7 @@ fn rows_for(f: Fam) -> Vec<Row> {
     rows.push(row(
         "a_new_flow_takes_the_reply_tuple_of_a_flow_not_yet_established",
         f,
-        two_vips(),
+        two_frontends_one_backend(f),
         vec![
             step(
                 "SYN to the ClusterIP",
@@ -1532,23 +1535,7 @@ fn handed_over_flows_that_share_a_reply_tuple_keep_its_owner() {
     for f in [v4(), v6()] {
         let cfg = PipelineConfig { conntrack_capacity: 1024, snat_ports: (1024, 2047), ..PipelineConfig::default() };
         let (c, b0) = (f.client, f.backends[0]);
-        let setup = spec(
-            f,
-            vec![
-                service(
-                    "default/web:http",
-                    vec![Frontend::new(f.vip, L4Proto::Tcp, 80, FrontendKind::ClusterIp, false)],
-                    vec![local_backend(b0, 8080)],
-                    ForwardingMode::Nat,
-                ),
-                service(
-                    "default/web-lb:http",
-                    vec![Frontend::new(f.lbip, L4Proto::Tcp, 80, FrontendKind::LoadBalancer, false)],
-                    vec![local_backend(b0, 8080)],
-                    ForwardingMode::Nat,
-                ),
-            ],
-        );
+        let setup = two_frontends_one_backend(f);
         let t = TableBuilder::new().build(&setup).unwrap();
         let mut old = Pipeline::new(cfg.clone(), 7);
         old.begin_batch(&t, 1_000);

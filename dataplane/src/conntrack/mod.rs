@@ -1288,13 +1288,18 @@ fn place_if_absent(buckets: &mut [Bucket], home: usize, h: u64, r: u32, meta: u8
     if free == 0 {
         return false;
     }
-    let s = first_slot(free);
+    fill_slot(bk, first_slot(free), h, r, meta);
+    true
+}
+
+/// Writes entry `r` for hash `h` (its tag, the reference, `meta`) into slot `s` of `bk`.
+#[inline(always)]
+fn fill_slot(bk: &mut Bucket, s: usize, h: u64, r: u32, meta: u8) {
     if let (Some(t), Some(x), Some(m)) = (bk.tags.get_mut(s), bk.refs.get_mut(s), bk.meta.get_mut(s)) {
         *t = tag_of(h);
         *x = r;
         *m = meta;
     }
-    true
 }
 
 /// Writes entry `r` for hash `h` into the first free slot from its home bucket on, counting it
@@ -1311,12 +1316,7 @@ fn place(buckets: &mut [Bucket], nb: u64, h: u64, r: u32, meta: u8) -> bool {
         let Some(bk) = buckets.get_mut(b) else { return false };
         let free = match_tags(&bk.tags, 0);
         if free != 0 {
-            let s = first_slot(free);
-            if let (Some(t), Some(x), Some(m)) = (bk.tags.get_mut(s), bk.refs.get_mut(s), bk.meta.get_mut(s)) {
-                *t = tag_of(h);
-                *x = r;
-                *m = meta;
-            }
+            fill_slot(bk, first_slot(free), h, r, meta);
             let mut p = home;
             for _ in 0..step {
                 if let Some(pb) = buckets.get_mut(p) {

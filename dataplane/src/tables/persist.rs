@@ -285,15 +285,13 @@ impl<K: MapKey, V> Shard<K, V> {
     }
 }
 
-/// The key's hash: two folded multiplies (foldhash's `folded_multiply`: the 128-bit product's
-/// halves XORed), then the high bits folded down. One fold was not enough: every IPv4-mapped
-/// address has its first word 0, so the first fold multiplies the key's second word by a
-/// constant, and the low bits of that product see only the word's low bits, which are the
-/// same for every IPv4 address (`::ffff:`); with some seeds, keys that differ in the address's
-/// last bytes then clustered in the slot arrays. 1,000 VIPs `10.96.x.y`:80 (the pipeline
-/// benchmarks' tables) averaged 11.2 probes per lookup in one run of the callgrind driver
-/// (and 1.3 to 1.5 in others); in a model of 300 random seeds, one fold averaged up to 5.9
-/// probes (99th percentile 2.2), two at most 1.45 (test
+/// The key's hash: two folded multiplies ([`fold_mul`]), then the high bits folded down. Two,
+/// because every IPv4-mapped address has its first word 0: the first fold multiplies the
+/// key's second word by a constant, and the low bits of that product see only the word's low
+/// bits, the same (`::ffff:`) for every IPv4 address; with one fold, some seeds clustered keys
+/// that differ in the address's last bytes in the slot arrays (1,000 VIPs `10.96.x.y`:80, the
+/// pipeline benchmarks' tables: 11.2 probes per lookup in one callgrind run at `2006217`; in a
+/// model of 300 random seeds up to 5.9, 99th percentile 2.2; two folds at most 1.45; test
 /// `no_seed_clusters_ipv4_vips_in_the_slot_arrays`).
 #[inline]
 fn hash(seeds: [u64; 2], addr: [u64; 2], pp: u32) -> u64 {
