@@ -4,6 +4,7 @@
 //! metrics (`xlb_drops_total{reason="..."}`) and a per-worker counter. Counters are single
 //! writer (the worker) and many readers (metrics, CLI): the worker does a relaxed load and
 //! store — no read-modify-write, no lock prefix — and readers do relaxed loads.
+#![deny(clippy::panic, clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 

@@ -8,6 +8,7 @@
 //! lock-free queue ([`crossbeam::queue::ArrayQueue`], [`QUEUE_LEN`] records) that the
 //! monitor drains; a full queue drops the copy, not the frame, and counts it
 //! ([`DropTap::missed`]). No allocation, lock or syscall on the worker's side.
+#![deny(clippy::panic, clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -158,6 +159,7 @@ impl DropTap {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::indexing_slicing, reason = "tests")]
     use super::*;
 
     #[test]

@@ -6,6 +6,7 @@
 //! → kick TX until drained. Replies that belong to another worker's flows
 //! ([`Verdict::Handoff`]) are copied into that worker's inbox (a bounded lock-free queue of
 //! pre-allocated buffers) and transmitted by it; see docs/architecture.md.
+#![deny(clippy::panic, clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -610,7 +611,9 @@ fn run(
                 };
                 if let Some(h) = kbuf.get_mut(..ETH_LEN) {
                     h.fill(0);
-                    h[12..14].copy_from_slice(&et.to_be_bytes());
+                    if let Some(t) = h.get_mut(12..14) {
+                        t.copy_from_slice(&et.to_be_bytes());
+                    }
                 }
                 let Some(mut f) = kbuf.get(..ETH_LEN + n).and_then(|b| xsk.frame_from(b)) else {
                     tally.punt_failed += 1;
@@ -994,6 +997,7 @@ fn answer(r: Request, p: &Pipeline) {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, reason = "tests")]
     use super::*;
 
     /// A known batch: the bytes by verdict class the worker loop adds to the shared counters

@@ -40,6 +40,7 @@
 //! ring carry no length, so lengths are always set before transmit; zero-copy is refused
 //! (`EOPNOTSUPP`) and the bind falls back to copy mode.
 #![allow(unsafe_code, reason = "AF_XDP rings and UMEM: the crate's one unsafe module")]
+#![deny(clippy::panic, clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 
 use std::ffi::CString;
 use std::marker::PhantomData;
@@ -972,8 +973,10 @@ impl XskState {
             Ok(a)
         }
         fn u32_(input: &mut &[u8]) -> Result<u32, XskError> {
-            let b = take(input, 4)?;
-            Ok(u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+            let (b, rest) =
+                input.split_first_chunk::<4>().ok_or_else(|| XskError::Adopt("AF_XDP state truncated".into()))?;
+            *input = rest;
+            Ok(u32::from_ne_bytes(*b))
         }
         if u32_(input)? != STATE_MAGIC {
             return Err(XskError::Adopt("AF_XDP state: wrong magic".into()));
@@ -991,10 +994,7 @@ impl XskState {
         }
         let n = u32_(input)? as usize;
         let bytes = take(input, n.checked_mul(8).ok_or_else(|| XskError::Adopt("AF_XDP state: free list".into()))?)?;
-        let free = bytes
-            .chunks_exact(8)
-            .map(|c| u64::from_ne_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
-            .collect();
+        let free = bytes.as_chunks::<8>().0.iter().map(|c| u64::from_ne_bytes(*c)).collect();
         Ok(Self { frame_count, frame_size, ring_size, need_wakeup, huge_pages, ports, free })
     }
 }
@@ -1398,9 +1398,10 @@ impl Xsk {
             }
             let start = self.free.len();
             self.free.resize(start + n, 0);
+            let Some(dst) = self.free.get_mut(start..) else { continue };
             // SAFETY: the completion ring belongs to this UMEM; the consumed addresses were
             // ours (in TX) and now return to the free list only.
-            let got = unsafe { p.rings.comp.consume(&mut self.free[start..]) };
+            let got = unsafe { p.rings.comp.consume(dst) };
             self.free.truncate(start + got);
             p.in_tx -= got.min(p.in_tx);
         }
@@ -1441,7 +1442,7 @@ impl Xsk {
         }
         let start = self.free.len() - n;
         self.addrs.clear();
-        self.addrs.extend(self.free[start..].iter().map(|&a| self.umem.base(a)));
+        self.addrs.extend(self.free.get(start..).unwrap_or(&[]).iter().map(|&a| self.umem.base(a)));
         // SAFETY: these frames come from the free list, so nothing else references them;
         // after `produce` they belong to the kernel until RX hands them back. `n` entries
         // are free, so all are taken.
@@ -1611,7 +1612,7 @@ impl Xsk {
             let Some(p) = self.ports.get_mut(i) else { break };
             // SAFETY: the descriptors were owned (`OwnedFrame`, this UMEM) and pass to the
             // kernel here (as many as fit).
-            let q = unsafe { p.rings.tx.produce(&self.scratch[done..]) };
+            let q = unsafe { p.rings.tx.produce(self.scratch.get(done..).unwrap_or(&[])) };
             p.in_tx += q;
             done += q;
             if done == self.scratch.len() || attempt + 1 == TX_RETRIES {
@@ -1678,7 +1679,9 @@ impl Xsk {
         let mut f = OwnedFrame { addr: self.umem.base(addr), len: 0, umem: self.id };
         self.with_buffer(&mut f, |buf, _| {
             let n = bytes.len().min(buf.len());
-            buf[..n].copy_from_slice(&bytes[..n]);
+            if let (Some(d), Some(s)) = (buf.get_mut(..n), bytes.get(..n)) {
+                d.copy_from_slice(s);
+            }
             (n, ())
         });
         Some(f)
@@ -1689,7 +1692,7 @@ impl Xsk {
     pub fn copy_out(&self, f: &mut OwnedFrame, out: &mut Vec<u8>) -> bool {
         self.with_buffer(f, |buf, len| {
             out.clear();
-            out.extend_from_slice(&buf[..len.min(buf.len())]);
+            out.extend_from_slice(buf.get(..len).unwrap_or(buf));
             (len, ())
         })
         .is_some()
