@@ -68,6 +68,14 @@ pub struct TableBuilder {
     kernel_refs: BTreeMap<(IpAddr, u8, u16), u32>,
     /// Backends waiting for each unresolved next hop ([`Tables::unresolved`]).
     unresolved_refs: HashMap<IpAddr, u32>,
+    /// Keys of `endpoint_refs` and `unresolved_refs` whose count an incremental build's undo
+    /// took to 0. They stay in the counts and in the tables' sets, at 0, until the build's
+    /// upserts are done: a changed Service takes most of its keys back, and a key taken out
+    /// and put back costs its shard a copy and a reindex for nothing
+    /// ([`TableBuilder::drop_unreferenced`]).
+    zeroed_endpoints: Vec<VipKey>,
+    /// As `zeroed_endpoints`, for `unresolved_refs`.
+    zeroed_unresolved: Vec<IpAddr>,
     maglev_stats: MaglevBuildStats,
     last_kind: BuildKind,
     /// Records that hold a Maglev table.
@@ -988,6 +996,7 @@ impl TableBuilder {
                 });
             }
         }
+        self.drop_unreferenced(t);
         for a in touched_addrs {
             let counts = self.addr_kinds.get(&a).copied().unwrap_or([0; 3]);
             let kind = KINDS.iter().zip(counts).filter(|(_, c)| *c > 0).map(|(k, _)| *k).max();
@@ -1027,8 +1036,7 @@ impl TableBuilder {
             if let Some(c) = self.endpoint_refs.get_mut(k) {
                 *c = c.saturating_sub(1);
                 if *c == 0 {
-                    self.endpoint_refs.remove(k);
-                    t.endpoints.remove(k);
+                    self.zeroed_endpoints.push(*k);
                 }
             }
         }
@@ -1042,12 +1050,28 @@ impl TableBuilder {
             if let Some(c) = self.unresolved_refs.get_mut(a) {
                 *c = c.saturating_sub(1);
                 if *c == 0 {
-                    self.unresolved_refs.remove(a);
-                    t.unresolved.remove(a);
+                    self.zeroed_unresolved.push(*a);
                 }
             }
         }
         self.total_backends = self.total_backends.saturating_sub(r.backends);
+    }
+
+    /// Takes out of the counts and of `t` the keys that this build's undo took to 0 and no
+    /// upsert took back (`zeroed_endpoints`, `zeroed_unresolved`).
+    fn drop_unreferenced(&mut self, t: &mut Tables) {
+        for k in self.zeroed_endpoints.drain(..) {
+            if self.endpoint_refs.get(&k) == Some(&0) {
+                self.endpoint_refs.remove(&k);
+                t.endpoints.remove(&k);
+            }
+        }
+        for a in self.zeroed_unresolved.drain(..) {
+            if self.unresolved_refs.get(&a) == Some(&0) {
+                self.unresolved_refs.remove(&a);
+                t.unresolved.remove(&a);
+            }
+        }
     }
 
     /// Frees backend slot `b` (its generation bumped, so stale refs to it miss).
@@ -1059,18 +1083,27 @@ impl TableBuilder {
     }
 }
 
-/// Adds one reference per entry of `keys` to `refs` and returns the keys whose count went
-/// from 0 to 1, in the order of their first entry (what a map of those keys lacks).
+/// Adds one reference per entry of `keys` to `refs` and returns the keys new to `refs`
+/// ([`add_ref`]), in the order of their first entry (what a map of those keys lacks).
 fn count_new<K: Copy + Eq + core::hash::Hash>(refs: &mut HashMap<K, u32>, keys: Vec<K>) -> Vec<K> {
     keys.into_iter().filter(|&k| add_ref(refs, k)).collect()
 }
 
-/// Adds one reference to `k` in `refs`; whether it is the first (the count went from 0 to 1).
+/// Adds one reference to `k` in `refs`; whether `k` is new to `refs`, so that the map or set
+/// the counts stand for lacks it. A key at 0 is still in both (put there by an undo, until
+/// [`TableBuilder::drop_unreferenced`]): taken back, it is not new.
 #[inline]
 fn add_ref<K: Eq + core::hash::Hash>(refs: &mut HashMap<K, u32>, k: K) -> bool {
-    let c = refs.entry(k).or_insert(0);
-    *c += 1;
-    *c == 1
+    match refs.entry(k) {
+        hashbrown::hash_map::Entry::Occupied(mut e) => {
+            *e.get_mut() += 1;
+            false
+        }
+        hashbrown::hash_map::Entry::Vacant(e) => {
+            e.insert(1);
+            true
+        }
+    }
 }
 
 /// IPVS `sh`/`dh` bucket fill (`ip_vs_sh_populate`): walk the backends round robin, giving
@@ -1432,6 +1465,30 @@ mod tests {
         // The changed service's frontend is taken out and put back: its one shard is copied.
         assert!(t2.vips.shared_shards(&t1.vips) >= t1.vips.shard_count() - 1);
         assert!(t2.endpoints.len() == t1.endpoints.len());
-        assert_eq!(describe(&t2), describe(&TableBuilder::new().build(&spec).unwrap()));
+        // Of its steered endpoints only the one that changed leaves and comes in: at most the
+        // two shards of those keys are copied, not one per backend of the Service.
+        let (old, new) = (endpoint_key("10.104.234.4"), endpoint_key("10.200.0.1"));
+        assert!(t1.endpoints.contains(&old) && !t2.endpoints.contains(&old) && t2.endpoints.contains(&new));
+        assert!(t1.endpoints.shard_count() > 100, "{} shards", t1.endpoints.shard_count());
+        assert!(t2.endpoints.shared_shards(&t1.endpoints) >= t1.endpoints.shard_count() - 2);
+        // So with the next hops waiting for a neighbour (here every backend's: the spec has none).
+        assert!(t1.unresolved.len() == 20_000 && t2.unresolved.len() == 20_000);
+        assert!(t2.unresolved.shared_shards(&t1.unresolved) >= t1.unresolved.shard_count() - 2);
+        let fresh = TableBuilder::new().build(&spec).unwrap();
+        assert_eq!(describe(&t2), describe(&fresh));
+        let tuple = |k: &VipKey| (k.addr, k.port, k.proto);
+        assert_eq!(sorted(t2.endpoints.iter().map(tuple)), sorted(fresh.endpoints.iter().map(tuple)));
+        assert_eq!(sorted(t2.unresolved.iter().copied()), sorted(fresh.unresolved.iter().copied()));
+    }
+
+    /// The steered-endpoint key of a backend at `addr` port 80 behind a TCP frontend.
+    fn endpoint_key(addr: &str) -> VipKey {
+        VipKey { addr: mapped(addr.parse().unwrap()), port: 80, proto: L4Proto::Tcp as u8 }
+    }
+
+    fn sorted<T: Ord>(it: impl Iterator<Item = T>) -> Vec<T> {
+        let mut v: Vec<T> = it.collect();
+        v.sort_unstable();
+        v
     }
 }

@@ -667,6 +667,11 @@ impl<K: MapKey> KeySet<K> {
         self.0.shared_shards(&other.0)
     }
 
+    /// [`KeyMap::shard_count`].
+    pub fn shard_count(&self) -> usize {
+        self.0.shard_count()
+    }
+
     /// The keys of this set that `old` lacks, looking only at the shards the two do not
     /// share: O(what changed) between two snapshots of one builder (a set split differently
     /// is compared key by key).
