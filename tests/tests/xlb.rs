@@ -138,6 +138,25 @@ mod xlb {
         (0..n).map(|k| fetch(tb, url).unwrap_or_else(|e| panic!("request {k} of {n} to {url} failed: {e}"))).collect()
     }
 
+    /// [`fetch_n`], with xlb's stats and log and the lb's policy rules, routes and neighbours
+    /// in the message of a failure.
+    fn fetch_n_with_evidence(tb: &Testbed, xlb: &Xlb, url: &str, n: usize) -> Vec<Fetched> {
+        (0..n)
+            .map(|k| {
+                fetch(tb, url).unwrap_or_else(|e| {
+                    let lb = |args: &[&str]| tb.exec_ok(Role::Lb, args).unwrap_or_else(|e| e.to_string());
+                    panic!(
+                        "request {k} of {n} to {url} failed: {e}\n--- lb: ip rule ---\n{}--- lb: ip route (all tables) ---\n{}--- lb: ip neigh ---\n{}{}",
+                        lb(&["ip", "rule", "show"]),
+                        lb(&["ip", "route", "show", "table", "all"]),
+                        lb(&["ip", "neigh", "show"]),
+                        evidence(xlb)
+                    )
+                })
+            })
+            .collect()
+    }
+
     fn per_backend(got: &[Fetched]) -> BTreeMap<u8, usize> {
         let mut m = BTreeMap::new();
         for f in got {
@@ -563,7 +582,7 @@ mod xlb {
         );
         let before = tb.backend_access_log(4).expect("be4 access log").len();
         for url in ["http://10.250.100.32/", "http://10.250.1.1:30085/", "http://10.250.100.31/"] {
-            let got = fetch_n(&tb, url, 3);
+            let got = fetch_n_with_evidence(&tb, &xlb, url, 3);
             assert!(got.iter().all(|f| f.backend == 4), "{url}: {got:?}");
         }
         let log = tb.backend_access_log(4).expect("be4 access log");
@@ -576,7 +595,7 @@ mod xlb {
         // A direct connection to the pod's own address on the Service's target port: the reply
         // rule sends its answers into xlb too; xlb has no flow for them and hands them back,
         // and the bypass rule of xlb0 routes them to the client by the main table.
-        let got = fetch_n(&tb, "http://10.250.40.2/", 3);
+        let got = fetch_n_with_evidence(&tb, &xlb, "http://10.250.40.2/", 3);
         assert!(got.iter().all(|f| f.backend == 4), "{got:?}");
         let after = XlbStats::parse(&xlb.stats().expect("stats"));
         assert!(after.xsk("from_kernel_untracked") >= 3, "{}", evidence(&xlb));
