@@ -1398,7 +1398,10 @@ impl Xsk {
             }
             let start = self.free.len();
             self.free.resize(start + n, 0);
-            let Some(dst) = self.free.get_mut(start..) else { continue };
+            let Some(dst) = self.free.get_mut(start..) else {
+                self.free.truncate(start);
+                continue;
+            };
             // SAFETY: the completion ring belongs to this UMEM; the consumed addresses were
             // ours (in TX) and now return to the free list only.
             let got = unsafe { p.rings.comp.consume(dst) };
