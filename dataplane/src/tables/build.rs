@@ -1193,11 +1193,12 @@ mod tests {
         let mut addrs: Vec<String> = t.vip_addrs.iter().map(|(a, k)| format!("addr {a:?} {k:?}")).collect();
         addrs.sort();
         out.extend(addrs);
+        // With the sets' lengths: a key put in twice shows.
         let eps: BTreeSet<String> = t.endpoints.iter().map(|k| format!("{k:?}")).collect();
-        out.push(format!("endpoints {eps:?}"));
+        out.push(format!("endpoints {} {eps:?}", t.endpoints.len()));
         out.push(format!("kernel {:?}", t.kernel_endpoints));
         let unresolved: BTreeSet<IpAddr> = t.unresolved.iter().copied().collect();
-        out.push(format!("unresolved {unresolved:?}"));
+        out.push(format!("unresolved {} {unresolved:?}", t.unresolved.len()));
         let live = t.backends.iter().flatten().count();
         let members: usize = t.services.iter().map(|s| s.members.len()).sum();
         assert_eq!(live, members, "every live slot belongs to a member");
