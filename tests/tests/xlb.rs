@@ -135,25 +135,29 @@ mod xlb {
 
     /// `n` requests to `url`, each of which must succeed.
     fn fetch_n(tb: &Testbed, url: &str, n: usize) -> Vec<Fetched> {
-        (0..n).map(|k| fetch(tb, url).unwrap_or_else(|e| panic!("request {k} of {n} to {url} failed: {e}"))).collect()
+        fetch_n_explained(tb, url, n, String::new)
     }
 
     /// [`fetch_n`], with xlb's stats and log and the lb's policy rules, routes and neighbours
     /// in the message of a failure.
     fn fetch_n_with_evidence(tb: &Testbed, xlb: &Xlb, url: &str, n: usize) -> Vec<Fetched> {
+        fetch_n_explained(tb, url, n, || {
+            let lb = |args: &[&str]| tb.exec_ok(Role::Lb, args).unwrap_or_else(|e| e.to_string());
+            format!(
+                "\n--- lb: ip rule ---\n{}--- lb: ip route (all tables) ---\n{}--- lb: ip neigh ---\n{}{}",
+                lb(&["ip", "rule", "show"]),
+                lb(&["ip", "route", "show", "table", "all"]),
+                lb(&["ip", "neigh", "show"]),
+                evidence(xlb)
+            )
+        })
+    }
+
+    /// `n` requests to `url`, each of which must succeed; a failure's message ends with
+    /// `explain()`.
+    fn fetch_n_explained(tb: &Testbed, url: &str, n: usize, explain: impl Fn() -> String) -> Vec<Fetched> {
         (0..n)
-            .map(|k| {
-                fetch(tb, url).unwrap_or_else(|e| {
-                    let lb = |args: &[&str]| tb.exec_ok(Role::Lb, args).unwrap_or_else(|e| e.to_string());
-                    panic!(
-                        "request {k} of {n} to {url} failed: {e}\n--- lb: ip rule ---\n{}--- lb: ip route (all tables) ---\n{}--- lb: ip neigh ---\n{}{}",
-                        lb(&["ip", "rule", "show"]),
-                        lb(&["ip", "route", "show", "table", "all"]),
-                        lb(&["ip", "neigh", "show"]),
-                        evidence(xlb)
-                    )
-                })
-            })
+            .map(|k| fetch(tb, url).unwrap_or_else(|e| panic!("request {k} of {n} to {url} failed: {e}{}", explain())))
             .collect()
     }
 

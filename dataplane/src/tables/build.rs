@@ -1033,12 +1033,7 @@ impl TableBuilder {
             touched_addrs.insert(k.addr);
         }
         for k in &r.svc.endpoint_keys {
-            if let Some(c) = self.endpoint_refs.get_mut(k) {
-                *c = c.saturating_sub(1);
-                if *c == 0 {
-                    self.zeroed_endpoints.push(*k);
-                }
-            }
+            drop_ref(&mut self.endpoint_refs, *k, &mut self.zeroed_endpoints);
         }
         for k in &r.kernel {
             if let Some(c) = self.kernel_refs.get_mut(k) {
@@ -1047,12 +1042,7 @@ impl TableBuilder {
             }
         }
         for a in &r.unresolved {
-            if let Some(c) = self.unresolved_refs.get_mut(a) {
-                *c = c.saturating_sub(1);
-                if *c == 0 {
-                    self.zeroed_unresolved.push(*a);
-                }
-            }
+            drop_ref(&mut self.unresolved_refs, *a, &mut self.zeroed_unresolved);
         }
         self.total_backends = self.total_backends.saturating_sub(r.backends);
     }
@@ -1060,18 +1050,8 @@ impl TableBuilder {
     /// Takes out of the counts and of `t` the keys that this build's undo took to 0 and no
     /// upsert took back (`zeroed_endpoints`, `zeroed_unresolved`).
     fn drop_unreferenced(&mut self, t: &mut Tables) {
-        for k in self.zeroed_endpoints.drain(..) {
-            if self.endpoint_refs.get(&k) == Some(&0) {
-                self.endpoint_refs.remove(&k);
-                t.endpoints.remove(&k);
-            }
-        }
-        for a in self.zeroed_unresolved.drain(..) {
-            if self.unresolved_refs.get(&a) == Some(&0) {
-                self.unresolved_refs.remove(&a);
-                t.unresolved.remove(&a);
-            }
-        }
+        take_out_zeroed(&mut self.endpoint_refs, &mut self.zeroed_endpoints, &mut t.endpoints);
+        take_out_zeroed(&mut self.unresolved_refs, &mut self.zeroed_unresolved, &mut t.unresolved);
     }
 
     /// Frees backend slot `b` (its generation bumped, so stale refs to it miss).
@@ -1102,6 +1082,31 @@ fn add_ref<K: Eq + core::hash::Hash>(refs: &mut HashMap<K, u32>, k: K) -> bool {
         hashbrown::hash_map::Entry::Vacant(e) => {
             e.insert(1);
             true
+        }
+    }
+}
+
+/// Takes one reference to `k` out of `refs`; a count that reaches 0 stays, and `k` goes to
+/// `zeroed` for [`take_out_zeroed`].
+fn drop_ref<K: Eq + core::hash::Hash>(refs: &mut HashMap<K, u32>, k: K, zeroed: &mut Vec<K>) {
+    if let Some(c) = refs.get_mut(&k) {
+        *c = c.saturating_sub(1);
+        if *c == 0 {
+            zeroed.push(k);
+        }
+    }
+}
+
+/// Takes the keys of `zeroed` whose count is still 0 out of `refs` and `set`; empties `zeroed`.
+fn take_out_zeroed<K: super::persist::MapKey + core::hash::Hash>(
+    refs: &mut HashMap<K, u32>,
+    zeroed: &mut Vec<K>,
+    set: &mut super::persist::KeySet<K>,
+) {
+    for k in zeroed.drain(..) {
+        if refs.get(&k) == Some(&0) {
+            refs.remove(&k);
+            set.remove(&k);
         }
     }
 }
