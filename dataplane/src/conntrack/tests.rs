@@ -255,6 +255,41 @@ fn a_refused_insert_into_a_full_table_keeps_the_length_true() {
     assert_index_consistent(&ct);
 }
 
+/// A run of inserts through one [`Inserter`] fills the table as [`Conntrack::insert_hashed`]
+/// would, flow by flow: the same ids, entries and placed filter; the inserter finds what it
+/// inserted, says when the table has no room, and then refuses without evicting.
+#[test]
+fn a_run_of_inserts_through_an_inserter_is_the_tables_inserts_until_it_is_full() {
+    let cap = 64;
+    let (mut by_table, mut by_run) = (Conntrack::<V4>::with_seeds(cap, SEEDS), Conntrack::<V4>::with_seeds(cap, SEEDS));
+    let mut ids = Vec::new();
+    for i in 0..cap as u16 {
+        let r = rec(i, 1000, CtState::SynSent);
+        let (fh, rh) = (by_table.hash(&r.fwd_key()), by_table.hash(&r.reply_key()));
+        ids.push(by_table.insert_hashed(&r, fh, Some(rh), 0, |_| panic!("nothing to evict")).unwrap());
+    }
+    let mut ins = by_run.inserter();
+    for (i, &id) in (0..cap as u16).zip(&ids) {
+        let r = rec(i, 1000, CtState::SynSent);
+        let (fh, rh) = (ins.hash(&r.fwd_key()), ins.hash(&r.reply_key()));
+        assert!(ins.has_room(), "flow {i}");
+        assert_eq!(ins.find(&r.fwd_key(), fh), None, "flow {i} before its insert");
+        assert_eq!(ins.insert_room(&r, fh, Some(rh), 0), Ok(id), "flow {i}");
+        assert!(ins.may_have_placed(fh) && ins.may_have_placed(rh), "flow {i}");
+        assert_eq!(ins.find(&r.fwd_key(), fh).map(|h| (h.id, h.dir)), Some((id, Dir::Forward)), "flow {i}");
+        assert_eq!(ins.find(&r.reply_key(), rh).map(|h| (h.id, h.dir)), Some((id, Dir::Reply)), "flow {i}");
+    }
+    assert!(!ins.has_room());
+    let r = rec(cap as u16, 1000, CtState::SynSent);
+    let (fh, rh) = (ins.hash(&r.fwd_key()), ins.hash(&r.reply_key()));
+    assert_eq!(ins.insert_room(&r, fh, Some(rh), 0), Err(InsertError::Full));
+    assert_eq!((by_run.len(), by_table.len()), (cap, cap));
+    let bytes = |ct: &Conntrack<V4>| bytemuck::cast_slice::<Bucket, u8>(ct.buckets.as_slice()).to_vec();
+    assert!(bytes(&by_run) == bytes(&by_table), "the same entries in the same slots");
+    assert_eq!(by_run.placed, by_table.placed);
+    assert_index_consistent(&by_run);
+}
+
 #[test]
 fn full_table_of_syn_flows_evicts_an_unestablished_one_per_new_flow_in_o1() {
     let cap = 4096;

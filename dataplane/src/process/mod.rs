@@ -35,6 +35,9 @@
 //!    the record and its rewrite are built for that kind alone and inserted under the reply
 //!    hash stage 4 kept ([`Conntrack::insert_hashed`]); it gives what the general route gives
 //!    (`dataplane/tests/direct_new_flow.rs` compares the two, [`Pipeline::set_direct_new_flows`]).
+//!    While both flow tables have room for every packet left, consecutive new flows of one
+//!    family on the direct routes are inserted through one borrow of their table
+//!    ([`conntrack::Inserter`], `slow::run_direct`).
 //!
 //! The result is the same as processing the packets one at a time with [`Pipeline::process`]
 //! (a batch of one), with one exception: under a full conntrack table a new flow may evict
@@ -883,21 +886,106 @@ impl Pipeline {
         let mut m = slow::Misses::new();
         slow::stage_misses::<V4>(&mut self.fam.v4, &self.c, t, self.slow, &mut m);
         slow::stage_misses::<V6>(&mut self.fam.v6, &self.c, t, self.slow, &mut m);
-        // Stage 5: everything else, in arrival order.
+        // Stage 5: everything else, in arrival order. When both flow tables have room for a
+        // new flow per packet left, runs of new flows on the direct routes go through
+        // `slow::run_direct`, which borrows the table once per run; otherwise (a full table,
+        // where inserts evict) each packet goes alone, and that loop's code is what it was
+        // before runs (a SYN flood into a full table measured 26 instructions more per packet
+        // with the runs' checks in it, docs/benchmarks.md).
+        let n = self.slow.count_ones() as usize;
+        let (v4, v6) = (&self.fam.v4.ct, &self.fam.v6.ct);
+        if v4.len() + n <= v4.capacity() && v6.len() + n <= v6.capacity() {
+            self.stage_runs(t, pkts, in_port, verdicts, &m);
+        } else {
+            self.stage_each(t, pkts, in_port, verdicts, &m);
+        }
+    }
+
+    /// Stage 5 when both flow tables have room for every packet left: runs of new flows on
+    /// the direct routes through `slow::run_direct`, every other packet alone.
+    #[inline(always)]
+    fn stage_runs(
+        &mut self,
+        t: &Tables,
+        pkts: &mut [Packet<'_>],
+        in_port: u8,
+        verdicts: &mut [Verdict],
+        m: &slow::Misses<'_>,
+    ) {
+        let mut rest = self.slow;
+        while rest != 0 {
+            let i = rest.trailing_zeros() as usize & 63;
+            let lane = self.lane_of.get(i).copied().unwrap_or(NO_LANE);
+            if lane != NO_LANE && m.is_direct_or_drawn(i) {
+                let before = rest;
+                let v6 = lane & V6_LANE != 0;
+                let (fam, c, lane_of) = (&mut self.fam, &mut self.c, &self.lane_of);
+                let stop = if v6 {
+                    slow::run_direct::<V6>(&mut fam.v6, c, t, pkts, verdicts, lane_of, m, &mut rest, in_port)
+                } else {
+                    slow::run_direct::<V4>(&mut fam.v4, c, t, pkts, verdicts, lane_of, m, &mut rest, in_port)
+                };
+                match stop {
+                    slow::RunStop::General(j, drawn) => {
+                        let (Some(pkt), Some(v)) = (pkts.get_mut(j), verdicts.get_mut(j)) else { continue };
+                        let l = usize::from(self.lane_of.get(j).copied().unwrap_or(NO_LANE) & !V6_LANE);
+                        let (fam, c) = (&mut self.fam, &mut self.c);
+                        *v = if v6 {
+                            slow::run_lane_general::<V6>(fam, c, t, pkt, l, m, j, in_port, drawn)
+                        } else {
+                            slow::run_lane_general::<V4>(fam, c, t, pkt, l, m, j, in_port, drawn)
+                        };
+                        continue;
+                    }
+                    // It handled packets: the loop goes on from where it stopped.
+                    slow::RunStop::Left if rest != before => continue,
+                    // It took none: this packet goes alone.
+                    slow::RunStop::Left => {}
+                }
+            }
+            rest &= rest - 1;
+            self.stage_one(t, pkts, in_port, verdicts, m, i);
+        }
+    }
+
+    /// Stage 5, each packet alone.
+    #[inline(always)]
+    fn stage_each(
+        &mut self,
+        t: &Tables,
+        pkts: &mut [Packet<'_>],
+        in_port: u8,
+        verdicts: &mut [Verdict],
+        m: &slow::Misses<'_>,
+    ) {
         let mut rest = self.slow;
         while rest != 0 {
             let i = rest.trailing_zeros() as usize & 63;
             rest &= rest - 1;
-            let (Some(pkt), Some(v)) = (pkts.get_mut(i), verdicts.get_mut(i)) else { continue };
-            let lane = self.lane_of.get(i).copied().unwrap_or(NO_LANE);
-            let l = usize::from(lane & !V6_LANE);
-            let (fam, c) = (&mut self.fam, &mut self.c);
-            *v = match lane {
-                NO_LANE => slow::run_frame(fam, c, t, pkt, in_port),
-                _ if lane & V6_LANE != 0 => slow::run_lane::<V6>(fam, c, t, pkt, l, &m, i, in_port),
-                _ => slow::run_lane::<V4>(fam, c, t, pkt, l, &m, i, in_port),
-            };
+            self.stage_one(t, pkts, in_port, verdicts, m, i);
         }
+    }
+
+    /// Stage 5 for packet `i` alone.
+    #[inline(always)]
+    fn stage_one(
+        &mut self,
+        t: &Tables,
+        pkts: &mut [Packet<'_>],
+        in_port: u8,
+        verdicts: &mut [Verdict],
+        m: &slow::Misses<'_>,
+        i: usize,
+    ) {
+        let (Some(pkt), Some(v)) = (pkts.get_mut(i), verdicts.get_mut(i)) else { return };
+        let lane = self.lane_of.get(i).copied().unwrap_or(NO_LANE);
+        let l = usize::from(lane & !V6_LANE);
+        let (fam, c) = (&mut self.fam, &mut self.c);
+        *v = match lane {
+            NO_LANE => slow::run_frame(fam, c, t, pkt, in_port),
+            _ if lane & V6_LANE != 0 => slow::run_lane::<V6>(fam, c, t, pkt, l, m, i, in_port),
+            _ => slow::run_lane::<V4>(fam, c, t, pkt, l, m, i, in_port),
+        };
     }
 
     /// Lists tracked flows of both families (for `xlb conntrack`; allocates).

@@ -3,7 +3,7 @@
 //! flows, records made under older tables, connection reuse, replies whose flow expired,
 //! ICMP errors, fragments, rejects, hand-offs, and frames the fast parser left.
 
-use crate::conntrack::{self, CtState, Dir, FlowKey, Hit, Rec, flow_flags};
+use crate::conntrack::{self, Conntrack, CtState, Dir, FlowKey, Hit, Rec, flow_flags};
 use crate::counters::{DropReason, Event};
 use crate::csum;
 use crate::frag::{FragAction, FragEntry, FragKey};
@@ -18,7 +18,7 @@ use crate::tables::{
 };
 use crate::wire::{self, Frag, L3, Parsed, proto, tcp_flags};
 
-use super::{BATCH, Common, Fam, FamState, Families, Lane, Verdict};
+use super::{BATCH, Common, Fam, FamState, Families, Lane, Lanes, Verdict};
 
 /// What stage 4 found for the batch's missed packets, by packet index, for stage 5:
 /// references into the tables the batch runs on, so that the slow path does not walk the
@@ -349,17 +349,37 @@ pub(super) fn run_lane<'t, A: Fam>(
     let mut drawn = None;
     if m.is_direct_or_drawn(i) {
         if m.is_direct(i) {
-            if let Some(v) = new_flow_direct::<A>(st, c, pkt, lane, m, i, in_port) {
+            if let Some(v) = new_flow_direct::<A, _>(&st.lanes, &mut st.ct, c, pkt, lane, m, i, in_port) {
                 return v;
             }
         } else {
-            match new_flow_drawn::<A>(st, c, t, pkt, lane, m, i, in_port) {
+            match new_flow_drawn::<A, _>(&st.lanes, &mut st.ct, c, t, pkt, lane, m, i, in_port) {
                 Drawn::Done(v) => return v,
                 Drawn::General => {}
                 Drawn::Picked(b) => drawn = Some(b),
             }
         }
     }
+    run_lane_general::<A>(fam, c, t, pkt, lane, m, i, in_port, drawn)
+}
+
+/// [`run_lane`] past the direct routes: the general route, with `drawn` what
+/// [`new_flow_drawn`] drew for the packet (`Some`: the flow was admitted and its backend
+/// drawn), if it did.
+#[expect(clippy::too_many_arguments, reason = "the pipeline's stage inputs, all borrowed")]
+#[inline(always)]
+pub(super) fn run_lane_general<'t, A: Fam>(
+    fam: &mut Families,
+    c: &mut Common,
+    t: &'t Tables,
+    pkt: &mut Packet<'_>,
+    lane: usize,
+    m: &Misses<'t>,
+    i: usize,
+    in_port: u8,
+    drawn: Option<Option<&'t Backend>>,
+) -> Verdict {
+    let st = A::state(fam);
     let mut found = m.of(i);
     if let Some(b) = drawn {
         (found.pick, found.picked) = (b, true);
@@ -890,9 +910,11 @@ fn new_flow<A: Fam>(
 /// inlined, as [`new_flow_drawn`] is: with both out of line, a new flow paid 29 to 35 more
 /// instructions on either direct route, while the general route pays 29 more with them
 /// inlined beside it (callgrind, docs/benchmarks.md, "Fewer calls on a SYN's way").
+#[expect(clippy::too_many_arguments, reason = "the pipeline's stage inputs, all borrowed")]
 #[inline(always)]
-fn new_flow_direct<A: Fam>(
-    st: &mut FamState<A>,
+fn new_flow_direct<A: Fam, T: DirectTable<A>>(
+    lanes: &Lanes<A>,
+    ct: &mut T,
     c: &mut Common,
     pkt: &mut Packet<'_>,
     lane: usize,
@@ -904,19 +926,19 @@ fn new_flow_direct<A: Fam>(
     else {
         return None;
     };
-    let l = *st.lanes.as_slice().get(lane)?;
-    if !still_new(st, &l) {
+    let l = *lanes.as_slice().get(lane)?;
+    if !still_new(ct, &l) {
         return None;
     }
     let (Some(hop), Some(baddr)) = (b.hop, A::from_ip(b.addr)) else { return None };
     if !c.admit_new_flow() {
         return Some(Verdict::Drop(DropReason::NewFlowRateLimited));
     }
-    Some(insert_direct(st, c, pkt, &l, &fe.svc, b, hop, baddr, reply_hash, in_port))
+    Some(insert_direct(ct, c, pkt, &l, &fe.svc, b, hop, baddr, reply_hash, in_port))
 }
 
 /// What [`new_flow_drawn`] did with a packet.
-enum Drawn<'t> {
+pub(super) enum Drawn<'t> {
     /// Handled: the packet's verdict.
     Done(Verdict),
     /// Nothing done: the general route takes the packet.
@@ -938,8 +960,9 @@ enum Drawn<'t> {
 /// [`new_flow_direct`]).
 #[expect(clippy::too_many_arguments, reason = "the pipeline's stage inputs, all borrowed")]
 #[inline(always)]
-fn new_flow_drawn<'t, A: Fam>(
-    st: &mut FamState<A>,
+fn new_flow_drawn<'t, A: Fam, T: DirectTable<A>>(
+    lanes: &Lanes<A>,
+    ct: &mut T,
     c: &mut Common,
     t: &'t Tables,
     pkt: &mut Packet<'_>,
@@ -948,11 +971,11 @@ fn new_flow_drawn<'t, A: Fam>(
     i: usize,
     in_port: u8,
 ) -> Drawn<'t> {
-    let (Some(Some(Some(fe))), Some(l)) = (m.fe.get(i), st.lanes.as_slice().get(lane)) else {
+    let (Some(Some(Some(fe))), Some(l)) = (m.fe.get(i), lanes.as_slice().get(lane)) else {
         return Drawn::General;
     };
     let l = *l;
-    if !still_new(st, &l) {
+    if !still_new(ct, &l) {
         return Drawn::General;
     }
     if !c.admit_new_flow() {
@@ -968,11 +991,9 @@ fn new_flow_drawn<'t, A: Fam>(
             // Stage 4 hashed the reply tuple for the backend it expected the draw to give.
             let reply_hash = match (m.guess.get(i), m.reply_hash.get(i)) {
                 (Some(Some(g)), Some(&rh)) if g.this == b.this => rh,
-                _ => {
-                    st.ct.hash(&FlowKey { src: baddr, dst: key.src, sport: b.port, dport: key.sport, proto: key.proto })
-                }
+                _ => ct.hash(&FlowKey { src: baddr, dst: key.src, sport: b.port, dport: key.sport, proto: key.proto }),
             };
-            Drawn::Done(insert_direct(st, c, pkt, &l, svc, b, hop, baddr, reply_hash, in_port))
+            Drawn::Done(insert_direct(ct, c, pkt, &l, svc, b, hop, baddr, reply_hash, in_port))
         }
         _ => Drawn::Picked(Some(b)),
     }
@@ -983,8 +1004,8 @@ fn new_flow_drawn<'t, A: Fam>(
 /// rewrite, inserted under the two hashes; counts; the packet rewritten from the record.
 #[expect(clippy::too_many_arguments, reason = "the fields of a new flow, from the stage inputs")]
 #[inline(always)]
-fn insert_direct<A: Fam>(
-    st: &mut FamState<A>,
+fn insert_direct<A: Fam, T: DirectTable<A>>(
+    ct: &mut T,
     c: &mut Common,
     pkt: &mut Packet<'_>,
     l: &Lane<A>,
@@ -1000,7 +1021,7 @@ fn insert_direct<A: Fam>(
     let mut r = new_record::<A>(c, &key, state, svc.id, b, baddr, in_port, wire::emit::src_mac(pkt.frame()));
     (r.ip_delta_fwd, r.ip_delta_rev, r.l4_delta) = dnat_deltas(key.dst, baddr, key.dport, b.port);
     (r.out_port, r.hop_mac, r.generation) = (hop.port, hop.dst_mac, c.generation);
-    if let Err(e) = st.ct.insert_hashed(&r, l.hash, Some(reply_hash), now, |x| c.on_removed(x)) {
+    if let Err(e) = ct.insert(&r, l.hash, reply_hash, now, c) {
         return Verdict::Drop(insert_failed(e));
     }
     c.direct_flows += 1;
@@ -1018,16 +1039,149 @@ fn insert_direct<A: Fam>(
 /// absent (no entry with the key's hash bits was placed since, or one was and the key is not
 /// it), as the general route would find: a miss.
 #[inline(always)]
-fn still_new<A: Fam>(st: &FamState<A>, l: &Lane<A>) -> bool {
-    l.miss && !(st.ct.may_have_placed(l.hash) && is_tracked(st, &l.key, l.hash))
+fn still_new<A: Fam, T: DirectTable<A>>(ct: &T, l: &Lane<A>) -> bool {
+    l.miss && !(ct.may_have_placed(l.hash) && is_tracked(ct, &l.key, l.hash))
 }
 
 /// Whether the flow table has an entry for `key` (hash `h`): the direct route asks when the
 /// batch's placed filter cannot rule it out (about one new flow in 16 in a batch of 64 new
 /// flows). Out of line, so that the direct route does not carry the probe's code.
 #[inline(never)]
-fn is_tracked<A: Fam>(st: &FamState<A>, key: &FlowKey<A>, h: u64) -> bool {
-    st.ct.find(key, h).is_some()
+fn is_tracked<A: Fam, T: DirectTable<A>>(ct: &T, key: &FlowKey<A>, h: u64) -> bool {
+    ct.find(key, h).is_some()
+}
+
+/// The flow table as the direct routes use it: the whole table ([`Conntrack`], whose insert
+/// evicts or reclaims when the table is full) or the table borrowed for a run of inserts while
+/// it has room ([`conntrack::Inserter`], [`run_direct`]).
+trait DirectTable<A: Fam> {
+    /// As [`Conntrack::may_have_placed`].
+    fn may_have_placed(&self, h: u64) -> bool;
+    /// As [`Conntrack::find`].
+    fn find(&self, k: &FlowKey<A>, h: u64) -> Option<Hit>;
+    /// As [`Conntrack::hash`].
+    fn hash(&self, k: &FlowKey<A>) -> u64;
+    /// As [`Conntrack::insert_hashed`], a flow it removes (an eviction) counted off through
+    /// `c` ([`Common::on_removed`]).
+    fn insert(
+        &mut self,
+        r: &Rec<A>,
+        fwd: u64,
+        reply: u64,
+        now_s: u32,
+        c: &mut Common,
+    ) -> Result<conntrack::RecId, conntrack::InsertError>;
+}
+
+impl<A: Fam> DirectTable<A> for Conntrack<A> {
+    #[inline(always)]
+    fn may_have_placed(&self, h: u64) -> bool {
+        Self::may_have_placed(self, h)
+    }
+    #[inline(always)]
+    fn find(&self, k: &FlowKey<A>, h: u64) -> Option<Hit> {
+        Self::find(self, k, h)
+    }
+    #[inline(always)]
+    fn hash(&self, k: &FlowKey<A>) -> u64 {
+        Self::hash(self, k)
+    }
+    #[inline(always)]
+    fn insert(
+        &mut self,
+        r: &Rec<A>,
+        fwd: u64,
+        reply: u64,
+        now_s: u32,
+        c: &mut Common,
+    ) -> Result<conntrack::RecId, conntrack::InsertError> {
+        self.insert_hashed(r, fwd, Some(reply), now_s, |x| c.on_removed(x))
+    }
+}
+
+impl<A: Fam> DirectTable<A> for conntrack::Inserter<'_, A> {
+    #[inline(always)]
+    fn may_have_placed(&self, h: u64) -> bool {
+        conntrack::Inserter::may_have_placed(self, h)
+    }
+    #[inline(always)]
+    fn find(&self, k: &FlowKey<A>, h: u64) -> Option<Hit> {
+        conntrack::Inserter::find(self, k, h)
+    }
+    #[inline(always)]
+    fn hash(&self, k: &FlowKey<A>) -> u64 {
+        conntrack::Inserter::hash(self, k)
+    }
+    #[inline(always)]
+    fn insert(
+        &mut self,
+        r: &Rec<A>,
+        fwd: u64,
+        reply: u64,
+        now_s: u32,
+        _: &mut Common,
+    ) -> Result<conntrack::RecId, conntrack::InsertError> {
+        self.insert_room(r, fwd, Some(reply), now_s)
+    }
+}
+
+/// Where [`run_direct`] stopped.
+pub(super) enum RunStop<'t> {
+    /// At the end of the slow packets, or at one it does not take (not fast-parsed, of the
+    /// other family, not on a direct route) or when the table filled up: nothing done to that
+    /// packet.
+    Left,
+    /// At packet `i`, taken off the slow packets: its new flow was found not to be of the
+    /// direct kind, and the general route goes on with it, with `Some(draw)` when a random
+    /// service's backend was drawn for it ([`Drawn::Picked`]; the general route must not
+    /// admit or draw again), `None` when nothing was done ([`Drawn::General`], or
+    /// [`new_flow_direct`] declined).
+    General(usize, Option<Option<&'t Backend>>),
+}
+
+/// Stage 5 for a run of the slow packets `*rest` (bit `i`: packet `i`), from the lowest, in
+/// arrival order: while each is a fast-parsed packet of family `A` that stage 4 marked for a
+/// direct route and the flow table has room, its new flow goes through [`new_flow_direct`] or
+/// [`new_flow_drawn`] with the table borrowed once for the run ([`conntrack::Inserter`]).
+/// Clears from `*rest` the packets it handled (and the one it stops at with
+/// [`RunStop::General`]); a full table takes the per-packet route ([`run_lane`]), which evicts.
+#[expect(clippy::too_many_arguments, reason = "the pipeline's stage inputs, all borrowed")]
+#[inline(always)]
+pub(super) fn run_direct<'t, A: Fam>(
+    st: &mut FamState<A>,
+    c: &mut Common,
+    t: &'t Tables,
+    pkts: &mut [Packet<'_>],
+    verdicts: &mut [Verdict],
+    lane_of: &[u8; BATCH],
+    m: &Misses<'t>,
+    rest: &mut u64,
+    in_port: u8,
+) -> RunStop<'t> {
+    let (lanes, mut ct) = (&st.lanes, st.ct.inserter());
+    while *rest != 0 && ct.has_room() {
+        let i = rest.trailing_zeros() as usize & 63;
+        let lane = lane_of.get(i).copied().unwrap_or(super::NO_LANE);
+        if lane == super::NO_LANE || lane & super::V6_LANE != A::LANE_FLAG || !m.is_direct_or_drawn(i) {
+            return RunStop::Left;
+        }
+        let (Some(pkt), Some(v)) = (pkts.get_mut(i), verdicts.get_mut(i)) else { return RunStop::Left };
+        let lane = usize::from(lane & !super::V6_LANE);
+        *rest &= *rest - 1;
+        if m.is_direct(i) {
+            match new_flow_direct::<A, _>(lanes, &mut ct, c, pkt, lane, m, i, in_port) {
+                Some(x) => *v = x,
+                None => return RunStop::General(i, None),
+            }
+        } else {
+            match new_flow_drawn::<A, _>(lanes, &mut ct, c, t, pkt, lane, m, i, in_port) {
+                Drawn::Done(x) => *v = x,
+                Drawn::General => return RunStop::General(i, None),
+                Drawn::Picked(b) => return RunStop::General(i, Some(b)),
+            }
+        }
+    }
+    RunStop::Left
 }
 
 /// Applies the forwarding mode of record `r` to a client → service packet of the slow path:
