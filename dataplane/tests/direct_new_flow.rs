@@ -10,7 +10,7 @@
 //! verdicts and bytes, the same flows and the same counters; the direct route must have been
 //! taken. Also: new flows of one batch to frontends that share an address reach their own
 //! frontend (stage 4 reuses the previous new flow's frontend lookup only for the same address,
-//! protocol and port).
+//! protocol and port); and known flows' next packets take the fast stage on every path.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -469,4 +469,73 @@ fn ipv6_tcp_batches_take_the_shaped_stages_and_the_direct_route() {
         outs.push((out, state(&p)));
     }
     assert_eq!(outs[0], outs[1], "the direct route gives what the general route gives");
+}
+
+/// The next packets of known flows (ACKs after the SYNs) are rewritten by the fast stage
+/// (stage 3) from their records, none by the slow path, which would give the same frames: on
+/// the common shapes' stages (a batch of IPv4 or IPv6 TCP alone) and on the general ones (a
+/// batch mixing both families, and one of 802.1Q-tagged frames), and the backends' replies
+/// too. Stage 2 finds a flow's entry in the home bucket stage 1 computed for its prefetch;
+/// with that bucket wrong, every one of these packets would go to the slow path.
+#[test]
+fn known_flows_next_packets_take_the_fast_stage_on_every_path() {
+    type MakeFrame<'a> = Box<dyn Fn(u16, u8) -> Vec<u8> + 'a>;
+    let t = harness::tables();
+    let (c4, vip4) = (v4([10, 0, 0, 7]), v4(harness::VIP4));
+    let (c6, vip6) = (IpAddr::V6(Ipv6Addr::from(harness::CLIENT6)), IpAddr::V6(Ipv6Addr::from(harness::VIP6)));
+    let tagged = |f: Vec<u8>| {
+        let mut f = Frame { bytes: f };
+        f.vlan(7);
+        f.bytes
+    };
+    let cfg = PipelineConfig { conntrack_capacity: 4096, ..harness::config() };
+    let mut p = Pipeline::new(cfg, harness::SEED);
+    let mut batch = 0;
+    // A batch's packets that went to the slow path, and its frames (all transmitted).
+    let mut step = |p: &mut Pipeline, frames: &[Vec<u8>], what: &str| {
+        let before = p.slow_packets();
+        let out = process(p, t, frames, batch);
+        batch += 1;
+        assert!(out.iter().all(|(v, _)| matches!(v, Verdict::Tx { .. })), "{what}: {out:?}");
+        (p.slow_packets() - before, out)
+    };
+    // IPv4 and IPv6 alone (the shaped stages), mixed (the general stages), tagged (general).
+    let shapes: [(&str, MakeFrame<'_>); 4] = [
+        ("IPv4", Box::new(|i, fl| tcp(c4, 20_000 + i, vip4, 80, fl, 64))),
+        ("IPv6", Box::new(|i, fl| tcp(c6, 20_000 + i, vip6, 80, fl, 64))),
+        (
+            "mixed",
+            Box::new(|i, fl| {
+                if i % 2 == 0 { tcp(c4, 21_000 + i, vip4, 80, fl, 64) } else { tcp(c6, 21_000 + i, vip6, 80, fl, 64) }
+            }),
+        ),
+        ("tagged", Box::new(|i, fl| tagged(tcp(c4, 22_000 + i, vip4, 80, fl, 64)))),
+    ];
+    for (what, frame) in &shapes {
+        let syns: Vec<Vec<u8>> = (0..64).map(|i| frame(i, tcp_flags::SYN)).collect();
+        let acks: Vec<Vec<u8>> = (0..64).map(|i| frame(i, tcp_flags::ACK)).collect();
+        let (slow, _) = step(&mut p, &syns, what);
+        assert_eq!(slow, 64, "{what}: the SYNs are new flows");
+        let (slow, out) = step(&mut p, &acks, what);
+        assert_eq!(slow, 0, "{what}: every ACK through stage 3");
+        // The backends' answers to the untagged IPv4 ones: reply entries found in stage 3 too.
+        let replies: Vec<Vec<u8>> = out.iter().filter_map(|(v, f)| reply_to(*v, f)).collect();
+        assert_eq!(
+            replies.len(),
+            if matches!(*what, "IPv4") {
+                64
+            } else if *what == "mixed" {
+                32
+            } else {
+                0
+            }
+        );
+        if !replies.is_empty() {
+            let (slow, _) = step(&mut p, &replies, what);
+            assert_eq!(slow, 0, "{what}: every reply through stage 3");
+        }
+    }
+    // The shaped stages ran IPv4's SYNs, ACKs and replies and IPv6's SYNs and ACKs; the rest
+    // ran on the general ones (after the mixed batch, the next 16 batches go there at once).
+    assert_eq!(p.shaped_batches(), [3, 2]);
 }

@@ -1168,11 +1168,30 @@ impl<A: CtFamily> View<'_, A> {
         }
     }
 
+    /// [`View::prefetch`], returning the home bucket of `h` for [`View::probe_at`].
+    #[inline]
+    pub fn prefetch_home(&self, h: u64) -> u32 {
+        let bucket = home_of(h, self.nb);
+        if let Some(b) = self.buckets.get(bucket) {
+            prefetch(b);
+        }
+        #[expect(clippy::cast_possible_truncation, reason = "bucket < nb < 2^32")]
+        let bucket = bucket as u32;
+        bucket
+    }
+
     /// Compares the tags of `h`'s home bucket and prefetches the record of the first match.
     #[inline]
     pub fn probe(&self, h: u64) -> Probe {
-        let bucket = home_of(h, self.nb);
-        let Some(b) = self.buckets.get(bucket) else {
+        #[expect(clippy::cast_possible_truncation, reason = "bucket < nb < 2^32")]
+        self.probe_at(home_of(h, self.nb) as u32, h)
+    }
+
+    /// [`View::probe`] with `h`'s home bucket known ([`View::prefetch_home`] returned it):
+    /// the batch's stage 1 computes it for its prefetch, and stage 2 need not again.
+    #[inline]
+    pub fn probe_at(&self, bucket: u32, h: u64) -> Probe {
+        let Some(b) = self.buckets.get(bucket as usize) else {
             return Probe { first: Probe::NONE, bucket: 0, slot: 0, more: true };
         };
         let m = match_tags(&b.tags, tag_of(h));
@@ -1181,8 +1200,8 @@ impl<A: CtFamily> View<'_, A> {
         if let Some(r) = self.recs.get((first >> 1) as usize) {
             prefetch_rec(r);
         }
-        #[expect(clippy::cast_possible_truncation, reason = "bucket < 2^32, slot < 8")]
-        Probe { first, bucket: bucket as u32, slot: slot as u8, more: m & m.wrapping_sub(1) != 0 || b.overflow != 0 }
+        #[expect(clippy::cast_possible_truncation, reason = "slot < 8")]
+        Probe { first, bucket, slot: slot as u8, more: m & m.wrapping_sub(1) != 0 || b.overflow != 0 }
     }
 }
 
