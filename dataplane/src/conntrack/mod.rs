@@ -1804,7 +1804,7 @@ impl Timeouts {
 /// Liberal on purpose (seed CT-06: never reset a flow for an out-of-window packet): only
 /// SYN, FIN and RST move the state; any ACK finishes a handshake.
 #[inline]
-pub fn tcp_next(state: CtState, flags: u8) -> CtState {
+pub const fn tcp_next(state: CtState, flags: u8) -> CtState {
     if flags & tcp_flags::RST != 0 {
         return CtState::Closed;
     }

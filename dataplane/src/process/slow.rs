@@ -535,12 +535,35 @@ fn initial_state(p: &Parsed) -> CtState {
     initial_state_of(p.proto, p.tcp_flags)
 }
 
-/// The state of a new flow of protocol `ip_proto` whose first packet has TCP flags `flags`.
+/// The state of a new flow of protocol `ip_proto` whose first packet has TCP flags `flags`:
+/// [`initial_tcp_state`], read from [`INITIAL_TCP`].
 #[inline]
 fn initial_state_of(ip_proto: u8, flags: u8) -> CtState {
     if ip_proto != proto::TCP {
         return CtState::Datagram;
     }
+    INITIAL_TCP.get(usize::from(flags & TCP_STATE_FLAGS)).copied().unwrap_or(CtState::Closed)
+}
+
+/// The TCP flags a new flow's state depends on: FIN, SYN, RST and ACK.
+const TCP_STATE_FLAGS: u8 = tcp_flags::FIN | tcp_flags::SYN | tcp_flags::RST | tcp_flags::ACK;
+
+/// [`initial_tcp_state`] of every value of the [`TCP_STATE_FLAGS`] bits, computed at compile
+/// time: a new flow reads its state here (its branches through [`conntrack::tcp_next`] cost
+/// about 16 instructions per new flow, callgrind, docs/benchmarks.md).
+#[expect(clippy::indexing_slicing, clippy::cast_possible_truncation, reason = "compile-time: i < 32")]
+const INITIAL_TCP: [CtState; 32] = {
+    let mut t = [CtState::Closed; 32];
+    let mut i = 0;
+    while i < 32 {
+        t[i] = initial_tcp_state(i as u8);
+        i += 1;
+    }
+    t
+};
+
+/// The state of a new TCP flow whose first packet has flags `flags`.
+const fn initial_tcp_state(flags: u8) -> CtState {
     let base = if flags & (tcp_flags::SYN | tcp_flags::ACK) == tcp_flags::SYN {
         CtState::SynSent
     } else {
@@ -1453,8 +1476,36 @@ mod tests {
     #![allow(clippy::indexing_slicing, reason = "tests")]
     use proptest::prelude::*;
 
-    use super::{Rec, dnat_deltas, set_rewrite};
+    use super::{Rec, dnat_deltas, initial_state_of, initial_tcp_state, set_rewrite};
     use crate::addr::{V4, V6};
+    use crate::conntrack::CtState;
+    use crate::wire::{proto, tcp_flags};
+
+    /// A new flow's state read from the table is the one its flags give, whatever other bits
+    /// (PSH, URG, ECE, CWR) they carry: a SYN starts `SynSent`, a SYN-ACK, an ACK or a data
+    /// segment a picked-up `Established` flow, a FIN `FinWait`, an RST `Closed`; UDP is
+    /// `Datagram`.
+    #[test]
+    fn a_new_flows_state_from_the_table_is_the_one_its_flags_give() {
+        for f in 0..=u8::MAX {
+            assert_eq!(initial_state_of(proto::TCP, f), initial_tcp_state(f), "flags {f:#04x}");
+            assert_eq!(initial_state_of(proto::UDP, f), CtState::Datagram);
+        }
+        let (syn, ack, fin, rst, psh) =
+            (tcp_flags::SYN, tcp_flags::ACK, tcp_flags::FIN, tcp_flags::RST, tcp_flags::PSH);
+        for (f, want) in [
+            (syn, CtState::SynSent),
+            (syn | psh, CtState::SynSent),
+            (syn | ack, CtState::Established),
+            (ack, CtState::Established),
+            (ack | psh, CtState::Established),
+            (fin | ack, CtState::FinWait),
+            (rst, CtState::Closed),
+            (rst | ack, CtState::Closed),
+        ] {
+            assert_eq!(initial_state_of(proto::TCP, f), want, "flags {f:#04x}");
+        }
+    }
 
     /// The general rewrite's deltas of a DNAT record (source unchanged).
     fn general<A: super::Fam>(client: A, vip: A, backend: A, cport: u16, vport: u16, bport: u16) -> (u16, u16, u16) {
