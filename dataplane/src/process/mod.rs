@@ -292,6 +292,8 @@ pub struct FamState<A: CtFamily> {
     lanes: Lanes<A>,
     /// Records marked [`flow_flags::DEFERRED`] in the current batch, unmarked at its end.
     deferred: Vec<conntrack::RecId>,
+    /// Stage 4's cache of frontend lookups.
+    fe_cache: slow::FrontendCache,
 }
 
 impl<A: CtFamily> FamState<A> {
@@ -310,6 +312,7 @@ impl<A: CtFamily> FamState<A> {
             frag: FragTable::new(c.frag_capacity),
             lanes: Lanes::new(),
             deferred: Vec::with_capacity(BATCH),
+            fe_cache: slow::FrontendCache::new(),
         }
     }
 }

@@ -892,6 +892,20 @@ impl Tables {
     pub fn frontend(&self, addr: [u8; 16], proto: u8, port: u16) -> Option<&FrontendEntry> {
         self.vips.get(&VipKey { addr, port, proto })
     }
+
+    /// [`Tables::frontend`] as a handle (for [`Tables::frontend_by_handle`]), or `None`.
+    #[inline]
+    pub fn frontend_handle(&self, addr: [u8; 16], proto: u8, port: u16) -> Option<u32> {
+        self.vips.find(&VipKey { addr, port, proto })
+    }
+
+    /// The frontend a handle from [`Tables::frontend_handle`] names if it is the one for
+    /// `(addr, proto, port)`; the handle may come from an earlier snapshot (a worker's cache
+    /// of lookups): then `None` unless it names the same key in this one.
+    #[inline(always)]
+    pub fn frontend_by_handle(&self, handle: u32, addr: [u8; 16], proto: u8, port: u16) -> Option<&FrontendEntry> {
+        self.vips.entry_if(handle, &VipKey { addr, port, proto })
+    }
 }
 
 /// Why a [`TablesSpec`] cannot be built. The previous tables stay published.

@@ -378,6 +378,19 @@ impl<K: MapKey, V: Clone> KeyMap<K, V> {
         s.values.get((handle & ((1 << ENTRY_BITS) - 1)) as usize)
     }
 
+    /// The entry a handle names if its key is `k`: a handle kept from another snapshot of
+    /// the map (a cache of [`KeyMap::find`]'s answers) gives `k`'s entry in this one, or
+    /// `None` when the handle names another key here or nothing.
+    #[inline]
+    pub fn entry_if(&self, handle: u32, k: &K) -> Option<&V> {
+        let s = self.shards.get((handle >> ENTRY_BITS) as usize)?;
+        let e = (handle & ((1 << ENTRY_BITS) - 1)) as usize;
+        if s.keys.get(e)? != k {
+            return None;
+        }
+        s.values.get(e)
+    }
+
     /// The value for `k`.
     #[inline]
     pub fn get(&self, k: &K) -> Option<&V> {
