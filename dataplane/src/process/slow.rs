@@ -996,15 +996,15 @@ fn new_flow_direct<A: Fam, T: DirectTable<A>>(
     else {
         return None;
     };
-    let l = *lanes.as_slice().get(lane)?;
-    if !still_new(ct, &l) {
+    let l = lanes.as_slice().get(lane)?;
+    if !still_new(ct, l) {
         return None;
     }
     let (Some(hop), Some(baddr)) = (b.hop, A::from_ip(b.addr)) else { return None };
     if !c.admit_new_flow() {
         return Some(Verdict::Drop(DropReason::NewFlowRateLimited));
     }
-    Some(insert_direct(ct, c, pkt, &l, &fe.svc, b, hop, baddr, reply_hash, in_port))
+    Some(insert_direct(ct, c, pkt, l, &fe.svc, b, hop, baddr, reply_hash, in_port))
 }
 
 /// What [`new_flow_drawn`] did with a packet.
@@ -1044,8 +1044,7 @@ fn new_flow_drawn<'t, A: Fam, T: DirectTable<A>>(
     let (Some(Some(Some(fe))), Some(l)) = (m.fe.get(i), lanes.as_slice().get(lane)) else {
         return Drawn::General;
     };
-    let l = *l;
-    if !still_new(ct, &l) {
+    if !still_new(ct, l) {
         return Drawn::General;
     }
     if !c.admit_new_flow() {
@@ -1063,7 +1062,7 @@ fn new_flow_drawn<'t, A: Fam, T: DirectTable<A>>(
                 (Some(Some(g)), Some(&rh)) if g.this == b.this => rh,
                 _ => ct.hash(&FlowKey { src: baddr, dst: key.src, sport: b.port, dport: key.sport, proto: key.proto }),
             };
-            Drawn::Done(insert_direct(ct, c, pkt, &l, svc, b, hop, baddr, reply_hash, in_port))
+            Drawn::Done(insert_direct(ct, c, pkt, l, svc, b, hop, baddr, reply_hash, in_port))
         }
         _ => Drawn::Picked(Some(b)),
     }
