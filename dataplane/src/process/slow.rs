@@ -1008,7 +1008,7 @@ fn new_flow_direct<A: Fam, T: DirectTable<A>>(
 }
 
 /// What [`new_flow_drawn`] did with a packet.
-pub(super) enum Drawn<'t> {
+enum Drawn<'t> {
     /// Handled: the packet's verdict.
     Done(Verdict),
     /// Nothing done: the general route takes the packet.
