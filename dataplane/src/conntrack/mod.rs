@@ -1519,10 +1519,10 @@ fn insert_in<A: CtFamily>(
         return Err(InsertError::Full);
     }
     if let Some(slot) = rs.get_mut(id as usize) {
-        // Copied whole, as four 16-byte moves: `black_box` keeps the compiler from splitting
-        // the caller's record into its fields where this is inlined (the direct route's
-        // record, built on the stack, was then copied field by field, 41 instructions: a new
-        // flow 1,112.7 -> 1,098.1 with the callgrind driver, docs/benchmarks.md). It changes
+        // Copied whole, in 16-byte moves: `black_box` keeps the compiler from splitting the
+        // caller's record into its fields where this is inlined (the direct route's record,
+        // built on the stack, was then copied field by field, 41 instructions: a new flow
+        // 1,112.7 -> 1,096.4 with the callgrind driver, docs/benchmarks.md). It changes
         // nothing but the code generated.
         *slot = *core::hint::black_box(rec);
         slot.flags = flags;
