@@ -57,7 +57,7 @@ impl FrontendCache {
         // port go over the `0xffff` (a one-to-one key for every IPv4 frontend).
         let key = w(hi).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ w(lo) ^ (u64::from(proto) << 56 | u64::from(port) << 40);
         let i = (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 52) as usize & (FE_CACHE_SLOTS - 1);
-        let slot = self.slots.get_mut(i)?;
+        let Some(slot) = self.slots.get_mut(i) else { return t.frontend(addr, proto, port) };
         if let Some(fe) = t.frontend_by_handle(*slot, addr, proto, port) {
             return Some(fe);
         }
