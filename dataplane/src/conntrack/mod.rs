@@ -636,6 +636,13 @@ fn note_placed(filter: &mut [u64; PLACED_WORDS], h: u64) {
     }
 }
 
+/// Whether hash `h`'s bit is set in the placed filter ([`Conntrack::may_have_placed`]).
+#[inline]
+fn was_placed(filter: &[u64; PLACED_WORDS], h: u64) -> bool {
+    let (w, bit) = placed_bit(h);
+    filter.get(w).is_some_and(|&x| x & bit != 0)
+}
+
 /// Number of buckets for `capacity` flows: two entries per flow at [`TARGET_LOAD`].
 pub fn buckets_for(capacity: usize) -> usize {
     let slots = (capacity.max(1) as f64 * 2.0 / TARGET_LOAD).ceil();
@@ -697,8 +704,7 @@ impl<A: CtFamily> Conntrack<A> {
     /// otherwise), so find-or-insert need not probe again.
     #[inline]
     pub fn may_have_placed(&self, h: u64) -> bool {
-        let (w, bit) = placed_bit(h);
-        self.placed.get(w).is_some_and(|&x| x & bit != 0)
+        was_placed(&self.placed, h)
     }
 
     /// Number of flows.
@@ -1246,8 +1252,7 @@ impl<A: CtFamily> Inserter<'_, A> {
     /// As [`Conntrack::may_have_placed`].
     #[inline]
     pub fn may_have_placed(&self, h: u64) -> bool {
-        let (w, bit) = placed_bit(h);
-        self.placed.get(w).is_some_and(|&x| x & bit != 0)
+        was_placed(self.placed, h)
     }
 
     /// As [`Conntrack::find`].
