@@ -61,6 +61,22 @@ pub fn update_bytes(hc: u16, old: &[u8], new: &[u8]) -> u16 {
 /// so it can be folded into a precomputed delta.
 pub const TTL_DEC: u16 = 0xfeff;
 
+/// Delta `d` in wire order: the value whose bytes in the machine's order are `d`'s in network
+/// order (`d.to_be()`). One's-complement addition commutes with swapping the bytes of every
+/// operand (RFC 1071 §2(B): "the sum of 16-bit integers can be computed in either byte
+/// order"), so [`apply_delta`] of a wire-order delta to a checksum field read in the machine's
+/// order ([`crate::wire::emit::get_u16_ne`]) gives, written back the same way, the bytes that
+/// the big-endian computation gives; [`delta`]'s normalisation (`0xffff` to `0`), [`negate`],
+/// [`add_deltas`] and [`apply_l4_delta`]'s zero rules commute with the swap too. The flow
+/// records keep their deltas this way, so the fast path swaps no checksum's bytes.
+#[inline]
+pub const fn wire(d: u16) -> u16 {
+    d.to_be()
+}
+
+/// [`TTL_DEC`] in wire order ([`wire`]).
+pub const TTL_DEC_WIRE: u16 = wire(TTL_DEC);
+
 /// Accumulates the RFC 1624 eqn. 3 terms `~m + m'` of the 16-bit words of `old` → `new`
 /// (equal lengths, even, at an even offset of the checksummed data) onto `acc`. Fold the
 /// result with [`delta`] to get a precomputed delta.
@@ -236,6 +252,24 @@ mod tests {
             if hc != 0xffff && hc != 0 {
                 prop_assert_eq!(apply_delta(apply_delta(hc, d), negate(d)), hc);
             }
+        }
+
+        /// RFC 1071 §2(B): a delta in wire order applied to a checksum field read in the
+        /// machine's order writes the bytes that the big-endian computation writes, under
+        /// every L4 rule, and the delta helpers commute with the swap.
+        #[test]
+        fn a_wire_order_delta_writes_the_bytes_of_the_big_endian_update(
+            field in any::<[u8; 2]>(), d in any::<u16>(), e in any::<u16>(), acc in any::<u32>()) {
+            let be = u16::from_be_bytes(field);
+            for kind in [L4Sum::Always, L4Sum::UdpV4, L4Sum::None] {
+                let want = apply_l4_delta(kind, be, d).to_be_bytes();
+                let got = apply_l4_delta(kind, u16::from_ne_bytes(field), wire(d)).to_ne_bytes();
+                prop_assert_eq!(got, want);
+            }
+            prop_assert_eq!(apply_delta(u16::from_ne_bytes(field), wire(d)).to_ne_bytes(), apply_delta(be, d).to_be_bytes());
+            prop_assert_eq!(wire(negate(d)), negate(wire(d)));
+            prop_assert_eq!(wire(add_deltas(d, e)), add_deltas(wire(d), wire(e)));
+            prop_assert_eq!(wire(delta(acc)), delta(u32::from(wire((acc & 0xffff) as u16)) + u32::from(wire((acc >> 16) as u16))));
         }
 
         #[test]

@@ -215,8 +215,10 @@ pub mod flow_flags {
 /// `~old + new` over the changed words, ready to add: the IPv4 header's over the addresses with
 /// the TTL decrement folded in (the constant [`crate::csum::TTL_DEC`]), one per direction, and
 /// the transport checksum's over addresses and ports for forward packets (a reply's is its
-/// one's-complement negation). IPIP DSR flows keep their 32-bit flow hash (the IPv6 flow label,
-/// RFC 6438) in the two IPv4 header deltas, which encapsulation does not use.
+/// one's-complement negation), each kept in wire order ([`crate::csum::wire`]) so that the
+/// rewrite applies it to the checksum field without swapping bytes. IPIP DSR flows keep their
+/// 32-bit flow hash (the IPv6 flow label, RFC 6438) in the two IPv4 header deltas, which
+/// encapsulation does not use.
 #[derive(Copy, Clone, Pod, Zeroable, Debug)]
 #[repr(C, packed)]
 pub struct FlowRecord<A, P> {
@@ -247,11 +249,13 @@ pub struct FlowRecord<A, P> {
     pub bport: u16,
     /// Source port of the rewritten forward packets (the client's, or the SNAT port).
     pub reply_dport: u16,
-    /// RFC 1624 delta of the IPv4 header checksum of forward packets (addresses, TTL).
+    /// RFC 1624 delta of the IPv4 header checksum of forward packets (addresses, TTL), in wire
+    /// order ([`crate::csum::wire`]).
     pub ip_delta_fwd: u16,
-    /// RFC 1624 delta of the IPv4 header checksum of replies (addresses, TTL).
+    /// RFC 1624 delta of the IPv4 header checksum of replies (addresses, TTL), in wire order.
     pub ip_delta_rev: u16,
-    /// RFC 1624 delta of the transport checksum of forward packets (addresses and ports).
+    /// RFC 1624 delta of the transport checksum of forward packets (addresses and ports), in
+    /// wire order.
     pub l4_delta: u16,
     /// IP protocol.
     pub proto: u8,

@@ -227,9 +227,9 @@ struct Nat<A> {
     dst: A,
     sport: u16,
     dport: u16,
-    /// IPv4 header checksum delta, TTL decrement included.
+    /// IPv4 header checksum delta, TTL decrement included, in wire order ([`csum::wire`]).
     ip_delta: u16,
-    /// Transport checksum delta.
+    /// Transport checksum delta, in wire order.
     l4_delta: u16,
     smac: [u8; 6],
     dmac: [u8; 6],
@@ -254,7 +254,8 @@ fn nat<A: Family>(buf: &mut [u8], head: usize, l3: u8, tcp: bool, to: impl FnOnc
 
 /// Writes MACs, source and destination address and port, decrements the TTL / hop limit and
 /// applies the precomputed IPv4 header delta (TTL decrement included) and transport delta
-/// (RFC 1624); UDP over IPv4 keeps a zero checksum zero (RFC 768). `L3` is the IP header
+/// (RFC 1624), both in wire order to the checksum fields read in the machine's (no byte swap,
+/// [`csum::wire`]); UDP over IPv4 keeps a zero checksum zero (RFC 768). `L3` is the IP header
 /// offset from the frame's first byte, at `head` in `buf`; `TCP` the transport protocol
 /// (else UDP). One range check covers every byte written: `head..head + l4 + 18` (TCP's
 /// checksum) or `+ 8` (UDP's header); a `head` so large that the end wraps fails it too.
@@ -283,13 +284,13 @@ fn nat_at<A: Family, const L3: usize, const TCP: bool>(
     }
     if !A::IS_V6 {
         let sum = L3 + emit::ipv4::CHECKSUM.start;
-        emit::put_u16(h, sum, csum::apply_delta(emit::get_u16(h, sum), n.ip_delta));
+        emit::put_u16_ne(h, sum, csum::apply_delta(emit::get_u16_ne(h, sum), n.ip_delta));
     }
     emit::put_u16(h, l4 + emit::tcp::SPORT.start, n.sport);
     emit::put_u16(h, l4 + emit::tcp::DPORT.start, n.dport);
     let at = l4 + if TCP { emit::tcp::CHECKSUM.start } else { emit::udp::CHECKSUM.start };
     let kind = if TCP || A::IS_V6 { L4Sum::Always } else { L4Sum::UdpV4 };
-    emit::put_u16(h, at, csum::apply_l4_delta(kind, emit::get_u16(h, at), n.l4_delta));
+    emit::put_u16_ne(h, at, csum::apply_l4_delta(kind, emit::get_u16_ne(h, at), n.l4_delta));
     true
 }
 
@@ -329,6 +330,6 @@ fn dec_ttl<A: Family>(f: &mut [u8], l3: usize) {
     }
     if !A::IS_V6 {
         let sum = emit::ipv4::CHECKSUM.start;
-        emit::put_u16(h, sum, csum::apply_delta(emit::get_u16(h, sum), csum::TTL_DEC));
+        emit::put_u16_ne(h, sum, csum::apply_delta(emit::get_u16_ne(h, sum), csum::TTL_DEC_WIRE));
     }
 }

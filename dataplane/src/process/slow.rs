@@ -798,7 +798,7 @@ fn outer_source<A: Fam>(t: &Tables, h: u32) -> Option<A> {
 
 /// Fills the precomputed rewrite of a new record: the RFC 1624 deltas of the NAT rewrite
 /// (forward: client → `reply_dst`, VIP → backend, ports likewise; replies the reverse), with
-/// the TTL decrement folded into the IPv4 header's, or, for an encapsulated DSR flow, its flow
+/// the TTL decrement folded into the IPv4 header's, stored in wire order ([`csum::wire`]), or, for an encapsulated DSR flow, its flow
 /// hash (the IPv6 flow label, RFC 6438) in the two IPv4 header delta fields, which
 /// encapsulation does not use.
 fn set_rewrite<A: Fam>(r: &mut Rec<A>, flow_hash: u32) {
@@ -816,11 +816,11 @@ fn set_rewrite<A: Fam>(r: &mut Rec<A>, flow_hash: u32) {
     let mut acc = csum::delta_add(0, client.octets(), reply_dst.octets());
     acc = csum::delta_add(acc, vip.octets(), backend.octets());
     let addr = csum::delta(acc);
-    r.ip_delta_fwd = csum::add_deltas(addr, csum::TTL_DEC);
-    r.ip_delta_rev = csum::add_deltas(csum::negate(addr), csum::TTL_DEC);
+    r.ip_delta_fwd = csum::wire(csum::add_deltas(addr, csum::TTL_DEC));
+    r.ip_delta_rev = csum::wire(csum::add_deltas(csum::negate(addr), csum::TTL_DEC));
     acc = csum::delta_add(acc, &r.cport.to_be_bytes(), &r.reply_dport.to_be_bytes());
     acc = csum::delta_add(acc, &r.vport.to_be_bytes(), &r.bport.to_be_bytes());
-    r.l4_delta = csum::delta(acc);
+    r.l4_delta = csum::wire(csum::delta(acc));
 }
 
 /// [`set_rewrite`]'s deltas (forward IPv4 header, reply IPv4 header, forward transport) for a
@@ -829,18 +829,21 @@ fn set_rewrite<A: Fam>(r: &mut Rec<A>, flow_hash: u32) {
 /// zeros (RFC 1624 §3), so the deltas are the same. A folded delta ([`csum::delta`]) is the
 /// sum modulo 0xffff, so the three are taken from one sum of the address terms, read four
 /// octets at a time: `add_deltas(a, b)` is `(a + b) mod 0xffff` and `negate(d)` is
-/// `(0xffff - d) mod 0xffff`.
+/// `(0xffff - d) mod 0xffff`. Summed in wire order ([`csum::wire`], the octets read in the
+/// machine's order), as the record keeps them.
 #[inline(always)]
 fn dnat_deltas<A: Fam>(vip: A, backend: A, vport: u16, bport: u16) -> (u16, u16, u16) {
-    // At most 16 terms of at most 0xffff: no overflow.
-    let mut acc = 0u32;
+    // The addresses' 32-bit words summed whole (at most eight of at most 2^32 - 1: no
+    // overflow), then their 16-bit quarters: 2^16 is 1 modulo 0xffff (RFC 1071 §2(D)).
+    let mut wide = 0u64;
     for (o, n) in vip.octets().as_chunks::<4>().0.iter().zip(backend.octets().as_chunks::<4>().0) {
-        let (o, n) = (!u32::from_be_bytes(*o), u32::from_be_bytes(*n));
-        acc += (o >> 16) + (o & 0xffff) + (n >> 16) + (n & 0xffff);
+        wide += u64::from(!u32::from_ne_bytes(*o)) + u64::from(u32::from_ne_bytes(*n));
     }
+    let acc =
+        (wide & 0xffff) as u32 + (wide >> 16 & 0xffff) as u32 + (wide >> 32 & 0xffff) as u32 + (wide >> 48) as u32;
     let addr = csum::delta(acc);
-    let ttl = u32::from(csum::TTL_DEC);
-    let ports = u32::from(!vport) + u32::from(bport);
+    let ttl = u32::from(csum::TTL_DEC_WIRE);
+    let ports = u32::from(csum::wire(!vport)) + u32::from(csum::wire(bport));
     (csum::delta(acc + ttl), csum::delta(0xffff - u32::from(addr) + ttl), csum::delta(acc + ports))
 }
 

@@ -34,8 +34,8 @@ use super::{Fam, FamState, Pipeline};
 use crate::tables::Tables;
 
 /// Format version of [`encode`] / [`decode`] (see the module docs for the rule). 2: the
-/// affinity section.
-pub const VERSION: u32 = 2;
+/// affinity section. 3: a record's checksum deltas in wire order ([`crate::csum::wire`]).
+pub const VERSION: u32 = 3;
 
 /// First bytes of an encoded snapshot.
 const MAGIC: [u8; 8] = *b"XLBFLOWS";

@@ -144,6 +144,25 @@ pub fn put_u16(b: &mut [u8], at: usize, v: u16) {
     }
 }
 
+/// Reads the 16-bit field at `at` in the machine's byte order (0 if out of bounds): a checksum
+/// field to be updated with a delta in wire order ([`crate::csum::wire`]), which RFC
+/// 1071 §2(B) lets one add in either byte order.
+#[inline]
+pub fn get_u16_ne(b: &[u8], at: usize) -> u16 {
+    match b.get(at..at + 2) {
+        Some(&[x, y]) => u16::from_ne_bytes([x, y]),
+        _ => 0,
+    }
+}
+
+/// Writes a 16-bit field read with [`get_u16_ne`] back (nothing if out of bounds).
+#[inline]
+pub fn put_u16_ne(b: &mut [u8], at: usize, v: u16) {
+    if let Some(s) = b.get_mut(at..at + 2) {
+        s.copy_from_slice(&v.to_ne_bytes());
+    }
+}
+
 /// Writes the Ethernet source and destination addresses.
 #[inline]
 pub fn set_macs(f: &mut [u8], src: [u8; 6], dst: [u8; 6]) {
