@@ -140,7 +140,7 @@ macro_rules! fast_stage {
                     };
                     nat::<A>(pkt.buf, pkt.head, l3, tcp, to).then_some(Verdict::Tx { port: r.in_port })
                 }
-                Dir::Forward => dsr::<A>(c, r, pkt, usize::from(l3), usize::from(l.end)),
+                Dir::Forward => dsr::<A>(c, r, pkt, usize::from(l3), l.end()),
             }
         }
     };

@@ -192,8 +192,11 @@ struct Lane<A> {
     hash: u64,
     /// What the tag stage found in the home bucket.
     probe: conntrack::Probe,
-    /// End of the IP packet (offset from the frame start).
-    end: u16,
+    /// Length of the transport segment (the IP packet's payload): the packet ends at `l3` plus
+    /// the IP header plus this. Kept rather than the end, which can pass `u16::MAX` where the
+    /// segment cannot: the end clamped to a `u16` cost stage 1 a compare and a conditional move
+    /// per packet.
+    seg: u16,
     /// Index of the packet in the batch.
     pkt: u8,
     /// Offset of the IP header (14, or 18 behind an 802.1Q tag).
@@ -221,7 +224,15 @@ struct Lanes<A> {
     maglev_slot: [usize; BATCH],
 }
 
-impl<A: Copy + Default> Lanes<A> {
+impl<A: crate::addr::Family> Lane<A> {
+    /// End of the IP packet (offset from the frame start).
+    #[inline]
+    fn end(&self) -> usize {
+        usize::from(self.l3) + A::HEADER_LEN + usize::from(self.seg)
+    }
+}
+
+impl<A: Copy + Default + crate::addr::Family> Lanes<A> {
     fn new() -> Self {
         Self {
             l: Box::new([Lane::default(); BATCH]),
@@ -272,9 +283,12 @@ impl<A: Copy + Default> Lanes<A> {
         x.key = key;
         x.hash = hash;
         x.probe.bucket = home;
-        x.end = u16::try_from(p.end).unwrap_or(u16::MAX);
-        #[expect(clippy::cast_possible_truncation, reason = "pkt < BATCH = 64, l3 is 14 or 18")]
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "pkt < BATCH = 64, l3 is 14 or 18; the segment's length is the IP header's total length less the header (IPv4) or its payload length (IPv6), a u16 either way"
+        )]
         {
+            x.seg = (p.end - p.l3 - A::HEADER_LEN) as u16;
             x.pkt = pkt as u8;
             x.l3 = p.l3 as u8;
         }

@@ -442,7 +442,7 @@ pub(super) fn run_lane_general<'t, A: Fam>(
         ethertype_at: l3 - 2,
         l3,
         l4: l3 + A::HEADER_LEN,
-        end: usize::from(l.end),
+        end: l.end(),
         proto: l.key.proto,
         sport: l.key.sport,
         dport: l.key.dport,
