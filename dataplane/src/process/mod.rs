@@ -267,15 +267,6 @@ impl<A: Copy + Default + crate::addr::Family> Lanes<A> {
         lane
     }
 
-    /// Writes lane `pkt` (taken modulo [`BATCH`]) for packet `pkt`, without counting it: for a
-    /// stage that gives packet `i` lane `i` and sets [`Lanes::n`] once at its end.
-    #[inline]
-    fn put(&mut self, key: FlowKey<A>, hash: u64, home: u32, pkt: usize, p: &Fast<A>) {
-        if let Some(x) = self.l.get_mut(pkt & (BATCH - 1)) {
-            Self::fill(x, key, hash, home, pkt, p);
-        }
-    }
-
     /// Fills lane `x`; `home` (the key's home bucket, which stage 1 computed for its prefetch)
     /// goes into the probe's bucket, where the tag stage reads it.
     #[inline(always)]
@@ -783,24 +774,26 @@ impl Pipeline {
     #[inline]
     fn stage1_shaped<A: Fam>(&mut self, pkts: &[Packet<'_>], n: usize) -> usize {
         let st = A::state(&mut self.fam);
-        let (view, lanes) = (st.ct.view(), &mut st.lanes);
-        lanes.n = 0;
+        let (view, Lanes { l, n: count, .. }) = (st.ct.view(), &mut st.lanes);
+        *count = 0;
         let pkts = pkts.get(..n.min(BATCH)).unwrap_or(&[]);
-        // Packet `i` takes lane `i`; the count is set once, at the end.
-        for (i, (pkt, lane_of)) in pkts.iter().zip(self.lane_of.iter_mut()).enumerate() {
+        // Packet `i` takes lane `i`, walked together (no index to check); the count is set
+        // once, at the end.
+        let each = pkts.iter().zip(self.lane_of.iter_mut()).zip(l.iter_mut());
+        for (i, ((pkt, lane_of), lane)) in each.enumerate() {
             let Some(x) = A::parse_shaped(pkt.frame()) else {
-                lanes.n = i;
+                *count = i;
                 return i;
             };
             let key = FlowKey { src: x.src, dst: x.dst, sport: x.sport, dport: x.dport, proto: x.proto };
             let hash = view.hash(&key);
             let home = view.prefetch_home(hash);
-            lanes.put(key, hash, home, i, &x);
+            Lanes::fill(lane, key, hash, home, i, &x);
             #[expect(clippy::cast_possible_truncation, reason = "i < BATCH = 64")]
             let lane = i as u8;
             *lane_of = lane | A::LANE_FLAG;
         }
-        lanes.n = pkts.len();
+        *count = pkts.len();
         pkts.len()
     }
 
