@@ -276,7 +276,7 @@ impl<A: Copy + Default + crate::addr::Family> Lanes<A> {
         x.probe.bucket = home;
         #[expect(
             clippy::cast_possible_truncation,
-            reason = "pkt < BATCH = 64, l3 is 14 or 18; the segment's length is the IP header's total length less the header (IPv4) or its payload length (IPv6), a u16 either way"
+            reason = "pkt < BATCH, l3 14 or 18, the segment a u16 (IPv4 total length - 20, IPv6 payload length)"
         )]
         {
             x.seg = (p.end - p.l3 - A::HEADER_LEN) as u16;

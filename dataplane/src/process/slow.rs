@@ -798,9 +798,9 @@ fn outer_source<A: Fam>(t: &Tables, h: u32) -> Option<A> {
 
 /// Fills the precomputed rewrite of a new record: the RFC 1624 deltas of the NAT rewrite
 /// (forward: client → `reply_dst`, VIP → backend, ports likewise; replies the reverse), with
-/// the TTL decrement folded into the IPv4 header's, stored in wire order ([`csum::wire`]), or, for an encapsulated DSR flow, its flow
-/// hash (the IPv6 flow label, RFC 6438) in the two IPv4 header delta fields, which
-/// encapsulation does not use.
+/// the TTL decrement folded into the IPv4 header's, stored in wire order ([`csum::wire`]),
+/// or, for an encapsulated DSR flow, its flow hash (the IPv6 flow label, RFC 6438) in the two
+/// IPv4 header delta fields, which encapsulation does not use.
 fn set_rewrite<A: Fam>(r: &mut Rec<A>, flow_hash: u32) {
     if r.flags & flow_flags::ENCAP != 0 {
         r.ip_delta_fwd = (flow_hash >> 16) as u16;
