@@ -58,7 +58,7 @@ pub mod snapshot;
 
 use std::sync::Arc;
 
-use crate::addr::{Cidr, V4, V6};
+use crate::addr::{Cidr, Family, V4, V6};
 use crate::affinity::AffinityTable;
 use crate::conntrack::{self, Conntrack, CtFamily, CtState, FlowKey, Timeouts, flow_flags};
 use crate::counters::{DropReason, Event, WorkerCounters};
@@ -224,7 +224,7 @@ struct Lanes<A> {
     maglev_slot: [usize; BATCH],
 }
 
-impl<A: crate::addr::Family> Lane<A> {
+impl<A: Family> Lane<A> {
     /// End of the IP packet (offset from the frame start).
     #[inline]
     fn end(&self) -> usize {
@@ -232,7 +232,7 @@ impl<A: crate::addr::Family> Lane<A> {
     }
 }
 
-impl<A: Copy + Default + crate::addr::Family> Lanes<A> {
+impl<A: Copy + Default + Family> Lanes<A> {
     fn new() -> Self {
         Self {
             l: Box::new([Lane::default(); BATCH]),

@@ -127,21 +127,33 @@ pub fn get_u8(b: &[u8], at: usize) -> u8 {
     b.get(at).copied().unwrap_or(0)
 }
 
+/// The two bytes at `at` (zeros if out of bounds).
+#[inline]
+fn get2(b: &[u8], at: usize) -> [u8; 2] {
+    match b.get(at..at + 2) {
+        Some(&[x, y]) => [x, y],
+        _ => [0; 2],
+    }
+}
+
+/// Writes two bytes at `at` (nothing if out of bounds).
+#[inline]
+fn put2(b: &mut [u8], at: usize, v: [u8; 2]) {
+    if let Some(s) = b.get_mut(at..at + 2) {
+        s.copy_from_slice(&v);
+    }
+}
+
 /// Reads a big-endian 16-bit field at `at` (0 if out of bounds).
 #[inline]
 pub fn get_u16(b: &[u8], at: usize) -> u16 {
-    match b.get(at..at + 2) {
-        Some(&[x, y]) => u16::from_be_bytes([x, y]),
-        _ => 0,
-    }
+    u16::from_be_bytes(get2(b, at))
 }
 
 /// Writes a big-endian 16-bit field at `at` (nothing if out of bounds).
 #[inline]
 pub fn put_u16(b: &mut [u8], at: usize, v: u16) {
-    if let Some(s) = b.get_mut(at..at + 2) {
-        s.copy_from_slice(&v.to_be_bytes());
-    }
+    put2(b, at, v.to_be_bytes());
 }
 
 /// Reads the 16-bit field at `at` in the machine's byte order (0 if out of bounds): a checksum
@@ -149,18 +161,13 @@ pub fn put_u16(b: &mut [u8], at: usize, v: u16) {
 /// 1071 §2(B) lets one add in either byte order.
 #[inline]
 pub fn get_u16_ne(b: &[u8], at: usize) -> u16 {
-    match b.get(at..at + 2) {
-        Some(&[x, y]) => u16::from_ne_bytes([x, y]),
-        _ => 0,
-    }
+    u16::from_ne_bytes(get2(b, at))
 }
 
 /// Writes a 16-bit field read with [`get_u16_ne`] back (nothing if out of bounds).
 #[inline]
 pub fn put_u16_ne(b: &mut [u8], at: usize, v: u16) {
-    if let Some(s) = b.get_mut(at..at + 2) {
-        s.copy_from_slice(&v.to_ne_bytes());
-    }
+    put2(b, at, v.to_ne_bytes());
 }
 
 /// Writes the Ethernet source and destination addresses.
