@@ -131,8 +131,9 @@ const OWN_SETUP_ROWS: &[(&str, &str, Frames)] = &[
 ///   SNAT port 1024, as above.
 /// - backend_without_a_route_is_a_counted_drop_and_gets_no_conntrack_entry: needs kernel
 ///   routes (`TablesSpec::kernel_routes`); `xlb trace` reads no routing table.
-/// - flows_to_a_backend_behind_a_multipath_route_are_spread_over_its_paths_and_keep_theirs:
-///   a multipath kernel route; a config's `routes` have one gateway each.
+/// - flows_to_a_backend_behind_a_multipath_route_are_spread_over_its_paths_and_keep_theirs,
+///   and its Maglev and random twins: a multipath kernel route; a config's `routes` have one
+///   gateway each.
 /// - backend_behind_the_kernel_is_handed_to_the_kernel_unmasqueraded_and_its_reply_returns: a
 ///   kernel route leaving through an interface xlb does not serve; none offline.
 /// - tcp_flow_to_a_removed_backend_gets_a_reset: the tables change between steps; a trace has
@@ -155,6 +156,8 @@ const NOT_REPLAYED: &[&str] = &[
     "icmp_error_from_the_backend_side_about_a_snat_flow_reaches_the_client",
     "backend_without_a_route_is_a_counted_drop_and_gets_no_conntrack_entry",
     "flows_to_a_backend_behind_a_multipath_route_are_spread_over_its_paths_and_keep_theirs",
+    "maglev_flows_to_a_backend_behind_a_multipath_route_are_spread_over_its_paths",
+    "random_flows_to_a_backend_behind_a_multipath_route_are_spread_over_its_paths",
     "backend_behind_the_kernel_is_handed_to_the_kernel_unmasqueraded_and_its_reply_returns",
     "tcp_flow_to_a_removed_backend_gets_a_reset",
     "udp_flow_to_a_removed_backend_is_rebalanced_at_once",

@@ -99,6 +99,66 @@ pub fn delta(acc: u32) -> u16 {
     if d == 0xffff { 0 } else { d }
 }
 
+/// One side's terms of a DNAT's RFC 1624 eqn. 3 deltas, summed once when the tables are
+/// built instead of for every new flow: the terms `~m` of the address and port a DNAT rewrites
+/// (a frontend's VIP and port, [`DnatHalf::of_old`]) or `m'` of those it writes (a backend's,
+/// [`DnatHalf::of_new`]), in wire order ([`wire`]) and normalised like [`delta`]. A folded
+/// delta is its sum modulo `0xffff` (RFC 1071 §2(D)), so a frontend's half and a backend's half
+/// give, through [`dnat_deltas`], the deltas that summing all the terms of the flow gives.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct DnatHalf {
+    /// The address's terms (IPv4: 4 octets; IPv6: 16; an IPv4-mapped IPv6 address's sum is
+    /// its IPv4 address's, since `0xffff` is zero modulo `0xffff`).
+    pub addr: u16,
+    /// The address's and the port's terms (the transport checksum's share: the pseudo-header
+    /// covers the address, RFC 9293 §3.1).
+    pub addr_port: u16,
+}
+
+impl DnatHalf {
+    /// The terms `~m` of `addr` (network-order octets, even length) and `port` (host order):
+    /// what a DNAT rewrites.
+    #[must_use]
+    pub fn of_old(addr: &[u8], port: u16) -> Self {
+        let a = addr.as_chunks::<2>().0.iter().fold(0u32, |s, w| s + u32::from(!u16::from_ne_bytes(*w)));
+        Self::folded(a, u32::from(wire(!port)))
+    }
+
+    /// The terms `m'` of `addr` (network-order octets, even length) and `port` (host order):
+    /// what a DNAT writes.
+    #[must_use]
+    pub fn of_new(addr: &[u8], port: u16) -> Self {
+        let a = addr.as_chunks::<2>().0.iter().fold(0u32, |s, w| s + u32::from(u16::from_ne_bytes(*w)));
+        Self::folded(a, u32::from(wire(port)))
+    }
+
+    fn folded(addr: u32, port: u32) -> Self {
+        let addr = delta(addr);
+        Self { addr, addr_port: delta(u32::from(addr) + port) }
+    }
+}
+
+/// The deltas of a DNAT from `old` (the frontend's half) to `new` (the backend's), the source
+/// staying the client's, in wire order: (forward IPv4 header with the TTL decrement folded in,
+/// reply IPv4 header with its TTL decrement, forward transport checksum). The reply's
+/// transport delta is the forward one negated ([`negate`]). Equal to summing every term of the
+/// rewrite with [`delta_add`]: the client's terms, `~m + m` per word, are one's-complement
+/// zeros (RFC 1624 §3), and each result is a sum modulo `0xffff`, normalised, so halves summed
+/// apart add up to the whole (`add_deltas(a, b)` is `(a + b) mod 0xffff`, `negate(d)` is
+/// `(0xffff - d) mod 0xffff`).
+#[inline(always)]
+#[must_use]
+pub fn dnat_deltas(old: DnatHalf, new: DnatHalf) -> (u16, u16, u16) {
+    let acc = u32::from(old.addr) + u32::from(new.addr);
+    let ttl = u32::from(TTL_DEC_WIRE);
+    let addr = delta(acc);
+    (
+        delta(acc + ttl),
+        delta(0xffff - u32::from(addr) + ttl),
+        delta(u32::from(old.addr_port) + u32::from(new.addr_port)),
+    )
+}
+
 /// The one's-complement negation of a delta (the reverse rewrite), normalised like [`delta`].
 #[inline]
 pub fn negate(d: u16) -> u16 {
@@ -270,6 +330,20 @@ mod tests {
             prop_assert_eq!(wire(negate(d)), negate(wire(d)));
             prop_assert_eq!(wire(add_deltas(d, e)), add_deltas(wire(d), wire(e)));
             prop_assert_eq!(wire(delta(acc)), delta(u32::from(wire((acc & 0xffff) as u16)) + u32::from(wire((acc >> 16) as u16))));
+        }
+
+        /// A frontend's and a backend's halves (summed apart, as the tables keep them) give the
+        /// deltas that summing every term of the DNAT with [`delta_add`] gives, as `set_rewrite`
+        /// does (forward IPv4 header and reply IPv4 header with the TTL decrement, transport).
+        #[test]
+        fn dnat_deltas_from_halves_are_the_sum_of_every_term(
+            v in any::<[u8; 16]>(), b in any::<[u8; 16]>(), vp in any::<u16>(), bp in any::<u16>(), v4 in any::<bool>()) {
+            let n = if v4 { 4 } else { 16 };
+            let (v, b) = (&v[..n], &b[..n]);
+            let addr = delta(delta_add(0, v, b));
+            let l4 = delta(delta_add(delta_add(0, v, b), &vp.to_be_bytes(), &bp.to_be_bytes()));
+            let want = (wire(add_deltas(addr, TTL_DEC)), wire(add_deltas(negate(addr), TTL_DEC)), wire(l4));
+            prop_assert_eq!(dnat_deltas(DnatHalf::of_old(v, vp), DnatHalf::of_new(b, bp)), want);
         }
 
         #[test]

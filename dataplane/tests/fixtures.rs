@@ -874,28 +874,46 @@ fn rows_for(f: Fam) -> Vec<Row> {
     let p2 = (40001..41000).find(|p| path_of(*p) != path_of(p1)).unwrap_or(40001);
     assert_ne!(path_of(p1), path_of(p2), "two client ports on different paths");
     let gw_mac = |port: u16| (LB_MAC, BMAC[1 + path_of(port)]);
-    rows.push(row(
-        "flows_to_a_backend_behind_a_multipath_route_are_spread_over_its_paths_and_keep_theirs",
-        f,
-        multi,
-        vec![
-            step(
-                "first flow's SYN: its path",
-                tcp(c, p1, vip, 80, SYN, 64, IN),
-                Expect::Tx(tcp(c, p1, b0, 8080, SYN, 63, gw_mac(p1))),
-            ),
-            step(
-                "second flow's SYN: the other path",
-                tcp(c, p2, vip, 80, SYN, 64, IN),
-                Expect::Tx(tcp(c, p2, b0, 8080, SYN, 63, gw_mac(p2))),
-            ),
-            step(
-                "first flow's ACK (fast path): the same path",
-                tcp(c, p1, vip, 80, ACK, 64, IN),
-                Expect::Tx(tcp(c, p1, b0, 8080, ACK, 63, gw_mac(p1))),
-            ),
-        ],
-    ));
+    // Under each kind of scheduler: Maglev's and random's new flows may take the pipeline's
+    // direct route, which a backend behind a multipath route must not take (it has one hop).
+    for (sched, name) in [
+        (
+            Scheduler::RoundRobin,
+            "flows_to_a_backend_behind_a_multipath_route_are_spread_over_its_paths_and_keep_theirs",
+        ),
+        (
+            Scheduler::Maglev { port: false },
+            "maglev_flows_to_a_backend_behind_a_multipath_route_are_spread_over_its_paths",
+        ),
+        (Scheduler::Random, "random_flows_to_a_backend_behind_a_multipath_route_are_spread_over_its_paths"),
+    ] {
+        let mut multi = multi.clone();
+        for s in &mut multi.services {
+            Arc::make_mut(s).scheduler = sched;
+        }
+        rows.push(row(
+            name,
+            f,
+            multi,
+            vec![
+                step(
+                    "first flow's SYN: its path",
+                    tcp(c, p1, vip, 80, SYN, 64, IN),
+                    Expect::Tx(tcp(c, p1, b0, 8080, SYN, 63, gw_mac(p1))),
+                ),
+                step(
+                    "second flow's SYN: the other path",
+                    tcp(c, p2, vip, 80, SYN, 64, IN),
+                    Expect::Tx(tcp(c, p2, b0, 8080, SYN, 63, gw_mac(p2))),
+                ),
+                step(
+                    "first flow's ACK (fast path): the same path",
+                    tcp(c, p1, vip, 80, ACK, 64, IN),
+                    Expect::Tx(tcp(c, p1, b0, 8080, ACK, 63, gw_mac(p1))),
+                ),
+            ],
+        ));
+    }
     // A backend whose route leaves through an interface xlb does not serve (a pod behind a
     // veth on this node) is handed to the kernel, MACs zero, and not masqueraded even behind a
     // masquerading NodePort: its replies come back from the kernel through xlb's policy rule.

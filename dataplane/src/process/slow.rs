@@ -13,7 +13,7 @@ use crate::nat::{self, Packet};
 use crate::prefetch;
 use crate::sched::FlowInfo;
 use crate::tables::{
-    Backend, EmptyAction, ForwardingMode, FrontendEntry, FrontendKind, Hop, KERNEL_PORT, Scheduler, Service, Tables,
+    Backend, EmptyAction, ForwardingMode, FrontendEntry, FrontendKind, Hop, KERNEL_PORT, Scheduler, Tables,
     VipAddrKind, VipKey, multipath_hash,
 };
 use crate::wire::{self, Frag, L3, Parsed, proto, tcp_flags};
@@ -194,13 +194,7 @@ pub(super) fn stage_misses<'t, A: Fam>(st: &mut FamState<A>, c: &Common, t: &'t 
         if svc.scheduler == Scheduler::Random {
             // The random draw is stage 5's, in arrival order; what does not depend on the
             // backend is known now (the rest is checked after the draw).
-            if c.direct
-                && svc.affinity_timeout_s.is_none()
-                && svc.mode == ForwardingMode::Nat
-                && !fe.masquerade
-                && fe.source_ranges.is_empty()
-                && !off_cluster::<A>(t, fe, l.key.src)
-            {
+            if c.direct && fe.plain_nat && !off_cluster::<A>(t, fe, l.key.src) {
                 m.drawn |= 1 << (l.pkt & 63);
             }
             continue;
@@ -296,16 +290,10 @@ pub(super) fn stage_misses<'t, A: Fam>(st: &mut FamState<A>, c: &Common, t: &'t 
         if svc.mode != ForwardingMode::Nat {
             continue;
         }
-        // Not masqueraded (`needs_snat` is false whatever the next hop), a route and one next
-        // hop, no source ranges.
-        let direct = c.direct
-            && !fe.masquerade
-            && baddr != l.key.src
-            && !off_cluster::<A>(t, fe, l.key.src)
-            && !b.no_route
-            && b.hop.is_some()
-            && b.paths.is_empty()
-            && fe.source_ranges.is_empty();
+        // A plain NAT frontend (not masqueraded: `needs_snat` is false whatever the next hop;
+        // no source ranges) and a backend with a route and one next hop.
+        let direct =
+            c.direct && fe.plain_nat && b.single_hop && baddr != l.key.src && !off_cluster::<A>(t, fe, l.key.src);
         let (dst, dport) = match A::snat(t) {
             Some(sa) if !direct && (fe.masquerade || baddr == l.key.src) => {
                 snat_port = snat_port.wrapping_add(1);
@@ -823,30 +811,6 @@ fn set_rewrite<A: Fam>(r: &mut Rec<A>, flow_hash: u32) {
     r.l4_delta = csum::wire(csum::delta(acc));
 }
 
-/// [`set_rewrite`]'s deltas (forward IPv4 header, reply IPv4 header, forward transport) for a
-/// DNAT flow, whose source stays the client's: only the VIP → backend address and port terms.
-/// The client's terms that `set_rewrite` also adds, `~m + m` per word, are one's-complement
-/// zeros (RFC 1624 §3), so the deltas are the same. A folded delta ([`csum::delta`]) is the
-/// sum modulo 0xffff, so the three are taken from one sum of the address terms, read four
-/// octets at a time: `add_deltas(a, b)` is `(a + b) mod 0xffff` and `negate(d)` is
-/// `(0xffff - d) mod 0xffff`. Summed in wire order ([`csum::wire`], the octets read in the
-/// machine's order), as the record keeps them.
-#[inline(always)]
-fn dnat_deltas<A: Fam>(vip: A, backend: A, vport: u16, bport: u16) -> (u16, u16, u16) {
-    // The addresses' 32-bit words summed whole (at most eight of at most 2^32 - 1: no
-    // overflow), then their 16-bit quarters: 2^16 is 1 modulo 0xffff (RFC 1071 §2(D)).
-    let mut wide = 0u64;
-    for (o, n) in vip.octets().as_chunks::<4>().0.iter().zip(backend.octets().as_chunks::<4>().0) {
-        wide += u64::from(!u32::from_ne_bytes(*o)) + u64::from(u32::from_ne_bytes(*n));
-    }
-    let acc =
-        (wide & 0xffff) as u32 + (wide >> 16 & 0xffff) as u32 + (wide >> 32 & 0xffff) as u32 + (wide >> 48) as u32;
-    let addr = csum::delta(acc);
-    let ttl = u32::from(csum::TTL_DEC_WIRE);
-    let ports = u32::from(csum::wire(!vport)) + u32::from(csum::wire(bport));
-    (csum::delta(acc + ttl), csum::delta(0xffff - u32::from(addr) + ttl), csum::delta(acc + ports))
-}
-
 /// The record of a new flow with key `key` in state `state`, of service `svc_id`, to backend
 /// `b` at `baddr`, whose first packet came in on `in_port` from MAC `peer_mac`: tuples as for
 /// DNAT (the reply goes back to the client), expiry `now + timeout(state)` (the batch's table
@@ -1007,7 +971,7 @@ fn new_flow_direct<A: Fam, T: DirectTable<A>>(
     if !c.admit_new_flow() {
         return Some(Verdict::Drop(DropReason::NewFlowRateLimited));
     }
-    Some(insert_direct(ct, c, pkt, l, &fe.svc, b, hop, baddr, reply_hash, in_port))
+    Some(insert_direct(ct, c, pkt, l, fe, b, hop, baddr, reply_hash, in_port))
 }
 
 /// What [`new_flow_drawn`] did with a packet.
@@ -1059,21 +1023,22 @@ fn new_flow_drawn<'t, A: Fam, T: DirectTable<A>>(
         return Drawn::Picked(None);
     };
     match (b.hop, A::from_ip(b.addr)) {
-        (Some(hop), Some(baddr)) if !b.no_route && b.paths.is_empty() && baddr != key.src => {
+        (Some(hop), Some(baddr)) if b.single_hop && baddr != key.src => {
             // Stage 4 hashed the reply tuple for the backend it expected the draw to give.
             let reply_hash = match (m.guess.get(i), m.reply_hash.get(i)) {
                 (Some(Some(g)), Some(&rh)) if g.this == b.this => rh,
                 _ => ct.hash(&FlowKey { src: baddr, dst: key.src, sport: b.port, dport: key.sport, proto: key.proto }),
             };
-            Drawn::Done(insert_direct(ct, c, pkt, l, svc, b, hop, baddr, reply_hash, in_port))
+            Drawn::Done(insert_direct(ct, c, pkt, l, fe, b, hop, baddr, reply_hash, in_port))
         }
         _ => Drawn::Picked(Some(b)),
     }
 }
 
-/// The direct route's new flow, admitted, of lane `l` to backend `b` (at `baddr`, next hop
-/// `hop`) of service `svc`, its reply tuple hashing to `reply_hash`: the record, built with its
-/// rewrite, inserted under the two hashes; counts; the packet rewritten from the record.
+/// The direct route's new flow, admitted, of lane `l` through frontend `fe` to backend `b` (at
+/// `baddr`, next hop `hop`), its reply tuple hashing to `reply_hash`: the record, built with its
+/// rewrite (the checksum deltas from the two halves the tables keep, [`csum::dnat_deltas`]),
+/// inserted under the two hashes; counts; the packet rewritten from the record.
 #[expect(clippy::too_many_arguments, reason = "the fields of a new flow, from the stage inputs")]
 #[inline(always)]
 fn insert_direct<A: Fam, T: DirectTable<A>>(
@@ -1081,7 +1046,7 @@ fn insert_direct<A: Fam, T: DirectTable<A>>(
     c: &mut Common,
     pkt: &mut Packet<'_>,
     l: &Lane<A>,
-    svc: &Service,
+    fe: &FrontendEntry,
     b: &Backend,
     hop: Hop,
     baddr: A,
@@ -1090,8 +1055,9 @@ fn insert_direct<A: Fam, T: DirectTable<A>>(
 ) -> Verdict {
     let (key, now) = (l.key, c.now_s);
     let state = initial_state_of(key.proto, l.tcp_flags);
+    let svc = &*fe.svc;
     let mut r = new_record::<A>(c, &key, state, svc.id, b, baddr, in_port, wire::emit::src_mac(pkt.frame()));
-    (r.ip_delta_fwd, r.ip_delta_rev, r.l4_delta) = dnat_deltas(key.dst, baddr, key.dport, b.port);
+    (r.ip_delta_fwd, r.ip_delta_rev, r.l4_delta) = csum::dnat_deltas(fe.dnat, b.dnat);
     (r.out_port, r.hop_mac, r.generation) = (hop.port, hop.dst_mac, c.generation);
     if let Err(e) = ct.insert(&r, l.hash, reply_hash, now, c) {
         return Verdict::Drop(insert_failed(e));
@@ -1528,9 +1494,11 @@ mod tests {
     use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
     use std::sync::Arc;
 
-    use super::{FrontendCache, Rec, dnat_deltas, initial_state_of, initial_tcp_state, set_rewrite};
+    use super::{FrontendCache, Rec, initial_state_of, initial_tcp_state, set_rewrite};
+    use crate::addr::mapped;
     use crate::addr::{Family, V4, V6};
     use crate::conntrack::CtState;
+    use crate::csum::{DnatHalf, dnat_deltas};
     use crate::tables::{
         BackendSpec, EmptyAction, ForwardingMode, Frontend, FrontendKind, L4Proto, Scheduler, ServiceSpec,
         TableBuilder, Tables, TablesSpec,
@@ -1658,17 +1626,25 @@ mod tests {
     }
 
     proptest! {
-        /// The direct route's deltas are the general rewrite's for every DNAT tuple, IPv4 and IPv6.
+        /// The direct route's deltas, from a frontend's and a backend's halves summed as the
+        /// tables sum them (over the 16-byte key form of the address, IPv4-mapped for IPv4),
+        /// are the general rewrite's for every DNAT tuple, IPv4 and IPv6.
         #[test]
-        fn dnat_deltas_are_the_general_rewrites(
+        fn dnat_deltas_from_the_tables_halves_are_the_general_rewrites(
             c in any::<[u8; 16]>(), v in any::<[u8; 16]>(), b in any::<[u8; 16]>(),
             cp in any::<u16>(), vp in any::<u16>(), bp in any::<u16>(), same in any::<bool>(),
         ) {
             // Now and then the backend is the VIP itself (a zero delta).
             let b = if same { v } else { b };
             let (c4, v4, b4) = (V4([c[0], c[1], c[2], c[3]]), V4([v[0], v[1], v[2], v[3]]), V4([b[0], b[1], b[2], b[3]]));
-            prop_assert_eq!(dnat_deltas(v4, b4, vp, bp), general(c4, v4, b4, cp, vp, bp));
-            prop_assert_eq!(dnat_deltas(V6(v), V6(b), vp, bp), general(V6(c), V6(v), V6(b), cp, vp, bp));
+            let half = |f: fn(&[u8], u16) -> DnatHalf, a: IpAddr, p| f(&mapped(a), p);
+            let (ipv4, ipv6) = (|x: V4| IpAddr::V4(Ipv4Addr::from(x.0)), |x: V6| IpAddr::V6(Ipv6Addr::from(x.0)));
+            let (o4, n4) = (half(DnatHalf::of_old, ipv4(v4), vp), half(DnatHalf::of_new, ipv4(b4), bp));
+            prop_assert_eq!(dnat_deltas(o4, n4), general(c4, v4, b4, cp, vp, bp));
+            // The same halves over the four octets alone.
+            prop_assert_eq!((DnatHalf::of_old(&v4.0, vp), DnatHalf::of_new(&b4.0, bp)), (o4, n4));
+            let (o6, n6) = (half(DnatHalf::of_old, ipv6(V6(v)), vp), half(DnatHalf::of_new, ipv6(V6(b)), bp));
+            prop_assert_eq!(dnat_deltas(o6, n6), general(V6(c), V6(v), V6(b), cp, vp, bp));
         }
     }
 

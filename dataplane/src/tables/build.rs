@@ -36,6 +36,7 @@ use super::{
     TablesSpec, VipAddrKind, VipKey,
 };
 use crate::addr::mapped;
+use crate::csum::DnatHalf;
 use crate::maglev::{self, MaglevBackend, MaglevTable};
 
 /// Keeps what must survive from one build to the next: backend slot and service id
@@ -798,6 +799,7 @@ impl TableBuilder {
                 if paths.len() < 2 {
                     paths.clear();
                 }
+                let single_hop = hop.is_some() && !no_route && paths.is_empty();
                 if let Some(slot) = t.backends.get_mut(r.index()) {
                     *slot = Some(Backend {
                         this: r,
@@ -811,6 +813,8 @@ impl TableBuilder {
                         paths: paths.into(),
                         conditions: b.conditions,
                         node_local: b.node_local,
+                        single_hop,
+                        dnat: DnatHalf::of_new(&mapped(b.addr), b.port),
                     });
                 }
             }
@@ -910,6 +914,11 @@ impl TableBuilder {
                     kind: f.kind,
                     masquerade: f.masquerade,
                     source_ranges: f.source_ranges.clone().into_boxed_slice(),
+                    plain_nat: s.mode == ForwardingMode::Nat
+                        && s.affinity_timeout_s.is_none()
+                        && !f.masquerade
+                        && f.source_ranges.is_empty(),
+                    dnat: DnatHalf::of_old(&mapped(f.addr), f.port),
                 };
                 if fresh {
                     new_vips.push((k, entry));

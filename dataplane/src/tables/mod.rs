@@ -659,6 +659,14 @@ pub struct Backend {
     pub conditions: Conditions,
     /// On this node, for display.
     pub node_local: bool,
+    /// `hop.is_some() && !no_route && paths.is_empty()`: one next hop, known, and no
+    /// multipath route; set when the tables are built, so that a new flow asks one field
+    /// whether its backend suits the direct route (`process`).
+    pub single_hop: bool,
+    /// This backend's half of a DNAT flow's checksum deltas: its address's and port's terms
+    /// `m'` (RFC 1624 eqn. 3, [`crate::csum::DnatHalf::of_new`]), summed when the tables are
+    /// built.
+    pub dnat: crate::csum::DnatHalf,
 }
 
 /// Per-service data for the schedulers, built off the hot path.
@@ -714,6 +722,14 @@ pub struct FrontendEntry {
     pub masquerade: bool,
     /// Allowed source prefixes; empty = all.
     pub source_ranges: Box<[Cidr]>,
+    /// The service is in NAT mode without session affinity, and this frontend neither
+    /// masquerades nor limits source ranges: a new flow through it may take the direct route
+    /// (`process`), when its backend and client allow. Set when the tables are built.
+    pub plain_nat: bool,
+    /// This frontend's half of a DNAT flow's checksum deltas: its address's and port's terms
+    /// `~m` (RFC 1624 eqn. 3, [`crate::csum::DnatHalf::of_old`]), summed when the tables are
+    /// built.
+    pub dnat: crate::csum::DnatHalf,
 }
 
 /// Key of the VIP map: 16-byte (v4-mapped) address, protocol number, port (host order).
