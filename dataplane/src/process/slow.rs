@@ -285,15 +285,14 @@ pub(super) fn stage_misses<'t, A: Fam>(st: &mut FamState<A>, c: &Common, t: &'t 
         let Some(l) = lanes.l.get(i) else { continue };
         let p = usize::from(l.pkt & 63);
         let (Some(Some(Some(fe))), Some(Some(b))) = (m.fe.get(p), m.pick.get(p)) else { continue };
-        let svc = &*fe.svc;
         let Some(baddr) = A::from_ip(b.addr) else { continue };
-        if svc.mode != ForwardingMode::Nat {
-            continue;
-        }
         // A plain NAT frontend (not masqueraded: `needs_snat` is false whatever the next hop;
         // no source ranges) and a backend with a route and one next hop.
         let direct =
             c.direct && fe.plain_nat && b.single_hop && baddr != l.key.src && !off_cluster::<A>(t, fe, l.key.src);
+        if !direct && fe.svc.mode != ForwardingMode::Nat {
+            continue;
+        }
         let (dst, dport) = match A::snat(t) {
             Some(sa) if !direct && (fe.masquerade || baddr == l.key.src) => {
                 snat_port = snat_port.wrapping_add(1);
