@@ -1494,8 +1494,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::{FrontendCache, Rec, initial_state_of, initial_tcp_state, set_rewrite};
-    use crate::addr::mapped;
-    use crate::addr::{Family, V4, V6};
+    use crate::addr::{Family, V4, V6, mapped};
     use crate::conntrack::CtState;
     use crate::csum::{DnatHalf, dnat_deltas};
     use crate::tables::{
