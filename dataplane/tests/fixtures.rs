@@ -875,7 +875,8 @@ fn rows_for(f: Fam) -> Vec<Row> {
     assert_ne!(path_of(p1), path_of(p2), "two client ports on different paths");
     let gw_mac = |port: u16| (LB_MAC, BMAC[1 + path_of(port)]);
     // Under each kind of scheduler: Maglev's and random's new flows may take the pipeline's
-    // direct route, which a backend behind a multipath route must not take (it has one hop).
+    // direct route, which serves only backends with one next hop: a backend behind a multipath
+    // route must take the general one.
     for (sched, name) in [
         (
             Scheduler::RoundRobin,
