@@ -263,8 +263,8 @@ pub(super) fn stage_misses<'t, A: Fam>(st: &mut FamState<A>, c: &Common, t: &'t 
         let Some(mt) = svc.maglev.as_ref() else { continue };
         let b = svc.eligible.get(mt.lookup_at(slot) as usize).and_then(|&r| t.backend(r));
         if let Some(b) = b {
-            // Its first line and its last fields (a 72-byte `Backend` in a chunk mostly spans
-            // two lines).
+            // Its first line and its last fields (an 80-byte `Backend` in a chunk spans two
+            // lines).
             prefetch(b);
             prefetch(&b.node_local);
             c.prefetch_backend_state(b.this);
