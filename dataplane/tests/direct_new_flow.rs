@@ -539,3 +539,92 @@ fn known_flows_next_packets_take_the_fast_stage_on_every_path() {
     // ran on the general ones (after the mixed batch, the next 16 batches go there at once).
     assert_eq!(p.shaped_batches(), [3, 2]);
 }
+
+/// The next packets of DSR flows (IPIP, IP6IP6, and L2 DSR over UDP) are rewritten by the fast
+/// stage (stage 3, `dsr_at`) into the frames the slow path makes of them (`nat::encap_at`,
+/// which the slow path runs when a record is stale: the same tables built again, one
+/// generation later): for both families, untagged and 802.1Q-tagged, with TOS / traffic class
+/// and DF set and clear, payloads from none to 1,400 bytes (the encapsulated IP6IP6 packet
+/// then fills the 1,500-byte MTU), with and without Ethernet padding, and in buffers with
+/// headroom for the outer header or only tailroom, or neither (then both give the packet to
+/// the slow path, which answers as it does).
+#[test]
+fn dsr_packets_of_known_flows_are_encapsulated_by_the_fast_stage_as_by_the_slow_path() {
+    let spec = harness::spec();
+    let mut builder = TableBuilder::new();
+    let t1 = builder.build(&spec).unwrap_or_else(|e| panic!("spec: {e}"));
+    let t2 = builder.build(&spec).unwrap_or_else(|e| panic!("spec: {e}"));
+    assert_ne!(t1.generation, t2.generation);
+    let cfg = PipelineConfig { conntrack_capacity: 4096, ..harness::config() };
+    let (c4, c6) = (v4([192, 168, 1, 7]), IpAddr::V6(Ipv6Addr::from(harness::CLIENT6)));
+    let (lb4, lb6, l2dsr) = (v4(harness::LB4), IpAddr::V6(Ipv6Addr::from(harness::LB6)), v4(harness::L2DSR4));
+    // (client, VIP, UDP?): IPIP, IP6IP6, L2 DSR.
+    let flows = [(c4, lb4, false), (c6, lb6, false), (c4, l2dsr, true)];
+    let mut port = 10_000u16;
+    let mut cases = 0;
+    for (client, vip, is_udp) in flows {
+        for tagged in [false, true] {
+            for (tos, df) in [(0u8, true), (0xb8, false)] {
+                for payload in [0usize, 1, 100, 1_400] {
+                    for pad in [0usize, 6] {
+                        for (headroom, tailroom) in [(0, 64), (0, 40), (0, 19), (19, 64), (20, 0), (40, 0), (0, 0)] {
+                            port += 1;
+                            let frame = |flags: u8, data: &[u8]| {
+                                let o = IpOpts { dont_frag: df, ..IpOpts::default() };
+                                let l4 = if is_udp {
+                                    udp_datagram(port, 514, data)
+                                } else {
+                                    tcp_segment(port, 80, flags, 1000, 7000, data)
+                                };
+                                let mut f =
+                                    Frame::ip(client, vip, if is_udp { proto::UDP } else { proto::TCP }, &l4, &o);
+                                if client.is_ipv4() {
+                                    f.bytes[15] = tos;
+                                    f.bytes[24..26].fill(0);
+                                    let c = dataplane::csum::checksum(&f.bytes[14..34]);
+                                    f.bytes[24..26].copy_from_slice(&c.to_be_bytes());
+                                } else {
+                                    f.bytes[14] = 0x60 | tos >> 4;
+                                    f.bytes[15] = tos << 4;
+                                }
+                                if tagged {
+                                    f.vlan(7);
+                                }
+                                f.bytes.resize(f.bytes.len() + pad, 0);
+                                f.bytes
+                            };
+                            let first = frame(tcp_flags::SYN, &[]);
+                            let next = frame(tcp_flags::ACK, &vec![0x61; payload]);
+                            // Room for the outer header: in front of the frame, or behind its IP
+                            // packet (the padding and the tailroom).
+                            let add = if client.is_ipv4() { 20 } else { 40 };
+                            let room = is_udp || headroom >= add || pad + tailroom >= add;
+                            let what = format!(
+                                "{vip} tagged {tagged} tos {tos:#x} df {df} payload {payload} pad {pad} room {headroom}/{tailroom}"
+                            );
+                            let mut outs = Vec::new();
+                            for stale in [false, true] {
+                                let mut p = Pipeline::new(cfg.clone(), harness::SEED);
+                                let out = process_in(&mut p, &t1, std::slice::from_ref(&first), 0, 256, 256);
+                                assert!(matches!(out[0].0, Verdict::Tx { .. }), "{what}, first: {out:?}");
+                                let before = p.slow_packets();
+                                let t = if stale { &t2 } else { &t1 };
+                                let out = process_in(&mut p, t, std::slice::from_ref(&next), 1, headroom, tailroom);
+                                let slow = p.slow_packets() - before;
+                                let want = u64::from(stale || !room);
+                                assert_eq!(slow, want, "{what}, stale {stale}: packets to the slow path");
+                                if room {
+                                    assert!(matches!(out[0].0, Verdict::Tx { .. }), "{what}, stale {stale}: {out:?}");
+                                }
+                                outs.push(out);
+                            }
+                            assert_eq!(outs[0], outs[1], "{what}");
+                            cases += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(cases, 3 * 2 * 2 * 4 * 2 * 7);
+}

@@ -410,13 +410,27 @@ fn rows_for(f: Fam) -> Vec<Row> {
         "dsr_l2_rewrites_only_the_macs_and_ttl",
         f,
         dsr(ForwardingMode::DsrL2),
-        vec![step("SYN", syn.clone(), Expect::Tx(tcp(c, 40000, vip, 80, SYN, 63, to_b(0))))],
+        vec![
+            step("SYN", syn.clone(), Expect::Tx(tcp(c, 40000, vip, 80, SYN, 63, to_b(0)))),
+            step(
+                "the ACK after it is rewritten from the flow's record",
+                tcp(c, 40000, vip, 80, ACK, 64, IN),
+                Expect::Tx(tcp(c, 40000, vip, 80, ACK, 63, to_b(0))),
+            ),
+        ],
     ));
     rows.push(row(
         "dsr_ipip_encapsulates_to_the_backend",
         f,
         dsr(ForwardingMode::DsrIpip),
-        vec![step("SYN", syn.clone(), Expect::Tx(ipip(f, &tcp(c, 40000, vip, 80, SYN, 63, IN), b0, BMAC[0], 40000)))],
+        vec![
+            step("SYN", syn.clone(), Expect::Tx(ipip(f, &tcp(c, 40000, vip, 80, SYN, 63, IN), b0, BMAC[0], 40000))),
+            step(
+                "the ACK after it is encapsulated from the flow's record",
+                tcp(c, 40000, vip, 80, ACK, 64, IN),
+                Expect::Tx(ipip(f, &tcp(c, 40000, vip, 80, ACK, 63, IN), b0, BMAC[0], 40000)),
+            ),
+        ],
     ));
     if !f.v6 {
         // A 1480-byte-payload packet with DF does not fit in 1500 after 20 bytes of IPIP.

@@ -19,7 +19,7 @@
 use crate::addr::Family;
 use crate::conntrack::{CtState, Dir, Rec, flow_flags, tcp_next};
 use crate::csum::{self, L4Sum};
-use crate::nat::{self, Packet};
+use crate::nat::Packet;
 use crate::wire::{Frag, Parsed, emit, proto, tcp_flags};
 
 use super::{Common, Fam, FamState, Lane, Verdict, slow};
@@ -140,7 +140,15 @@ macro_rules! fast_stage {
                     };
                     nat::<A>(pkt.buf, pkt.head, l3, tcp, to).then_some(Verdict::Tx { port: r.in_port })
                 }
-                Dir::Forward => dsr::<A>(c, r, pkt, usize::from(l3), l.end()),
+                Dir::Forward => {
+                    // The IP packet's length: the fast parser found it inside the frame.
+                    let inner = A::HEADER_LEN + usize::from(l.seg);
+                    match l3 {
+                        14 => dsr_at::<A, 14>(c, r, pkt, inner),
+                        18 => dsr_at::<A, 18>(c, r, pkt, inner),
+                        _ => None,
+                    }
+                }
             }
         }
     };
@@ -294,30 +302,74 @@ fn nat_at<A: Family, const L3: usize, const TCP: bool>(
     true
 }
 
-/// DSR: MAC rewrite only, or IPIP / IP6IP6 encapsulation; the inner TTL is decremented.
-#[inline]
-fn dsr<A: Fam>(c: &Common, r: &Rec<A>, pkt: &mut Packet<'_>, l3: usize, end: usize) -> Option<Verdict> {
-    let out = c.port(r.out_port);
-    if pkt.frame().get(l3 + A::TTL_OFF).is_none_or(|t| *t <= 1) {
+/// DSR of a fast-parsed packet whose IP header is at the constant `L3` (14, or 18 behind an
+/// 802.1Q tag) and whose IP packet is `inner` bytes long: the MACs rewritten and the TTL /
+/// hop limit decremented (the IPv4 checksum with it, [`csum::TTL_DEC_WIRE`]), and for an
+/// [`flow_flags::ENCAP`] flow the IP packet encapsulated in an IPIP (RFC 2003) or IP6IP6
+/// (RFC 2473) header from `reply_dst` (the outer source) to the backend, written as
+/// [`crate::nat::encap_at`] writes it (TOS / traffic class and DF copied from the inner header, TTL
+/// 64, the flow hash as the IPv6 flow label, RFC 6438), any Ethernet padding left behind.
+/// The frame grows into the buffer's headroom when it has at least the outer header's
+/// length (the link-layer header moves down, the IP packet stays), else into its tailroom
+/// (the IP packet moves up: the AF_XDP workers' frames start their buffers). Every check is
+/// made before the first write: `None`, frame untouched, when the slow path must act (TTL
+/// about to expire, the encapsulated packet over the out port's MTU, no room for the outer
+/// header).
+#[inline(always)]
+fn dsr_at<A: Fam, const L3: usize>(c: &Common, r: &Rec<A>, pkt: &mut Packet<'_>, inner: usize) -> Option<Verdict> {
+    let head = pkt.head;
+    if r.flags & flow_flags::ENCAP == 0 {
+        let f = pkt.buf.get_mut(head..head.wrapping_add(L3 + A::HEADER_LEN))?;
+        let h = f.get_mut(L3..)?;
+        if h.get(A::TTL_OFF).is_none_or(|t| *t <= 1) {
+            return None;
+        }
+        dec_ttl::<A>(h, 0);
+        emit::set_macs(f, c.port_mac(r.out_port), r.hop_mac);
+        return Some(Verdict::Tx { port: r.out_port });
+    }
+    let add = A::HEADER_LEN;
+    let mtu = c.port_mtu(r.out_port);
+    if mtu > 0 && inner + add > usize::from(mtu) {
+        return None; // the slow path answers with "fragmentation needed" / "too big"
+    }
+    let total = L3 + add + inner;
+    // The frame after encapsulation, and where the inner IP header is in it before the move.
+    let (new_head, at) = if head >= add { (head - add, L3 + add) } else { (head, L3) };
+    let f = pkt.buf.get_mut(new_head..new_head.wrapping_add(total))?;
+    if f.get(at + A::TTL_OFF).is_none_or(|t| *t <= 1) {
         return None;
     }
-    if r.flags & flow_flags::ENCAP != 0 {
-        let inner = end.checked_sub(l3)?;
-        if out.mtu > 0 && inner + A::HEADER_LEN > usize::from(out.mtu) {
-            return None; // the slow path answers with "fragmentation needed" / "too big"
-        }
-        // `nat::encap_at` needs headroom or tailroom for the outer header.
-        if pkt.head < A::HEADER_LEN && pkt.buf.len() < pkt.head + pkt.len + A::HEADER_LEN {
-            return None;
-        }
-        dec_ttl::<A>(pkt.frame_mut(), l3);
-        if !nat::encap_at::<A>(pkt, l3, end, r.reply_dst, r.backend_addr, slow::flow_hash_of(r)) {
-            return None;
+    let ih = f.get_mut(at..at + A::HEADER_LEN)?;
+    dec_ttl::<A>(ih, 0);
+    let tos =
+        if A::IS_V6 { emit::get_u8(ih, 0) << 4 | emit::get_u8(ih, 1) >> 4 } else { emit::get_u8(ih, emit::ipv4::TOS) };
+    let dont_frag = !A::IS_V6 && emit::ipv4_dont_frag(ih);
+    if head >= add {
+        // The link-layer header's bytes after the MACs (the tag, the EtherType) move down;
+        // the outer header then overwrites where the link-layer header was.
+        let (to, from) = f.split_at_mut(add);
+        if let (Some(d), Some(s)) = (to.get_mut(12..L3), from.get(12..L3)) {
+            d.copy_from_slice(s);
         }
     } else {
-        dec_ttl::<A>(pkt.frame_mut(), l3);
+        f.copy_within(L3..L3 + inner, L3 + add);
     }
-    nat::set_macs(pkt.frame_mut(), out.mac, r.hop_mac);
+    let ip = emit::IpHeader {
+        src: r.reply_dst,
+        dst: r.backend_addr,
+        proto: if A::IS_V6 { proto::IPV6 } else { proto::IPIP },
+        payload_len: inner,
+        hop_limit: 64,
+        tos,
+        dont_frag,
+        flow_label: slow::flow_hash_of(r),
+    };
+    if !emit::emit_ip(f.get_mut(L3..)?, &ip) {
+        return None;
+    }
+    emit::set_macs(f, c.port_mac(r.out_port), r.hop_mac);
+    (pkt.head, pkt.len) = (new_head, total);
     Some(Verdict::Tx { port: r.out_port })
 }
 

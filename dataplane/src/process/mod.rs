@@ -516,6 +516,12 @@ impl Common {
         self.ports.get(usize::from(i)).map_or([0; 6], |p| p.mac)
     }
 
+    /// MTU of port `i` (0, none known, if the tables have no such port).
+    #[inline]
+    fn port_mtu(&self, i: u8) -> u16 {
+        self.ports.get(usize::from(i)).map_or(0, |p| p.mtu)
+    }
+
     #[inline]
     fn port(&self, i: u8) -> PortInfo {
         self.ports.get(usize::from(i)).copied().unwrap_or_default()

@@ -229,33 +229,52 @@ pub struct IpHeader<A> {
 }
 
 /// Writes a fresh IP header of family `A` at the start of `h`: IPv4 without options (RFC 791
-/// §3.1; identification 0, checksum computed) or IPv6 without extension headers (RFC 8200 §3).
-/// Returns `false`, writing nothing, if `h` is shorter than `A::HEADER_LEN`.
+/// §3.1; identification 0, no fragment offset, checksum computed) or IPv6 without extension
+/// headers (RFC 8200 §3). Every byte of the header is written, so `h` need not be cleared
+/// first. The IPv4 checksum is the RFC 1071 sum of the header's words taken from the fields
+/// rather than read back from the bytes (the header of a DSR packet's encapsulation is
+/// written per packet). Returns `false`, writing nothing, if `h` is shorter than
+/// `A::HEADER_LEN`. Always inlined: the fast path's DSR writes it at a constant offset,
+/// where the bounds checks fold away.
+#[inline(always)]
 pub fn emit_ip<A: Family>(h: &mut [u8], ip: &IpHeader<A>) -> bool {
     let Some(h) = h.get_mut(..A::HEADER_LEN) else { return false };
-    h.fill(0);
-    let len = |extra: usize| u16::try_from(ip.payload_len + extra).unwrap_or(u16::MAX).to_be_bytes();
+    let len = |extra: usize| u16::try_from(ip.payload_len + extra).unwrap_or(u16::MAX);
     if A::IS_V6 {
         let w0 = 6u32 << 28 | u32::from(ip.tos) << 20 | (ip.flow_label & 0x000f_ffff);
         put(h, ipv6::VER_TC_FLOW, &w0.to_be_bytes());
-        put(h, ipv6::LEN, &len(0));
+        put_u16(h, ipv6::LEN.start, len(0));
         put_u8(h, ipv6::NEXT, ip.proto);
         put_u8(h, ipv6::HOP_LIMIT, ip.hop_limit);
         put(h, ipv6::SRC, ip.src.octets());
         put(h, ipv6::DST, ip.dst.octets());
     } else {
-        put_u8(h, ipv4::VER_IHL, 0x45);
-        put_u8(h, ipv4::TOS, ip.tos);
-        put(h, ipv4::LEN, &len(20));
-        put_u8(h, ipv4::FLAGS, if ip.dont_frag { ipv4::DF } else { 0 });
-        put_u8(h, ipv4::TTL, ip.hop_limit);
-        put_u8(h, ipv4::PROTO, ip.proto);
+        let total = len(20);
+        let flags = if ip.dont_frag { ipv4::DF } else { 0 };
+        let [l0, l1] = total.to_be_bytes();
+        // Version and IHL, TOS, total length, identification 0, flags, fragment offset 0,
+        // TTL, protocol: the ten bytes before the checksum.
+        put(h, 0..ipv4::CHECKSUM.start, &[0x45, ip.tos, l0, l1, 0, 0, flags, 0, ip.hop_limit, ip.proto]);
         put(h, ipv4::SRC, ip.src.octets());
         put(h, ipv4::DST, ip.dst.octets());
-        let c = csum::checksum(h);
-        put(h, ipv4::CHECKSUM, &c.to_be_bytes());
+        // The words summed as the machine reads them and the checksum stored the same way:
+        // RFC 1071 §2(B), the sum is the same bytes in either order.
+        let ne = |a: u8, b: u8| u32::from(u16::from_ne_bytes([a, b]));
+        let words = ne(0x45, ip.tos) + ne(l0, l1) + ne(flags, 0) + ne(ip.hop_limit, ip.proto);
+        let sum = words + words_ne(ip.src.octets()) + words_ne(ip.dst.octets());
+        put_u16_ne(h, ipv4::CHECKSUM.start, !csum::fold(sum));
     }
     true
+}
+
+/// The sum of the two 16-bit words of an IPv4 address as the machine reads them (0 for a
+/// slice shorter than 4 bytes).
+#[inline(always)]
+fn words_ne(a: &[u8]) -> u32 {
+    a.first_chunk::<4>().map_or(0, |w| {
+        let x = u32::from_ne_bytes(*w);
+        (x & 0xffff) + (x >> 16)
+    })
 }
 
 /// Writes an ICMP / ICMPv6 header at the start of `m`: type, code, a zero checksum (the caller
@@ -336,6 +355,33 @@ mod tests {
         assert!(p.verify_checksum());
         assert_eq!((p.total_len(), p.hop_limit(), p.dont_frag(), p.dscp() << 2 | p.ecn()), (28, 64, true, 0x28));
         assert_eq!(b[20..], [0xa5; 8], "nothing written past the header");
+    }
+
+    proptest::proptest! {
+        /// The checksum taken from the fields is the checksum of the header's bytes, and every
+        /// byte is written whatever the buffer held (the model: the header laid out by RFC 791
+        /// §3.1 in a zeroed buffer, then summed).
+        #[test]
+        fn an_emitted_ipv4_header_is_its_fields_with_the_checksum_of_its_bytes(
+            src: [u8; 4], dst: [u8; 4], proto: u8, payload_len in 0usize..70_000, hop_limit: u8,
+            tos: u8, dont_frag: bool, junk: u8,
+        ) {
+            let mut b = [junk; 20];
+            let ip = IpHeader { src: V4(src), dst: V4(dst), proto, payload_len, hop_limit, tos, dont_frag, flow_label: 0 };
+            proptest::prop_assert!(emit_ip(&mut b, &ip));
+            let mut m = [0u8; 20];
+            m[0] = 0x45;
+            m[1] = tos;
+            m[2..4].copy_from_slice(&u16::try_from(payload_len + 20).unwrap_or(u16::MAX).to_be_bytes());
+            m[6] = if dont_frag { 0x40 } else { 0 };
+            m[8] = hop_limit;
+            m[9] = proto;
+            m[12..16].copy_from_slice(&src);
+            m[16..20].copy_from_slice(&dst);
+            let c = csum::checksum(&m);
+            m[10..12].copy_from_slice(&c.to_be_bytes());
+            proptest::prop_assert_eq!(b, m);
+        }
     }
 
     #[test]
