@@ -232,8 +232,8 @@ pub fn encap_at<A: Family>(
         pkt.buf.copy_within(pkt.head..pkt.head + l2, new_head);
         pkt.head = new_head;
     } else if pkt.buf.len() >= pkt.head + l2 + inner_len + add {
-        // No headroom (AF_XDP TX descriptors start at the data segment): move the IP packet
-        // up instead. Costs a copy of the packet; see docs/benchmarks.md.
+        // No headroom (a frame at the start of its buffer): move the IP packet up instead.
+        // Costs a copy of the packet; see docs/benchmarks.md.
         let from = pkt.head + l2;
         pkt.buf.copy_within(from..from + inner_len, from + add);
     } else {

@@ -19,7 +19,6 @@ use crossbeam::queue::ArrayQueue;
 use crate::affinity::AffinityTable;
 pub use crate::counters::XskCounters;
 use crate::counters::{ByteCounter, DropReason, WorkerCounters, XskCounter};
-use crate::nat::Packet;
 use crate::process::snapshot::FlowSnapshot;
 use crate::process::{FlowDump, Pipeline, PipelineConfig, Verdict};
 use crate::tables::{BackendRef, KERNEL_PORT, Tables, TablesHandle};
@@ -802,17 +801,11 @@ impl Tally {
     }
 }
 
-/// Runs the pipeline on one frame in place (frames handed over by another worker). The frame
-/// starts at the data segment (head 0): AF_XDP TX descriptors cannot start earlier, so
-/// encapsulation uses tailroom.
+/// Runs the pipeline on one frame in place (frames handed over by another worker), over its
+/// whole UMEM frame as the batch's frames are (`Xsk::with_packet`).
 #[inline]
 fn process_frame(xsk: &Xsk, pipeline: &mut Pipeline, t: &Tables, f: &mut OwnedFrame, in_port: u8) -> Verdict {
-    xsk.with_buffer(f, |buf, len| {
-        let mut pkt = Packet::new(buf, 0, len);
-        let v = pipeline.process(t, &mut pkt, in_port);
-        (pkt.head + pkt.len, v)
-    })
-    .unwrap_or(Verdict::Drop(DropReason::NoRoom))
+    xsk.with_packet(f, |pkt| pipeline.process(t, pkt, in_port)).unwrap_or(Verdict::Drop(DropReason::NoRoom))
 }
 
 /// Offers frame `f` (unchanged) to the drop tap: dropped for `reason`, or punted (`None`).

@@ -363,6 +363,19 @@ impl Umem {
         (usize::try_from(addr).unwrap_or(0), usize::try_from(end - addr).unwrap_or(0))
     }
 
+    /// The offset and length of the frame (chunk) holding address `addr`, and `addr`'s
+    /// offset in it: the whole frame, the headroom before `addr` included. `(0, 0, 0)` for an
+    /// address outside the UMEM.
+    #[inline]
+    fn chunk(&self, addr: u64) -> (usize, usize, usize) {
+        if addr >= self.len() {
+            return (0, 0, 0);
+        }
+        let base = self.base(addr);
+        let (off, head) = (usize::try_from(base).unwrap_or(0), usize::try_from(addr - base).unwrap_or(0));
+        (off, self.frame_size as usize, head)
+    }
+
     /// The frame (chunk) start of `addr`: what the fill ring takes.
     #[inline]
     fn base(&self, addr: u64) -> u64 {
@@ -1525,10 +1538,29 @@ impl Xsk {
         unsafe { core::slice::from_raw_parts_mut(self.umem.area.ptr.as_ptr().add(off), cap) }
     }
 
-    /// Runs `op` over the frames of `frames` as [`Packet`]s at head 0, each spanning its whole
-    /// data segment (the pipeline may grow a frame into its tailroom); afterwards each frame's
-    /// length is the packet's `head + len`, clamped to the segment. At most 64 frames are
-    /// passed (the worker's batch); the rest are left alone.
+    /// The whole UMEM frame (chunk) of `f` and `f`'s offset in it: the headroom before the
+    /// data (`XDP_PACKET_HEADROOM`, 256 bytes, for a received frame: kernel doc af_xdp.rst,
+    /// and `xsk_buff_pool.c`), the data and the tailroom. The caller has checked that `f` is
+    /// of this UMEM.
+    #[inline]
+    fn chunk<'a>(&'a self, f: &'a mut OwnedFrame) -> (&'a mut [u8], usize) {
+        let (off, cap, head) = self.umem.chunk(f.addr);
+        // SAFETY: as for `segment`: `off + cap` is inside the UMEM mapping (`Umem::chunk`
+        // bounds `off` by the frames' length and `cap` is one frame), `OwnedFrame` proves
+        // exclusive ownership of the whole frame (the kernel gave the chunk to this frame's
+        // descriptor, headroom included, and takes it back only through a ring), and the
+        // slice's lifetime is tied to the `&mut OwnedFrame` borrow.
+        let chunk = unsafe { core::slice::from_raw_parts_mut(self.umem.area.ptr.as_ptr().add(off), cap) };
+        (chunk, head)
+    }
+
+    /// Runs `op` over the frames of `frames` as [`Packet`]s each spanning its whole UMEM
+    /// frame, the frame's data at its offset there (256 for a received frame: a DSR
+    /// encapsulation grows into that headroom instead of moving the packet, and the pipeline
+    /// may grow a frame into its tailroom too); afterwards each frame starts at the packet's
+    /// `head` and is its `len` long, both clamped to the UMEM frame, and transmits from there
+    /// (an AF_XDP TX descriptor may start anywhere in its chunk: `xp_aligned_validate_desc`).
+    /// At most 64 frames are passed (the worker's batch); the rest are left alone.
     ///
     /// # Errors
     /// [`ForeignFrame`] if a frame belongs to another UMEM; nothing was run or changed then.
@@ -1545,33 +1577,56 @@ impl Xsk {
             return Err(ForeignWitness { frame_umem: f.umem, xsk_umem: self.id });
         }
         let n = frames.len();
-        let mut lens = [0usize; 64];
+        // Each frame's (head, len) in its UMEM frame after `op`.
+        let mut spans = [(0usize, 0usize); 64];
         let r = {
             let mut it = frames.iter_mut();
             let mut pkts: [Packet<'_>; 64] = core::array::from_fn(|_| match it.next() {
                 Some(f) => {
                     let len = f.len as usize;
-                    let seg = self.segment(f);
+                    let (chunk, head) = self.chunk(f);
                     // The kernel wrote the frame, in copy mode on the core that ran the
                     // queue's NAPI: the first read of each header is a miss, and the batch's
                     // misses overlap if every frame is asked for before the first is parsed.
-                    if let Some(b) = seg.first() {
+                    if let Some(b) = chunk.get(head) {
                         crate::prefetch(b);
                     }
-                    Packet::new(seg, 0, len)
+                    Packet::new(chunk, head, len)
                 }
                 None => Packet::new(&mut [], 0, 0),
             });
             let r = op(pkts.get_mut(..n).unwrap_or_default());
-            for (l, p) in lens.iter_mut().zip(&pkts) {
-                *l = (p.head + p.len).min(p.buf.len());
+            for (s, p) in spans.iter_mut().zip(&pkts) {
+                let head = p.head.min(p.buf.len());
+                *s = (head, p.len.min(p.buf.len() - head));
             }
             r
         };
-        for (f, l) in frames.iter_mut().zip(lens) {
-            f.len = u32::try_from(l).unwrap_or(0);
+        for (f, (head, len)) in frames.iter_mut().zip(spans) {
+            f.addr = self.umem.base(f.addr) + head as u64;
+            f.len = u32::try_from(len).unwrap_or(0);
         }
         Ok(r)
+    }
+
+    /// Runs `op` on frame `f` as a [`Packet`] over its whole UMEM frame, as
+    /// [`Xsk::with_batch`] does for a batch (the frame's head and length afterwards are the
+    /// packet's). `None` (and `op` not run) for a frame of another UMEM.
+    pub fn with_packet<R>(&self, f: &mut OwnedFrame, op: impl FnOnce(&mut Packet<'_>) -> R) -> Option<R> {
+        if f.umem != self.id {
+            return None;
+        }
+        let len = f.len as usize;
+        let (r, head, len) = {
+            let (chunk, head) = self.chunk(f);
+            let mut p = Packet::new(chunk, head, len);
+            let r = op(&mut p);
+            let head = p.head.min(p.buf.len());
+            (r, head, p.len.min(p.buf.len() - head))
+        };
+        f.addr = self.umem.base(f.addr) + head as u64;
+        f.len = u32::try_from(len).unwrap_or(0);
+        Some(r)
     }
 
     /// Runs `op` on the frame's whole data segment (its capacity, not just the current
@@ -1903,27 +1958,111 @@ mod tests {
     }
 
     #[test]
-    fn with_batch_hands_out_whole_segments_and_keeps_the_lengths_the_op_sets() {
-        in_private_netns("with_batch_hands_out_whole_segments_and_keeps_the_lengths_the_op_sets", || {
+    fn with_batch_hands_out_whole_umem_frames_and_keeps_the_heads_and_lengths_the_op_sets() {
+        in_private_netns("with_batch_hands_out_whole_umem_frames_and_keeps_the_heads_and_lengths_the_op_sets", || {
             let x = open_on_lo();
             let mut x = x;
             let mut frames: Vec<OwnedFrame> = (0..3).map(|i| x.frame_from(&[i; 60]).unwrap()).collect();
             let seen = x
                 .with_batch(&mut frames, |pkts| {
-                    let seen: Vec<(usize, usize, u8)> = pkts.iter().map(|p| (p.buf.len(), p.len, p.buf[0])).collect();
+                    let seen: Vec<(usize, usize, usize, u8)> =
+                        pkts.iter().map(|p| (p.buf.len(), p.head, p.len, p.buf[p.head])).collect();
                     pkts[1].len = 100; // grown into the tailroom
                     pkts[2].len = 14; // shrunk
+                    pkts[0].buf[100] = 0xee; // grown at the front: starts at 100 now
+                    (pkts[0].head, pkts[0].len) = (100, 20);
                     seen
                 })
                 .unwrap();
             assert_eq!(seen.len(), 3);
-            for (i, (cap, len, first)) in seen.into_iter().enumerate() {
-                assert!(cap >= 2048 - 256, "the whole data segment, got {cap}");
+            for (i, (cap, head, len, first)) in seen.into_iter().enumerate() {
+                // A frame made by `frame_from` starts its UMEM frame.
+                assert_eq!((cap, head), (2048, 0), "the whole UMEM frame");
                 assert_eq!((len, usize::from(first)), (60, i));
             }
             let lens: Vec<usize> = frames.iter().map(OwnedFrame::len).collect();
-            assert_eq!(lens, vec![60, 100, 14]);
+            assert_eq!(lens, vec![20, 100, 14]);
+            let first = x.with_buffer(&mut frames[0], |b, len| (len, b[0])).unwrap();
+            assert_eq!(first, 0xee, "the frame starts where the op moved its head");
         });
+    }
+
+    /// A received frame's data starts 256 bytes into its UMEM frame (`XDP_PACKET_HEADROOM`);
+    /// `with_batch` hands the pipeline that headroom, and a frame grown into it (as a DSR
+    /// encapsulation grows it: a new link-layer header and 20 bytes more in front of the IP
+    /// packet) is transmitted from its new start, whole, in either chunk mode.
+    #[test]
+    fn a_frame_grown_into_its_headroom_is_transmitted_from_its_new_start() {
+        for unaligned in [false, true] {
+            let test = if unaligned { "xsk_headroom_unaligned_chunks" } else { "xsk_headroom_aligned_chunks" };
+            let res = in_private_netns(test, move || {
+                veth_pair();
+                for l in ["xa", "xb"] {
+                    let out = std::process::Command::new("ip").args(["link", "set", l, "up"]).output().expect("ip");
+                    assert!(out.status.success(), "ip link set {l} up: {}", String::from_utf8_lossy(&out.stderr));
+                }
+                let cfg = XskConfig { unaligned_chunks: unaligned, ..test_cfg(true) };
+                let mut a = Xsk::open(&cfg, &[("xa".to_owned(), 0)]).expect("xa");
+                let mut b = Xsk::open(&cfg, &[("xb".to_owned(), 0)]).expect("xb");
+                // Receives on `x` until a test frame of `kind` comes, within 10 s.
+                let recv = |x: &mut Xsk, kind: u8| -> OwnedFrame {
+                    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+                    loop {
+                        assert!(std::time::Instant::now() < deadline, "no frame of kind {kind} within 10 s");
+                        let mut rx = Vec::new();
+                        x.complete();
+                        x.refill(0);
+                        x.receive(0, &mut rx, 64, 1);
+                        let mut found = None;
+                        for mut f in rx {
+                            let k = x.with_buffer(&mut f, |b, len| (len, parse_test_frame(&b[..len])));
+                            if found.is_none() && matches!(k, Some(Some((7, k))) if k == kind) {
+                                found = Some(f);
+                            } else {
+                                x.release(f).unwrap();
+                            }
+                        }
+                        if let Some(f) = found {
+                            return f;
+                        }
+                    }
+                };
+                let mut out = vec![b.frame_from(&test_frame(7, REQ)).unwrap()];
+                assert_eq!(b.transmit(0, &mut out), 1);
+                b.kick(0);
+                let mut got = vec![recv(&mut a, REQ)];
+                let head = a
+                    .with_batch(&mut got, |pkts| {
+                        let p = &mut pkts[0];
+                        let head = p.head;
+                        // The Ethernet header moved 20 bytes to the front, then the test
+                        // frame's sequence number and kind (an echo), then 15 marker bytes
+                        // over the old Ethernet header, then the frame's data as it was.
+                        let eth: [u8; 14] = p.buf[head..head + 14].try_into().unwrap();
+                        p.buf[head - 20..head - 6].copy_from_slice(&eth);
+                        p.buf[head - 6..head - 2].copy_from_slice(&7u32.to_be_bytes());
+                        p.buf[head - 2] = ECHO;
+                        p.buf[head - 1..head + 14].fill(0x5a);
+                        (p.head, p.len) = (head - 20, p.len + 20);
+                        head
+                    })
+                    .unwrap();
+                assert_eq!(head, 256, "a received frame's data 256 bytes into its UMEM frame");
+                assert_eq!(a.transmit(0, &mut got), 1);
+                a.kick(0);
+                let mut back = recv(&mut b, ECHO);
+                let bytes = b.with_buffer(&mut back, |buf, len| (len, buf[..len].to_vec())).unwrap();
+                b.release(back).unwrap();
+                bytes
+            });
+            let Some(bytes) = res else { return };
+            let sent = test_frame(7, REQ);
+            assert_eq!(bytes.len(), 80, "unaligned {unaligned}: 20 bytes longer");
+            assert_eq!(bytes[..14], sent[..14], "unaligned {unaligned}: the moved Ethernet header");
+            assert_eq!(bytes[14..19], [0, 0, 0, 7, ECHO], "unaligned {unaligned}: the bytes written in front");
+            assert_eq!(bytes[19..34], [0x5a; 15], "unaligned {unaligned}");
+            assert_eq!(bytes[34..], sent[14..], "unaligned {unaligned}: the frame's data after them");
+        }
     }
 
     /// Requests from `xb` echoed by a socket on `xa` come back whole and once each, with the

@@ -11,7 +11,10 @@
 //! - `new_flow`: SYNs of distinct flows not in conntrack (`2K` ≤ 200,000, the room the
 //!   conntrack capacity leaves; MIX is ignored);
 //! - `snat_reply`: replies from the backends of established SNAT flows to the SNAT address;
-//! - `dsr_ipip`: ACKs of established IPIP DSR flows (encapsulated into the tailroom);
+//! - `dsr_ipip`: ACKs of established IPIP DSR flows, in buffers without headroom (encapsulated
+//!   into the tailroom: the IP packet moves);
+//! - `dsr_ipip_headroom`: the same in buffers with the 256 bytes of headroom that the AF_XDP
+//!   workers hand the pipeline (`XDP_PACKET_HEADROOM`; encapsulated into the headroom);
 //! - `syn_flood`: SYNs of distinct new flows into a conntrack that earlier SYNs filled
 //!   ([`SYN_FLOOD_CAPACITY`] flows, none established, as under a SYN flood): every one evicts
 //!   the oldest half-open flow near its bucket. This world holds no established flows (MIX is
@@ -20,7 +23,7 @@
 //!   services, backends and flows over IPv6, 74-byte frames).
 //!
 //! MIX (`uniform`, `zipf`, `hot`) picks the flow of each packet (see the scenario). `batch`
-//! runs batches of 64 frames rotated over 4,096 buffers at headroom 0 through
+//! runs batches of 64 frames rotated over 4,096 buffers at headroom 0 (but `_headroom`) through
 //! `Pipeline::process_batch`; `single` is the old loop: one buffer, `Pipeline::process` per
 //! packet.
 //!
@@ -221,7 +224,7 @@ fn main() -> ExitCode {
     let kind = match profile.as_str() {
         "established" | "new_flow" => Kind::Dnat,
         "snat_reply" => Kind::Snat,
-        "dsr_ipip" => Kind::Dsr,
+        "dsr_ipip" | "dsr_ipip_headroom" => Kind::Dsr,
         _ => return usage(),
     };
     let acks = scenario::ack_templates(FLOWS);
@@ -274,7 +277,7 @@ fn measure<const N: usize>(
     if std::env::var_os("CG_GENERAL_NEW_FLOWS").is_some() {
         w.pipeline.set_direct_new_flows(false);
     }
-    let mut arena = Arena::new(0);
+    let mut arena = Arena::new(if profile.ends_with("_headroom") { scenario::HEADROOM } else { 0 });
     let mut at = 0;
     let direct_before = w.pipeline.direct_new_flows();
     callgrind::start();
@@ -310,7 +313,7 @@ fn measure<const N: usize>(
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: callgrind-pipeline batch|single|copy established|new_flow|snat_reply|dsr_ipip|syn_flood|established6|new_flow6 uniform|zipf|hot K\n       callgrind-pipeline jitter syn_flood uniform BATCHES"
+        "usage: callgrind-pipeline batch|single|copy established|new_flow|snat_reply|dsr_ipip|dsr_ipip_headroom|syn_flood|established6|new_flow6 uniform|zipf|hot K\n       callgrind-pipeline jitter syn_flood uniform BATCHES"
     );
     ExitCode::from(2)
 }

@@ -20,7 +20,9 @@
 # and, for continuity with earlier figures, `established_instructions_per_packet` and
 # `new_flow_instructions_per_packet` (the one-packet loop, harness included, as before).
 # `established6` and `new_flow6` are `established` and `new_flow` in the IPv6 DNAT world
-# (`batch_uniform_established6_instructions_per_packet`, ...).
+# (`batch_uniform_established6_instructions_per_packet`, ...). `dsr_ipip_headroom` is `dsr_ipip`
+# in buffers with the 256 bytes of headroom the AF_XDP workers hand the pipeline (the other
+# batch profiles run at headroom 0).
 # Logs and callgrind.out files go to OUT_DIR (default: $CARGO_TARGET_DIR/xlb-bench or
 # target/xlb-bench). CALLGRIND_QUICK=1 runs only batch uniform established and new_flow.
 set -euo pipefail
@@ -40,6 +42,7 @@ runs=(
   "batch syn_flood uniform 50000 random"
   "batch snat_reply uniform 50000"
   "batch dsr_ipip uniform 50000"
+  "batch dsr_ipip_headroom uniform 50000"
   "batch syn_flood uniform 50000"
   "batch established zipf 50000"
   "batch established hot 50000"
