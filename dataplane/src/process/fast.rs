@@ -67,8 +67,13 @@ macro_rules! fast_stage {
                     && is_tcp
                     && l.tcp_flags & (tcp_flags::SYN | tcp_flags::ACK) == tcp_flags::SYN
                     && matches!(old, CtState::FinWait | CtState::Closed);
-                let current = r.generation == generation && r.expires_s >= now && r.flags & flow_flags::DEFERRED == 0;
-                let out = if current && !reuse { $rewrite::<A>(c, hit.dir, r, pkt, l, is_tcp) } else { None };
+                // The record's rewrite applies: made under these tables, not expired, not a
+                // reused tuple, and no earlier packet of the flow waiting in the slow path. The
+                // flag is tested last: tested before `reuse`, the two were computed as bytes and
+                // or-ed (3 instructions more per packet, callgrind, docs/benchmarks.md).
+                let applies =
+                    r.generation == generation && r.expires_s >= now && !reuse && r.flags & flow_flags::DEFERRED == 0;
+                let out = if applies { $rewrite::<A>(c, hit.dir, r, pkt, l, is_tcp) } else { None };
                 let Some(out) = out else {
                     if r.flags & flow_flags::DEFERRED == 0 {
                         r.flags |= flow_flags::DEFERRED;
