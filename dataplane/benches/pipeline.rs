@@ -7,7 +7,8 @@
 //! driver.
 //!
 //! Group `batch` (one element = one packet): batches of 64 frames rotated over 4,096 buffers at
-//! headroom 0 through `Pipeline::process_batch`, as the AF_XDP workers run it:
+//! headroom 0 through `Pipeline::process_batch`, as the AF_XDP workers run it (they leave 256
+//! bytes of headroom in front of a frame; at 0 an encapsulation moves the packet instead):
 //! - `{mix}_established`: ACKs of established DNAT flows;
 //! - `uniform_new_flow`: SYNs of flows not in conntrack (each flow once, so only the uniform
 //!   mix exists), while the table holds 1,000,000 to 1,100,000 flows; after each pass over its

@@ -371,8 +371,9 @@ pub(crate) fn process_checked(p: &mut Pipeline, t: &Tables, frame: &[u8]) -> (Ve
     (v, out)
 }
 
-/// Processes `frames` on port 0 as one batch at headroom 0 (the AF_XDP workers' layout, where
-/// encapsulation moves the packet into the tailroom) and checks the invariants for each.
+/// Processes `frames` on port 0 as one batch at headroom 0 (where encapsulation moves the
+/// packet into the tailroom; [`process_checked`] runs with [`HEADROOM`] bytes in front, as the
+/// AF_XDP workers leave 256) and checks the invariants for each.
 ///
 /// # Panics
 /// If an invariant does not hold.

@@ -1244,8 +1244,9 @@ struct Outcome {
 /// How a row's packets are handed to the pipeline.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 struct Layout {
-    /// Bytes before each frame in its buffer: 0 as in the AF_XDP workers (encapsulation then
-    /// moves the packet into the tailroom), or some (encapsulation grows into it).
+    /// Bytes before each frame in its buffer: 0 (encapsulation then moves the packet into
+    /// the tailroom), or 256 as in the AF_XDP workers, the kernel's `XDP_PACKET_HEADROOM`
+    /// (encapsulation grows into it).
     headroom: usize,
     /// One `Pipeline::process_batch` call for each run of steps between table changes and
     /// clock moves, instead of `Pipeline::process` per step.

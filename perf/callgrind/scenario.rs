@@ -18,8 +18,10 @@
 //!
 //! Packets come in batches of [`BATCH`] (64) frames copied from fixed 64-byte templates
 //! ([`Templates`]) into an [`Arena`] of [`BUFFERS`] (4,096) frame buffers of [`FRAME`] (2,048)
-//! bytes, taken in turn like a UMEM's frames, at the headroom the AF_XDP workers use (0, so
-//! encapsulation moves the packet into the tailroom); [`Pipeline::process_batch`] then runs on
+//! bytes, taken in turn like a UMEM's frames, at headroom 0 (encapsulation then moves the
+//! packet into the tailroom; the AF_XDP workers leave the kernel's 256 bytes of headroom in
+//! front of a frame, which the driver's `dsr_ipip_headroom` profile measures: [`Arena::new`]
+//! takes the headroom); [`Pipeline::process_batch`] then runs on
 //! the batch. Which flow each packet belongs to follows a [`Mix`]: uniform over the 1,000,000
 //! flows, Zipf (s = 1) over them, or uniform over 1,024 hot flows. The old one-packet-at-a-time
 //! loop ([`PacketBuf`], one buffer with 256 bytes of headroom, [`Pipeline::process`]) is kept
