@@ -284,6 +284,7 @@ impl<A: Copy + Default + Family> Lanes<A> {
             x.l3 = p.l3 as u8;
         }
         x.tcp_flags = p.tcp_flags;
+        x.miss = false;
     }
 }
 
@@ -1133,8 +1134,9 @@ fn lane_for<A: CtFamily>(view: &conntrack::View<'_, A>, lanes: &mut Lanes<A>, i:
 fn stage_tags<A: CtFamily>(st: &mut FamState<A>, now_s: u32) {
     let view = st.ct.view();
     for l in st.lanes.as_mut_slice() {
-        l.probe = view.probe_at(l.probe.bucket, l.hash);
-        l.miss = false;
+        let p = view.probe_at(l.probe.bucket, l.hash);
+        // The bucket is stage 1's; `miss` was cleared there too.
+        (l.probe.first, l.probe.slot, l.probe.more) = (p.first, p.slot, p.more);
     }
     st.lanes.victims = st.ct.len() >= st.ct.capacity();
     if st.lanes.victims {
