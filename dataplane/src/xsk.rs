@@ -1872,6 +1872,15 @@ mod tests {
         assert!(out.status.success(), "ip link add: {}", String::from_utf8_lossy(&out.stderr));
     }
 
+    /// [`veth_pair`], both ends up.
+    fn veth_pair_up() {
+        veth_pair();
+        for l in ["xa", "xb"] {
+            let out = std::process::Command::new("ip").args(["link", "set", l, "up"]).output().expect("ip");
+            assert!(out.status.success(), "ip link set {l} up: {}", String::from_utf8_lossy(&out.stderr));
+        }
+    }
+
     #[test]
     fn an_rx_address_in_unaligned_form_is_the_chunk_start_plus_its_offset() {
         // Chunk 3 of 2,048 bytes, data 256 bytes in (XDP_PACKET_HEADROOM), as the kernel
@@ -1996,11 +2005,7 @@ mod tests {
         for unaligned in [false, true] {
             let test = if unaligned { "xsk_headroom_unaligned_chunks" } else { "xsk_headroom_aligned_chunks" };
             let res = in_private_netns(test, move || {
-                veth_pair();
-                for l in ["xa", "xb"] {
-                    let out = std::process::Command::new("ip").args(["link", "set", l, "up"]).output().expect("ip");
-                    assert!(out.status.success(), "ip link set {l} up: {}", String::from_utf8_lossy(&out.stderr));
-                }
+                veth_pair_up();
                 let cfg = XskConfig { unaligned_chunks: unaligned, ..test_cfg(true) };
                 let mut a = Xsk::open(&cfg, &[("xa".to_owned(), 0)]).expect("xa");
                 let mut b = Xsk::open(&cfg, &[("xb".to_owned(), 0)]).expect("xb");
@@ -2074,11 +2079,7 @@ mod tests {
         for unaligned in [false, true] {
             let test = if unaligned { "xsk_round_trip_unaligned_chunks" } else { "xsk_round_trip_aligned_chunks" };
             let res = in_private_netns(test, move || {
-                veth_pair();
-                for l in ["xa", "xb"] {
-                    let out = std::process::Command::new("ip").args(["link", "set", l, "up"]).output().expect("ip");
-                    assert!(out.status.success(), "ip link set {l} up: {}", String::from_utf8_lossy(&out.stderr));
-                }
+                veth_pair_up();
                 let cfg = XskConfig { unaligned_chunks: unaligned, ..test_cfg(true) };
                 let mut a = Xsk::open(&cfg, &[("xa".to_owned(), 0)]).expect("echo side on xa");
                 let mut s = Xsk::open(&cfg, &[("xb".to_owned(), 0)]).expect("sender on xb");
@@ -2252,11 +2253,7 @@ mod tests {
     fn handover_keeps_every_frame(test: &str, how: Adopter) {
         const N: u32 = 3000;
         let res = in_private_netns(test, move || {
-            veth_pair();
-            for l in ["xa", "xb"] {
-                let out = std::process::Command::new("ip").args(["link", "set", l, "up"]).output().expect("ip");
-                assert!(out.status.success(), "ip link set {l} up: {}", String::from_utf8_lossy(&out.stderr));
-            }
+            veth_pair_up();
             let mut a = Xsk::open(&test_cfg(true), &[("xa".to_owned(), 0)]).expect("A on xa");
             let mut s = Xsk::open(&test_cfg(true), &[("xb".to_owned(), 0)]).expect("sender on xb");
             // The child (if any) starts first and waits for the sockets, so the switch does
