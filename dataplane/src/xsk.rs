@@ -1559,7 +1559,8 @@ impl Xsk {
     /// encapsulation grows into that headroom instead of moving the packet, and the pipeline
     /// may grow a frame into its tailroom too); afterwards each frame starts at the packet's
     /// `head` and is its `len` long, both clamped to the UMEM frame, and transmits from there
-    /// (an AF_XDP TX descriptor may start anywhere in its chunk: `xp_aligned_validate_desc`).
+    /// (an AF_XDP TX descriptor may start anywhere in its chunk: `xp_aligned_validate_desc`,
+    /// `net/xdp/xsk_queue.h`).
     /// At most 64 frames are passed (the worker's batch); the rest are left alone.
     ///
     /// # Errors
