@@ -785,9 +785,9 @@ impl Pipeline {
         *count = 0;
         let pkts = pkts.get(..n.min(BATCH)).unwrap_or(&[]);
         // Packet `i` takes lane `i`, walked together (no index to check); the count is set
-        // once, at the end.
-        let each = pkts.iter().zip(self.lane_of.iter_mut()).zip(l.iter_mut());
-        for (i, ((pkt, lane_of), lane)) in each.enumerate() {
+        // once, at the end, and so is each packet's lane (in a loop of its own: in this one it
+        // kept a register, 2 instructions per packet, callgrind).
+        for (i, (pkt, lane)) in pkts.iter().zip(l.iter_mut()).enumerate() {
             let Some(x) = A::parse_shaped(pkt.frame()) else {
                 *count = i;
                 return i;
@@ -796,6 +796,8 @@ impl Pipeline {
             let hash = view.hash(&key);
             let home = view.prefetch_home(hash);
             Lanes::fill(lane, key, hash, home, i, &x);
+        }
+        for (i, lane_of) in self.lane_of.iter_mut().take(pkts.len()).enumerate() {
             #[expect(clippy::cast_possible_truncation, reason = "i < BATCH = 64")]
             let lane = i as u8;
             *lane_of = lane | A::LANE_FLAG;
