@@ -383,6 +383,14 @@ impl Umem {
     }
 }
 
+/// Where packet `p` lies in its buffer (a whole UMEM frame), as (head, length), both clamped
+/// to the buffer.
+#[inline]
+fn span_of(p: &Packet<'_>) -> (usize, usize) {
+    let head = p.head.min(p.buf.len());
+    (head, p.len.min(p.buf.len() - head))
+}
+
 /// The data address (byte offset into the UMEM) of an RX descriptor's `addr`: in unaligned
 /// chunk mode the kernel writes the chunk start in the low 48 bits and the data's offset from
 /// it in the top 16 (`XSK_UNALIGNED_BUF_OFFSET_SHIFT`, `xp_get_handle` in
@@ -1598,16 +1606,22 @@ impl Xsk {
             });
             let r = op(pkts.get_mut(..n).unwrap_or_default());
             for (s, p) in spans.iter_mut().zip(&pkts) {
-                let head = p.head.min(p.buf.len());
-                *s = (head, p.len.min(p.buf.len() - head));
+                *s = span_of(p);
             }
             r
         };
-        for (f, (head, len)) in frames.iter_mut().zip(spans) {
-            f.addr = self.umem.base(f.addr) + head as u64;
-            f.len = u32::try_from(len).unwrap_or(0);
+        for (f, span) in frames.iter_mut().zip(spans) {
+            self.set_span(f, span);
         }
         Ok(r)
+    }
+
+    /// Frame `f` now starts `head` bytes into its UMEM frame and is `len` bytes long (a span
+    /// from [`span_of`]).
+    #[inline]
+    fn set_span(&self, f: &mut OwnedFrame, (head, len): (usize, usize)) {
+        f.addr = self.umem.base(f.addr) + head as u64;
+        f.len = u32::try_from(len).unwrap_or(0);
     }
 
     /// Runs `op` on frame `f` as a [`Packet`] over its whole UMEM frame, as
@@ -1618,15 +1632,13 @@ impl Xsk {
             return None;
         }
         let len = f.len as usize;
-        let (r, head, len) = {
+        let (r, span) = {
             let (chunk, head) = self.chunk(f);
             let mut p = Packet::new(chunk, head, len);
             let r = op(&mut p);
-            let head = p.head.min(p.buf.len());
-            (r, head, p.len.min(p.buf.len() - head))
+            (r, span_of(&p))
         };
-        f.addr = self.umem.base(f.addr) + head as u64;
-        f.len = u32::try_from(len).unwrap_or(0);
+        self.set_span(f, span);
         Some(r)
     }
 
