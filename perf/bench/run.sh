@@ -49,6 +49,9 @@
 #   Profiles of a non-split placement are reported as PROFILE@PLACEMENT.
 # Output: $BENCH_OUT/raw-DATE.jsonl (one JSON line per trial), then xlb-bench-report writes
 # $BENCH_OUT/latest.{json,md,png} and DATE-COMMIT.{json,md,png}. Logs: /tmp/xlb-bench-DATE/ (DATE to the second).
+# For each xlb trial the logs keep `xlb stats` (PROFILE-PLACEMENT-b-REPEAT.xlb-stats.txt) and the
+# worker's frame, busy-loop and busy-time counters from /metrics (...-b-REPEAT.worker-metrics.txt):
+# frames per busy loop near 64 means the worker had a backlog, a few that it kept up.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 ROOT=$PWD
@@ -327,7 +330,10 @@ path_start() {
 path_down() {
   local path=$1 lp=$2
   case $path in
-    b) [ -n "$FWD_PID" ] && "$XLB" stats --admin-socket "$LOGS/xlb.sock" >"$lp.xlb-stats.txt" 2>&1 ;;
+    b) [ -n "$FWD_PID" ] && "$XLB" stats --admin-socket "$LOGS/xlb.sock" >"$lp.xlb-stats.txt" 2>&1
+       # The worker's own counters (frames per busy loop: rx over xlb_worker_busy_loops_total).
+       [ -n "$FWD_PID" ] && nsx "$LB" curl -sf --noproxy '*' -m 2 http://127.0.0.1:10249/metrics 2>/dev/null \
+         | grep -E '^xlb_worker_(rx_packets_total|busy_loops_total|busy_seconds)' >"$lp.worker-metrics.txt" ;;
     c) nsx "$LB" nft list ruleset >"$lp.nft-after.txt" 2>&1 ;;
     d) nsx "$LB" iptables-save -c >"$lp.ipt-after.txt" 2>&1 ;;
   esac
