@@ -51,7 +51,7 @@
 # $BENCH_OUT/latest.{json,md,png} and DATE-COMMIT.{json,md,png}. Logs: /tmp/xlb-bench-DATE/ (DATE to the second).
 # For each xlb trial the logs keep `xlb stats` (PROFILE-PLACEMENT-b-REPEAT.xlb-stats.txt) and the
 # worker's frame, busy-loop and busy-time counters from /metrics (...-b-REPEAT.worker-metrics.txt):
-# frames per busy loop near 64 means the worker had a backlog, a few that it kept up.
+# frames per busy loop near 64 means the worker ran behind its RX ring for most of the trial.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 ROOT=$PWD
