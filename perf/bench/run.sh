@@ -331,7 +331,8 @@ path_down() {
   local path=$1 lp=$2
   case $path in
     b) [ -n "$FWD_PID" ] && "$XLB" stats --admin-socket "$LOGS/xlb.sock" >"$lp.xlb-stats.txt" 2>&1
-       # The worker's own counters (frames per busy loop: rx over xlb_worker_busy_loops_total).
+       # The worker's own counters (frames per busy loop: rx over xlb_worker_busy_loops_total), from
+       # the metrics address of perf/bench/bench.yaml (a BENCH_CONFIG with another leaves the file empty).
        [ -n "$FWD_PID" ] && nsx "$LB" curl -sf --noproxy '*' -m 2 http://127.0.0.1:10249/metrics 2>/dev/null \
          | grep -E '^xlb_worker_(rx_packets_total|busy_loops_total|busy_seconds)' >"$lp.worker-metrics.txt" ;;
     c) nsx "$LB" nft list ruleset >"$lp.nft-after.txt" 2>&1 ;;
