@@ -582,7 +582,7 @@ fn run(
                 // dropped, never touched.
                 verdicts.fill(Verdict::Drop(DropReason::NoRoom));
             }
-            for (f, v) in rx.drain(..).zip(verdicts) {
+            for (f, &v) in rx.drain(..).zip(&verdicts) {
                 route.dispatch(v, f, in_port, 0, xsk, &mut tx, &mut scratch, &mut tally);
             }
         }

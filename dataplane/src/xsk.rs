@@ -1481,29 +1481,34 @@ impl Xsk {
     /// `timeout_ms > 0` and need-wakeup on, waits up to that long in `poll(2)` instead.
     pub fn receive(&mut self, i: usize, out: &mut Vec<OwnedFrame>, max: usize, timeout_ms: i32) -> usize {
         let Some(p) = self.ports.get_mut(i) else { return 0 };
-        self.scratch.clear();
-        self.scratch.resize(max, Desc::default());
+        // `consume` overwrites the descriptors it returns: the buffer is only grown, never
+        // cleared and zeroed per call, and the descriptors are read in place below, not
+        // drained (a drain shifts the rest of the buffer down).
+        if self.scratch.len() < max {
+            self.scratch.resize(max, Desc::default());
+        }
+        let Some(buf) = self.scratch.get_mut(..max) else { return 0 };
         // SAFETY: the RX ring belongs to this UMEM; received descriptors are ours alone
         // and are wrapped in `OwnedFrame` at once.
-        let mut n = unsafe { p.rings.rx.consume(&mut self.scratch) };
+        let mut n = unsafe { p.rings.rx.consume(buf) };
         if n == 0 {
             if self.busy_poll || (self.need_wakeup && p.rings.fill.needs_wakeup()) {
                 recv_wakeup(p.fd.as_raw_fd());
                 // SAFETY: as above.
-                n = unsafe { p.rings.rx.consume(&mut self.scratch) };
+                n = unsafe { p.rings.rx.consume(buf) };
             }
             if n == 0 && timeout_ms > 0 {
                 let mut fds = [libc::pollfd { fd: p.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 }; 1];
                 // SAFETY: one initialised pollfd of a socket we own; poll writes `revents`.
                 if unsafe { libc::poll(fds.as_mut_ptr(), 1, timeout_ms) } > 0 {
                     // SAFETY: as above.
-                    n = unsafe { p.rings.rx.consume(&mut self.scratch) };
+                    n = unsafe { p.rings.rx.consume(buf) };
                 }
             }
         }
         p.in_fill -= n.min(p.in_fill);
         let umem = self.id;
-        out.extend(self.scratch.drain(..n).map(|d| OwnedFrame { addr: rx_addr(d.addr), len: d.len, umem }));
+        out.extend(buf.get(..n).unwrap_or(&[]).iter().map(|d| OwnedFrame { addr: rx_addr(d.addr), len: d.len, umem }));
         n
     }
 
