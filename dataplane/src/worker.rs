@@ -530,6 +530,8 @@ fn run(
     let mut idle_rounds = 0u32;
     let counters = pipeline.counters().clone();
     let mut next_socket_stats_ms = 0u64;
+    // The millisecond whose requests were last looked for.
+    let mut requests_ms = u64::MAX;
     // Adopted sockets (a hand-over): the first frames taken are logged, with the time since
     // the worker was let go (the end of the forwarding gap on this worker).
     let mut first_rx = start.hold_until.is_some().then(Instant::now);
@@ -629,8 +631,13 @@ fn run(
         tally.flush(xc, &counters);
         let acc = xsk.account();
         xc.counter(XskCounter::UmemFramesAccounted).set((acc.free + acc.in_fill + acc.in_tx) as u64);
-        while let Ok(r) = requests.try_recv() {
-            answer(r, &pipeline);
+        // Requests (the admin socket's) are looked for once per millisecond, not per loop: a
+        // `try_recv` on an empty channel issues a sequentially consistent fence.
+        if now_ms != requests_ms {
+            requests_ms = now_ms;
+            while let Ok(r) = requests.try_recv() {
+                answer(r, &pipeline);
+            }
         }
         if got == 0 {
             idle_rounds = idle_rounds.saturating_add(1);
@@ -846,6 +853,12 @@ impl Route<'_> {
     ) -> usize {
         let fabric = self.fabric;
         let Some(inbox) = fabric.inboxes.get(usize::from(self.me)) else { return 0 };
+        // Asked first: a pop from an empty queue issues a sequentially consistent fence
+        // (crossbeam-queue's `ArrayQueue::pop`), once per loop of every worker, where
+        // `is_empty` only loads the two indices. A frame pushed just after is taken next loop.
+        if inbox.is_empty() {
+            return 0;
+        }
         let mut got = 0;
         for _ in 0..BATCH {
             let Some(h) = inbox.pop() else { break };
