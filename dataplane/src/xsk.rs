@@ -562,6 +562,25 @@ impl<T: Entry> Ring<T> {
         n as usize
     }
 
+    /// Consumer side: appends up to `want` entries to `out` and releases them to the kernel
+    /// (release); returns how many. As [`Ring::consume`], without a buffer to zero and
+    /// overwrite first.
+    ///
+    /// # Safety
+    /// As [`Ring::consume`].
+    unsafe fn consume_extend(&mut self, out: &mut Vec<T>, want: u32) -> usize {
+        let n = self.nb_avail(want);
+        out.reserve(n as usize);
+        for i in 0..n {
+            let idx = self.cached_cons.wrapping_add(i) & self.mask;
+            // SAFETY: as in `consume`: `idx < size`, an entry the kernel published.
+            out.push(unsafe { self.entries.add(idx as usize).as_ptr().read() });
+        }
+        self.cached_cons = self.cached_cons.wrapping_add(n);
+        self.consumer().store(self.cached_cons, Ordering::Release);
+        n as usize
+    }
+
     /// Entries between the two indices as our side last saw them (for tests and checks).
     fn pending(&self) -> u32 {
         let (p, c) = (self.producer().load(Ordering::Acquire), self.consumer().load(Ordering::Acquire));
@@ -1413,20 +1432,10 @@ impl Xsk {
     /// Takes completed TX frames back onto the free list, for every port.
     pub fn complete(&mut self) {
         for p in &mut self.ports {
-            let n = p.rings.comp.nb_avail(self.ring_size) as usize;
-            if n == 0 {
-                continue;
-            }
-            let start = self.free.len();
-            self.free.resize(start + n, 0);
-            let Some(dst) = self.free.get_mut(start..) else {
-                self.free.truncate(start);
-                continue;
-            };
             // SAFETY: the completion ring belongs to this UMEM; the consumed addresses were
-            // ours (in TX) and now return to the free list only.
-            let got = unsafe { p.rings.comp.consume(dst) };
-            self.free.truncate(start + got);
+            // ours (in TX) and now return to the free list only. Appended in place: the free
+            // list is not grown with zeroes first (once per loop and port).
+            let got = unsafe { p.rings.comp.consume_extend(&mut self.free, self.ring_size) };
             p.in_tx -= got.min(p.in_tx);
         }
     }
