@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crossbeam::queue::ArrayQueue;
 
@@ -220,7 +220,7 @@ pub struct Fabric {
 /// started (a start that failed half-way). While another worker still receives there is no
 /// bound: every worker's thread gives up its place when it ends, also by a panic, and one
 /// that is merely slow (a loaded machine: one took over 300 ms to stop) may still hand off.
-const DRAIN_MAX: std::time::Duration = std::time::Duration::from_millis(100);
+const DRAIN_MAX: Duration = Duration::from_millis(100);
 
 /// A worker's place in [`Fabric::receiving`]: given up once, when the worker stops taking
 /// frames from its RX rings or, failing that, when its thread ends (also by a panic).
@@ -529,6 +529,10 @@ fn run(
     let mut kbuf: Vec<u8> = Vec::with_capacity(ETH_LEN + KERNEL_RX_MAX);
     let mut idle_rounds = 0u32;
     let counters = pipeline.counters().clone();
+    let mut busy = BusyClock::default();
+    // The loop's counts, added to the shared counters and cleared at the end of every
+    // iteration (`Tally::flush`): made once, not per iteration.
+    let mut tally = Tally::default();
     let mut next_socket_stats_ms = 0u64;
     // The millisecond whose requests were last looked for.
     let mut requests_ms = u64::MAX;
@@ -547,6 +551,7 @@ fn run(
         // One relaxed pointer check per loop; a new snapshot only after a publication.
         let t: &Tables = reader.load();
         let started = epoch.elapsed();
+        busy.loop_started(started, &counters);
         let now_ms = u64::try_from(started.as_millis()).unwrap_or(u64::MAX);
         if now_ms >= next_socket_stats_ms {
             next_socket_stats_ms = now_ms.saturating_add(SOCKET_STATS_EVERY_MS);
@@ -555,7 +560,6 @@ fn run(
         pipeline.begin_batch(t, now_ms);
         xsk.complete();
         let mut got = 0;
-        let mut tally = Tally::default();
         for port in 0..nports {
             xsk.refill(port);
             rx.clear();
@@ -655,13 +659,10 @@ fn run(
             }
         } else {
             idle_rounds = 0;
-            // Busy time: one more clock read per iteration that found work (per batch, not
-            // per frame); idle iterations pay nothing.
-            let busy = epoch.elapsed().saturating_sub(started);
-            counters.busy_ns.add(u64::try_from(busy.as_nanos()).unwrap_or(u64::MAX));
-            counters.busy_loops.inc();
+            busy.found_work(started);
         }
     }
+    busy.loop_started(epoch.elapsed(), &counters);
     // Stopped: no more frames from the RX rings (they wait there for the next owner of the
     // sockets). Replies other workers handed off before they stopped are still carried out
     // (else they would be lost with the inboxes), until every worker stopped receiving and
@@ -670,7 +671,6 @@ fn run(
     let mut deadline = None;
     loop {
         let t: &Tables = reader.load();
-        let mut tally = Tally::default();
         pipeline.begin_batch(t, u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX));
         let n = route.take_handoffs(xsk, &mut pipeline, t, &mut tx, &mut scratch, &mut tally);
         transmit_all(xsk, &mut tx, &mut tally);
@@ -712,14 +712,48 @@ fn transmit_all(xsk: &mut Xsk, tx: &mut [Vec<OwnedFrame>], tally: &mut Tally) {
 /// Empty loops before an idle worker sleeps in `poll(2)`.
 const IDLE_SPINS: u32 = 64;
 
+/// The worker's busy time (`xlb_worker_busy_seconds_total`) from the one clock read each loop
+/// iteration makes at its start: an iteration that found work is counted from its start to
+/// the next one's (the loop goes straight on to it), so a busy iteration costs no second
+/// read at its end. Idle iterations count nothing.
+#[derive(Debug, Default)]
+struct BusyClock {
+    /// Start of the last iteration, when it found work.
+    pending: Option<Duration>,
+}
+
+impl BusyClock {
+    /// An iteration starts at `now` (time since the workers' epoch): the previous one, if it
+    /// found work, is counted into `counters`' busy time and busy loops.
+    #[inline]
+    fn loop_started(&mut self, now: Duration, counters: &WorkerCounters) {
+        if let Some(s) = self.pending.take() {
+            counters.busy_ns.add(u64::try_from(now.saturating_sub(s).as_nanos()).unwrap_or(u64::MAX));
+            counters.busy_loops.inc();
+        }
+    }
+
+    /// The iteration that started at `started` found work.
+    #[inline]
+    fn found_work(&mut self, started: Duration) {
+        self.pending = Some(started);
+    }
+}
+
+// `Tally::dropped` has a bit per drop reason number.
+const _: () = assert!(DropReason::COUNT < 64);
+
 /// The AF_XDP counters and the bytes by verdict of one batch, added to the shared counters
 /// once per batch.
-#[derive(Default)]
+#[derive(Debug, Default, PartialEq)]
 struct Tally {
     /// Bytes by [`ByteCounter`] (index = its number).
     bytes: [u64; ByteCounter::COUNT],
     /// Bytes dropped by [`DropReason`] number (index 0 unused).
     drop_bytes: [u64; DropReason::COUNT + 1],
+    /// Bit `n`: `drop_bytes[n]` may be non-zero (the entries [`Tally::flush`] visits and
+    /// clears, instead of every reason's).
+    dropped: u64,
     pass_in_userspace: usize,
     punted: usize,
     punt_failed: usize,
@@ -750,6 +784,7 @@ impl Tally {
     fn add_drop_bytes(&mut self, r: DropReason, len: usize) {
         if let Some(n) = self.drop_bytes.get_mut(r as usize) {
             *n += len as u64;
+            self.dropped |= 1 << (r as u32 & 63);
         }
     }
 
@@ -776,35 +811,45 @@ impl Tally {
 
     fn flush(&mut self, xc: &XskCounters, counters: &WorkerCounters) {
         for (c, n) in [
-            (XskCounter::PassInUserspace, self.pass_in_userspace),
-            (XskCounter::Punted, self.punted),
-            (XskCounter::PuntFailed, self.punt_failed),
-            (XskCounter::ToKernel, self.to_kernel),
-            (XskCounter::FromKernel, self.from_kernel),
-            (XskCounter::FromKernelUntracked, self.from_kernel_untracked),
-            (XskCounter::HandedOff, self.handed_off),
-            (XskCounter::HandoffDropped, self.handoff_dropped),
-            (XskCounter::TxRingFull, self.tx_ring_full),
+            (XskCounter::PassInUserspace, &mut self.pass_in_userspace),
+            (XskCounter::Punted, &mut self.punted),
+            (XskCounter::PuntFailed, &mut self.punt_failed),
+            (XskCounter::ToKernel, &mut self.to_kernel),
+            (XskCounter::FromKernel, &mut self.from_kernel),
+            (XskCounter::FromKernelUntracked, &mut self.from_kernel_untracked),
+            (XskCounter::HandedOff, &mut self.handed_off),
+            (XskCounter::HandoffDropped, &mut self.handoff_dropped),
+            (XskCounter::TxRingFull, &mut self.tx_ring_full),
         ] {
-            if n > 0 {
-                xc.counter(c).add(n as u64);
+            if *n > 0 {
+                xc.counter(c).add(*n as u64);
+                *n = 0;
             }
         }
-        for _ in 0..self.reply_untracked {
+        for _ in 0..core::mem::take(&mut self.reply_untracked) {
             counters.count_drop(DropReason::ReplyUntracked);
         }
-        for (b, n) in ByteCounter::ALL.iter().zip(self.bytes) {
-            if n > 0 {
-                counters.add_bytes(*b, n);
+        for (b, n) in ByteCounter::ALL.iter().zip(&mut self.bytes) {
+            if *n > 0 {
+                counters.add_bytes(*b, core::mem::take(n));
             }
         }
-        for r in DropReason::ALL {
-            match self.drop_bytes.get(*r as usize) {
-                Some(&n) if n > 0 => counters.add_drop_bytes(*r, n),
-                _ => {}
+        // Only the reasons this batch dropped for (reason numbers are dense from 1, so
+        // reason `i` is `ALL[i - 1]`), each entry cleared as it is added: the tally is left
+        // as `Tally::default()` without rewriting all of it once per loop.
+        let mut rest = core::mem::take(&mut self.dropped);
+        while rest != 0 {
+            let i = rest.trailing_zeros() as usize;
+            rest &= rest - 1;
+            let (Some(n), Some(r)) =
+                (self.drop_bytes.get_mut(i), i.checked_sub(1).and_then(|k| DropReason::ALL.get(k)))
+            else {
+                continue;
+            };
+            if *n > 0 {
+                counters.add_drop_bytes(*r, core::mem::take(n));
             }
         }
-        *self = Self::default();
     }
 }
 
@@ -1032,9 +1077,46 @@ mod tests {
         assert_eq!(dropped, [("ttl_exceeded", 60), ("no_neighbour", 54), ("reply_untracked", 66)]);
         assert_eq!(counters.drops_of(DropReason::ReplyUntracked), 1);
         // The tally starts the next batch empty: flushing it again adds nothing.
+        assert_eq!(tally, Tally::default());
         tally.flush(&xc, &counters);
         assert_eq!(counters.bytes_of(ByteCounter::Rx), 1866);
         assert_eq!(counters.drop_bytes_of(DropReason::ReplyUntracked), 66);
+        // A second batch's drops add to their own reasons only.
+        tally.verdict_bytes(Verdict::Drop(DropReason::NoNeighbour), 60);
+        tally.verdict_bytes(Verdict::Drop(DropReason::MalformedL2), 10);
+        tally.tx_ring_full += 2;
+        tally.flush(&xc, &counters);
+        let dropped: Vec<(&str, u64)> =
+            DropReason::ALL.iter().map(|r| (r.name(), counters.drop_bytes_of(*r))).filter(|(_, n)| *n > 0).collect();
+        assert_eq!(
+            dropped,
+            [("malformed_l2", 10), ("ttl_exceeded", 60), ("no_neighbour", 114), ("reply_untracked", 66)]
+        );
+        assert_eq!(xc.get(XskCounter::TxRingFull), 2);
+        assert_eq!(tally, Tally::default());
+    }
+
+    /// Busy time: each iteration that found work counts from its start to the next
+    /// iteration's start (the one clock read an iteration makes), idle iterations nothing;
+    /// the last busy iteration is counted when the loop ends (a last `loop_started`).
+    #[test]
+    fn busy_time_runs_from_the_start_of_an_iteration_that_found_work_to_the_next_start() {
+        let counters = WorkerCounters::new(1, 1);
+        let mut busy = BusyClock::default();
+        let ms = Duration::from_millis;
+        // Iterations start at 0, 3, 10, 11, 20 ms; those at 3 and 11 find work.
+        busy.loop_started(ms(0), &counters);
+        busy.loop_started(ms(3), &counters);
+        busy.found_work(ms(3));
+        busy.loop_started(ms(10), &counters);
+        assert_eq!((counters.busy_ns.get(), counters.busy_loops.get()), (7_000_000, 1));
+        busy.loop_started(ms(11), &counters);
+        busy.found_work(ms(11));
+        busy.loop_started(ms(20), &counters);
+        assert_eq!((counters.busy_ns.get(), counters.busy_loops.get()), (16_000_000, 2));
+        // An idle iteration counts nothing, and a busy one is counted once.
+        busy.loop_started(ms(30), &counters);
+        assert_eq!((counters.busy_ns.get(), counters.busy_loops.get()), (16_000_000, 2));
     }
 
     #[test]
