@@ -1618,8 +1618,9 @@ impl Xsk {
                 }
                 None => Packet::new(&mut [], 0, 0),
             });
-            let r = op(pkts.get_mut(..n).unwrap_or_default());
-            for (s, p) in spans.iter_mut().zip(&pkts) {
+            let pkts = pkts.get_mut(..n).unwrap_or_default();
+            let r = op(pkts);
+            for (s, p) in spans.iter_mut().zip(pkts.iter()) {
                 *s = span_of(p);
             }
             r
