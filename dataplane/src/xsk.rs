@@ -132,6 +132,13 @@ pub fn frames_ok(frames: u32, ring_size: u32) -> bool {
     u64::from(frames) >= 2 * u64::from(ring_size)
 }
 
+/// Frames a fill ring kept at `depth` may lack before [`Xsk::refill`] tops it up: an eighth
+/// of the depth, at least 1, at most 64 (one batch); 64 of the default 2,048 is 3 %.
+#[must_use]
+pub fn refill_slack(depth: usize) -> usize {
+    (depth / 8).clamp(1, 64)
+}
+
 /// The fill ring depth of a socket with [`XskConfig::fill_frames`] `fill_frames` and rings of
 /// `ring_size` entries: `fill_frames`, or the whole ring for 0; never more than the ring.
 #[must_use]
@@ -1454,22 +1461,34 @@ impl Xsk {
     }
 
     /// Tops up port `i`'s fill ring from the free list to [`Xsk::fill_target`] frames (RX
-    /// frames are reused for TX, so nothing is held back).
+    /// frames are reused for TX, so nothing is held back) once it lacks at least
+    /// [`refill_slack`] of them: a top-up writes the ring's producer index and may read its
+    /// consumer index, both on a line the kernel writes from the core that runs the queue's
+    /// NAPI, so a worker taking a few frames per loop tops up every few loops instead of in
+    /// every one.
     pub fn refill(&mut self, i: usize) {
-        self.refill_to(i, self.fill_target(i));
+        let target = self.fill_target(i);
+        self.refill_to(i, target, refill_slack(target));
     }
 
     /// Tops up port `i`'s fill ring to the whole ring, whatever [`XskConfig::fill_frames`]
     /// says: for a worker about to sleep, so that frames arriving before it wakes find room
     /// (the ring then drains back to its depth as they are received).
     pub fn refill_whole(&mut self, i: usize) {
-        self.refill_to(i, self.ring_size as usize);
+        self.refill_to(i, self.ring_size as usize, 1);
     }
 
-    fn refill_to(&mut self, i: usize, target: usize) {
+    /// Tops up port `i`'s fill ring to `target` frames if it lacks at least `slack`.
+    fn refill_to(&mut self, i: usize, target: usize, slack: usize) {
         let Some(p) = self.ports.get_mut(i) else { return };
-        let want = (p.rings.fill.nb_free(self.ring_size) as usize).min(target.saturating_sub(p.in_fill));
-        let n = want.min(self.free.len());
+        let lack = target.saturating_sub(p.in_fill);
+        if lack == 0 || lack < slack {
+            return;
+        }
+        // The ring's room as last seen suffices unless it is short of what is given now; only
+        // then is the kernel's consumer index read again (libxdp's `xsk_prod_nb_free`).
+        let give = u32::try_from(lack.min(self.free.len())).unwrap_or(u32::MAX);
+        let n = p.rings.fill.nb_free(give).min(give) as usize;
         if n == 0 {
             return;
         }
@@ -1920,6 +1939,11 @@ mod tests {
     }
 
     #[test]
+    fn refill_slack_is_an_eighth_of_the_depth_within_one_and_a_batch() {
+        assert_eq!([refill_slack(2048), refill_slack(512), refill_slack(64), refill_slack(4)], [64, 64, 8, 1]);
+    }
+
+    #[test]
     fn fill_depth_is_the_whole_ring_by_default_and_never_past_the_ring() {
         assert_eq!(fill_depth(0, 2048), 2048);
         assert_eq!(fill_depth(512, 2048), 512);
@@ -1945,9 +1969,15 @@ mod tests {
                 x.set_fill_frames(1000);
                 x.refill(0);
                 assert_eq!(x.account().in_fill, 1000, "topped up to a deeper setting");
+                x.set_fill_frames(1000 + refill_slack(1000) as u32 - 1);
+                x.refill(0);
+                assert_eq!(x.account().in_fill, 1000, "a ring short of its depth by less than the slack waits");
+                x.set_fill_frames(1000 + refill_slack(1000) as u32);
+                x.refill(0);
+                assert_eq!(x.account().in_fill, 1064, "and is topped up once short by the slack");
                 x.set_fill_frames(64);
                 x.refill(0);
-                assert_eq!(x.account().in_fill, 1000, "a shallower setting takes nothing back; the ring drains to it");
+                assert_eq!(x.account().in_fill, 1064, "a shallower setting takes nothing back; the ring drains to it");
                 x.refill_whole(0);
                 assert_eq!(x.account().in_fill, 2048, "the whole ring before a sleep");
                 let acc = x.account();
