@@ -550,38 +550,21 @@ impl<T: Entry> Ring<T> {
         avail.min(want)
     }
 
-    /// Consumer side: reads up to `out.len()` entries into `out` and releases them to the
-    /// kernel (release); returns how many.
+    /// Consumer side: hands up to `want` entries to `take`, in ring order, and releases them
+    /// to the kernel (release); returns how many. The RX ring's descriptors become
+    /// `OwnedFrame`s and the completion ring's addresses go onto the free list this way, with
+    /// no buffer between the ring and where they go.
     ///
     /// # Safety
     /// The caller takes ownership of the frames read (they left the kernel).
-    unsafe fn consume(&mut self, out: &mut [T]) -> usize {
-        let n = self.nb_avail(u32::try_from(out.len()).unwrap_or(u32::MAX));
-        for (i, slot) in out.iter_mut().take(n as usize).enumerate() {
-            let idx = self.cached_cons.wrapping_add(i as u32) & self.mask;
+    unsafe fn consume(&mut self, want: u32, mut take: impl FnMut(T)) -> usize {
+        let n = self.nb_avail(want);
+        for i in 0..n {
+            let idx = self.cached_cons.wrapping_add(i) & self.mask;
             // SAFETY: `idx < size`: inside the mapping; the entry was published by the kernel
             // (before its producer index, read with acquire) and is not rewritten before we
             // release it below.
-            *slot = unsafe { self.entries.add(idx as usize).as_ptr().read() };
-        }
-        self.cached_cons = self.cached_cons.wrapping_add(n);
-        self.consumer().store(self.cached_cons, Ordering::Release);
-        n as usize
-    }
-
-    /// Consumer side: appends up to `want` entries to `out` and releases them to the kernel
-    /// (release); returns how many. As [`Ring::consume`], without a buffer to zero and
-    /// overwrite first.
-    ///
-    /// # Safety
-    /// As [`Ring::consume`].
-    unsafe fn consume_extend(&mut self, out: &mut Vec<T>, want: u32) -> usize {
-        let n = self.nb_avail(want);
-        out.reserve(n as usize);
-        for i in 0..n {
-            let idx = self.cached_cons.wrapping_add(i) & self.mask;
-            // SAFETY: as in `consume`: `idx < size`, an entry the kernel published.
-            out.push(unsafe { self.entries.add(idx as usize).as_ptr().read() });
+            take(unsafe { self.entries.add(idx as usize).as_ptr().read() });
         }
         self.cached_cons = self.cached_cons.wrapping_add(n);
         self.consumer().store(self.cached_cons, Ordering::Release);
@@ -1438,11 +1421,11 @@ impl Xsk {
 
     /// Takes completed TX frames back onto the free list, for every port.
     pub fn complete(&mut self) {
-        for p in &mut self.ports {
+        let (ports, free) = (&mut self.ports, &mut self.free);
+        for p in ports {
             // SAFETY: the completion ring belongs to this UMEM; the consumed addresses were
-            // ours (in TX) and now return to the free list only. Appended in place: the free
-            // list is not grown with zeroes first (once per loop and port).
-            let got = unsafe { p.rings.comp.consume_extend(&mut self.free, self.ring_size) };
+            // ours (in TX) and now return to the free list only.
+            let got = unsafe { p.rings.comp.consume(self.ring_size, |a| free.push(a)) };
             p.in_tx -= got.min(p.in_tx);
         }
     }
@@ -1482,7 +1465,7 @@ impl Xsk {
     fn refill_to(&mut self, i: usize, target: usize, slack: usize) {
         let Some(p) = self.ports.get_mut(i) else { return };
         let lack = target.saturating_sub(p.in_fill);
-        if lack == 0 || lack < slack {
+        if lack < slack.max(1) {
             return;
         }
         // The ring's room as last seen suffices unless it is short of what is given now; only
@@ -1509,34 +1492,27 @@ impl Xsk {
     /// `timeout_ms > 0` and need-wakeup on, waits up to that long in `poll(2)` instead.
     pub fn receive(&mut self, i: usize, out: &mut Vec<OwnedFrame>, max: usize, timeout_ms: i32) -> usize {
         let Some(p) = self.ports.get_mut(i) else { return 0 };
-        // `consume` overwrites the descriptors it returns: the buffer is only grown, never
-        // cleared and zeroed per call, and the descriptors are read in place below, not
-        // drained (a drain shifts the rest of the buffer down).
-        if self.scratch.len() < max {
-            self.scratch.resize(max, Desc::default());
-        }
-        let Some(buf) = self.scratch.get_mut(..max) else { return 0 };
+        let (umem, want) = (self.id, u32::try_from(max).unwrap_or(u32::MAX));
+        let mut take = |d: Desc| out.push(OwnedFrame { addr: rx_addr(d.addr), len: d.len, umem });
         // SAFETY: the RX ring belongs to this UMEM; received descriptors are ours alone
         // and are wrapped in `OwnedFrame` at once.
-        let mut n = unsafe { p.rings.rx.consume(buf) };
+        let mut n = unsafe { p.rings.rx.consume(want, &mut take) };
         if n == 0 {
             if self.busy_poll || (self.need_wakeup && p.rings.fill.needs_wakeup()) {
                 recv_wakeup(p.fd.as_raw_fd());
                 // SAFETY: as above.
-                n = unsafe { p.rings.rx.consume(buf) };
+                n = unsafe { p.rings.rx.consume(want, &mut take) };
             }
             if n == 0 && timeout_ms > 0 {
                 let mut fds = [libc::pollfd { fd: p.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 }; 1];
                 // SAFETY: one initialised pollfd of a socket we own; poll writes `revents`.
                 if unsafe { libc::poll(fds.as_mut_ptr(), 1, timeout_ms) } > 0 {
                     // SAFETY: as above.
-                    n = unsafe { p.rings.rx.consume(buf) };
+                    n = unsafe { p.rings.rx.consume(want, &mut take) };
                 }
             }
         }
         p.in_fill -= n.min(p.in_fill);
-        let umem = self.id;
-        out.extend(buf.get(..n).unwrap_or(&[]).iter().map(|d| OwnedFrame { addr: rx_addr(d.addr), len: d.len, umem }));
         n
     }
 
