@@ -23,7 +23,8 @@
 #   BENCH_CPS_PATHS ("b c d"), BENCH_CPS_SECONDS (10), BENCH_SEARCH=0|1 (1: no-drop search once
 #   per path, placement and search profile, then one trial at the no-drop rate for its p50/p99
 #   latency), BENCH_SEARCH_PROFILES ("udp64_1k syn64"; quick: "udp64_1k"), BENCH_SEARCH_TRIALS
-#   (8; quick: 5), BENCH_PLACEMENTS ("split shared shared-rt"; see "placements" below),
+#   (8; quick: 5), BENCH_SEARCH_RETRIES (1: a step's rate is tried once more before it is
+#   rejected, so that one stall of the host does not move the search below it), BENCH_PLACEMENTS ("split shared shared-rt"; see "placements" below),
 #   BENCH_BUILD=0 (use built binaries as they are), BENCH_PERF=1 (each trial also records a
 #   cpu-clock profile of the forwarder's CPU with `perf record -g` after the warm-up, into
 #   $LOGS/PROFILE-PLACEMENT-PATH-REPEAT.perf.data; this VM has no PMU, cpu-clock needs none),
@@ -72,6 +73,7 @@ else
   SEARCH_PROFILES=${BENCH_SEARCH_PROFILES:-"udp64_1k syn64"}
   SEARCH_TRIALS=${BENCH_SEARCH_TRIALS:-8}
 fi
+SEARCH_RETRIES=${BENCH_SEARCH_RETRIES:-1}
 PLACEMENTS=${BENCH_PLACEMENTS:-"split shared shared-rt"}
 WARMUP=${BENCH_WARMUP:-1}
 PATHS=${BENCH_PATHS:-"a b c d e"}
@@ -472,7 +474,7 @@ search_trial() {
   fi
   # shellcheck disable=SC2046,SC2086
   timeout 1800 "$PKTGEN" search $(pktgen_common) $args --duration "$SECS" --warmup "$WARMUP" \
-    --loss-threshold 0.001 --trials "$SEARCH_TRIALS" --json >"$lp.json" 2>"$lp.err"
+    --loss-threshold 0.001 --trials "$SEARCH_TRIALS" --retries "$SEARCH_RETRIES" --json >"$lp.json" 2>"$lp.err"
   local rc=$?
   if [ $rc -ne 0 ] || ! jq -e '.no_drop_pps' "$lp.json" >/dev/null 2>&1; then
     path_down "$path" "$lp"
@@ -619,7 +621,7 @@ else
     fi
   fi
   if [ "$SEARCH" = 1 ]; then
-    say "no-drop search ($SEARCH_TRIALS bisection trials) and latency at that rate: profiles $SEARCH_PROFILES, placements $PLACEMENTS, paths $PATHS"
+    say "no-drop search ($SEARCH_TRIALS bisection steps, $SEARCH_RETRIES retries of a rejected step) and latency at that rate: profiles $SEARCH_PROFILES, placements $PLACEMENTS, paths $PATHS"
     for PLACEMENT in $PLACEMENTS; do
       for prof in $SEARCH_PROFILES; do
         for path in $PATHS; do

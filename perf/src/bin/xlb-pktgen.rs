@@ -5,7 +5,7 @@
 //!     --src-mac MAC --dst-mac MAC --src-ip IPv4 --dst-ip IPv4 --dst-port PORT
 //!     [--flows N] [--size BYTES] [--proto udp|syn|tcp] [--rate PPS] [--duration S] [--warmup S] [--json]
 //! xlb-pktgen recv --netns NS --iface IF [--queue 0] [--cpu N] --duration S [--json]
-//! xlb-pktgen search <every run option> [--loss-threshold 0.001] [--trials 8] [--json]
+//! xlb-pktgen search <every run option> [--loss-threshold 0.001] [--trials 8] [--retries 1] [--json]
 //! ```
 //! See `xlb_perf::pktgen` for the frame format, the stamp and the accounting.
 
@@ -158,9 +158,13 @@ struct SearchArgs {
     /// Largest loss fraction accepted as "no drop".
     #[arg(long, default_value_t = 0.001)]
     loss_threshold: f64,
-    /// Bisection trials after the as-fast-as-possible one.
+    /// Bisection steps after the as-fast-as-possible trial.
     #[arg(long, default_value_t = 8)]
     trials: u32,
+    /// Trials run again at a step's rate, while they lose more than the threshold, before the
+    /// rate is rejected (a stall of the host then does not reject a rate the forwarder carries).
+    #[arg(long, default_value_t = 1)]
+    retries: u32,
 }
 
 fn secs(s: f64, what: &str) -> anyhow::Result<Duration> {
@@ -257,6 +261,8 @@ struct SearchJson {
     duration_s: f64,
     no_drop_pps: f64,
     loss_threshold: f64,
+    /// `--retries`: a step's rate is rejected after this many more trials over the threshold.
+    retries: u32,
     trials: Vec<TrialJson>,
 }
 
@@ -274,11 +280,11 @@ fn cmd_search(a: SearchArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     anyhow::ensure!((0.0..1.0).contains(&a.loss_threshold), "--loss-threshold must be in [0, 1)");
     let cfg = gen_config(&a.run);
     let base = params(&a.run, 0.0)?;
-    let (trials, thr) = (a.trials, a.loss_threshold);
+    let (trials, retries, thr) = (a.trials, a.retries, a.loss_threshold);
     let (outcome, details) = on_thread(move || {
         let mut g = Generator::open(&cfg, Arc::clone(&stop))?;
         let mut details = Vec::new();
-        let outcome = no_drop_search(trials, thr, |rate| {
+        let outcome = no_drop_search(trials, retries, thr, |rate| {
             anyhow::ensure!(!stop.load(std::sync::atomic::Ordering::Relaxed), "interrupted");
             let p = TrialParams { rate_pps: rate, ..base.clone() };
             let s = g.trial(&p);
@@ -308,6 +314,7 @@ fn cmd_search(a: SearchArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
             duration_s: a.run.duration,
             no_drop_pps: outcome.no_drop_pps,
             loss_threshold: outcome.loss_threshold,
+            retries,
             trials: outcome
                 .trials
                 .into_iter()
