@@ -621,7 +621,7 @@ else
     fi
   fi
   if [ "$SEARCH" = 1 ]; then
-    say "no-drop search ($SEARCH_TRIALS bisection steps, $SEARCH_RETRIES retries of a rejected step) and latency at that rate: profiles $SEARCH_PROFILES, placements $PLACEMENTS, paths $PATHS"
+    say "no-drop search ($SEARCH_TRIALS bisection steps; a rejected step tried again up to $SEARCH_RETRIES time(s)) and latency at that rate: profiles $SEARCH_PROFILES, placements $PLACEMENTS, paths $PATHS"
     for PLACEMENT in $PLACEMENTS; do
       for prof in $SEARCH_PROFILES; do
         for path in $PATHS; do
