@@ -24,7 +24,8 @@
 #   per path, placement and search profile, then one trial at the no-drop rate for its p50/p99
 #   latency), BENCH_SEARCH_PROFILES ("udp64_1k syn64"; quick: "udp64_1k"), BENCH_SEARCH_TRIALS
 #   (8; quick: 5), BENCH_SEARCH_RETRIES (1: a step's rate is tried once more before it is
-#   rejected, so that one stall of the host does not move the search below it), BENCH_PLACEMENTS ("split shared shared-rt"; see "placements" below),
+#   rejected, so that one stall of the host does not move the search below it),
+#   BENCH_PLACEMENTS ("split shared shared-rt"; see "placements" below),
 #   BENCH_BUILD=0 (use built binaries as they are), BENCH_PERF=1 (each trial also records a
 #   cpu-clock profile of the forwarder's CPU with `perf record -g` after the warm-up, into
 #   $LOGS/PROFILE-PLACEMENT-PATH-REPEAT.perf.data; this VM has no PMU, cpu-clock needs none),

@@ -297,7 +297,7 @@ fn cmd_search(a: SearchArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
                 r.tx_pps,
                 r.rx_pps,
                 loss * 100.0,
-                if loss <= thr { "accepted" } else { "rejected" }
+                if loss <= thr { "within the threshold" } else { "over the threshold" }
             );
             details.push((r.tx_packets, r.rx_packets, r.latency_ns.clone()));
             Ok(Trial { rate_pps: rate, tx_pps: r.tx_pps, rx_pps: r.rx_pps, loss })

@@ -41,7 +41,8 @@ pub struct SearchOutcome {
     pub no_drop_pps: f64,
     /// The threshold used.
     pub loss_threshold: f64,
-    /// All trials in order, the as-fast-as-possible one first.
+    /// All trials in order, the as-fast-as-possible one first; a retry follows the trial it
+    /// repeats, at the same rate.
     pub trials: Vec<Trial>,
 }
 
