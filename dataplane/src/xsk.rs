@@ -1465,7 +1465,7 @@ impl Xsk {
     fn refill_to(&mut self, i: usize, target: usize, slack: usize) {
         let Some(p) = self.ports.get_mut(i) else { return };
         let lack = target.saturating_sub(p.in_fill);
-        if lack < slack.max(1) {
+        if lack < slack {
             return;
         }
         // The ring's room as last seen suffices unless it is short of what is given now; only
