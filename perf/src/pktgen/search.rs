@@ -76,12 +76,11 @@ pub fn no_drop_search<E>(
         let mut accepted = false;
         for _ in 0..=retries {
             let t = trial(mid)?;
+            let tx = t.tx_pps;
             accepted = t.loss <= loss_threshold;
-            if accepted {
-                out.no_drop_pps = out.no_drop_pps.max(t.tx_pps);
-            }
             out.trials.push(t);
             if accepted {
+                out.no_drop_pps = out.no_drop_pps.max(tx);
                 break;
             }
         }
