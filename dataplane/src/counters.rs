@@ -111,6 +111,7 @@ declare_counters! {
         FlowRebound = 11, "flow_rebound", Counter, "A flow whose backend slot was freed kept its backend, found again by address and port in its frontend's service (the Service's external and internal specs merged or split).";
         FlowPickedUp = 12, "flow_picked_up", Counter, "A TCP packet without SYN, of no tracked flow, started a tracked flow (mid-stream pickup after a restart without hand-over or a crash). With the `mh` and `sh` schedulers it reaches the backend the flow had while the tables are the same; with the others the backend is chosen afresh and usually answers with a RST.";
         FlowImported = 13, "flow_imported", Counter, "Flows taken over from the previous xlb process at a hand-over (`xlb run --takeover`).";
+        ReplyTupleReused = 14, "reply_tuple_reused", Counter, "A SYN from a backend on the reply tuple of a closing flow (FIN or RST seen): it answers a connection that did not come through xlb (a client's direct connection to the pod from the port of its earlier connection through the VIP), so the closing flow is forgotten and the packet handled as one of no flow (handed back to the kernel).";
     }
 }
 

@@ -311,6 +311,56 @@ fn rows_for(f: Fam) -> Vec<Row> {
             ),
         ],
     )];
+    // A direct connection from the client to the backend (routed by the kernel, not through a
+    // VIP) from the port of the client's closing connection through the VIP: the backend's
+    // SYN-ACK matches the closing flow's reply tuple but is not that flow's.
+    rows.push(row(
+        "a_backends_syn_ack_on_the_reply_tuple_of_a_closing_flow_is_the_kernels_and_the_flow_is_forgotten",
+        f,
+        spec(f, vec![]),
+        vec![
+            step(
+                "SYN to VIP:80",
+                tcp(c, 40000, vip, 80, SYN, 64, IN),
+                Expect::Tx(tcp(c, 40000, b0, 8080, SYN, 63, to_b(0))),
+            ),
+            step(
+                "SYN-ACK from the backend",
+                tcp(b0, 8080, c, 40000, SYN | ACK, 64, from_b(0)),
+                Expect::Tx(tcp(vip, 80, c, 40000, SYN | ACK, 63, OUT)),
+            ),
+            step(
+                "ACK: established",
+                tcp(c, 40000, vip, 80, ACK, 64, IN),
+                Expect::Tx(tcp(c, 40000, b0, 8080, ACK, 63, to_b(0))),
+            ),
+            step(
+                "a SYN-ACK retransmitted to an established flow is still the flow's",
+                tcp(b0, 8080, c, 40000, SYN | ACK, 64, from_b(0)),
+                Expect::Tx(tcp(vip, 80, c, 40000, SYN | ACK, 63, OUT)),
+            ),
+            step(
+                "FIN from the client: closing",
+                tcp(c, 40000, vip, 80, FIN | ACK, 64, IN),
+                Expect::Tx(tcp(c, 40000, b0, 8080, FIN | ACK, 63, to_b(0))),
+            ),
+            step(
+                "a SYN-ACK on the closing flow's reply tuple answers a direct connection: the kernel's",
+                tcp(b0, 8080, c, 40000, SYN | ACK, 64, from_b(0)),
+                Expect::Pass,
+            ),
+            step(
+                "the direct connection's next packet finds no flow either",
+                tcp(b0, 8080, c, 40000, ACK, 64, from_b(0)),
+                Expect::Pass,
+            ),
+            step(
+                "a new connection through the VIP from that port is a new flow",
+                tcp(c, 40000, vip, 80, SYN, 64, IN),
+                Expect::Tx(tcp(c, 40000, b0, 8080, SYN, 63, to_b(0))),
+            ),
+        ],
+    ));
     rows.push(row(
         "udp_dnat_and_reply",
         f,
@@ -1405,6 +1455,12 @@ fn counters_account_for_every_frame_and_count_events() {
         if r.name.ends_with("flow_keeps_its_backend_when_the_external_frontend_merges_into_the_internal_spec") {
             assert_eq!(k.events_of(Event::FlowRebound), 1, "{}", r.name);
             assert_eq!(k.events_of(Event::RstBackendGone), 0, "{}", r.name);
+        }
+        if r.name.ends_with(
+            "a_backends_syn_ack_on_the_reply_tuple_of_a_closing_flow_is_the_kernels_and_the_flow_is_forgotten",
+        ) {
+            assert_eq!(k.events_of(Event::ReplyTupleReused), 1, "{}", r.name);
+            assert_eq!(k.events_of(Event::NewFlow), 2, "{}", r.name);
         }
         if r.name.ends_with("service_without_endpoints_rejects_with_port_unreachable") {
             assert_eq!(k.events_of(Event::RejectSent), 1);

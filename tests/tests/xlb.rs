@@ -616,6 +616,45 @@ mod xlb {
         assert!(table.trim().is_empty(), "routes left in xlb's table: {table}");
     }
 
+    /// A client's direct connection to the pod behind the lb's veth, from the port of its
+    /// closing connection to the pod through a VIP: the pod's SYN-ACK has that flow's reply
+    /// tuple, but xlb leaves it to the kernel (the flow's handshake is over; a SYN through the
+    /// VIP would have replaced it) and forgets the closing flow, so the connection is made.
+    /// Before, xlb translated the SYN-ACK to come from the VIP and the connection timed out:
+    /// the way `pod_behind_a_veth_...` failed once, when the kernel gave a direct connection
+    /// the ephemeral port of one of its VIP connections. socat binds with SO_REUSEADDR so that
+    /// the second connection gets the first one's port while that one is in TIME_WAIT.
+    #[test]
+    fn a_direct_connection_to_the_pod_from_the_port_of_a_closing_vip_connection_is_made() {
+        if skip_without_root("a_direct_connection_to_the_pod_from_the_port_of_a_closing_vip_connection_is_made") {
+            return;
+        }
+        let tb = testbed();
+        let xlb = start_xlb(&tb);
+        let get = |dst: &str| {
+            let cmd = format!(
+                "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | socat -T5 - TCP:{dst}:80,bind=:40001,reuseaddr,connect-timeout=5"
+            );
+            let out = tb.exec(Role::Client, &["sh", "-c", &cmd]).expect("run socat");
+            let body = String::from_utf8_lossy(&out.stdout).lines().last().map(str::to_owned);
+            (out.status.success(), body, String::from_utf8_lossy(&out.stderr).into_owned())
+        };
+        let (ok, body, err) = get("10.250.100.32");
+        assert!(ok && body.as_deref() == Some("be4"), "through the VIP: {body:?} {err}{}", evidence(&xlb));
+        let flows = xlb.conntrack().unwrap_or_else(|e| e.to_string());
+        let closing: Vec<&str> = flows.lines().filter(|l| l.contains("sport=40001 ")).collect();
+        assert!(
+            closing.len() == 1 && closing.iter().all(|l| l.contains("FIN_WAIT") || l.contains("CLOSE")),
+            "the VIP connection's flow, closing: {flows}"
+        );
+        let (ok, body, err) = get("10.250.40.2");
+        assert!(ok && body.as_deref() == Some("be4"), "direct: {body:?} {err}{}", evidence(&xlb));
+        let stats = XlbStats::parse(&xlb.stats().expect("stats"));
+        assert_eq!(stats.event("reply_tuple_reused"), 1, "{}", evidence(&xlb));
+        let flows = xlb.conntrack().unwrap_or_else(|e| e.to_string());
+        assert!(!flows.contains("sport=40001 "), "the closing flow is forgotten: {flows}");
+    }
+
     /// The LoadBalancer ingress IP 10.250.100.2 of `demo/lb` is in xlb's table with exactly
     /// the service's endpoints, and serves: balanced over be1 and be2, never be3, client IP
     /// kept, one xlb flow per request. The service's ClusterIP answers too.

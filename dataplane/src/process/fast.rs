@@ -62,10 +62,11 @@ macro_rules! fast_stage {
                 let old = r.ct_state();
                 let is_tcp = $shaped || l.key.proto == proto::TCP;
                 // A SYN on the tuple of a closing connection starts a new one: the slow path replaces
-                // the flow (IPVS conn_reuse_mode).
-                let reuse = hit.dir == Dir::Forward
-                    && is_tcp
-                    && l.tcp_flags & (tcp_flags::SYN | tcp_flags::ACK) == tcp_flags::SYN
+                // the flow (IPVS conn_reuse_mode); a backend's SYN on its reply tuple answers a
+                // connection that did not come through xlb, and the slow path forgets the flow.
+                let reuse = is_tcp
+                    && l.tcp_flags & tcp_flags::SYN != 0
+                    && (hit.dir == Dir::Reply || l.tcp_flags & tcp_flags::ACK == 0)
                     && matches!(old, CtState::FinWait | CtState::Closed);
                 // The record's rewrite applies: made under these tables, not expired, not a
                 // reused tuple, and no earlier packet of the flow waiting in the slow path. The

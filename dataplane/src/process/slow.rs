@@ -531,7 +531,20 @@ fn run_l4<A: Fam>(
         return forward::<A>(st, c, t, pkt, p, fe, hint, in_port);
     }
     match lookup(st, c, &key, h) {
-        Found::Live(hit) if hit.dir == Dir::Reply => return reply::<A>(st, c, t, pkt, p, hit),
+        Found::Live(hit) if hit.dir == Dir::Reply => {
+            if !answers_another_connection(st, p, &hit) {
+                return reply::<A>(st, c, t, pkt, p, hit);
+            }
+            // A backend's SYN on the reply tuple of a closing flow answers a SYN that did not
+            // come through xlb (that SYN would have replaced the flow, IPVS conn_reuse_mode):
+            // a client's direct connection to the backend from the port of its earlier
+            // connection through a VIP, whose replies the kernel routes into xlb. Linux
+            // conntrack would have given the new connection another source port (the null
+            // binding's clash, nf_nat_core.c); xlb cannot, so it forgets the closing flow, and
+            // the packet and the rest of that connection are the kernel's.
+            remove_flow(st, c, hit.id);
+            c.counters.event(Event::ReplyTupleReused);
+        }
         Found::Expired => {
             return if A::snat(t) == Some(dst) { Verdict::Drop(DropReason::SnatUntracked) } else { Verdict::Pass };
         }
@@ -553,6 +566,15 @@ fn run_l4<A: Fam>(
         return reject::<A>(c, pkt, p, in_port);
     }
     Verdict::Pass
+}
+
+/// Whether a packet that matched flow `hit`'s reply tuple is a TCP SYN (a SYN-ACK from the
+/// backend) while the flow is closing ([`CtState::FinWait`], [`CtState::Closed`]): the flow's
+/// own handshake is over, and a new SYN through a frontend would have replaced it.
+fn answers_another_connection<A: Fam>(st: &FamState<A>, p: &Parsed, hit: &Hit) -> bool {
+    p.proto == proto::TCP
+        && p.tcp_flags & tcp_flags::SYN != 0
+        && st.ct.rec(hit.id).is_some_and(|r| matches!(r.ct_state(), CtState::FinWait | CtState::Closed))
 }
 
 fn reject<A: Fam>(c: &mut Common, pkt: &mut Packet<'_>, p: &Parsed, in_port: u8) -> Verdict {
