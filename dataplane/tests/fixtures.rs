@@ -748,6 +748,27 @@ fn rows_for(f: Fam) -> Vec<Row> {
         ],
     ));
     rows.push(row(
+        "a_syn_on_the_tuple_of_a_closing_flow_whose_backend_left_is_a_new_flow_to_a_backend_that_is_there",
+        f,
+        two(&[0]),
+        vec![
+            step("SYN", tcp(c, 40000, vip, 80, SYN, 64, IN), Expect::Tx(tcp(c, 40000, b0, 8080, SYN, 63, to_b(0)))),
+            step("ACK", tcp(c, 40000, vip, 80, ACK, 64, IN), Expect::Tx(tcp(c, 40000, b0, 8080, ACK, 63, to_b(0)))),
+            step(
+                "FIN: closing",
+                tcp(c, 40000, vip, 80, FIN | ACK, 64, IN),
+                Expect::Tx(tcp(c, 40000, b0, 8080, FIN | ACK, 63, to_b(0))),
+            ),
+            Step {
+                what: "a new SYN from the same port after backend 0 left: the surviving backend, no RST",
+                retable: Some(two(&[1])),
+                advance_s: 0,
+                input: tcp(c, 40000, vip, 80, SYN, 64, IN),
+                expect: Expect::Tx(tcp(c, 40000, f.backends[1], 8080, SYN, 63, to_b(1))),
+            },
+        ],
+    ));
+    rows.push(row(
         "udp_flow_to_a_removed_backend_is_rebalanced_at_once",
         f,
         two(&[0]),
@@ -1444,6 +1465,12 @@ fn counters_account_for_every_frame_and_count_events() {
         assert_eq!(k.rx.get(), k.tx.get() + k.pass.get() + drops, "{}", r.name);
         assert_eq!(k.rx.get(), r.steps.len() as u64, "{}", r.name);
         rx += k.rx.get();
+        if r.name.ends_with(
+            "a_syn_on_the_tuple_of_a_closing_flow_whose_backend_left_is_a_new_flow_to_a_backend_that_is_there",
+        ) {
+            assert_eq!(k.events_of(Event::FlowReused), 1, "{}", r.name);
+            assert_eq!(k.events_of(Event::RstBackendGone), 0, "{}", r.name);
+        }
         if r.name.ends_with("tcp_flow_to_a_removed_backend_gets_a_reset") {
             assert_eq!(k.events_of(Event::RstBackendGone), 1);
             assert_eq!(k.events_of(Event::FlowRebound), 0, "a backend that left is not found again");

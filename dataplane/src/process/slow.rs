@@ -675,14 +675,15 @@ fn forward<A: Fam>(
                 c.counters.event(Event::FlowRebound);
                 backend = Some(b);
             }
-            match backend {
-                Some(b) if !reuse => return established::<A>(st, c, t, pkt, p, &hit, r, b),
-                Some(_) => {
-                    // A new connection on the tuple of a closing one (IPVS conn_reuse_mode).
+            match (backend, reuse) {
+                (Some(b), false) => return established::<A>(st, c, t, pkt, p, &hit, r, b),
+                (_, true) => {
+                    // A new connection on the tuple of a closing one (IPVS conn_reuse_mode),
+                    // whether or not the closing one's backend is still in the tables.
                     remove_flow(st, c, hit.id);
                     c.counters.event(Event::FlowReused);
                 }
-                None => {
+                (None, false) => {
                     remove_flow(st, c, hit.id);
                     if is_tcp {
                         // The backend left the tables: tell the client now, so it reconnects at
