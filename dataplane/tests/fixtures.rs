@@ -1195,6 +1195,45 @@ fn rows_for(f: Fam) -> Vec<Row> {
     rows
 }
 
+/// A node address that is also an external IP (k3s's ServiceLB reports node addresses as
+/// LoadBalancer ingress): the node's own traffic is still the kernel's, later fragments
+/// (`later_fragment`, to the node's address) included, with the external IP in the tables
+/// from the start and added by a change.
+fn node_address_also_an_external_ip_rows(f: Fam, later_fragment: Vec<u8>) -> Vec<Row> {
+    let mut node_ext = spec(f, vec![]);
+    node_ext.services.push(Arc::new(service(
+        "default/ext:http",
+        vec![Frontend::new(f.node, L4Proto::Tcp, 80, FrontendKind::ExternalIp, false)],
+        vec![local_backend(f.backends[1], 8080)],
+        ForwardingMode::Nat,
+    )));
+    let cases = [("from_the_start", node_ext.clone(), None), ("after_a_change", spec(f, vec![]), Some(node_ext))];
+    cases
+        .into_iter()
+        .map(|(when, setup, retable)| {
+            row(
+                &format!("a_node_address_that_is_also_an_external_ip_passes_the_nodes_own_fragments_{when}"),
+                f,
+                setup,
+                vec![
+                    Step {
+                        what: "a later fragment to the node's address, of no flow",
+                        retable,
+                        advance_s: 0,
+                        input: later_fragment.clone(),
+                        expect: Expect::Pass,
+                    },
+                    step(
+                        "the external IP's port is still served",
+                        tcp(f.client, 40000, f.node, 80, SYN, 64, IN),
+                        Expect::Tx(tcp(f.client, 40000, f.backends[1], 8080, SYN, 63, to_b(1))),
+                    ),
+                ],
+            )
+        })
+        .collect()
+}
+
 /// IPv6 fragments (Fragment extension header, RFC 8200 §4.5): the first fragment picks the
 /// backend; later ones follow it.
 fn fragment_rows_v6() -> Vec<Row> {
@@ -1235,7 +1274,8 @@ fn fragment_rows_v6() -> Vec<Row> {
     let hc = dataplane::csum::update_bytes(hc, &vip6, &b6);
     let hc = dataplane::csum::update_bytes(hc, &53u16.to_be_bytes(), &8080u16.to_be_bytes());
     first_out[68..70].copy_from_slice(&hc.to_be_bytes());
-    vec![row(
+    let mut rows = node_address_also_an_external_ip_rows(f, frag(f.node, false, 64, IN, 53));
+    rows.push(row(
         "fragments_follow_their_first_fragment",
         f,
         spec(f, vec![]),
@@ -1252,7 +1292,8 @@ fn fragment_rows_v6() -> Vec<Row> {
                 Expect::Tx(frag(f.backends[0], false, 63, to_b(0), 8080)),
             ),
         ],
-    )]
+    ));
+    rows
 }
 
 /// IPv4 fragments: the first fragment picks the backend; later ones follow it.
@@ -1283,7 +1324,8 @@ fn fragment_rows() -> Vec<Row> {
         fr.macs(macs.0, macs.1);
         fr.bytes
     };
-    vec![row(
+    let mut rows = node_address_also_an_external_ip_rows(f, frag(f.node, false, 64, IN, 53));
+    rows.push(row(
         "fragments_follow_their_first_fragment",
         f,
         spec(f, vec![]),
@@ -1304,7 +1346,8 @@ fn fragment_rows() -> Vec<Row> {
                 Expect::Tx(frag(f.backends[0], false, 63, to_b(0), 8080)),
             ),
         ],
-    )]
+    ));
+    rows
 }
 
 struct Outcome {

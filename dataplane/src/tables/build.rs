@@ -282,6 +282,18 @@ fn kind_index(k: VipAddrKind) -> usize {
 
 const KINDS: [VipAddrKind; 3] = [VipAddrKind::Node, VipAddrKind::Service, VipAddrKind::ClusterIp];
 
+/// The kind of an address from how many of its frontends have each kind (in [`KINDS`]'
+/// order): [`VipAddrKind::Node`] whenever a NodePort is on it, since the node's own traffic
+/// lives there whatever else it serves (an external or LoadBalancer IP that is the node's own
+/// address, as k3s's ServiceLB reports node addresses); else the highest. `None` when no
+/// frontend is on it.
+fn kind_of(counts: [u32; 3]) -> Option<VipAddrKind> {
+    if counts.get(kind_index(VipAddrKind::Node)).is_some_and(|n| *n > 0) {
+        return Some(VipAddrKind::Node);
+    }
+    KINDS.iter().zip(counts).filter(|(_, c)| *c > 0).map(|(k, _)| *k).max()
+}
+
 /// Per-Service checks that need nothing else: ports not 0, one address family, no backend
 /// twice.
 fn validate_service(s: &ServiceSpec, seen_b: &mut HashSet<(IpAddr, u16)>) -> Result<(), BuildError> {
@@ -959,13 +971,7 @@ impl TableBuilder {
         // 3. Shared keys whose reference counts crossed zero.
         if fresh {
             // Everything is new: one pass over the counts, no lookups; each map built whole.
-            let addrs = self
-                .addr_kinds
-                .iter()
-                .filter_map(|(a, counts)| {
-                    KINDS.iter().zip(counts).filter(|(_, c)| **c > 0).map(|(k, _)| (*a, *k)).max_by_key(|(_, k)| *k)
-                })
-                .collect();
+            let addrs = self.addr_kinds.iter().filter_map(|(a, counts)| Some((*a, kind_of(*counts)?))).collect();
             // The steered endpoints (counted, then made whole) on one thread, the rest on
             // another when the build may use two: the same maps and counts as one thread's.
             let one_thread = self.build_threads() == 1;
@@ -1008,8 +1014,7 @@ impl TableBuilder {
         self.drop_unreferenced(t);
         for a in touched_addrs {
             let counts = self.addr_kinds.get(&a).copied().unwrap_or([0; 3]);
-            let kind = KINDS.iter().zip(counts).filter(|(_, c)| *c > 0).map(|(k, _)| *k).max();
-            match kind {
+            match kind_of(counts) {
                 Some(k) => {
                     t.vip_addrs.insert(a, k);
                 }

@@ -748,7 +748,9 @@ pub struct VipKey {
 #[derive(Copy, Clone, PartialEq, Eq, Debug, PartialOrd, Ord)]
 pub enum VipAddrKind {
     /// A node address with NodePorts: the node's own traffic lives here too, so other ports
-    /// and unparsable packets go to the kernel.
+    /// and unparsable packets go to the kernel. An address with NodePorts has this kind
+    /// whatever other frontends it has (a node address that is also an external or
+    /// LoadBalancer IP).
     Node,
     /// A LoadBalancer ingress IP or external IP: other ports go to the kernel; malformed
     /// packets are dropped.
