@@ -83,8 +83,8 @@ impl<A: Family> FragTable<A> {
 
     /// Records a series. When full, expired series are dropped first.
     ///
-    /// Returns `false` if the table is still full; the first fragment is forwarded anyway and
-    /// the caller counts `FragmentTableFull`.
+    /// Returns `false` if the table is still full; the caller then drops the first fragment
+    /// (its later fragments could not follow it) as `FragmentTableFull`.
     pub fn insert(&mut self, k: FragKey<A>, e: FragEntry<A>, now_s: u32) -> bool {
         if self.map.len() >= self.capacity && !self.map.contains_key(&k) {
             // Rescan at most once per second, so a full table costs a probe, not a scan.
