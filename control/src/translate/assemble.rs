@@ -141,10 +141,11 @@ pub(super) fn assemble(
                 continue;
             }
             // Frontends another Service claimed first are left out; the spec is shared as it is
-            // when none is.
+            // when none is. Keyed as the dataplane keys them: an IPv4-mapped IPv6 address is
+            // its IPv4 address.
             let mut kept = Vec::with_capacity(p.frontends.len());
             for (f, field) in p.frontends.iter().zip(fields) {
-                let key = (f.addr, f.proto, f.port);
+                let key = (f.addr.to_canonical(), f.proto, f.port);
                 if let Some(owner) = claimed.get(&key) {
                     report.issues.push(frontend_taken(label_of(svc), field, f, owner));
                     continue;

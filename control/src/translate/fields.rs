@@ -28,8 +28,16 @@ pub(super) struct SourcedAddr {
     pub(super) field: String,
 }
 
-/// Parses an address from field `field` of object `label`; a bad one is reported as an error
-/// naming the field (only that address is skipped) and gives `None`.
+/// Parses an address of a Kubernetes object as kube-proxy does (`ParseIPSloppy`, Go's
+/// `net.ParseIP`): an IPv4-mapped IPv6 address (`::ffff:10.0.0.1`) is the IPv4 address, so
+/// it belongs to the IPv4 family and is the same frontend or backend as `10.0.0.1` (the
+/// dataplane keys both alike, [`dataplane::addr::mapped`]).
+pub(super) fn parse_ip(s: &str) -> Option<IpAddr> {
+    s.trim().parse::<IpAddr>().ok().map(|a| a.to_canonical())
+}
+
+/// Parses an address from field `field` of object `label` ([`parse_ip`]); a bad one is
+/// reported as an error naming the field (only that address is skipped) and gives `None`.
 pub(super) fn parse_sourced(
     s: &str,
     field: String,
@@ -37,9 +45,9 @@ pub(super) fn parse_sourced(
     label: &str,
     report: &mut TranslateReport,
 ) -> Option<SourcedAddr> {
-    match s.trim().parse::<IpAddr>() {
-        Ok(addr) => Some(SourcedAddr { addr, field }),
-        Err(_) => {
+    match parse_ip(s) {
+        Some(addr) => Some(SourcedAddr { addr, field }),
+        None => {
             report.issues.push(Issue {
                 severity: Severity::Error,
                 object: label.to_owned(),
@@ -72,12 +80,20 @@ pub(super) fn parse_policy(v: Option<&str>) -> Option<Policy> {
     }
 }
 
-/// Parses a CIDR as the API server does: host bits are allowed and masked.
+/// Parses a CIDR as the API server does: host bits are allowed and masked. A prefix of
+/// IPv4-mapped addresses (`::ffff:10.0.0.0/104`) is the IPv4 prefix (`10.0.0.0/8`), as
+/// [`parse_ip`] reads its addresses.
 pub(super) fn parse_cidr_lenient(s: &str) -> Option<Cidr> {
     let s = s.trim();
     let (a, l) = s.split_once('/')?;
-    let addr: IpAddr = a.parse().ok()?;
-    let len: u8 = l.parse().ok()?;
+    let mut addr: IpAddr = a.parse().ok()?;
+    let mut len: u8 = l.parse().ok()?;
+    if let IpAddr::V6(v6) = addr
+        && let Some(v4) = v6.to_ipv4_mapped()
+        && (96..=128).contains(&len)
+    {
+        (addr, len) = (IpAddr::V4(v4), len - 96);
+    }
     let masked = match addr {
         IpAddr::V4(v) => {
             if len > 32 {

@@ -26,7 +26,7 @@ use crate::config::Config;
 
 /// A Service as the claims maps name it (shared, so a claim costs no string copies).
 type Key = Arc<ServiceRef>;
-/// A frontend: (address, protocol, port).
+/// A frontend: (address, protocol, port), the address canonical ([`fe_key`]).
 type FeKey = (IpAddr, L4Proto, u16);
 /// A table-name claim: (Service, index of the spec in its translation).
 type NamePos = (Key, usize);
@@ -160,8 +160,10 @@ fn sub_counts(from: &mut [usize; 2], n: [usize; 2]) {
     }
 }
 
+/// A frontend's claim key, as the dataplane keys frontends: an IPv4-mapped IPv6 address is its
+/// IPv4 address.
 fn fe_key(f: &dataplane::tables::Frontend) -> FeKey {
-    (f.addr, f.proto, f.port)
+    (f.addr.to_canonical(), f.proto, f.port)
 }
 
 fn family_index(f: Family) -> usize {

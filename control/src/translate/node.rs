@@ -81,9 +81,9 @@ impl NodeInfo {
                     "ExternalIP" => AddrType::External,
                     _ => continue, // Hostname, InternalDNS, ExternalDNS
                 };
-                match na.address.trim().parse::<IpAddr>() {
-                    Ok(a) => push(a, t),
-                    Err(_) => report.issues.push(Issue {
+                match super::fields::parse_ip(&na.address) {
+                    Some(a) => push(a, t),
+                    None => report.issues.push(Issue {
                         severity: Severity::Warning,
                         object: label.clone(),
                         field: format!("status.addresses[{i}].address"),

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{Service, ServicePort};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::fields::{PortInfo, parse_cidr_lenient, parse_policy, parse_proto, parse_sourced, port_u16};
+use super::fields::{PortInfo, parse_cidr_lenient, parse_ip, parse_policy, parse_proto, parse_sourced, port_u16};
 use super::select::{Ep, Policy, Selection};
 use super::{
     AFFINITY_DEFAULT_TIMEOUT_S, AFFINITY_MAX_TIMEOUT_S, ANNOTATION_FORWARDING_MODE, ANNOTATION_SCHEDULER,
@@ -91,7 +91,7 @@ pub(super) fn translate_service(
     let mut cluster_ips: Vec<(IpAddr, String)> = Vec::new();
     for (i, s) in ip_strings.iter().enumerate() {
         let field = if ip_field == "spec.clusterIP" { ip_field.to_owned() } else { format!("{ip_field}[{i}]") };
-        let Ok(a) = s.trim().parse::<IpAddr>() else {
+        let Some(a) = parse_ip(s) else {
             return Err(svc_err(label, field, format!("{s:?} is not an IP address")));
         };
         if cluster_ips.iter().any(|(x, _)| Family::of(*x) == Family::of(a)) {
@@ -438,9 +438,9 @@ pub(super) fn gather_endpoints(
         for (ei, e) in slice.endpoints.iter().enumerate() {
             // EPS-11: the first address only.
             let Some(a0) = e.addresses.first() else { continue };
-            let addr = match a0.trim().parse::<IpAddr>() {
-                Ok(a) if Family::of(a) == fam => a,
-                Ok(a) => {
+            let addr = match parse_ip(a0) {
+                Some(a) if Family::of(a) == fam => a,
+                Some(a) => {
                     report.issues.push(Issue {
                         severity: Severity::Warning,
                         object: label(),
@@ -449,7 +449,7 @@ pub(super) fn gather_endpoints(
                     });
                     continue;
                 }
-                Err(_) => {
+                None => {
                     report.issues.push(Issue {
                         severity: Severity::Warning,
                         object: label(),

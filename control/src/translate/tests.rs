@@ -1217,3 +1217,23 @@ fn a_translation_on_several_threads_equals_the_one_thread_translation() {
     assert_eq!(four.build(&st, &c).unwrap(), a);
     assert_eq!(four.stats(), TranslateStats { translated: 300, reused: 2700 });
 }
+
+// -------------------------------------------- kube-proxy parity, the translator's cache
+
+#[test]
+fn ipv4_mapped_external_ip_colliding_with_another_cluster_ip_does_not_fail_the_whole_table() {
+    // The dataplane keys frontends by `addr::mapped`, so `::ffff:10.96.0.10` and 10.96.0.10
+    // are one frontend. An IPv6 Service whose externalIP is spelled that way must not hand the
+    // builder `web`'s ClusterIP frontend a second time (the whole table build fails:
+    // DuplicateFrontend). kube-proxy (ParseIPSloppy) reads the address as IPv4: of the other
+    // family, ignored with a warning.
+    let evil = svc("other/evil", "fd00:96::99").port("p", 80, 80).external_ips(&["::ffff:10.96.0.10"]);
+    let (t, r) = run1(vec![web(), evil], vec![web_slice().ep(ep("10.0.0.1"))]);
+    assert_eq!(fronts(spec(&t, "default/web:http")), ["ClusterIP 10.96.0.10 TCP/80"]);
+    assert_eq!(fronts(spec(&t, "other/evil:p")), ["ClusterIP fd00:96::99 TCP/80"]);
+    assert!(
+        r.issues.iter().any(|i| i.field == "spec.externalIPs[0]" && i.message.starts_with("10.96.0.10 is IPv4")),
+        "{:?}",
+        r.issues
+    );
+}
