@@ -62,6 +62,7 @@ mod service;
 mod tests;
 
 use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
 
 use dataplane::tables::TablesSpec;
 use k8s_openapi::api::core::v1::{Node, Service};
@@ -174,8 +175,9 @@ pub struct TranslateStats {
 ///
 /// A cached translation is reused when the Service's `metadata.resourceVersion` and the
 /// names and resourceVersions of its EndpointSlices are those it was made from, and the
-/// xlb configuration and this node's Node object are equal to the previous build's (any
-/// change of those translates everything). The API server changes a resourceVersion on every
+/// xlb configuration, this node's Node object and the host's addresses
+/// ([`ClusterState::local_addresses`], where NodePorts answer) are equal to the previous
+/// build's (any change of those translates everything). The API server changes a resourceVersion on every
 /// write, so this needs no list of changes from the watcher, and a slice that moves to another
 /// Service changes both Services' slice lists. Objects without a resourceVersion (from a
 /// file) are always translated. The result is always equal to [`build_spec`]'s for the same
@@ -187,8 +189,9 @@ pub struct TranslateStats {
 /// an indexed [`ClusterIndex`](crate::cluster::ClusterIndex) in O(changed Services) (the Kubernetes source).
 #[derive(Debug, Default)]
 pub struct Translator {
-    /// Config and Node the cache was made with.
-    basis: Option<(Config, Option<Node>)>,
+    /// Config, Node and host addresses ([`ClusterState::local_addresses`]) the cache was made
+    /// with.
+    basis: Option<(Config, Option<Node>, Vec<IpAddr>)>,
     /// By (namespace, name): the versions a translation was made from, and the translation.
     cache: FastMap<(String, String), (Versions, Cached)>,
     stats: TranslateStats,
@@ -232,9 +235,11 @@ impl Translator {
         cfg: &Config,
     ) -> Result<(TablesSpec, TranslateReport), TranslateError> {
         cfg.validate().map_err(|e| TranslateError::Config { field: e.field, message: e.message })?;
-        if self.basis.as_ref().is_none_or(|(c, n)| c != cfg || n.as_ref() != input.node.as_ref()) {
+        if self.basis.as_ref().is_none_or(|(c, n, local)| {
+            c != cfg || n.as_ref() != input.node.as_ref() || *local != input.local_addresses
+        }) {
             self.cache.clear();
-            self.basis = Some((cfg.clone(), input.node.clone()));
+            self.basis = Some((cfg.clone(), input.node.clone(), input.local_addresses.clone()));
         }
         let threads = match self.threads {
             0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),

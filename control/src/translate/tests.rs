@@ -1237,3 +1237,18 @@ fn ipv4_mapped_external_ip_colliding_with_another_cluster_ip_does_not_fail_the_w
         r.issues
     );
 }
+
+#[test]
+fn translator_build_follows_a_change_of_the_host_addresses() {
+    // `xlb run` (file mode) rebuilds with Input::File when the host's addresses change
+    // (NPA-02: NodePorts answer on them); the kept Translator must not reuse NodePort
+    // frontends computed for the old addresses.
+    let mut st = versioned(state(vec![web().ty("NodePort").node_port(30080)], vec![], Some(our_node())), "7");
+    let mut tr = Translator::new();
+    tr.build(&st, &cfg()).unwrap();
+    st.local_addresses = vec!["172.31.5.5".parse().unwrap()];
+    let (got, _) = tr.build(&st, &cfg()).unwrap();
+    let (want, _) = build_spec(&st, &cfg()).unwrap();
+    assert!(fronts(spec(&want, "default/web:http")).contains(&"NodePort 172.31.5.5 TCP/30080 masq".to_owned()));
+    assert_eq!(fronts(spec(&got, "default/web:http")), fronts(spec(&want, "default/web:http")));
+}
