@@ -16,6 +16,9 @@
 //!   `loadBalancerClass` (SVC-06, SVC-08: the class picks who provisions and announces the
 //!   address, not who forwards to it; kube-proxy's `pkg/proxy/serviceport.go`).
 //!
+//! Services and EndpointSlices labelled [`LABEL_SERVICE_PROXY_NAME`] (handed to another proxy)
+//! or [`LABEL_HEADLESS`] are ignored, as kube-proxy's informers never see them.
+//!
 //! Addresses of a family the Service has no cluster IP for are ignored, as kube-proxy's
 //! per-family proxiers do, and an IPv4 frontend only ever gets IPv4 backends (DS-03).
 //! When the internal and external classes select different backends (a `Local` policy on
@@ -67,6 +70,7 @@ use std::net::IpAddr;
 use dataplane::tables::TablesSpec;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::cluster::ClusterState;
 use crate::config::Config;
@@ -76,8 +80,12 @@ use node::{Family, NodeInfo};
 pub use report::{Issue, NoLocalEndpoints, Severity, TranslateError, TranslateReport};
 use service::{Ctx, Pending, translate_service};
 
-/// Label that hands a Service to another proxy; kube-proxy ignores such Services, so do we.
+/// Label that hands a Service (and its EndpointSlices) to another proxy; kube-proxy ignores
+/// objects carrying it, so do we.
 pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
+/// Label the Kubernetes controllers put on headless Services' EndpointSlices (and that may be
+/// put on a Service); kube-proxy ignores objects carrying it, so do we.
+pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
 /// Node label with the node's zone (TOPO-10).
 pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
 /// Annotation whose value `Auto` asks the EndpointSlice controller for zone hints and
@@ -114,6 +122,15 @@ pub const PLACEHOLDER_MTU: u16 = 1500;
 /// [`TranslateReport`].
 pub fn build_spec(input: &ClusterState, cfg: &Config) -> Result<(TablesSpec, TranslateReport), TranslateError> {
     Translator::new().build(input, cfg)
+}
+
+/// Whether xlb proxies a Service or an EndpointSlice with this metadata: not when it carries
+/// [`LABEL_SERVICE_PROXY_NAME`] or [`LABEL_HEADLESS`] (whatever the value), the objects
+/// kube-proxy's informers leave out (label selector
+/// `!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless`,
+/// `cmd/kube-proxy/app/server.go`).
+pub(crate) fn proxied(meta: &ObjectMeta) -> bool {
+    meta.labels.as_ref().is_none_or(|l| !l.contains_key(LABEL_SERVICE_PROXY_NAME) && !l.contains_key(LABEL_HEADLESS))
 }
 
 /// Hash map with foldhash (the keys are our own objects' names, not attacker-chosen packets).

@@ -15,7 +15,7 @@ use super::fields::{PortInfo, parse_cidr_lenient, parse_ip, parse_policy, parse_
 use super::select::{Ep, Policy, Selection};
 use super::{
     AFFINITY_DEFAULT_TIMEOUT_S, AFFINITY_MAX_TIMEOUT_S, ANNOTATION_FORWARDING_MODE, ANNOTATION_SCHEDULER,
-    ANNOTATION_SOURCE_RANGES, Family, Issue, LABEL_SERVICE_PROXY_NAME, NodeInfo, Severity, TranslateReport, select,
+    ANNOTATION_SOURCE_RANGES, Family, Issue, NodeInfo, Severity, TranslateReport, proxied, select,
 };
 use crate::config::Config;
 
@@ -52,7 +52,7 @@ pub(super) fn translate_service(
     report: &mut TranslateReport,
 ) -> Result<Vec<Pending>, Issue> {
     let meta = &svc.metadata;
-    if meta.labels.as_ref().is_some_and(|l| l.contains_key(LABEL_SERVICE_PROXY_NAME)) {
+    if !proxied(meta) {
         return Ok(Vec::new());
     }
     let ns = meta.namespace.as_deref().unwrap_or("default");
@@ -390,7 +390,8 @@ pub(super) fn gather_endpoints(
     let mut by_addr: BTreeMap<IpAddr, Ep> = BTreeMap::new();
     for slice in slices {
         // EPS-03: FQDN slices cannot be programmed; each family has its own slices (DS-03).
-        if slice.address_type != fam.name() {
+        // Slices labelled for another proxy or headless are not kube-proxy's either.
+        if slice.address_type != fam.name() || !proxied(&slice.metadata) {
             continue;
         }
         // Made only for an issue (most slices have none).

@@ -1239,6 +1239,30 @@ fn ipv4_mapped_external_ip_colliding_with_another_cluster_ip_does_not_fail_the_w
 }
 
 #[test]
+fn services_labelled_headless_are_ignored_like_kube_proxy() {
+    // kube-proxy's informers select `!service.kubernetes.io/service-proxy-name,
+    // !service.kubernetes.io/headless`: a Service with the headless label is never seen.
+    let s = web().label("service.kubernetes.io/headless", "");
+    let (t, _) = run1(vec![s], vec![web_slice().ep(ep("10.0.0.1"))]);
+    assert!(t.services.is_empty(), "{:?}", names(&t));
+}
+
+#[test]
+fn endpoint_slices_labelled_for_another_proxy_or_headless_are_ignored_like_kube_proxy() {
+    // The same label selector applies to kube-proxy's EndpointSlice informer.
+    let other = slice("default/web-x", "web", "IPv4")
+        .port("http", 8080)
+        .label(LABEL_SERVICE_PROXY_NAME, "other-proxy")
+        .ep(ep("10.0.0.9"));
+    let headless = slice("default/web-h", "web", "IPv4")
+        .port("http", 8080)
+        .label("service.kubernetes.io/headless", "")
+        .ep(ep("10.0.0.8"));
+    let (t, _) = run1(vec![web()], vec![web_slice().ep(ep("10.0.0.1")), other, headless]);
+    assert_eq!(members(spec(&t, "default/web:http")), ["10.0.0.1:8080"]);
+}
+
+#[test]
 fn translator_build_follows_a_change_of_the_host_addresses() {
     // `xlb run` (file mode) rebuilds with Input::File when the host's addresses change
     // (NPA-02: NodePorts answer on them); the kept Translator must not reuse NodePort

@@ -13,6 +13,7 @@ use super::super::build_spec;
 use super::*;
 use crate::cluster::{Changes, ClusterIndex, ServiceRef};
 use crate::test_support::*;
+use crate::translate::{LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME};
 
 /// xorshift64* (deterministic, no dependency).
 struct Rng(u64);
@@ -83,6 +84,11 @@ fn random_service(rng: &mut Rng, ns: &str, name: &str, rv: &mut u64) -> Service 
             spec.session_affinity = Some("Sometimes".into());
         }
     });
+    // Sometimes not xlb's (kube-proxy's label selector).
+    if rng.chance(8) {
+        let label = *rng.pick(&[LABEL_SERVICE_PROXY_NAME, LABEL_HEADLESS]);
+        s = s.label(label, "");
+    }
     let mut s = s.0;
     // Mostly versioned (as from the API server); a few without (always translated).
     if rng.chance(90) {
@@ -109,6 +115,11 @@ fn random_slice(rng: &mut Rng, ns: &str, name: &str, rv: &mut u64) -> EndpointSl
             e = e.terminating(true);
         }
         sl = sl.ep(e);
+    }
+    // Sometimes not xlb's (kube-proxy's label selector).
+    if rng.chance(8) {
+        let label = *rng.pick(&[LABEL_SERVICE_PROXY_NAME, LABEL_HEADLESS]);
+        sl = sl.label(label, "other");
     }
     let mut sl = sl.0;
     if rng.chance(10) {
