@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::cluster::{ClusterIndex, ClusterState, ServiceRef};
 use crate::http::HealthCheckService;
+use crate::translate::proxied;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
@@ -12,7 +13,9 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 ///
 /// Like kube-proxy (`apiservice.NeedsHealthCheck` and `EndpointsMap.LocalReadyEndpoints`,
 /// `pkg/proxy/endpointschangetracker.go`): a Service needs one when it is of type
-/// `LoadBalancer`, has `externalTrafficPolicy: Local` and a `healthCheckNodePort`. Its count
+/// `LoadBalancer`, has `externalTrafficPolicy: Local` and a `healthCheckNodePort`, and is one
+/// xlb proxies (Services and EndpointSlices labelled for another proxy or headless are left
+/// out, as by the translation and kube-proxy's informers). Its count
 /// is the number of distinct `address:port` pairs over its EndpointSlices' ports of the
 /// endpoints whose `nodeName` is `node_name` and that are ready (`conditions.ready` true or
 /// unset, or any endpoint when the Service has `publishNotReadyAddresses`, EPS-05). Only
@@ -40,6 +43,9 @@ fn health_checks<'a>(
 ) -> Vec<HealthCheckService> {
     let mut wanted: BTreeMap<ServiceRef, (u16, bool)> = BTreeMap::new();
     for s in services {
+        if !proxied(&s.metadata) {
+            continue;
+        }
         let Some(spec) = &s.spec else { continue };
         if spec.type_.as_deref() != Some("LoadBalancer") || spec.external_traffic_policy.as_deref() != Some("Local") {
             continue;
@@ -51,7 +57,7 @@ fn health_checks<'a>(
     }
     let mut local: BTreeMap<&ServiceRef, BTreeSet<(String, i32)>> = BTreeMap::new();
     for (key, (_, publish_not_ready)) in &wanted {
-        for sl in slices_of(key) {
+        for sl in slices_of(key).into_iter().filter(|sl| proxied(&sl.metadata)) {
             let ports: Vec<i32> = sl.ports.iter().flatten().filter_map(|p| p.port).collect();
             for ep in &sl.endpoints {
                 if ep.node_name.as_deref() != Some(node_name) {
@@ -155,5 +161,51 @@ mod tests {
         assert_eq!(hc.len(), 2);
         assert_eq!((hc[0].port, hc[0].service.name.as_str(), hc[0].local_endpoints), (32000, "lb", 4));
         assert_eq!((hc[1].port, hc[1].service.name.as_str(), hc[1].local_endpoints), (32003, "empty", 0));
+    }
+
+    #[test]
+    fn services_handed_to_another_proxy_get_no_health_check_server() {
+        // kube-proxy never sees a Service labelled service.kubernetes.io/service-proxy-name
+        // (its informer's label selector), so it serves no healthCheckNodePort for it; the
+        // proxy named owns that port (TP-09).
+        let mut s = (*svc("lb", "LoadBalancer", "Local", Some(32000))).clone();
+        s.metadata.labels =
+            Some([(crate::translate::LABEL_SERVICE_PROXY_NAME.to_owned(), "other-proxy".to_owned())].into());
+        let state = ClusterState {
+            services: vec![std::sync::Arc::new(s)],
+            endpoint_slices: vec![slice("lb-1", "lb", &[80], vec![ep("10.0.0.1", "node-a", Some(true))])],
+            node: None,
+            local_addresses: Vec::new(),
+        };
+        assert!(health_check_services(&state, "node-a").is_empty());
+    }
+
+    #[test]
+    fn headless_labelled_services_get_no_health_check_server_and_labelled_slices_count_no_endpoint() {
+        // The same label selector: service.kubernetes.io/headless on a Service, and either
+        // label on an EndpointSlice, hides the object from kube-proxy.
+        let labelled = |o: &mut ObjectMeta, k: &str| {
+            o.labels.get_or_insert_default().insert(k.to_owned(), String::new());
+        };
+        let mut headless = (*svc("hl", "LoadBalancer", "Local", Some(32001))).clone();
+        labelled(&mut headless.metadata, crate::translate::LABEL_HEADLESS);
+        let mut other = (*slice("lb-x", "lb", &[80], vec![ep("10.0.0.2", "node-a", Some(true))])).clone();
+        labelled(&mut other.metadata, crate::translate::LABEL_SERVICE_PROXY_NAME);
+        let mut hidden = (*slice("lb-h", "lb", &[80], vec![ep("10.0.0.3", "node-a", Some(true))])).clone();
+        labelled(&mut hidden.metadata, crate::translate::LABEL_HEADLESS);
+        let state = ClusterState {
+            services: vec![svc("lb", "LoadBalancer", "Local", Some(32000)), std::sync::Arc::new(headless)],
+            endpoint_slices: vec![
+                slice("lb-1", "lb", &[80], vec![ep("10.0.0.1", "node-a", Some(true))]),
+                std::sync::Arc::new(other),
+                std::sync::Arc::new(hidden),
+                slice("hl-1", "hl", &[80], vec![ep("10.0.0.4", "node-a", Some(true))]),
+            ],
+            node: None,
+            local_addresses: Vec::new(),
+        };
+        let hc = health_check_services(&state, "node-a");
+        assert_eq!(hc.len(), 1, "{hc:?}");
+        assert_eq!((hc[0].port, hc[0].service.name.as_str(), hc[0].local_endpoints), (32000, "lb", 1));
     }
 }

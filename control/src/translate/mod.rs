@@ -128,7 +128,8 @@ pub fn build_spec(input: &ClusterState, cfg: &Config) -> Result<(TablesSpec, Tra
 /// [`LABEL_SERVICE_PROXY_NAME`] or [`LABEL_HEADLESS`] (whatever the value), the objects
 /// kube-proxy's informers leave out (label selector
 /// `!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless`,
-/// `cmd/kube-proxy/app/server.go`).
+/// `cmd/kube-proxy/app/server.go`). The translation and the health check servers
+/// ([`crate::k8s::health_check_services`]) both go by it.
 pub(crate) fn proxied(meta: &ObjectMeta) -> bool {
     meta.labels.as_ref().is_none_or(|l| !l.contains_key(LABEL_SERVICE_PROXY_NAME) && !l.contains_key(LABEL_HEADLESS))
 }
