@@ -391,3 +391,31 @@ fn a_reloaded_file_replaces_the_objects_keeps_the_host_addresses_and_counts_the_
     assert!(running.node.is_some(), "the file's Node");
     assert_eq!(running.local_addresses, ips(&["192.168.1.10"]), "read from the host, not the file");
 }
+
+#[test]
+fn a_reloaded_file_whose_edited_service_kept_its_resource_version_is_programmed() {
+    // `xlb run --config FILE` takes objects "exactly as `kubectl get -o yaml` prints them",
+    // resourceVersion included. An operator edits the port and sends SIGHUP: the reload must
+    // program port 8080, not keep serving port 80.
+    let doc = |port: u16| {
+        format!(
+            "apiVersion: xlb.dev/v1alpha1\nkind: XlbConfiguration\nnodeName: node-a\n---\n\
+             apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  namespace: default\n  resourceVersion: \"4711\"\n\
+             spec:\n  clusterIP: 10.96.0.10\n  clusterIPs: [10.96.0.10]\n  ports:\n  - name: http\n    port: {port}\n    targetPort: 8080\n"
+        )
+    };
+    let key = |port: u16| dataplane::tables::VipKey {
+        addr: dataplane::addr::mapped("10.96.0.10".parse().unwrap()),
+        port,
+        proto: 6,
+    };
+    let mut k = FakeKernel::default();
+    let mut b = Builders::default();
+    let first = crate::file_source::load_str(&doc(80), "first.yaml").unwrap();
+    let built = b.build(Input::File(&first.cluster), &config(), true, &mut k).unwrap();
+    assert!(built.tables.vips.get(&key(80)).is_some());
+    let edited = crate::file_source::load_str(&doc(8080), "edited.yaml").unwrap();
+    let built = b.build(Input::File(&edited.cluster), &config(), true, &mut k).unwrap();
+    assert!(built.tables.vips.get(&key(8080)).is_some(), "the edited port is programmed");
+    assert!(built.tables.vips.get(&key(80)).is_none(), "the old port is gone");
+}

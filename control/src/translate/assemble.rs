@@ -13,15 +13,15 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use super::{
-    ANNOTATION_SCHEDULER, Cached, Ctx, Family, FastMap, FastSet, Issue, NodeInfo, PLACEHOLDER_MTU, Pending, Severity,
-    TranslateReport, TranslateStats, Versions, par_map, translate_service,
+    ANNOTATION_SCHEDULER, Cached, Ctx, Family, FastMap, FastSet, Issue, Made, NodeInfo, PLACEHOLDER_MTU, Pending,
+    Severity, TranslateReport, TranslateStats, par_map, translate_service,
 };
 use crate::cluster::{ClusterState, LABEL_SERVICE_NAME, object_order};
 use crate::config::Config;
 
-/// A translation made by this build, with the versions it was made from (`None` for
+/// A translation made by this build, with the objects it was made from (`None` for
 /// unversioned objects, which are not cached).
-type Fresh = (Option<Versions>, Cached);
+type Fresh = (Option<Made>, Cached);
 
 /// The body of [`Translator::build`](super::Translator::build) (and so of
 /// [`build_spec`](super::build_spec)): every Service through `cache`, then the cross-Service
@@ -30,7 +30,7 @@ type Fresh = (Option<Versions>, Cached);
 pub(super) fn assemble(
     input: &ClusterState,
     cfg: &Config,
-    cache: &mut FastMap<(String, String), (Versions, Cached)>,
+    cache: &mut FastMap<(String, String), (Made, Cached)>,
     threads: usize,
 ) -> (TablesSpec, TranslateReport, TranslateStats) {
     let mut report = TranslateReport::default();
@@ -38,7 +38,7 @@ pub(super) fn assemble(
     let node = NodeInfo::new(input.node.as_ref(), &input.local_addresses, cfg, &mut report);
     let node_port_addrs = node.node_port_addresses(cfg);
 
-    let mut slices: FastMap<(&str, &str), Vec<&EndpointSlice>> = FastMap::default();
+    let mut slices: FastMap<(&str, &str), Vec<&Arc<EndpointSlice>>> = FastMap::default();
     for s in &input.endpoint_slices {
         let ns = s.metadata.namespace.as_deref().unwrap_or("default");
         if let Some(svc) = s.metadata.labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME)) {
@@ -49,7 +49,7 @@ pub(super) fn assemble(
         v.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     }
 
-    let mut services: Vec<&Service> = input.services.iter().map(|s| &**s).collect();
+    let mut services: Vec<&Arc<Service>> = input.services.iter().collect();
     // The Kubernetes source hands them over sorted already: check (n compares) before sorting.
     if !services.is_sorted_by(|a, b| object_order(&a.metadata) <= object_order(&b.metadata)) {
         services.sort_by(|a, b| object_order(&a.metadata).cmp(&object_order(&b.metadata)));
@@ -64,35 +64,36 @@ pub(super) fn assemble(
     // objects changed, on several threads when there are many: `par_map`). Translations of
     // unversioned objects are not cached: kept aside.
     fn slices_for<'m>(
-        slices: &'m FastMap<(&'m str, &'m str), Vec<&'m EndpointSlice>>,
+        slices: &'m FastMap<(&'m str, &'m str), Vec<&'m Arc<EndpointSlice>>>,
         svc: &'m Service,
-    ) -> &'m [&'m EndpointSlice] {
+    ) -> &'m [&'m Arc<EndpointSlice>] {
         slices.get(&object_order(&svc.metadata)).map_or(&[][..], Vec::as_slice)
     }
     // A cache that starts empty (`build_spec`'s) has nothing to look up or to drop: no key is
     // built for a lookup, and no set of the Services seen.
     let was_empty = cache.is_empty();
-    let stale: Vec<&Service> = services
+    let stale: Vec<&Arc<Service>> = services
         .iter()
         .copied()
         .filter(|svc| {
             was_empty || !cache.get(&cache_key(svc)).is_some_and(|(v, _)| v.matches(svc, slices_for(&slices, svc)))
         })
         .collect();
-    // Each translation with its cache key and the versions it was made from (made on the
-    // same threads: two strings per Service and two per slice).
+    // Each translation with its cache key and the objects it was made from (made on the
+    // same threads: two strings and a few pointers per Service).
     let mut translated = par_map(stale.len(), threads, |i| {
         let svc = stale.get(i)?;
         let svc_slices = slices_for(&slices, svc);
+        let objects: Vec<&EndpointSlice> = svc_slices.iter().map(|s| &***s).collect();
         let mut own = TranslateReport::default();
-        let result = translate_service(svc, svc_slices, &ctx, &label_of(svc), &mut own);
+        let result = translate_service(svc, &objects, &ctx, &label_of(svc), &mut own);
         let cached = Cached { result, issues: own.issues, no_local: own.no_local_endpoints };
-        Some((cache_key(svc), Versions::of(svc, svc_slices), cached))
+        Some((cache_key(svc), Made::of(svc, svc_slices), cached))
     })
     .into_iter()
     .zip(stale)
     .peekable();
-    // Per Service: its cache key and its new translation (with the versions it was made from,
+    // Per Service: its cache key and its new translation (with the objects it was made from,
     // `None` for unversioned objects), or `None` when the cache's entry is up to date. New
     // translations go into the cache after pass 2, moved rather than copied.
     let mut order: Vec<((String, String), Option<Fresh>)> = Vec::with_capacity(services.len());
@@ -100,12 +101,12 @@ pub(super) fn assemble(
         // `stale` is in Service order: its next entry is this Service if it was translated.
         let fresh = translated.next_if(|(_, s)| std::ptr::eq(*s, *svc)).and_then(|(c, _)| c);
         match fresh {
-            Some((key, versions, c)) => {
+            Some((key, made, c)) => {
                 stats.translated += 1;
-                if versions.is_none() && !was_empty {
+                if made.is_none() && !was_empty {
                     cache.remove(&key);
                 }
-                order.push((key, Some((versions, c))));
+                order.push((key, Some((made, c))));
             }
             None => {
                 stats.reused += 1;
@@ -176,8 +177,8 @@ pub(super) fn assemble(
         cache.reserve(order.len());
     }
     for (key, new) in order {
-        if let Some((Some(versions), c)) = new {
-            cache.insert(key, (versions, c));
+        if let Some((Some(made), c)) = new {
+            cache.insert(key, (made, c));
         }
     }
 

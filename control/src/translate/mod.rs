@@ -66,6 +66,7 @@ mod tests;
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use dataplane::tables::TablesSpec;
 use k8s_openapi::api::core::v1::{Node, Service};
@@ -170,6 +171,34 @@ impl Versions {
     }
 }
 
+/// The objects a translation cached by [`Translator::build`] was made from: the Service and
+/// its EndpointSlices (in name order), kept shared so that they are compared by address.
+#[derive(Debug, Clone)]
+struct Made {
+    service: Arc<Service>,
+    slices: Vec<Arc<EndpointSlice>>,
+}
+
+impl Made {
+    /// `None` when an object has no resourceVersion (objects from a file): such a Service is
+    /// translated every time.
+    fn of(svc: &Arc<Service>, slices: &[&Arc<EndpointSlice>]) -> Option<Self> {
+        if svc.metadata.resource_version.is_none() || slices.iter().any(|s| s.metadata.resource_version.is_none()) {
+            return None;
+        }
+        Some(Self { service: Arc::clone(svc), slices: slices.iter().map(|s| Arc::clone(s)).collect() })
+    }
+
+    /// Whether `svc` and `slices` are these very objects (the same `Arc`s), without
+    /// allocating. Equal resourceVersions alone prove nothing here: an object of a config file
+    /// keeps the one `kubectl get -o yaml` printed through any hand edit.
+    fn matches(&self, svc: &Arc<Service>, slices: &[&Arc<EndpointSlice>]) -> bool {
+        Arc::ptr_eq(&self.service, svc)
+            && self.slices.len() == slices.len()
+            && self.slices.iter().zip(slices).all(|(a, b)| Arc::ptr_eq(a, b))
+    }
+}
+
 /// One Service's translation, kept for the next build.
 #[derive(Debug, Clone)]
 struct Cached {
@@ -191,15 +220,17 @@ pub struct TranslateStats {
 /// [`build_spec`] that remembers each Service's translation and translates again only the
 /// Services whose objects changed (SYNC-03: a change rebuilds only the Services it touches).
 ///
-/// A cached translation is reused when the Service's `metadata.resourceVersion` and the
-/// names and resourceVersions of its EndpointSlices are those it was made from, and the
+/// [`Translator::build`] reuses a cached translation when the Service and its EndpointSlices
+/// are the very objects it was made from (the same `Arc`s, as a kept [`ClusterState`] or the
+/// Kubernetes source's snapshots share them; a reloaded file's objects are new ones), and the
 /// xlb configuration, this node's Node object and the host's addresses
 /// ([`ClusterState::local_addresses`], where NodePorts answer) are equal to the previous
-/// build's (any change of those translates everything). The API server changes a resourceVersion on every
-/// write, so this needs no list of changes from the watcher, and a slice that moves to another
-/// Service changes both Services' slice lists. Objects without a resourceVersion (from a
-/// file) are always translated. The result is always equal to [`build_spec`]'s for the same
-/// input (pinned by a test); only the time differs.
+/// build's (any change of those translates everything). This needs no list of changes from the
+/// watcher, and a slice that moves to another Service changes both Services' slice lists.
+/// Objects without a resourceVersion (from a file) are always translated. [`Translator::update`]
+/// goes by resourceVersions instead (the API server changes one on every write). The result
+/// is always equal to [`build_spec`]'s for the same input (pinned by a test); only the time
+/// differs.
 ///
 /// Two independent ways in: [`Translator::build`] walks a flat [`ClusterState`] every time
 /// (the file source, SIGHUP reloads, `xlb check`), and [`Translator::update`] keeps the whole
@@ -210,8 +241,8 @@ pub struct Translator {
     /// Config, Node and host addresses ([`ClusterState::local_addresses`]) the cache was made
     /// with.
     basis: Option<(Config, Option<Node>, Vec<IpAddr>)>,
-    /// By (namespace, name): the versions a translation was made from, and the translation.
-    cache: FastMap<(String, String), (Versions, Cached)>,
+    /// By (namespace, name): the objects a translation was made from, and the translation.
+    cache: FastMap<(String, String), (Made, Cached)>,
     stats: TranslateStats,
     /// Threads that translate Services (0: `std::thread::available_parallelism`).
     threads: usize,

@@ -1263,6 +1263,23 @@ fn endpoint_slices_labelled_for_another_proxy_or_headless_are_ignored_like_kube_
 }
 
 #[test]
+fn translator_build_programs_an_edited_file_object_that_kept_its_resource_version() {
+    // `xlb run --config FILE` takes objects "exactly as `kubectl get -o yaml` prints them",
+    // resourceVersion included; a hand edit of the file keeps it. A reload (the same kept
+    // Translator) must program the edit, as build_spec does.
+    let node = || Some(our_node());
+    let before = versioned(state(vec![web()], vec![web_slice().ep(ep("10.0.0.1"))], node()), "7");
+    let edited_svc = svc("default/web", "10.96.0.10").port("http", 8080, 8080);
+    let edited = versioned(state(vec![edited_svc], vec![web_slice().ep(ep("10.0.0.1"))], node()), "7");
+    let mut tr = Translator::new();
+    tr.build(&before, &cfg()).unwrap();
+    let (got, _) = tr.build(&edited, &cfg()).unwrap();
+    let (want, _) = build_spec(&edited, &cfg()).unwrap();
+    assert_eq!(fronts(spec(&want, "default/web:http")), ["ClusterIP 10.96.0.10 TCP/8080"]);
+    assert_eq!(fronts(spec(&got, "default/web:http")), fronts(spec(&want, "default/web:http")));
+}
+
+#[test]
 fn translator_build_follows_a_change_of_the_host_addresses() {
     // `xlb run` (file mode) rebuilds with Input::File when the host's addresses change
     // (NPA-02: NodePorts answer on them); the kept Translator must not reuse NodePort
