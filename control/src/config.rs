@@ -593,9 +593,9 @@ impl Config {
             return Err(field_err("snatAddresses.ipv4", format!("{a}: want a unicast address")));
         }
         if let Some(a) = self.snat_addresses.ipv6
-            && (a.is_unspecified() || a.is_multicast())
+            && (a.is_unspecified() || a.is_multicast() || a.to_ipv4_mapped().is_some())
         {
-            return Err(field_err("snatAddresses.ipv6", format!("{a}: want a unicast address")));
+            return Err(field_err("snatAddresses.ipv6", format!("{a}: want a unicast IPv6 address (not IPv4-mapped)")));
         }
         if !matches!(self.af_xdp.zero_copy.as_str(), "auto" | "copy" | "zerocopy") {
             return Err(field_err(
@@ -1060,6 +1060,7 @@ routes: [{{dst: 10.0.0.0/8, via: 192.168.1.1}}]\n"
             ("ipv4: 224.0.0.1", "snatAddresses.ipv4"),
             ("ipv6: \"::\"", "snatAddresses.ipv6"),
             ("ipv6: \"ff02::1\"", "snatAddresses.ipv6"),
+            ("ipv6: \"::ffff:10.0.0.9\"", "snatAddresses.ipv6"),
         ] {
             let e = errors(&format!("{HEAD}snatAddresses: {{{yaml}}}\n"));
             assert_eq!(e[0].field.as_deref(), Some(field), "{yaml}: {}", e[0]);

@@ -69,8 +69,10 @@ impl NodeInfo {
             }
             addresses.push((a, t));
         };
+        // An IPv4-mapped IPv6 address is its IPv4 address, as the objects' addresses are read
+        // (`fields::parse_ip`).
         for a in &cfg.node_addresses {
-            push(*a, AddrType::Internal);
+            push(a.to_canonical(), AddrType::Internal);
         }
         if let Some(n) = node {
             let label = format!("Node {}", n.metadata.name.as_deref().unwrap_or_default());

@@ -938,6 +938,14 @@ fn npa_07_node_addresses_come_from_config_then_node_status() {
     assert_eq!(t.snat_v4, Some("203.0.113.10".parse().unwrap()));
 }
 
+#[test]
+fn an_ipv4_mapped_node_address_of_the_config_is_its_ipv4_address() {
+    let mut c = cfg();
+    c.node_addresses = vec!["::ffff:172.16.0.5".parse().unwrap()];
+    c.node_port_addresses = vec![NodePortAddress::Primary];
+    assert_eq!(node_port_addrs(&c), ["172.16.0.5", "fd00:1::10"], "the IPv4 family's primary address");
+}
+
 // ----------------------------------------------------------------------- robustness, misc
 
 #[test]
