@@ -151,6 +151,7 @@ const OWN_SETUP_ROWS: &[(&str, &str, Frames)] = &[
 ///   conntrack holds at least 1,024 flows per worker.
 /// - syn_on_a_table_full_of_unestablished_flows_evicts_the_oldest_like_early_drop: a one-flow
 ///   table, as above.
+/// - syn_answered_by_the_backend_is_still_evictable_until_the_clients_ack: a one-flow table.
 /// - a_syn_on_the_tuple_of_a_closing_flow_whose_backend_left_is_a_new_flow_to_a_backend_that_is_there:
 ///   a table change.
 /// - a_node_address_that_is_also_an_external_ip_passes_the_nodes_own_fragments_from_the_start:
@@ -173,6 +174,7 @@ const NOT_REPLAYED: &[&str] = &[
     "new_flow_rate_guard_drops_flows_over_the_rate",
     "full_conntrack_refuses_new_flows_but_keeps_existing_ones",
     "syn_on_a_table_full_of_unestablished_flows_evicts_the_oldest_like_early_drop",
+    "syn_answered_by_the_backend_is_still_evictable_until_the_clients_ack",
     "a_syn_on_the_tuple_of_a_closing_flow_whose_backend_left_is_a_new_flow_to_a_backend_that_is_there",
     "a_node_address_that_is_also_an_external_ip_passes_the_nodes_own_fragments_from_the_start",
     "a_node_address_that_is_also_an_external_ip_passes_the_nodes_own_fragments_after_a_change",

@@ -1191,6 +1191,45 @@ fn rows_for(f: Fam) -> Vec<Row> {
     );
     flood.config.conntrack_capacity = 1;
     rows.push(flood);
+    let mut answered = row(
+        "syn_answered_by_the_backend_is_still_evictable_until_the_clients_ack",
+        f,
+        spec(f, vec![]),
+        vec![
+            step(
+                "a SYN (a spoofed source's, say) fills the one-flow table",
+                tcp(c, 40000, vip, 80, SYN, 64, IN),
+                Expect::Tx(tcp(c, 40000, b0, 8080, SYN, 63, to_b(0))),
+            ),
+            step(
+                "the backend answers it",
+                tcp(b0, 8080, c, 40000, SYN | ACK, 64, from_b(0)),
+                Expect::Tx(tcp(vip, 80, c, 40000, SYN | ACK, 63, OUT)),
+            ),
+            step(
+                "no ACK came: a new client's SYN still takes its place",
+                tcp(c, 40001, vip, 80, SYN, 64, IN),
+                Expect::Tx(tcp(c, 40001, b0, 8080, SYN, 63, to_b(0))),
+            ),
+            step(
+                "the new client's handshake completes",
+                tcp(b0, 8080, c, 40001, SYN | ACK, 64, from_b(0)),
+                Expect::Tx(tcp(vip, 80, c, 40001, SYN | ACK, 63, OUT)),
+            ),
+            step(
+                "its ACK establishes the flow",
+                tcp(c, 40001, vip, 80, ACK, 64, IN),
+                Expect::Tx(tcp(c, 40001, b0, 8080, ACK, 63, to_b(0))),
+            ),
+            step(
+                "an established flow is not evicted: the next SYN is refused",
+                tcp(c, 40002, vip, 80, SYN, 64, IN),
+                Expect::Drop(DropReason::ConntrackFull),
+            ),
+        ],
+    );
+    answered.config.conntrack_capacity = 1;
+    rows.push(answered);
 
     rows
 }

@@ -1811,7 +1811,11 @@ impl Timeouts {
 /// Next TCP state after a packet with `flags` (either direction).
 ///
 /// Liberal on purpose (seed CT-06: never reset a flow for an out-of-window packet): only
-/// SYN, FIN and RST move the state; any ACK finishes a handshake.
+/// SYN, FIN and RST move the state; an ACK without SYN finishes a handshake. The backend's
+/// SYN-ACK does not: a flow stays [`CtState::SynSent`] (evictable, the short timeout) until
+/// the client's ACK, as IPVS's SYN_RECV and Linux conntrack's unassured SYN_RECV do, so that
+/// a flood of spoofed SYNs that a live backend answers cannot fill the table with flows no
+/// eviction may take.
 #[inline]
 pub const fn tcp_next(state: CtState, flags: u8) -> CtState {
     if flags & tcp_flags::RST != 0 {
@@ -1821,7 +1825,9 @@ pub const fn tcp_next(state: CtState, flags: u8) -> CtState {
         return CtState::FinWait;
     }
     match state {
-        CtState::SynSent | CtState::Datagram if flags & tcp_flags::ACK != 0 => CtState::Established,
+        CtState::SynSent | CtState::Datagram if flags & (tcp_flags::ACK | tcp_flags::SYN) == tcp_flags::ACK => {
+            CtState::Established
+        }
         s => s,
     }
 }

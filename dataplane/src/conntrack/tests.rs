@@ -651,6 +651,7 @@ fn hash_spreads_sequential_keys_evenly_over_buckets() {
 fn tcp_state_moves_on_syn_ack_fin_rst_only() {
     use tcp_flags::*;
     assert_eq!(tcp_next(CtState::SynSent, ACK), CtState::Established);
+    assert_eq!(tcp_next(CtState::SynSent, SYN | ACK), CtState::SynSent, "the backend's SYN-ACK: still the handshake");
     assert_eq!(tcp_next(CtState::Established, ACK | PSH), CtState::Established);
     assert_eq!(tcp_next(CtState::Established, FIN | ACK), CtState::FinWait);
     assert_eq!(tcp_next(CtState::FinWait, ACK), CtState::FinWait);
