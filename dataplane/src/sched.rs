@@ -78,12 +78,21 @@ impl ConnCounts {
         }
     }
 
-    /// A flow changed class (e.g. established → FIN).
+    /// A flow changed class (e.g. established → FIN). A flow of a previous occupant of the
+    /// slot (a backend that left, whose flows live on) changes nothing: its slot's counts are
+    /// the new occupant's.
     #[inline]
     pub fn change(&mut self, r: BackendRef, was_active: bool, is_active: bool) {
-        if was_active != is_active {
-            self.sub(r, was_active);
-            self.add(r, is_active);
+        if was_active == is_active {
+            return;
+        }
+        if let Some(c) = self.slots.get_mut(r.index())
+            && c.owner == r
+        {
+            let (from, to) =
+                if was_active { (&mut c.active, &mut c.inactive) } else { (&mut c.inactive, &mut c.active) };
+            *from = from.saturating_sub(1);
+            *to = to.saturating_add(1);
         }
     }
 
@@ -489,5 +498,11 @@ mod tests {
         c.add(new, true);
         c.sub(old, true);
         assert_eq!(c.get(new), (1, 0));
+        // A FIN or RST of the previous occupant's flow (the slow path's reply and established
+        // paths change the class of whatever backend the flow names).
+        c.change(old, true, false);
+        assert_eq!(c.get(new), (1, 0), "the new occupant's counts are kept");
+        c.change(new, true, false);
+        assert_eq!(c.get(new), (0, 1));
     }
 }
