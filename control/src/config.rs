@@ -85,6 +85,12 @@ pub struct Config {
     pub dsr_source_prefixes: Vec<Cidr>,
     /// Largest Maglev table size M (a prime of `dataplane::maglev::TABLE_SIZES`; default 65537).
     pub maglev_table_size: u32,
+    /// Smallest Maglev table size M (a prime of `dataplane::maglev::TABLE_SIZES`; default 1021,
+    /// `dataplane::maglev::DEFAULT_MIN_TABLE_SIZE`; above `maglevTableSize`, that wins). M grows
+    /// with a Service's backends (100 slots per backend) from this floor; equal to
+    /// `maglevTableSize`, every Service has one M, so a change of its backends moves only the
+    /// flows the Maglev paper's minimal disruption moves, for every backend count.
+    pub maglev_min_table_size: u32,
     /// Default forwarding mode: `nat`, `dsr-ipip` or `dsr-l2` (default `nat`); a Service can
     /// override it with the annotation `xlb.dev/forwarding-mode`.
     #[serde(deserialize_with = "de_forwarding_mode")]
@@ -376,6 +382,7 @@ impl Default for Config {
             snat_addresses: SnatAddresses::default(),
             dsr_source_prefixes: Vec::new(),
             maglev_table_size: dataplane::maglev::DEFAULT_MAX_TABLE_SIZE,
+            maglev_min_table_size: dataplane::maglev::DEFAULT_MIN_TABLE_SIZE,
             forwarding_mode: ForwardingMode::Nat,
             load_balancer_class: None,
             handle_default_load_balancer_class: true,
@@ -677,6 +684,16 @@ impl Config {
                 format!(
                     "{} is not one of the supported primes {:?}",
                     self.maglev_table_size,
+                    dataplane::maglev::TABLE_SIZES
+                ),
+            ));
+        }
+        if !dataplane::maglev::TABLE_SIZES.contains(&self.maglev_min_table_size) {
+            return Err(field_err(
+                "maglevMinTableSize",
+                format!(
+                    "{} is not one of the supported primes {:?}",
+                    self.maglev_min_table_size,
                     dataplane::maglev::TABLE_SIZES
                 ),
             ));
@@ -1025,6 +1042,11 @@ routes: [{{dst: 10.0.0.0/8, via: 192.168.1.1}}]\n"
         assert_eq!(e[0].field.as_deref(), Some("ipvs.scheduler"));
         let e = errors(&format!("{HEAD}maglevTableSize: 1000\n"));
         assert_eq!(e[0].field.as_deref(), Some("maglevTableSize"));
+        let e = errors(&format!("{HEAD}maglevMinTableSize: 1000\n"));
+        assert_eq!(e[0].field.as_deref(), Some("maglevMinTableSize"));
+        let c = load(&format!("{HEAD}maglevMinTableSize: 65537\n")).unwrap().config;
+        assert_eq!((c.maglev_min_table_size, c.maglev_table_size), (65537, 65537));
+        assert_eq!(load(HEAD).unwrap().config.maglev_min_table_size, 1021);
         let e = errors(&format!("{HEAD}neighbours: [{{address: 10.0.0.1, mac: '00:00:00:00:00:01', port: eth9}}]\n"));
         assert_eq!(e[0].field.as_deref(), Some("neighbours[0].port"));
         let e = errors(&format!("{HEAD}nodeName: a\nhostnameOverride: b\n"));

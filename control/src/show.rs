@@ -237,7 +237,7 @@ mod tests {
         let text = render_maglev(&t);
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 2, "{text}");
-        assert_eq!(lines[1], format!("{:<42} {:<7} {:#018x}", "default/web:http", 251, m.checksum()));
+        assert_eq!(lines[1], format!("{:<42} {:<7} {:#018x}", "default/web:http", m.size(), m.checksum()));
     }
 
     #[test]

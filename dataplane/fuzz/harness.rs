@@ -228,6 +228,7 @@ pub(crate) fn spec() -> TablesSpec {
         dsr_source_v4: Some(Cidr { addr: v4([172, 16, 0, 0]), len: 16 }),
         dsr_source_v6: Some(Cidr { addr: v6(ip6(0xfd16, 0)), len: 112 }),
         maglev_max_size: 0,
+        maglev_min_size: 0,
         cluster_cidrs: vec![],
     }
 }

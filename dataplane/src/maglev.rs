@@ -116,6 +116,16 @@ use xxhash_rust::xxh3::{Xxh3, xxh3_64_with_seed};
 pub const TABLE_SIZES: &[u32] =
     &[251, 509, 1021, 2039, 4093, 8191, 16_381, 32_749, 65_537, 131_071, 262_139, 524_287, 1_048_573];
 
+/// Default lower bound for the tables' size ([`table_size_within`]): 1021 slots (2 KiB of
+/// 16-bit slots per service). `M` is chosen from the backend count, and a flow's slot is its
+/// hash modulo `M`, so a change of `M` moves nearly every flow: the rule of
+/// [`table_size_for`] alone changed it at 3 and at 6 backends (a Deployment scaled from 2 to
+/// 3 replicas moved about half of the flows that a pickup, an xlb without the flows' state
+/// or another instance after an ECMP change, would map; at a fixed `M` 3 %). With this floor
+/// the smallest services, 1 to 10 backends, keep one `M`. A fixed `M` for every service is
+/// the minimum set to the maximum (Katran's and Maglev's way; 65537).
+pub const DEFAULT_MIN_TABLE_SIZE: u32 = 1021;
+
 /// Default upper bound for [`table_size_for`]: 65537 slots (Katran's
 /// default ring size), 128 KiB per service (16-bit slots, up to 65,536
 /// backends; 256 KiB with 32-bit slots beyond that).
@@ -204,10 +214,21 @@ pub enum MaglevError {
 /// [`MaglevError::SizeTooSmall`] if `max` is below the smallest entry of
 /// [`TABLE_SIZES`] (251).
 pub fn table_size_for(n_backends: usize, max: u32) -> Result<u32, MaglevError> {
+    table_size_within(n_backends, 0, max)
+}
+
+/// [`table_size_for`] with a floor: the smallest size in [`TABLE_SIZES`] that is `>= 100 *
+/// n_backends` and `>= min`, capped at the largest entry `<= max` (the cap wins over the
+/// floor). With `min == max` every table has one size, whatever its backends.
+///
+/// # Errors
+///
+/// [`MaglevError::SizeTooSmall`] if `max` is below the smallest entry of [`TABLE_SIZES`].
+pub fn table_size_within(n_backends: usize, min: u32, max: u32) -> Result<u32, MaglevError> {
     let smallest = TABLE_SIZES.first().copied().unwrap_or(0);
     let cap =
         TABLE_SIZES.iter().copied().filter(|&s| s <= max).max().ok_or(MaglevError::SizeTooSmall { max, smallest })?;
-    let wanted = n_backends.saturating_mul(100);
+    let wanted = n_backends.saturating_mul(100).max(usize::try_from(min).unwrap_or(usize::MAX));
     let fit = TABLE_SIZES.iter().copied().find(|&s| usize::try_from(s).is_ok_and(|s| s >= wanted)).unwrap_or(cap);
     Ok(fit.min(cap))
 }
@@ -1079,6 +1100,14 @@ mod tests {
         assert_eq!(table_size_for(1000, DEFAULT_MAX_TABLE_SIZE), Ok(65_537));
         assert_eq!(table_size_for(1000, u32::MAX), Ok(131_071));
         assert_eq!(table_size_for(usize::MAX, u32::MAX), Ok(1_048_573));
+        // The floor: the smallest services keep one size; the cap wins over it.
+        for n in 0..=10 {
+            assert_eq!(table_size_within(n, DEFAULT_MIN_TABLE_SIZE, DEFAULT_MAX_TABLE_SIZE), Ok(1021), "{n} backends");
+        }
+        assert_eq!(table_size_within(11, DEFAULT_MIN_TABLE_SIZE, DEFAULT_MAX_TABLE_SIZE), Ok(2039));
+        assert_eq!(table_size_within(2, 65_537, 65_537), Ok(65_537));
+        assert_eq!(table_size_within(700, 65_537, 65_537), Ok(65_537));
+        assert_eq!(table_size_within(2, 65_537, 4093), Ok(4093));
         // A cap between list entries rounds down to an entry.
         assert_eq!(table_size_for(1000, 100_000), Ok(65_537));
         assert_eq!(table_size_for(1, 250), Err(MaglevError::SizeTooSmall { max: 250, smallest: 251 }));

@@ -139,6 +139,7 @@ fn spec(f: Fam, mut services: Vec<ServiceSpec>) -> TablesSpec {
         dsr_source_v4: dsr4,
         dsr_source_v6: dsr6,
         maglev_max_size: 0,
+        maglev_min_size: 0,
         cluster_cidrs: vec![],
     }
 }

@@ -202,6 +202,7 @@ pub(crate) fn spec_of(kind: Kind) -> TablesSpec {
         dsr_source_v4: (kind == Kind::Dsr).then_some(Cidr { addr: IpAddr::V4(Ipv4Addr::new(172, 16, 0, 0)), len: 16 }),
         dsr_source_v6: None,
         maglev_max_size: 0,
+        maglev_min_size: 0,
         cluster_cidrs: vec![],
     }
 }

@@ -290,6 +290,7 @@ pub(super) fn globals(cfg: &Config, node: &NodeInfo) -> TablesSpec {
         dsr_source_v4: dsr_v4,
         dsr_source_v6: dsr_v6,
         maglev_max_size: cfg.maglev_table_size,
+        maglev_min_size: cfg.maglev_min_table_size,
         // NAT-06: ClusterIP traffic from outside the pod CIDRs is masqueraded (kube-proxy's
         // `detectLocalMode: ClusterCIDR`); with masqueradeAll everything is anyway.
         cluster_cidrs: if cfg.iptables.masquerade_all { Vec::new() } else { cfg.cluster_cidr.clone() },

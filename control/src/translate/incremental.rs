@@ -615,6 +615,7 @@ impl Incremental {
         self.spec.dsr_source_v4 = self.base.dsr_source_v4;
         self.spec.dsr_source_v6 = self.base.dsr_source_v6;
         self.spec.maglev_max_size = self.base.maglev_max_size;
+        self.spec.maglev_min_size = self.base.maglev_min_size;
         self.spec.cluster_cidrs.clone_from(&self.base.cluster_cidrs);
         self.host.apply(&mut self.spec);
     }

@@ -1058,6 +1058,7 @@ fn static_config_reaches_the_table_spec() {
     assert_eq!(t.snat_v4, Some("192.168.1.99".parse().unwrap()));
     assert_eq!(t.dsr_source_v4.map(|c| c.to_string()).as_deref(), Some("172.16.0.0/16"));
     assert_eq!(t.maglev_max_size, 65537);
+    assert_eq!(t.maglev_min_size, 1021);
 }
 
 #[test]

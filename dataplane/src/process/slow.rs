@@ -1563,6 +1563,7 @@ mod tests {
             dsr_source_v4: None,
             dsr_source_v6: None,
             maglev_max_size: 0,
+            maglev_min_size: 0,
             cluster_cidrs: vec![],
         };
         TableBuilder::new().build(&spec).unwrap_or_else(|e| panic!("spec: {e}"))

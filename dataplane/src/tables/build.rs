@@ -129,11 +129,12 @@ impl core::borrow::Borrow<str> for ByName {
     }
 }
 
-/// A Maglev table and the input it was built from (eligible backends in order, and M).
+/// A Maglev table and the input it was built from (eligible backends in order, and the
+/// smallest and largest M allowed).
 #[derive(Debug, Clone)]
 struct MaglevCached {
     input: Box<[MaglevBackend]>,
-    max_m: u32,
+    m_range: (u32, u32),
     table: Arc<MaglevTable>,
 }
 
@@ -150,6 +151,7 @@ struct Globals {
     dsr_source_v4: Option<Cidr>,
     dsr_source_v6: Option<Cidr>,
     maglev_max_size: u32,
+    maglev_min_size: u32,
     cluster_cidrs: Vec<Cidr>,
 }
 
@@ -166,6 +168,7 @@ impl Globals {
             dsr_source_v4: s.dsr_source_v4,
             dsr_source_v6: s.dsr_source_v6,
             maglev_max_size: s.maglev_max_size,
+            maglev_min_size: s.maglev_min_size,
             cluster_cidrs: s.cluster_cidrs.clone(),
         }
     }
@@ -182,6 +185,7 @@ impl Globals {
             && self.dsr_source_v4 == s.dsr_source_v4
             && self.dsr_source_v6 == s.dsr_source_v6
             && self.maglev_max_size == s.maglev_max_size
+            && self.maglev_min_size == s.maglev_min_size
             && self.cluster_cidrs == s.cluster_cidrs
     }
 }
@@ -224,13 +228,13 @@ pub const MAGLEV_JOBS_PER_CLAIM: usize = 16;
 /// costs tens of microseconds to start, a table of 10 backends (M = 1021) about 20 µs.
 pub const MAGLEV_JOBS_PER_THREAD: usize = 64;
 
-/// Computes one Maglev table per entry of `jobs` (table size from [`maglev::table_size_for`]
-/// with `max_m`), on up to `threads` threads; one result per job, in job order, equal to a
+/// Computes one Maglev table per entry of `jobs` (table size from [`maglev::table_size_within`]
+/// with `min_m` and `max_m`), on up to `threads` threads; one result per job, in job order, equal to a
 /// one-thread build's, and the number of threads that took part. A helper that cannot be
 /// started, or that panicked, leaves its remaining jobs to the calling thread.
 fn build_maglev_tables(
     jobs: &[&[MaglevBackend]],
-    max_m: u32,
+    (min_m, max_m): (u32, u32),
     threads: usize,
 ) -> (Vec<Result<MaglevTable, maglev::MaglevError>>, usize) {
     let threads = threads.min(jobs.len() / MAGLEV_JOBS_PER_THREAD).max(1);
@@ -242,7 +246,7 @@ fn build_maglev_tables(
         maglev::MaglevScratch::new,
         |scratch, i| {
             let mb = jobs.get(i).copied().unwrap_or_default();
-            maglev::table_size_for(mb.len(), max_m).and_then(|m| MaglevTable::build_in(mb, m, scratch))
+            maglev::table_size_within(mb.len(), min_m, max_m).and_then(|m| MaglevTable::build_in(mb, m, scratch))
         },
     )
 }
@@ -590,6 +594,8 @@ impl TableBuilder {
         }
 
         let max_m = if spec.maglev_max_size == 0 { maglev::DEFAULT_MAX_TABLE_SIZE } else { spec.maglev_max_size };
+        let min_m = if spec.maglev_min_size == 0 { maglev::DEFAULT_MIN_TABLE_SIZE } else { spec.maglev_min_size };
+        let m_range = (min_m, max_m);
         let mut pending = Vec::with_capacity(plan.upserts.len());
         for s in &plan.upserts {
             let eligible: Vec<&BackendSpec> = s.backends.iter().filter(|b| b.eligible && b.weight > 0).collect();
@@ -602,7 +608,7 @@ impl TableBuilder {
                     .records
                     .get(s.name.as_str())
                     .and_then(|r| r.maglev.as_ref())
-                    .filter(|c| c.max_m == max_m && *c.input == *mb)
+                    .filter(|c| c.m_range == m_range && *c.input == *mb)
                     .map(|c| c.table.clone());
                 Some((mb, cached))
             } else {
@@ -615,7 +621,7 @@ impl TableBuilder {
         let pending_reused = pending.iter().filter(|(m, _)| m.as_ref().is_some_and(|(_, c)| c.is_some())).count();
         let jobs: Vec<&[MaglevBackend]> =
             pending.iter().filter_map(|(m, _)| m.as_ref().filter(|(_, c)| c.is_none()).map(|(mb, _)| &**mb)).collect();
-        let (built, threads) = build_maglev_tables(&jobs, max_m, self.build_threads());
+        let (built, threads) = build_maglev_tables(&jobs, m_range, self.build_threads());
         let n_built = jobs.len();
         drop(jobs);
         let mut built = built.into_iter();
@@ -623,9 +629,9 @@ impl TableBuilder {
         for (s, (maglev, fits)) in plan.upserts.iter().zip(pending) {
             let maglev = match maglev {
                 None => None,
-                Some((input, Some(table))) => Some(MaglevCached { input, max_m, table }),
+                Some((input, Some(table))) => Some(MaglevCached { input, m_range, table }),
                 Some((input, None)) => match built.next() {
-                    Some(Ok(t)) => Some(MaglevCached { input, max_m, table: Arc::new(t) }),
+                    Some(Ok(t)) => Some(MaglevCached { input, m_range, table: Arc::new(t) }),
                     Some(Err(source)) => return Err(BuildError::Maglev { service: s.name.clone(), source }),
                     // One result per job, in job order: not reached.
                     None => {

@@ -584,8 +584,12 @@ pub struct TablesSpec {
     pub dsr_source_v4: Option<Cidr>,
     /// Prefix for IPv6-in-IPv6 outer source addresses.
     pub dsr_source_v6: Option<Cidr>,
-    /// Largest Maglev table size M allowed (a prime from [`maglev::TABLE_SIZES`]).
+    /// Largest Maglev table size M allowed (a prime from [`maglev::TABLE_SIZES`]; 0:
+    /// [`maglev::DEFAULT_MAX_TABLE_SIZE`]).
     pub maglev_max_size: u32,
+    /// Smallest Maglev table size M ([`maglev::table_size_within`]; 0:
+    /// [`maglev::DEFAULT_MIN_TABLE_SIZE`]); equal to `maglev_max_size`, every table has one M.
+    pub maglev_min_size: u32,
     /// The cluster's pod CIDRs (kube-proxy `clusterCIDR`, NAT-06). When not empty, a new
     /// flow to a ClusterIP frontend of a NAT service from a source outside every one of them
     /// is masqueraded, as kube-proxy's `! -s <clusterCIDR> -j KUBE-MARK-MASQ` does: the
@@ -1195,6 +1199,53 @@ mod tests {
         assert!(t2.backend(gone).is_none());
         assert_eq!((new.index(), new == gone), (gone.index(), false));
         assert_eq!(b.slot_count(), 4, "no slot leaked or added");
+    }
+
+    #[test]
+    fn a_small_maglev_service_keeps_its_table_size_and_its_flows_when_it_scales() {
+        // Maglev paper §3.4: at one M, a backend joining takes about 1/n of the slots and
+        // moves no other. The size rule alone (100 slots per backend) changed M from 251 to
+        // 509 at the third backend, and with it half of the other flows.
+        let spec = |n: usize, min: u32, max: u32| TablesSpec {
+            services: vec![
+                svc(
+                    "a",
+                    "10.96.0.1",
+                    &(1..=n)
+                        .map(|i| (["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5", "10.0.0.6"][i - 1], 80))
+                        .collect::<Vec<_>>(),
+                )
+                .into(),
+            ],
+            maglev_min_size: min,
+            maglev_max_size: max,
+            ..Default::default()
+        };
+        let table = |t: &Tables| t.services[0].maglev.clone().unwrap();
+        for (from, to) in [(2, 3), (5, 6)] {
+            let (t1, t2) = (
+                TableBuilder::new().build(&spec(from, 0, 0)).unwrap(),
+                TableBuilder::new().build(&spec(to, 0, 0)).unwrap(),
+            );
+            let (m1, m2) = (table(&t1), table(&t2));
+            assert_eq!((m1.size(), m2.size()), (1021, 1021), "{from} -> {to} backends");
+            // Slots name backends in key order (address, then port): the new one is last.
+            let new = to - 1;
+            let (mut kept, mut moved) = (0u32, 0u32);
+            for h in 0..20_000u64 {
+                let h = h.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                let (a, b) = (m1.lookup(h), m2.lookup(h));
+                if b as usize == new {
+                    continue;
+                }
+                if a == b { kept += 1 } else { moved += 1 }
+            }
+            assert!(moved * 10 < kept + moved, "{from} -> {to}: {moved} of {} other flows moved", kept + moved);
+        }
+        // One M for every backend count when the floor is the cap.
+        for n in [1, 6] {
+            assert_eq!(table(&TableBuilder::new().build(&spec(n, 65_537, 65_537)).unwrap()).size(), 65_537);
+        }
     }
 
     #[test]
