@@ -237,11 +237,20 @@ fn answer(c: &UnixStream) -> Result<std::result::Result<Handed, Refused>> {
     let xsk_len: Option<usize> =
         words.next().map(str::parse).transpose().with_context(|| format!("hand-over answer {text:?}"))?;
     let mut fds = fds.into_iter();
+    // The announced length is checked against the memfd's size before anything is
+    // allocated, and the read stops there: a corrupt `ok` line is an error, not a capacity
+    // overflow or an allocation the process cannot survive.
     let read_memfd = |fd: Option<std::os::fd::OwnedFd>, len: usize, what: &str| -> Result<Vec<u8>> {
         let Some(fd) = fd else { bail!("hand-over answer without the {what}'s memfd") };
-        let mut f = std::fs::File::from(fd);
+        let size = rustix::fs::fstat(&fd).with_context(|| format!("fstat of the {what}'s memfd"))?.st_size;
+        if usize::try_from(size).ok() != Some(len) {
+            bail!("hand-over answer announced {len} bytes of the {what}, its memfd holds {size}");
+        }
         let mut bytes = Vec::with_capacity(len);
-        f.read_to_end(&mut bytes).with_context(|| format!("reading the {what}"))?;
+        std::fs::File::from(fd)
+            .take(u64::try_from(len)?)
+            .read_to_end(&mut bytes)
+            .with_context(|| format!("reading the {what}"))?;
         if bytes.len() != len {
             bail!("{what}: {} bytes, announced {len}", bytes.len());
         }
@@ -535,6 +544,53 @@ mod tests {
         assert!(e.contains("the new xlb failed: binding worker 0: zero-copy not supported"), "{e}");
         let e = wait_attach_against(drop).err().map(|e| format!("{e:#}")).unwrap_or_default();
         assert!(e.contains("went away"), "{e}");
+    }
+
+    /// The old side's answer as raw text with one memfd per entry of `memfds` attached.
+    fn answer_with_memfds(text: &str, memfds: &[&[u8]]) -> Result<std::result::Result<Handed, Refused>> {
+        let (a, b) = UnixStream::pair()?;
+        let files: Vec<std::fs::File> = memfds.iter().map(|m| memfd_with("test", m)).collect::<Result<_>>()?;
+        let fds: Vec<_> = files.iter().map(|f| f.as_fd()).collect();
+        let iov = [std::io::IoSlice::new(text.as_bytes())];
+        let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
+        let mut cmsg = SendAncillaryBuffer::new(&mut space);
+        cmsg.push(SendAncillaryMessage::ScmRights(&fds));
+        rustix::net::sendmsg(b.as_fd(), &iov, &mut cmsg, SendFlags::empty())?;
+        answer(&a)
+    }
+
+    #[test]
+    fn an_answer_announcing_more_snapshot_bytes_than_can_exist_is_an_error_not_a_panic() {
+        // A corrupted (or hostile) `ok BYTES` line: the length was used as a capacity before
+        // the memfd was read. It must be refused as an error naming the mismatch.
+        let r = std::panic::catch_unwind(|| {
+            answer_with_memfds(&format!("ok {}\n", usize::MAX), &[b"XLBFLOWS"]).map(|r| r.is_ok())
+        });
+        match r {
+            Ok(Err(e)) => assert!(format!("{e:#}").contains("announced"), "{e:#}"),
+            Ok(Ok(ok)) => panic!("accepted an answer announcing {} bytes for 8 (ok: {ok})", usize::MAX),
+            Err(p) => panic!(
+                "answer panicked on an announced length of {}: {:?}",
+                usize::MAX,
+                p.downcast_ref::<String>().map(String::as_str).or(p.downcast_ref::<&str>().copied())
+            ),
+        }
+    }
+
+    #[test]
+    fn an_answer_announcing_a_huge_socket_state_is_an_error_not_a_panic() {
+        let snap = snapshot::encode(&Snapshot::default());
+        let r = std::panic::catch_unwind(|| {
+            answer_with_memfds(&format!("ok {} {}\n", snap.len(), usize::MAX), &[&snap, b"state"]).map(|r| r.is_ok())
+        });
+        match r {
+            Ok(Err(e)) => assert!(!format!("{e:#}").is_empty()),
+            Ok(Ok(ok)) => panic!("accepted (ok: {ok})"),
+            Err(p) => panic!(
+                "answer panicked: {:?}",
+                p.downcast_ref::<String>().map(String::as_str).or(p.downcast_ref::<&str>().copied())
+            ),
+        }
     }
 
     fn read_answer_for_test(mut c: UnixStream) -> Result<Snapshot> {
