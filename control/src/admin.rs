@@ -7,7 +7,7 @@
 //! ([`crate::monitor`]) until the client goes away.
 
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read as _, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -92,6 +92,42 @@ pub(crate) fn serve(
     Ok(Admin { stop, path: path.to_owned(), thread: Some(thread) })
 }
 
+/// Longest command line the admin socket reads, in bytes, newline included; a longer one is
+/// refused with an `error:` answer and not read further. The longest real line is a new
+/// xlb's `handover V xsk2=LAYOUT`, whose layout grows with workers × interfaces (some 40
+/// bytes per worker with two interfaces, already 5 KB for 128 workers): 64 KiB leaves room
+/// for that and bounds what one connection makes this process hold.
+const MAX_LINE: usize = 64 * 1024;
+
+/// How much of an unknown command its `error:` answer repeats, in bytes at most (cut at a
+/// character boundary, `…` marking the cut).
+const ECHO: usize = 64;
+
+/// Reads one command line from `c`: up to its newline, or to the end of the stream.
+/// `Ok(Ok(line))` the line (newline included); `Ok(Err(answer))` a line refused, with the
+/// `error:` answer for the client: longer than [`MAX_LINE`] bytes, or not UTF-8. `Err` if
+/// the read fails (the read timeout of `c` ran out, or the client reset the connection).
+fn read_command(c: &UnixStream) -> Result<std::result::Result<String, String>> {
+    let mut line = Vec::new();
+    BufReader::new(c).take(MAX_LINE as u64).read_until(b'\n', &mut line)?;
+    if line.last() != Some(&b'\n') && line.len() >= MAX_LINE {
+        return Ok(Err(format!("error: the command line is longer than {MAX_LINE} bytes; not read\n")));
+    }
+    Ok(String::from_utf8(line).map_err(|e| {
+        format!("error: the command line is not UTF-8 text (invalid byte at offset {})\n", e.utf8_error().valid_up_to())
+    }))
+}
+
+/// At most the first [`ECHO`] bytes of `s` (a prefix ending at a character boundary), with
+/// `…` after it if `s` is longer.
+fn echo(s: &str) -> String {
+    if s.len() <= ECHO {
+        return s.to_owned();
+    }
+    let end = (0..=ECHO).rev().find(|&i| s.is_char_boundary(i)).unwrap_or(0);
+    format!("{}…", &s[..end])
+}
+
 fn handle(
     c: UnixStream,
     tables: &TablesHandle,
@@ -99,8 +135,14 @@ fn handle(
     handover: &mpsc::Sender<(UnixStream, Option<String>)>,
 ) -> Result<()> {
     c.set_read_timeout(Some(Duration::from_secs(5)))?;
-    let mut line = String::new();
-    BufReader::new(&c).read_line(&mut line)?;
+    let line = match read_command(&c)? {
+        Ok(line) => line,
+        Err(answer) => {
+            tracing::warn!("admin socket: {}", answer.trim());
+            (&c).write_all(answer.as_bytes())?;
+            return Ok(());
+        }
+    };
     match crate::handover::check_command(line.trim()) {
         Some(Ok(layout)) => {
             tracing::info!(sockets_offered = layout.is_some(), "hand-over requested on the admin socket");
@@ -143,7 +185,7 @@ fn handle(
         "services" => services(tables, workers),
         "conntrack" => conntrack(tables, workers),
         "stats" => stats(tables, workers),
-        other => format!("error: unknown command {other:?} (services, conntrack, stats, monitor drops)\n"),
+        other => format!("error: unknown command {:?} (services, conntrack, stats, monitor drops)\n", echo(other)),
     };
     (&c).write_all(out.as_bytes())?;
     Ok(())
@@ -270,4 +312,78 @@ pub(crate) fn request(path: &Path, cmd: &str) -> Result<String> {
     let mut out = String::new();
     std::io::Read::read_to_string(&mut c, &mut out)?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Sends `request` to a fresh admin connection's handler and returns what the client reads.
+    fn ask(request: &[u8]) -> (Result<()>, String) {
+        let (client, server) = UnixStream::pair().unwrap_or_else(|e| panic!("socketpair: {e}"));
+        let (tx, _rx) = mpsc::channel();
+        (&client).write_all(request).unwrap_or_else(|e| panic!("write: {e}"));
+        client.shutdown(std::net::Shutdown::Write).unwrap_or_else(|e| panic!("shutdown: {e}"));
+        let handled = handle(server, &TablesHandle::default(), &[], &tx);
+        let mut out = String::new();
+        let _ = std::io::Read::read_to_string(&mut &client, &mut out);
+        (handled, out)
+    }
+
+    #[test]
+    fn a_command_that_is_not_utf8_gets_an_error_answer() {
+        let (handled, out) = ask(b"stats\xff\n");
+        assert!(
+            out.starts_with("error:"),
+            "a malformed command must be answered with an error naming it; got {out:?} (handler: {handled:?})"
+        );
+    }
+
+    #[test]
+    fn an_overlong_command_line_is_refused_without_being_read_whole_or_echoed() {
+        let (client, server) = UnixStream::pair().unwrap_or_else(|e| panic!("socketpair: {e}"));
+        let (tx, _rx) = mpsc::channel();
+        // 16 MiB without a newline, then one: the handler kept all of it in memory (no
+        // limit on the line) and echoed it back in its error.
+        let writer = {
+            let c = client.try_clone().unwrap_or_else(|e| panic!("clone: {e}"));
+            std::thread::spawn(move || {
+                let chunk = vec![b'a'; 1 << 20];
+                for _ in 0..16 {
+                    if (&c).write_all(&chunk).is_err() {
+                        return;
+                    }
+                }
+                let _ = (&c).write_all(b"\n");
+                let _ = c.shutdown(std::net::Shutdown::Write);
+            })
+        };
+        let reader = {
+            let c = client.try_clone().unwrap_or_else(|e| panic!("clone: {e}"));
+            std::thread::spawn(move || {
+                let mut out = Vec::new();
+                let _ = std::io::Read::read_to_end(&mut &c, &mut out);
+                out
+            })
+        };
+        let _ = handle(server, &TablesHandle::default(), &[], &tx);
+        drop(client);
+        let _ = writer.join();
+        let out = reader.join().unwrap_or_default();
+        assert!(out.starts_with(b"error:"), "{:?}", String::from_utf8_lossy(&out[..out.len().min(80)]));
+        assert!(
+            out.len() <= 4096,
+            "a 16 MiB command line was read whole and echoed back: {} bytes of answer",
+            out.len()
+        );
+    }
+
+    #[test]
+    fn an_unknown_command_is_repeated_in_its_error_only_as_a_short_prefix() {
+        let (handled, out) = ask(format!("{}\n", "é".repeat(1000)).as_bytes());
+        assert!(handled.is_ok(), "{handled:?}");
+        assert!(out.starts_with("error: unknown command \"éé"), "{out:?}");
+        assert!(out.contains("é…\""), "the cut is marked, at a character boundary: {out:?}");
+        assert!(out.len() < 200, "{} bytes of answer to an unknown command: {out:?}", out.len());
+    }
 }
