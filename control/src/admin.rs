@@ -12,9 +12,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use dataplane::counters::XskCounters;
@@ -33,7 +33,21 @@ struct WorkerView {
     tap: Arc<dataplane::tap::DropTap>,
 }
 
-/// The running server; dropping it stops the thread and removes the socket.
+/// How long a client has to send its whole command line once its connection is taken up: a
+/// deadline for the line, not a timeout per read (a timeout per read let a client that sends
+/// a byte now and then hold its connection for ever), answered `error: no complete command
+/// line …`.
+const LINE_DEADLINE: Duration = Duration::from_secs(5);
+
+/// How many connections the admin socket serves at once, each on its own thread; one more is
+/// answered `error: … busy` at once and closed. Only root can connect (mode 0600), so this
+/// bounds the threads a runaway script makes, not an attack. [`LINE_DEADLINE`] frees a
+/// slot that waits for its line; a slot that answers waits for the workers at most a few
+/// seconds, and then for the client to read the answer.
+const MAX_CONNECTIONS: usize = 16;
+
+/// The running server; dropping it stops the accepting thread and removes the socket
+/// (connections being served finish on their own threads).
 pub(crate) struct Admin {
     stop: Arc<AtomicBool>,
     path: PathBuf,
@@ -55,6 +69,12 @@ impl Drop for Admin {
 /// ([`crate::handover::check_command`]) is passed, connection and all (with the socket
 /// layout the new process offers to adopt, if any), to `handover`; the main loop then stops
 /// and hands over.
+///
+/// Each connection is served on its own thread (at most [`MAX_CONNECTIONS`] at once), so a
+/// client that is slow to send its line or to read its answer holds up no other, a new
+/// xlb's `handover` among them (it gives up after 30 s). Hand-overs need no serialising
+/// here: the handler only passes the connection on, and the main loop takes one request
+/// and stops; a second one waiting in the channel is closed with it.
 pub(crate) fn serve(
     path: &Path,
     tables: TablesHandle,
@@ -67,7 +87,7 @@ pub(crate) fn serve(
     let _ = std::fs::remove_file(path);
     let listener = UnixListener::bind(path).with_context(|| format!("admin socket {}", path.display()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    let views: Vec<WorkerView> = workers
+    let views: Arc<[WorkerView]> = workers
         .iter()
         .map(|w| WorkerView {
             id: w.id,
@@ -79,13 +99,28 @@ pub(crate) fn serve(
         .collect();
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = stop.clone();
+    let serving = Arc::new(AtomicUsize::new(0));
     let thread = std::thread::Builder::new().name("xlb-admin".into()).spawn(move || {
         for conn in listener.incoming() {
             if stop2.load(Ordering::Relaxed) {
                 break;
             }
-            if let Ok(c) = conn {
+            let Ok(c) = conn else { continue };
+            let Some(slot) = Slot::take(&serving) else {
+                tracing::warn!(connections = MAX_CONNECTIONS, "admin socket: a connection refused, all busy");
+                let _ = (&c).write_all(
+                    format!("error: this xlb serves {MAX_CONNECTIONS} admin connections already (busy); try again\n")
+                        .as_bytes(),
+                );
+                continue;
+            };
+            let (tables, views, handover) = (tables.clone(), views.clone(), handover.clone());
+            let spawned = std::thread::Builder::new().name("xlb-admin-conn".into()).spawn(move || {
+                let _slot = slot;
                 let _ = handle(c, &tables, &views, &handover);
+            });
+            if let Err(e) = spawned {
+                tracing::warn!(error = %e, "admin socket: no thread for a connection; closed");
             }
         }
     })?;
@@ -106,10 +141,22 @@ const ECHO: usize = 64;
 /// Reads one command line from `c`: up to its newline, or to the end of the stream.
 /// `Ok(Ok(line))` the line (newline included); `Ok(Err(answer))` a line refused, with the
 /// `error:` answer for the client: longer than [`MAX_LINE`] bytes, or not UTF-8. `Err` if
-/// the read fails (the read timeout of `c` ran out, or the client reset the connection).
-fn read_command(c: &UnixStream) -> Result<std::result::Result<String, String>> {
+/// the read fails (the client reset the connection). A line not complete within
+/// [`LINE_DEADLINE`] of `started` is refused too; the read timeout of `c` is left at the
+/// time that was left of it.
+fn read_command(c: &UnixStream, started: Instant) -> Result<std::result::Result<String, String>> {
     let mut line = Vec::new();
-    BufReader::new(c).take(MAX_LINE as u64).read_until(b'\n', &mut line)?;
+    let reader = ByDeadline { c, deadline: started + LINE_DEADLINE };
+    match BufReader::new(reader).take(MAX_LINE as u64).read_until(b'\n', &mut line) {
+        Ok(_) => {}
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock) => {
+            return Ok(Err(format!(
+                "error: no complete command line within {}s of connecting\n",
+                LINE_DEADLINE.as_secs()
+            )));
+        }
+        Err(e) => return Err(e.into()),
+    }
     if line.last() != Some(&b'\n') && line.len() >= MAX_LINE {
         return Ok(Err(format!("error: the command line is longer than {MAX_LINE} bytes; not read\n")));
     }
@@ -128,14 +175,50 @@ fn echo(s: &str) -> String {
     format!("{}…", &s[..end])
 }
 
+/// One of the [`MAX_CONNECTIONS`] connections being served; dropping it frees the slot.
+struct Slot(Arc<AtomicUsize>);
+
+impl Slot {
+    /// A slot of `serving` (the count of connections being served), `None` if all are taken.
+    fn take(serving: &Arc<AtomicUsize>) -> Option<Self> {
+        serving.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < MAX_CONNECTIONS).then_some(n + 1)).ok()?;
+        Some(Self(serving.clone()))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A read half of a connection whose reads all end by `deadline`: before each read the
+/// socket's read timeout is set to the time left, and once none is left a read fails
+/// with [`std::io::ErrorKind::TimedOut`].
+struct ByDeadline<'a> {
+    c: &'a UnixStream,
+    deadline: Instant,
+}
+
+impl std::io::Read for ByDeadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "deadline passed"));
+        }
+        self.c.set_read_timeout(Some(left))?;
+        let mut c = self.c;
+        c.read(buf)
+    }
+}
+
 fn handle(
     c: UnixStream,
     tables: &TablesHandle,
     workers: &[WorkerView],
     handover: &mpsc::Sender<(UnixStream, Option<String>)>,
 ) -> Result<()> {
-    c.set_read_timeout(Some(Duration::from_secs(5)))?;
-    let line = match read_command(&c)? {
+    let line = match read_command(&c, Instant::now())? {
         Ok(line) => line,
         Err(answer) => {
             tracing::warn!("admin socket: {}", answer.trim());
@@ -385,5 +468,121 @@ mod tests {
         assert!(out.starts_with("error: unknown command \"éé"), "{out:?}");
         assert!(out.contains("é…\""), "the cut is marked, at a character boundary: {out:?}");
         assert!(out.len() < 200, "{} bytes of answer to an unknown command: {out:?}", out.len());
+    }
+
+    #[test]
+    fn a_client_that_never_finishes_its_line_does_not_hold_up_other_admin_clients() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let path = dir.path().join("xlb.sock");
+        let (tx, _rx) = mpsc::channel();
+        let admin = serve(&path, TablesHandle::default(), &[], tx).unwrap_or_else(|e| panic!("serve: {e:#}"));
+        // A slow (or stuck) client: one byte every second, never a newline, for 8 s.
+        let slow = UnixStream::connect(&path).unwrap_or_else(|e| panic!("connect: {e}"));
+        let trickle = std::thread::spawn(move || {
+            for _ in 0..8 {
+                if (&slow).write_all(b"s").is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        // Another client (the operator's `xlb stats`, or a new xlb's `handover`).
+        let started = std::time::Instant::now();
+        let c = UnixStream::connect(&path).unwrap_or_else(|e| panic!("connect: {e}"));
+        c.set_read_timeout(Some(Duration::from_secs(6))).unwrap_or_else(|e| panic!("timeout: {e}"));
+        (&c).write_all(b"nosuchcommand\n").unwrap_or_else(|e| panic!("write: {e}"));
+        let mut line = String::new();
+        let r = BufReader::new(&c).read_line(&mut line);
+        let waited = started.elapsed();
+        let _ = trickle.join();
+        drop(admin);
+        assert!(
+            r.is_ok() && line.starts_with("error:"),
+            "no answer within {waited:?} while another client trickles its line: {r:?} {line:?}"
+        );
+    }
+
+    #[test]
+    fn a_command_line_not_complete_within_the_deadline_is_refused_although_bytes_keep_coming() {
+        let (client, server) = UnixStream::pair().unwrap_or_else(|e| panic!("socketpair: {e}"));
+        let (tx, _rx) = mpsc::channel();
+        // One byte a second, never a newline: no single read waits long.
+        let trickle = {
+            let c = client.try_clone().unwrap_or_else(|e| panic!("clone: {e}"));
+            std::thread::spawn(move || {
+                for _ in 0..8 {
+                    if (&c).write_all(b"s").is_err() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            })
+        };
+        let started = Instant::now();
+        let handled = handle(server, &TablesHandle::default(), &[], &tx);
+        let took = started.elapsed();
+        client.set_read_timeout(Some(Duration::from_secs(1))).unwrap_or_else(|e| panic!("timeout: {e}"));
+        let mut out = String::new();
+        let _ = BufReader::new(&client).read_line(&mut out);
+        let _ = trickle.join();
+        assert!(handled.is_ok(), "{handled:?}");
+        assert!(took < LINE_DEADLINE + Duration::from_secs(1), "the line was waited for {took:?}");
+        assert!(out.starts_with("error: no complete command line within 5s"), "{out:?}");
+    }
+
+    #[test]
+    fn a_connection_beyond_the_bound_is_refused_as_busy_until_another_ends() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let path = dir.path().join("xlb.sock");
+        let (tx, _rx) = mpsc::channel();
+        let admin = serve(&path, TablesHandle::default(), &[], tx).unwrap_or_else(|e| panic!("serve: {e:#}"));
+        let ask = || {
+            let c = UnixStream::connect(&path).unwrap_or_else(|e| panic!("connect: {e}"));
+            c.set_read_timeout(Some(Duration::from_secs(2))).unwrap_or_else(|e| panic!("timeout: {e}"));
+            // A refused connection may be closed before this write (broken pipe); its answer
+            // is there to read either way.
+            let _ = (&c).write_all(b"nosuchcommand\n");
+            let mut line = String::new();
+            let _ = BufReader::new(&c).read_line(&mut line);
+            line
+        };
+        let idle: Vec<UnixStream> = (0..MAX_CONNECTIONS)
+            .map(|_| UnixStream::connect(&path).unwrap_or_else(|e| panic!("connect: {e}")))
+            .collect();
+        let busy = ask();
+        assert!(busy.starts_with("error: this xlb serves 16 admin connections already (busy)"), "{busy:?}");
+        drop(idle);
+        let started = Instant::now();
+        let mut answer = ask();
+        while answer.contains("(busy)") && started.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(20));
+            answer = ask();
+        }
+        drop(admin);
+        assert!(answer.starts_with("error: unknown command"), "{answer:?}");
+    }
+
+    #[test]
+    fn a_client_that_sends_nothing_does_not_delay_the_answer_to_another() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let path = dir.path().join("xlb.sock");
+        let (tx, _rx) = mpsc::channel();
+        let admin = serve(&path, TablesHandle::default(), &[], tx).unwrap_or_else(|e| panic!("serve: {e:#}"));
+        let idle = UnixStream::connect(&path).unwrap_or_else(|e| panic!("connect: {e}"));
+        std::thread::sleep(Duration::from_millis(100));
+        let started = Instant::now();
+        let c = UnixStream::connect(&path).unwrap_or_else(|e| panic!("connect: {e}"));
+        c.set_read_timeout(Some(Duration::from_secs(2))).unwrap_or_else(|e| panic!("timeout: {e}"));
+        (&c).write_all(b"nosuchcommand\n").unwrap_or_else(|e| panic!("write: {e}"));
+        let mut line = String::new();
+        let r = BufReader::new(&c).read_line(&mut line);
+        let waited = started.elapsed();
+        drop(idle);
+        drop(admin);
+        assert!(
+            r.is_ok() && line.starts_with("error: unknown command"),
+            "no answer within {waited:?} while another client is connected and silent: {r:?} {line:?}"
+        );
     }
 }
