@@ -106,10 +106,67 @@ impl ConnCounts {
     }
 }
 
+/// One service's rotation (`rr`, `wrr`), kept across tables generations while the service's
+/// scheduler and eligible backends stay ([`SchedState::sync`]).
 #[derive(Debug, Default, Clone)]
 struct SvcState {
+    /// `rr`: index in the eligible backends of the next one.
     rr_next: u32,
+    /// `wrr`: smooth WRR's current weight per eligible backend.
     wrr_current: Vec<i64>,
+    /// The scheduler this state was kept for (`None`: a service without rotation, or no
+    /// service under this id).
+    scheduler: Option<Scheduler>,
+    /// The eligible backends this state was kept for, in their order.
+    eligible: Box<[BackendRef]>,
+}
+
+impl SvcState {
+    /// Brings the state of a `rr` or `wrr` service up to date with `s` (a new build of it, or
+    /// the same). Unchanged scheduler and eligible backends: nothing changes, so another
+    /// service's change does not move this one's rotation (IPVS keeps each service's position
+    /// across the others' changes). Changed eligible backends: `rr`'s cursor stays on the
+    /// backend it pointed at if that one is still eligible, else at the same position modulo
+    /// the new number (`ip_vs_rr.c` moves its cursor only off a removed server); `wrr` keeps
+    /// the current weight of each backend still eligible, a new one starts at 0, and all are
+    /// shifted so that they sum to 0 again, as smooth WRR's do after every pick. Allocates;
+    /// called by `sync` only.
+    fn follow(&mut self, s: &Service) {
+        if self.scheduler == Some(s.scheduler) && *self.eligible == *s.eligible {
+            return;
+        }
+        let same_sched = self.scheduler == Some(s.scheduler);
+        let n = s.eligible.len();
+        let next = self.eligible.get(self.rr_next as usize).and_then(|r| s.eligible.iter().position(|e| e == r));
+        let rr_next = match next {
+            Some(i) => i,
+            None if n > 0 => self.rr_next as usize % n,
+            None => 0,
+        };
+        self.rr_next = u32::try_from(rr_next).unwrap_or(0);
+        let mut current = vec![0i64; if s.scheduler == Scheduler::WeightedRoundRobin { n } else { 0 }];
+        if same_sched && !current.is_empty() && self.wrr_current.len() == self.eligible.len() {
+            let mut old: Vec<(BackendRef, i64)> =
+                self.eligible.iter().copied().zip(self.wrr_current.iter().copied()).collect();
+            old.sort_unstable_by_key(|&(r, _)| r.0);
+            for (c, r) in current.iter_mut().zip(s.eligible.iter()) {
+                if let Ok(i) = old.binary_search_by_key(&r.0, |&(r, _)| r.0)
+                    && let Some(&(_, v)) = old.get(i)
+                {
+                    *c = v;
+                }
+            }
+            let sum: i64 = current.iter().sum();
+            let len = i64::try_from(current.len()).unwrap_or(i64::MAX);
+            let (q, rem) = (sum.div_euclid(len), sum.rem_euclid(len));
+            for (i, c) in current.iter_mut().enumerate() {
+                *c -= q + i64::from(i64::try_from(i).unwrap_or(i64::MAX) < rem);
+            }
+        }
+        self.wrr_current = current;
+        self.scheduler = Some(s.scheduler);
+        self.eligible = s.eligible.clone();
+    }
 }
 
 /// Per-worker scheduler state.
@@ -139,22 +196,31 @@ impl SchedState {
         Self { generation: u64::MAX, per_service: Vec::new(), rng: seed | 1, conns: ConnCounts::default() }
     }
 
-    /// Adapts to a new tables snapshot: resets per-service positions (the service list may
-    /// have changed) and grows the count slots. Allocates; call once per batch, not per packet.
+    /// Adapts to a new tables snapshot: keeps each `rr` and `wrr` service's rotation by its
+    /// stable id ([`Service::id`]), adapting it only when that service's own scheduler or
+    /// eligible backends changed (`SvcState::follow`), drops the state of ids without such a
+    /// service, and grows the count slots. Allocates; call once per batch, not per packet
+    /// (it returns at once while the generation stays).
+    #[inline]
     pub fn sync(&mut self, t: &Tables) {
-        if self.generation == t.generation {
-            return;
+        if self.generation != t.generation {
+            self.resync(t);
         }
+    }
+
+    /// [`SchedState::sync`] for a new generation. Out of line, so that the check of every
+    /// batch stays a comparison in the caller.
+    #[inline(never)]
+    fn resync(&mut self, t: &Tables) {
         self.generation = t.generation;
-        self.per_service.clear();
         // Indexed by service id (`FrontendEntry::service`); ids not in use get an empty state.
-        self.per_service.extend((0..t.services.len()).map(|id| SvcState {
-            rr_next: 0,
-            wrr_current: match t.services.get(id) {
-                Some(s) if s.scheduler == Scheduler::WeightedRoundRobin => vec![0; s.eligible.len()],
-                _ => Vec::new(),
-            },
-        }));
+        self.per_service.resize_with(t.services.len(), SvcState::default);
+        for (id, st) in self.per_service.iter_mut().enumerate() {
+            match t.services.get(id) {
+                Some(s) if matches!(s.scheduler, Scheduler::RoundRobin | Scheduler::WeightedRoundRobin) => st.follow(s),
+                _ => *st = SvcState::default(),
+            }
+        }
         self.conns.ensure(t.backends.len());
     }
 
@@ -504,5 +570,105 @@ mod tests {
         assert_eq!(c.get(new), (1, 0), "the new occupant's counts are kept");
         c.change(new, true, false);
         assert_eq!(c.get(new), (0, 1));
+    }
+
+    fn svc_spec(name: &str, vip: [u8; 4], sched: Scheduler, backends: &[([u8; 4], u16)]) -> ServiceSpec {
+        ServiceSpec {
+            name: name.into(),
+            frontends: vec![Frontend::new(
+                std::net::Ipv4Addr::from(vip).into(),
+                L4Proto::Tcp,
+                80,
+                FrontendKind::ClusterIp,
+                false,
+            )],
+            scheduler: sched,
+            affinity_timeout_s: None,
+            mode: ForwardingMode::Nat,
+            when_empty: EmptyAction::Reject,
+            backends: backends
+                .iter()
+                .map(|&(a, p)| BackendSpec::ready(std::net::Ipv4Addr::from(a).into(), p))
+                .collect(),
+        }
+    }
+
+    /// `rr` and `wrr` spread new flows over the backends (SCHED-04) even when the tables change
+    /// between two new flows of the service (any other Service's endpoint change publishes new
+    /// tables): with one new flow per tables generation, the flows do not all go to the first
+    /// backend. IPVS keeps each service's position across the others' changes.
+    #[test]
+    fn rr_and_wrr_keep_their_rotation_when_another_service_changes_between_new_flows() {
+        let mut bad = Vec::new();
+        for sched in [Scheduler::RoundRobin, Scheduler::WeightedRoundRobin] {
+            let mut b = TableBuilder::new();
+            let mut st = SchedState::new(7);
+            let mut picked = std::collections::BTreeSet::new();
+            for i in 0..6u16 {
+                let spec = TablesSpec {
+                    services: vec![
+                        std::sync::Arc::new(svc_spec(
+                            "demo/a",
+                            [10, 96, 0, 1],
+                            sched,
+                            &[([10, 0, 0, 1], 80), ([10, 0, 0, 2], 80), ([10, 0, 0, 3], 80)],
+                        )),
+                        // Another service whose endpoint changes each time.
+                        std::sync::Arc::new(svc_spec(
+                            "demo/b",
+                            [10, 96, 0, 2],
+                            Scheduler::RoundRobin,
+                            &[([10, 0, 1, 1], 1000 + i)],
+                        )),
+                    ],
+                    ..Default::default()
+                };
+                let t = b.build(&spec).unwrap();
+                st.sync(&t);
+                let svc = t.services.iter().find(|s| &*s.name == "demo/a").unwrap();
+                let si = svc.id as usize;
+                let f = FlowInfo { src: &[192, 0, 2, 1], sport: 1000 + i, dst: &[10, 96, 0, 1] };
+                let r = st.pick(si, svc, f).unwrap();
+                picked.insert(t.backend(r).unwrap().addr);
+            }
+            if picked.len() != 3 {
+                bad.push(format!("{sched:?}: six new flows over six tables generations went to {picked:?}"));
+            }
+        }
+        assert!(bad.is_empty(), "{bad:?}");
+    }
+
+    /// A change of the service's own backends adapts its rotation rather than restarting it:
+    /// with one new flow per change (a fourth backend that comes and goes), the flows to the
+    /// three backends that stay do not all go to the first of them.
+    #[test]
+    fn rr_and_wrr_do_not_restart_at_the_first_backend_when_their_own_backends_change() {
+        let mut bad = Vec::new();
+        for sched in [Scheduler::RoundRobin, Scheduler::WeightedRoundRobin] {
+            let mut b = TableBuilder::new();
+            let mut st = SchedState::new(7);
+            let mut picked = std::collections::BTreeMap::new();
+            for i in 0..12u16 {
+                let mut backends = vec![([10, 0, 0, 1], 80), ([10, 0, 0, 2], 80), ([10, 0, 0, 3], 80)];
+                if i % 2 == 1 {
+                    backends.push(([10, 0, 0, 4], 80));
+                }
+                let spec = TablesSpec {
+                    services: vec![std::sync::Arc::new(svc_spec("demo/a", [10, 96, 0, 1], sched, &backends))],
+                    ..Default::default()
+                };
+                let t = b.build(&spec).unwrap();
+                st.sync(&t);
+                let svc = &t.services[0];
+                let f = FlowInfo { src: &[192, 0, 2, 1], sport: 1000 + i, dst: &[10, 96, 0, 1] };
+                let r = st.pick(0, svc, f).unwrap();
+                *picked.entry(t.backend(r).unwrap().addr).or_insert(0) += 1;
+            }
+            let stayed = picked.iter().filter(|(a, _)| **a != std::net::IpAddr::from([10, 0, 0, 4])).count();
+            if stayed != 3 {
+                bad.push(format!("{sched:?}: twelve new flows over twelve changes of its backends went to {picked:?}"));
+            }
+        }
+        assert!(bad.is_empty(), "{bad:?}");
     }
 }

@@ -823,7 +823,8 @@ impl core::ops::Index<usize> for ServiceTable {
 /// ([`persist`]): a change copies what it touches, the rest is shared.
 #[derive(Debug, Clone)]
 pub struct Tables {
-    /// Increases by one per build; workers reset per-service scheduler state when it changes.
+    /// Increases by one per build; workers bring their per-service scheduler state up to date
+    /// when it changes ([`crate::sched::SchedState::sync`]).
     pub generation: u64,
     /// Services by id ([`FrontendEntry::service`] and [`Backend::service`] are ids).
     pub services: ServiceTable,
