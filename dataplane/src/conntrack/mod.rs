@@ -336,7 +336,9 @@ impl<A: CtFamily> FlowRecord<A, A::Pad> {
         CtState::from_u8(self.state)
     }
 
-    /// Whether the record is in use.
+    /// Whether the record is in use: not marked [`FlowRecord::FREE`]. A record the table never
+    /// handed out (at or above its high-water mark: zero memory, state 0) reads as in use too;
+    /// the table's own walks stop at that mark, and [`Conntrack::remove`] checks it.
     #[inline]
     pub fn in_use(&self) -> bool {
         self.state != Self::FREE
@@ -943,7 +945,8 @@ impl<A: CtFamily> Conntrack<A> {
     }
 
     /// Removes flow `id` (both entries) and says what it was (its backend and state,
-    /// `evicted: false`); `None` if it was not in use. The record is read in place, not
+    /// `evicted: false`); `None`, nothing changed, if it holds no flow (free, or never handed
+    /// out since the table was made or cleared). The record is read in place, not
     /// copied out (an eviction under a SYN flood removes a flow per new flow).
     pub fn remove(&mut self, id: RecId) -> Option<Removed> {
         let (bs, rs) = (self.buckets.as_mut_slice(), self.recs.as_mut_slice());
@@ -1664,7 +1667,10 @@ fn clear_at(buckets: &mut [Bucket], nb: u64, h: u64, b: usize, s: usize) {
 }
 
 /// Removes flow `id` (both entries) over the table's arrays, as [`Conntrack::remove`] (which
-/// also counts it out of the table's length).
+/// also counts it out of the table's length). `None`, nothing changed, for a record that holds
+/// no flow: a free one, or one at or above the high-water mark, never handed out since the
+/// table was made or cleared (its memory is zero, which [`FlowRecord::in_use`] alone would
+/// take for a flow in state 0).
 #[inline]
 fn remove_in<A: CtFamily>(
     bs: &mut [Bucket],
@@ -1674,6 +1680,9 @@ fn remove_in<A: CtFamily>(
     seeds: &[u64; 5],
     id: RecId,
 ) -> Option<Removed> {
+    if id >= *fl.hw {
+        return None;
+    }
     let rec = rs.get(id as usize)?;
     if !rec.in_use() {
         return None;

@@ -926,3 +926,45 @@ fn a_reply_entry_displaced_past_its_home_bucket_still_refuses_a_newer_flow_with_
     assert_eq!(get(&mut ct, &reply_key(7), 0).map(|h| (h.id, h.dir)), Some((a, Dir::Reply)));
     assert_index_consistent(&ct);
 }
+
+/// `remove` of a record that no flow ever had (above the high-water mark; its memory is zero,
+/// state 0 = `Datagram`, which `in_use` alone takes for a flow) says `None` and leaves the
+/// length and the free list alone, so that no two new flows get the same record.
+#[test]
+fn removing_a_record_never_handed_out_is_none_and_keeps_the_length() {
+    let mut ct = Conntrack::<V4>::with_seeds(16, SEEDS);
+    insert(&mut ct, rec(1, 100, CtState::Established), 0, |_| {}).unwrap();
+    insert(&mut ct, rec(2, 100, CtState::Established), 0, |_| {}).unwrap();
+    let gone = ct.remove(9);
+    let len = ct.len();
+    // Were it taken for a flow, record 9 would go on the free stack while still above the
+    // high-water mark, and two of the next new flows would get it.
+    let ids: Vec<RecId> =
+        (3..=12).map(|i| insert(&mut ct, rec(i, 100, CtState::Established), 0, |_| {}).unwrap()).collect();
+    let mut uniq = ids.clone();
+    uniq.sort_unstable();
+    uniq.dedup();
+    assert!(
+        gone.is_none() && len == 2 && uniq.len() == ids.len(),
+        "remove(9) -> {gone:?}, length {len} (2 flows); the next inserts took records {ids:?}"
+    );
+}
+
+/// `remove` of a record that is free (its flow was removed) or that `clear` emptied says `None`
+/// and leaves the length alone.
+#[test]
+fn removing_a_freed_or_cleared_record_is_none_and_keeps_the_length() {
+    let mut ct = Conntrack::<V4>::with_seeds(16, SEEDS);
+    let a = insert(&mut ct, rec(1, 100, CtState::Established), 0, |_| {}).unwrap();
+    insert(&mut ct, rec(2, 100, CtState::Established), 0, |_| {}).unwrap();
+    assert!(ct.remove(a).is_some());
+    assert!(ct.remove(a).is_none(), "a freed record");
+    assert_eq!(ct.len(), 1);
+    ct.clear();
+    let gone = ct.remove(1);
+    assert!(gone.is_none() && ct.is_empty(), "a cleared record: remove(1) -> {gone:?}, length {}", ct.len());
+    let ids: Vec<RecId> =
+        (3..=6).map(|i| insert(&mut ct, rec(i, 100, CtState::Established), 0, |_| {}).unwrap()).collect();
+    assert_eq!(ids, vec![0, 1, 2, 3], "the records are handed out again once each, in order");
+    assert_index_consistent(&ct);
+}
