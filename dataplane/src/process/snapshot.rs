@@ -91,14 +91,15 @@ impl Snapshot {
 /// What [`Pipeline::import_flows`] did with a snapshot's flows.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct ImportReport {
-    /// Flows now tracked by this pipeline.
+    /// Flows now tracked by this pipeline: as many as its tables hold after the import.
     pub imported: usize,
     /// Flows whose frontend or backend the new tables do not have.
     pub gone: usize,
     /// SNAT flows not taken: the SNAT address, port range or worker count changed, so their
     /// replies would not reach this worker.
     pub snat_changed: usize,
-    /// Flows the table had no room for, or already had.
+    /// Flows the table had no room for (an import evicts no flow: with a smaller table than
+    /// the old process's, the flows imported first stay), or already had.
     pub not_inserted: usize,
 }
 
@@ -377,8 +378,11 @@ fn import<A: Fam>(
     r.generation = 0;
     r.expires_s = c.now_s.saturating_add(r.expires_s.saturating_sub(1));
     let key = r.fwd_key();
+    // No room is made: in a full table `Conntrack::insert` would evict a not-established flow,
+    // one imported before (a smaller conntrack capacity than the old process's). A flow that
+    // finds the table full is not imported; with room, `insert` evicts nothing.
     let h = st.ct.hash(&key);
-    if !st.ct.is_free(&key, h) {
+    if !st.ct.is_free(&key, h) || st.ct.len() >= st.ct.capacity() {
         rep.not_inserted += 1;
         return;
     }
@@ -401,6 +405,42 @@ mod tests {
         let mut r = Rec::<V4>::zeroed_record();
         (r.client, r.cport, r.vip, r.vport, r.proto, r.state, r.expires_s) =
             (V4(client), cport, V4([10, 96, 0, 1]), 80, 6, CtState::Established as u8, 30);
+        r
+    }
+
+    /// One service: VIP 10.96.0.1:80/TCP to backend 10.0.0.1:8080, a neighbour on port 0, so
+    /// the backend has a next hop.
+    fn one_service_tables() -> Tables {
+        use crate::tables::*;
+        let spec = TablesSpec {
+            services: vec![std::sync::Arc::new(ServiceSpec {
+                name: "demo/web:http".into(),
+                frontends: vec![Frontend::new(
+                    IpAddr::from([10, 96, 0, 1]),
+                    L4Proto::Tcp,
+                    80,
+                    FrontendKind::ClusterIp,
+                    false,
+                )],
+                scheduler: Scheduler::Random,
+                affinity_timeout_s: None,
+                mode: ForwardingMode::Nat,
+                when_empty: EmptyAction::Reject,
+                backends: vec![BackendSpec::ready(IpAddr::from([10, 0, 0, 1]), 8080)],
+            })],
+            ports: vec![PortSpec { name: "eth0".into(), mac: [2, 0, 0, 0, 0, 1], mtu: 1500 }],
+            neighbours: vec![NeighbourSpec { addr: IpAddr::from([10, 0, 0, 1]), mac: [2, 0, 0, 0, 0, 2], port: 0 }],
+            ..Default::default()
+        };
+        TableBuilder::new().build(&spec).unwrap()
+    }
+
+    /// A DNAT flow from 10.0.0.100:`cport` to [`one_service_tables`]'s VIP and backend, in
+    /// `state`, with 30 s left.
+    fn dnat_flow(cport: u16, state: CtState) -> Rec<V4> {
+        let mut r = rec4([10, 0, 0, 100], cport);
+        (r.backend_addr, r.bport, r.reply_dst, r.reply_dport, r.state) =
+            (V4([10, 0, 0, 1]), 8080, V4([10, 0, 0, 100]), cport, state as u8);
         r
     }
 
@@ -503,5 +543,31 @@ mod tests {
         let crc = crc32c::crc32c(&big);
         big.extend_from_slice(&crc.to_le_bytes());
         assert!(matches!(decode(&big).unwrap_err(), SnapshotError::Truncated(_)));
+    }
+
+    /// Importing into a table smaller than the snapshot (a lowered `conntrack.maxPerCore`)
+    /// evicts no flow imported before: the report's `imported` is what the table holds, and
+    /// the flows that found no room are `not_inserted`.
+    #[test]
+    fn import_report_counts_only_the_flows_the_table_keeps() {
+        let t = one_service_tables();
+        let snap = FlowSnapshot {
+            workers: 1,
+            snat_ports: (61000, 65535),
+            v4: (0..64).map(|i| dnat_flow(40000 + i, CtState::FinWait)).collect(),
+            ..Default::default()
+        };
+        let cfg = super::super::PipelineConfig { conntrack_capacity: 16, ..Default::default() };
+        let mut p = Pipeline::new(cfg, 1);
+        let rep = p.import_flows(&t, &snap, 5_000);
+        let held = p.families().v4.ct.len();
+        assert_eq!(
+            rep.imported, held,
+            "the report says {} flows were imported, the table holds {held}: {rep:?}",
+            rep.imported
+        );
+        assert_eq!(rep.imported + rep.gone + rep.snat_changed + rep.not_inserted, snap.len(), "{rep:?}");
+        assert_eq!(held, 16, "the table is full of imported flows: {rep:?}");
+        assert_eq!(p.counters().events_of(Event::FlowImported), held as u64);
     }
 }
