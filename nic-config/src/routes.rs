@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use netlink_packet_core::{NLM_F_DUMP, NetlinkMessage, NetlinkPayload};
 use netlink_packet_route::{
     AddressFamily, RouteNetlinkMessage,
-    route::{RouteAddress, RouteAttribute, RouteMessage, RouteType},
+    route::{RouteAddress, RouteAttribute, RouteMessage, RouteNextHopFlags, RouteType, RouteVia},
 };
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 
@@ -100,14 +100,28 @@ pub struct KernelRoute {
     pub dst: IpAddr,
     /// Destination prefix length in bits (`rtm_dst_len`).
     pub prefix_len: u8,
-    /// Gateways (`RTA_GATEWAY`, or each next hop's of `RTA_MULTIPATH`, in the kernel's
-    /// order); empty for a route to a directly connected network (on-link).
+    /// Gateways (`RTA_GATEWAY`, or `RTA_VIA` for a next hop of the other family, RFC 5549 as
+    /// FRR installs it for BGP unnumbered; or each live next hop's of `RTA_MULTIPATH`, in the
+    /// kernel's order, those marked `RTNH_F_DEAD` left out as the kernel's
+    /// `fib_select_multipath` leaves them); empty for a route to a directly connected network
+    /// (on-link). A multipath route whose every next hop is dead is not listed.
     pub gateways: Vec<IpAddr>,
-    /// Output interface index (`RTA_OIF`; for a multipath route, the first next hop's).
+    /// Output interface index (`RTA_OIF`; for a multipath route, the first live next hop's).
     pub oif: Option<u32>,
     /// Route metric (`RTA_PRIORITY`, 0 if absent): of two routes to the same prefix the kernel
     /// uses the lower one.
     pub metric: u32,
+}
+
+/// The gateway a route attribute names: `RTA_GATEWAY`, or `RTA_VIA` (a gateway of either
+/// family, rtnetlink(7)).
+fn gateway_of(a: &RouteAttribute) -> Option<IpAddr> {
+    match a {
+        RouteAttribute::Gateway(g) => ip_of(g),
+        RouteAttribute::Via(RouteVia::Inet(v4)) => Some(IpAddr::V4(*v4)),
+        RouteAttribute::Via(RouteVia::Inet6(v6)) => Some(IpAddr::V6(*v6)),
+        _ => None,
+    }
 }
 
 fn ip_of(a: &RouteAddress) -> Option<IpAddr> {
@@ -173,21 +187,84 @@ fn from_message(r: &RouteMessage, table: u32) -> Option<KernelRoute> {
     for a in &r.attributes {
         match a {
             RouteAttribute::Destination(d) => route.dst = ip_of(d)?,
-            RouteAttribute::Gateway(g) => route.gateways.extend(ip_of(g)),
+            RouteAttribute::Gateway(_) | RouteAttribute::Via(_) => route.gateways.extend(gateway_of(a)),
             RouteAttribute::Oif(i) => route.oif = Some(*i),
             RouteAttribute::Priority(p) => route.metric = *p,
             RouteAttribute::MultiPath(hops) => {
-                for h in hops {
+                let live: Vec<_> = hops.iter().filter(|h| !h.flags.contains(RouteNextHopFlags::Dead)).collect();
+                if live.is_empty() && !hops.is_empty() {
+                    // No next hop the kernel would choose: not a route to send through (and
+                    // not an on-link one either).
+                    return None;
+                }
+                for h in live {
                     route.oif = route.oif.or(Some(h.interface_index));
-                    for x in &h.attributes {
-                        if let RouteAttribute::Gateway(g) = x {
-                            route.gateways.extend(ip_of(g));
-                        }
-                    }
+                    route.gateways.extend(h.attributes.iter().filter_map(gateway_of));
                 }
             }
             _ => {}
         }
     }
     Some(route)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests")]
+    use super::*;
+    use netlink_packet_route::route::RouteNextHop;
+
+    /// A unicast route of main to `dst`/24 with `attributes` after its table and destination.
+    fn route_to(dst: &str, attributes: Vec<RouteAttribute>) -> RouteMessage {
+        let mut m = RouteMessage::default();
+        m.header.address_family = AddressFamily::Inet;
+        m.header.destination_prefix_length = 24;
+        m.header.table = 254;
+        m.header.kind = RouteType::Unicast;
+        m.attributes =
+            vec![RouteAttribute::Table(254), RouteAttribute::Destination(RouteAddress::Inet(dst.parse().unwrap()))];
+        m.attributes.extend(attributes);
+        m
+    }
+
+    fn hop(oif: u32, flags: RouteNextHopFlags, gw: RouteAttribute) -> RouteNextHop {
+        let mut h = RouteNextHop::default();
+        h.interface_index = oif;
+        h.flags = flags;
+        h.attributes = vec![gw];
+        h
+    }
+
+    /// An IPv4 route to a pod CIDR through an IPv6 link-local next hop (RFC 5549, BGP
+    /// unnumbered, as FRR installs it: `ip route add 10.244.1.0/24 via inet6 fe80::1 dev eth0`):
+    /// the kernel gives the gateway in `RTA_VIA`, not `RTA_GATEWAY`. It is not on-link.
+    #[test]
+    fn an_ipv4_route_via_an_ipv6_next_hop_keeps_its_gateway() {
+        let via = |gw: &str| RouteAttribute::Via(RouteVia::Inet6(gw.parse().unwrap()));
+        let m = route_to("10.244.1.0", vec![via("fe80::1"), RouteAttribute::Oif(2)]);
+        let r = from_message(&m, TABLE_MAIN).expect("a unicast route of main");
+        assert_eq!(r.gateways, vec!["fe80::1".parse::<IpAddr>().unwrap()], "{r:?} read as on-link");
+        // The same in each next hop of a multipath route.
+        let hops = vec![
+            hop(2, RouteNextHopFlags::empty(), via("fe80::1")),
+            hop(3, RouteNextHopFlags::empty(), via("fe80::2")),
+        ];
+        let r = from_message(&route_to("10.244.1.0", vec![RouteAttribute::MultiPath(hops)]), TABLE_MAIN).unwrap();
+        assert_eq!(r.gateways.len(), 2, "{r:?} read as on-link");
+    }
+
+    /// A multipath route one of whose next hops is dead (its interface went down: the kernel
+    /// keeps the route, marks the hop `RTNH_F_DEAD | RTNH_F_LINKDOWN` and no longer selects it,
+    /// `fib_select_multipath`): its gateway is not one to send through, nor its interface the
+    /// route's. With every hop dead the route is not listed at all (not read as on-link).
+    #[test]
+    fn a_dead_next_hop_of_a_multipath_route_is_not_a_gateway() {
+        let gw = |a: &str| RouteAttribute::Gateway(RouteAddress::Inet(a.parse().unwrap()));
+        let dead = RouteNextHopFlags::Dead | RouteNextHopFlags::Linkdown;
+        let hops = vec![hop(2, dead, gw("192.168.1.1")), hop(3, RouteNextHopFlags::empty(), gw("192.168.2.1"))];
+        let r = from_message(&route_to("10.244.2.0", vec![RouteAttribute::MultiPath(hops)]), TABLE_MAIN).unwrap();
+        assert_eq!((r.gateways, r.oif), (vec!["192.168.2.1".parse::<IpAddr>().unwrap()], Some(3)));
+        let all_dead = vec![hop(2, dead, gw("192.168.1.1")), hop(3, dead, gw("192.168.2.1"))];
+        assert_eq!(from_message(&route_to("10.244.2.0", vec![RouteAttribute::MultiPath(all_dead)]), TABLE_MAIN), None);
+    }
 }
