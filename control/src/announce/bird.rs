@@ -140,10 +140,11 @@ impl Announcer for Bird {
         if self.confirmed.as_ref() == Some(&want) {
             return Ok(Applied::Unchanged);
         }
+        // From the first write on, the files may be neither the confirmed set nor the wanted
+        // one (one written, the other not): until BIRD confirms, the next change rewrites both.
+        self.confirmed = None;
         let w4 = write_if_changed(&self.cfg.ipv4_file, &want.0)?;
         let w6 = write_if_changed(&self.cfg.ipv6_file, &want.1)?;
-        // Until BIRD confirms, what it runs is unknown (it may have read the new files or not).
-        self.confirmed = None;
         let reply = self.configure()?;
         self.confirmed = Some(want);
         Ok(Applied::Reconfigured { written: w4 || w6, reply })

@@ -219,3 +219,26 @@ fn a_file_that_cannot_be_written_is_an_error_naming_it() {
     assert!(e.to_string().contains(&p.display().to_string()), "{e}");
     assert!(!Path::new(&p).exists());
 }
+
+/// A change whose IPv4 file was written but whose IPv6 file could not be: the files are then
+/// neither the set BIRD confirmed nor the one wanted, and going back to the confirmed set must
+/// rewrite them (it was answered `Unchanged`, the IPv4 file still announcing the VIP withdrawn).
+#[test]
+fn a_half_written_change_that_failed_does_not_leave_the_files_out_of_step_with_the_confirmed_set() {
+    let f = Fake::new();
+    let v6dir = f.dir.path().join("v6");
+    std::fs::create_dir(&v6dir).expect("mkdir");
+    let mut c = f.cfg();
+    c.ipv6_file = v6dir.join("vips6.conf");
+    let mut b = Bird::new(&c);
+    b.announce(&set(&[])).expect("A taken");
+    std::fs::remove_dir_all(&v6dir).expect("rmdir");
+    b.announce(&set(&["10.0.0.1", "2001:db8::1"])).expect_err("the IPv6 file cannot be written");
+    std::fs::create_dir(&v6dir).expect("mkdir again");
+    let r = b.announce(&set(&[])).expect("A again");
+    assert_eq!(
+        std::fs::read_to_string(&c.ipv4_file).expect("v4 file"),
+        HEADER.to_owned(),
+        "the IPv4 file still announces B's VIP although xlb wants A ({r:?})"
+    );
+}
