@@ -297,7 +297,9 @@ pub fn parse_addresses_entry(s: &str) -> Result<AddrRange, String> {
     let len: u32 =
         l.parse().ok().filter(|&n| n <= bits).ok_or_else(|| format!("{t:?}: prefix length {l:?} is not 0..={bits}"))?;
     let n = addr_to_u128(addr);
-    let host = if len == bits { 0 } else { (1u128 << (bits - len)) - 1 };
+    // The host part's mask: `bits - len` low bits (all 128 for `::/0`, where a shift would
+    // overflow).
+    let host = u128::MAX.checked_shr(128 - (bits - len)).unwrap_or(0);
     if n & host != 0 {
         let net = Family::of(addr).to_addr(n & !host);
         return Err(format!("{t:?} has host bits set; did you mean {net}/{len}?"));

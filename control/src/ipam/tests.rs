@@ -127,6 +127,15 @@ fn write_back(svcs: &[S], a: &Assignment) -> Vec<S> {
 // ----- pool parsing and validation
 
 #[test]
+fn the_whole_ipv6_space_as_a_cidr_parses_into_one_range() {
+    let v4 = parse_addresses_entry("0.0.0.0/0").expect("IPv4 /0");
+    assert_eq!((v4.first(), v4.last()), (ip("0.0.0.0"), ip("255.255.255.255")));
+    let r = std::panic::catch_unwind(|| parse_addresses_entry("::/0"));
+    let r = r.expect("parse_addresses_entry panicked on ::/0").expect("IPv6 /0");
+    assert_eq!((r.first(), r.last()), (ip("::"), ip("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff")));
+}
+
+#[test]
 fn cidrs_and_ranges_of_both_families_parse_into_inclusive_ranges() {
     let r = parse_addresses_entry("192.0.2.0/30").unwrap();
     assert_eq!((r.first(), r.last()), (ip("192.0.2.0"), ip("192.0.2.3")));
