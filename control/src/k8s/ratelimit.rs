@@ -43,6 +43,9 @@ pub struct RateLimit {
     pub burst: NonZeroU32,
 }
 
+/// The longest time between two tokens: one a day (a smaller `qps` is taken as that).
+pub(crate) const LONGEST_PERIOD: Duration = Duration::from_secs(86_400);
+
 /// A `clientConnection` that client-go would refuse.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum RateLimitError {
@@ -79,9 +82,13 @@ impl RateLimit {
         Ok(Some(Self { qps: f64::from(qps), burst }))
     }
 
-    /// The time between two tokens (at least 1 ns).
+    /// The time between two tokens: at least 1 ns, at most [`LONGEST_PERIOD`] (a `qps` that
+    /// small, which the config accepts, would overflow a `Duration` or the limiter's 64-bit
+    /// nanoseconds).
     fn period(self) -> Duration {
-        Duration::from_secs_f64(1.0 / self.qps).max(Duration::from_nanos(1))
+        Duration::try_from_secs_f64(1.0 / self.qps)
+            .unwrap_or(LONGEST_PERIOD)
+            .clamp(Duration::from_nanos(1), LONGEST_PERIOD)
     }
 }
 
@@ -186,5 +193,15 @@ mod tests {
         assert_eq!(RateLimit::from_client_connection(&cc(-1.0, 0)), Ok(None));
         assert_eq!(RateLimit::from_client_connection(&cc(20.0, -1)), Err(RateLimitError::Burst(-1)));
         assert_eq!(RateLimit::from_client_connection(&cc(f32::INFINITY, 1)), Err(RateLimitError::Qps(f32::INFINITY)));
+    }
+
+    #[test]
+    fn a_tiny_qps_that_the_config_accepts_does_not_panic_when_the_layer_is_built() {
+        for qps in [1e-30, f32::MIN_POSITIVE, 1e-6] {
+            let l = RateLimit::from_client_connection(&cc(qps, 1)).unwrap().unwrap();
+            assert_eq!(l.period(), LONGEST_PERIOD, "qps {qps}");
+            let r = std::panic::catch_unwind(|| RateLimitLayer::new(l));
+            assert!(r.is_ok(), "RateLimitLayer::new panicked for qps {qps}");
+        }
     }
 }
