@@ -230,3 +230,25 @@ async fn without_pools_nothing_is_written_and_a_status_outside_the_pools_is_repl
     wait_for("web moved into the pool", Duration::from_secs(10), || ingress(&s, "web") == ["198.51.100.8"]).await;
     a.stop().await;
 }
+
+#[tokio::test]
+async fn assigner_never_gives_an_address_it_just_wrote_to_one_service_to_another() {
+    // web gets 198.51.100.0. Just before that patch lands, Service api (older by name order,
+    // same creationTimestamp) is created on the server; the watch delivers api's ADDED event
+    // before web's MODIFIED one (in resourceVersion order, as a real API server does). A
+    // round run on that view still sees web without its address.
+    let s = FakeApiServer::start().await;
+    s.apply(Res::Pools, json!({"metadata": {"name": "public"}, "spec": {"addresses": ["198.51.100.0/30"]}}));
+    let a = Assigner::start(s.client(), assigner_cfg("node-a/1"));
+    let stats = a.stats().clone();
+    wait_for("rounds as leader", Duration::from_secs(10), || stats.assignment_rounds.load(Ordering::Relaxed) >= 2)
+        .await;
+    s.before_status_patch("default", "web", Res::Services, lb_service("api", "10.96.0.11", json!({})));
+    s.apply(Res::Services, lb_service("web", "10.96.0.10", json!({})));
+    wait_for("web's address", Duration::from_secs(10), || ingress(&s, "web") == ["198.51.100.0"]).await;
+    wait_for("api's address", Duration::from_secs(10), || !ingress(&s, "api").is_empty()).await;
+    let (web, api) = (ingress(&s, "web"), ingress(&s, "api"));
+    s.release_watch_events();
+    assert_ne!(web, api, "two Services hold one address: web {web:?}, api {api:?}");
+    a.stop().await;
+}

@@ -5,14 +5,19 @@
 //!
 //! Every patch carries the `metadata.resourceVersion` the decision was made from, so a patch
 //! computed from a stale view fails with 409 Conflict instead of overwriting a newer status;
-//! the next round (on the next watch event, or after the retry period) decides again. The
-//! assignment is a pure function of the pools and the Services' statuses, so a new leader
-//! (after a restart or a fail-over) decides the same and writes nothing. Services that cannot
-//! get an address are logged once per reason (xlb may not write Events: its RBAC allows only
-//! `services/status`). With no usable pool at all nothing is written: an empty or deleted
-//! pool list does not clear every Service's address.
+//! the next round (on the next watch event, or after the retry period) decides again. That
+//! protects only the Service patched: a round can run before the watch has delivered a status
+//! just written, and would give that address to another Service. So the statuses written are
+//! remembered, and laid over the watch view, until the view has caught up with them (the
+//! Service seen at the patch's `resourceVersion` or later, replaced, or deleted); leadership
+//! changes forget them. The assignment is a pure function of the pools and the Services'
+//! statuses, so a new leader (after a restart or a fail-over) decides the same and writes
+//! nothing. Services that cannot get an address are logged once per reason (xlb may not
+//! write Events: its RBAC allows only `services/status`). With no usable pool at all nothing
+//! is written: an empty or deleted pool list does not clear every Service's address.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -188,12 +193,44 @@ async fn run(client: kube::Client, cfg: AssignerConfig, stats: Arc<AssignerStats
     stats.leader.store(false, Ordering::Relaxed);
 }
 
-/// What was last logged, so each problem is logged once.
+/// What was last logged, so each problem is logged once, and the statuses written that the
+/// watch has not delivered yet. Reset when leadership changes.
 #[derive(Debug, Default)]
 struct Memory {
     rejected: Vec<String>,
     failures: BTreeMap<ServiceKey, String>,
     no_pools: bool,
+    written: BTreeMap<ServiceKey, Written>,
+}
+
+/// A status patch the API server accepted, kept until the watch view has caught up with it.
+#[derive(Debug)]
+struct Written {
+    /// `metadata.uid` of the Service patched.
+    uid: Option<String>,
+    /// The `resourceVersion` the patch was conditioned on.
+    from: Option<String>,
+    /// The `resourceVersion` the patch returned.
+    to: Option<String>,
+    /// The addresses written.
+    addresses: Vec<IpAddr>,
+}
+
+impl Written {
+    /// Whether `svc` (the watch view's object of the same key) already includes this write:
+    /// another object (deleted and created again), or a `resourceVersion` at least the one the
+    /// patch returned (when not numbers: any other than the one the patch was made from).
+    fn seen_in(&self, svc: &Service) -> bool {
+        let m = &svc.metadata;
+        if m.uid != self.uid {
+            return true;
+        }
+        let num = |rv: &Option<String>| rv.as_deref().and_then(|v| v.parse::<u64>().ok());
+        match (num(&m.resource_version), num(&self.to)) {
+            (Some(seen), Some(to)) => seen >= to,
+            _ => m.resource_version != self.from,
+        }
+    }
 }
 
 async fn reconcile(
@@ -227,6 +264,16 @@ async fn reconcile(
     }
     memory.no_pools = false;
     let mut svcs = services.state();
+    // A status written is taken in every later round, even one run before the watch delivers
+    // it: the view would show that Service without its address, and the allocator would give
+    // the address to another Service (whose own patch the API server accepts).
+    let view: BTreeMap<ServiceKey, &Arc<Service>> = svcs.iter().map(|s| (ServiceKey::of(s), s)).collect();
+    memory.written.retain(|key, w| view.get(key).is_some_and(|s| !w.seen_in(s)));
+    for svc in &mut svcs {
+        if let Some(w) = memory.written.get(&ServiceKey::of(svc)) {
+            ipam::apply_to_service(Arc::make_mut(svc), &w.addresses);
+        }
+    }
     svcs.sort_by(|a, b| crate::cluster::object_order(&a.metadata).cmp(&crate::cluster::object_order(&b.metadata)));
     let assignment = ipam::assign(&set, &svcs, filter, Options::default());
     let mut failures = BTreeMap::new();
@@ -255,8 +302,17 @@ async fn reconcile(
         let api: Api<Service> = Api::namespaced(client.clone(), &key.namespace);
         let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
         match api.patch_status(&key.name, &params, &Patch::Merge(&patch)).await {
-            Ok(_) => {
+            Ok(written) => {
                 stats.patches.fetch_add(1, Ordering::Relaxed);
+                memory.written.insert(
+                    key.clone(),
+                    Written {
+                        uid: svc.metadata.uid.clone(),
+                        from: svc.metadata.resource_version.clone(),
+                        to: written.metadata.resource_version,
+                        addresses: addrs.to_vec(),
+                    },
+                );
                 let list: Vec<String> = addrs.iter().map(ToString::to_string).collect();
                 tracing::info!(service = %key, addresses = %list.join(","), "LoadBalancer status written");
             }

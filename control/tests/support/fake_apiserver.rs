@@ -85,6 +85,13 @@ struct State0 {
     lease_writes: usize,
     /// Lease deletions accepted.
     lease_deletes: usize,
+    /// Test hook: when a `services/status` patch for `namespace/name` arrives, this object
+    /// is stored first (a change that lands on the server just before the patch), and the
+    /// watch events from the patch's resourceVersion on are held back until
+    /// [`FakeApiServer::release_watch_events`] (delivered in order, only late).
+    before_status_patch: Option<(String, Res, Value)>,
+    /// Watch events with a resourceVersion at or above this wait (test hook above).
+    hold_events_from: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -337,6 +344,18 @@ impl FakeApiServer {
         self.inner.lock().lease_deletes
     }
 
+    /// Test hook: stores `obj` just before the next `services/status` patch of `ns/name` is
+    /// applied, and holds the watch events from that patch on until
+    /// [`FakeApiServer::release_watch_events`].
+    pub(crate) fn before_status_patch(&self, ns: &str, name: &str, res: Res, obj: Value) {
+        self.inner.lock().before_status_patch = Some((format!("{ns}/{name}"), res, obj));
+    }
+
+    /// Delivers the watch events held back by [`FakeApiServer::before_status_patch`].
+    pub(crate) fn release_watch_events(&self) {
+        self.inner.lock().hold_events_from = None;
+    }
+
     /// Watch requests started for `res`.
     pub(crate) fn watch_count(&self, res: Res) -> usize {
         self.inner.lock().watches.get(&res).copied().unwrap_or(0)
@@ -441,6 +460,9 @@ fn watch_response(inner: Arc<Inner>, q: HashMap<String, String>, res: Res) -> Re
                 () = async { match deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } } => return,
                 ev = events.recv() => match ev {
                     Ok(e) => {
+                        while inner2.lock().hold_events_from.is_some_and(|h| e.rv >= h) {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
                         if ok(&sel, &e) && tx.send(Ok(line(&json!({"type": e.ty, "object": e.obj})))).await.is_err() {
                             return;
                         }
@@ -599,6 +621,11 @@ async fn service_status_patch(
     let mut st = inner.lock();
     if st.failing {
         return failure();
+    }
+    if st.before_status_patch.as_ref().is_some_and(|(k, _, _)| *k == format!("{ns}/{name}")) {
+        let (_, res, obj) = st.before_status_patch.take().expect("checked");
+        store(&inner, &mut st, res, obj);
+        st.hold_events_from = Some(st.rv + 1);
     }
     let key = (Res::Services, ns.clone(), name.clone());
     let Some(current) = st.objects.get(&key).cloned() else { return not_found(&format!("services {name:?}")) };
