@@ -7,7 +7,14 @@
 //! namespace, name), so the older Service wins a conflict:
 //! 1. **keep**: the Service's current ingress addresses are kept when they are one per family
 //!    of its `spec.ipFamilies`, in one pool that still allows the Service, equal to what it
-//!    asks for (if it asks), and not already kept by an older Service;
+//!    asks for (if it asks), and not already kept by an older Service. Otherwise a Service
+//!    that asks for nothing keeps, per family it has, the first address of that family its
+//!    status lists that is free and in a pool that allows it (the pool of the first such
+//!    address, and the one it names if it names one), so a Service that becomes dual-stack
+//!    or single-stack keeps the address it holds; the families it then lacks get the lowest
+//!    free addresses of that pool that no Service asks for, once every Service has kept what
+//!    it may (if the pool has `autoAssign` or is named, and has room; if not, the Service
+//!    goes on to pass 3 with nothing kept);
 //! 2. **requested**: a Service that asks for addresses (annotation `xlb.dev/loadBalancerIPs`,
 //!    MetalLB's `metallb.io/loadBalancerIPs` or `metallb.universe.tf/loadBalancerIPs`, or the
 //!    deprecated `spec.loadBalancerIP`) gets exactly those, if they are in one pool it may use
@@ -433,16 +440,65 @@ fn common_pool<'p>(pools: &'p PoolSet, addrs: &[IpAddr]) -> Result<Option<&'p Po
     Ok(first.and_then(|(_, p)| p))
 }
 
-/// The current ingress addresses of `svc`, ordered as `req.families`, if the Service may
-/// keep them (pass 1).
-fn keepable(
-    pools: &PoolSet,
+/// What pass 1 keeps of a Service's current ingress addresses.
+enum Keep<'p> {
+    /// One address per family: the Service is done.
+    All(Assigned),
+    /// Some families (in the order of `req.families`), all in `pool`; the others are
+    /// taken from `pool` once every Service has kept what it may.
+    Part { pool: &'p Pool, have: Vec<IpAddr> },
+    /// Nothing.
+    Nothing,
+}
+
+/// The current ingress addresses of `svc` the Service may keep (pass 1): all of them, ordered
+/// as `req.families`, when they are one per family and may be kept together; otherwise, per
+/// family of `req.families`, the first listed address of that family that is free, in the
+/// pool of the first such address, and in a pool that allows the Service (and is the one it
+/// names, if it names one). A Service that asks for addresses keeps them only as a whole.
+fn keepable<'p>(
+    pools: &'p PoolSet,
     svc: &Service,
     req: &Request,
     taken: &BTreeMap<IpAddr, ServiceKey>,
     opts: Options,
-) -> Option<Assigned> {
+) -> Keep<'p> {
     let current = ingress_ips(svc);
+    if let Some(a) = keepable_whole(pools, svc, req, &current, taken, opts) {
+        return Keep::All(a);
+    }
+    if req.ips.is_some() {
+        return Keep::Nothing;
+    }
+    let (ns, labels) = (ServiceKey::of(svc).namespace, labels(svc));
+    let valid: Vec<(IpAddr, &Pool)> = current
+        .iter()
+        .filter(|a| req.families.contains(&Family::of(**a)) && !taken.contains_key(*a))
+        .filter_map(|a| pools.pool_of(*a).map(|p| (*a, p)))
+        .filter(|(_, p)| p.allows(&ns, &labels) && req.pool.as_ref().is_none_or(|n| *n == p.name))
+        .collect();
+    let Some(&(_, pool)) = valid.first() else { return Keep::Nothing };
+    let have: Vec<IpAddr> = req
+        .families
+        .iter()
+        .filter_map(|f| valid.iter().find(|(a, p)| p.name == pool.name && Family::of(*a) == *f).map(|(a, _)| *a))
+        .collect();
+    if have.len() == req.families.len() {
+        return Keep::All(Assigned { addresses: have, pool: Some(pool.name.clone()), kept: false });
+    }
+    Keep::Part { pool, have }
+}
+
+/// The current ingress addresses of `svc`, ordered as `req.families`, if they are one per
+/// family and the Service may keep them all.
+fn keepable_whole(
+    pools: &PoolSet,
+    svc: &Service,
+    req: &Request,
+    current: &[IpAddr],
+    taken: &BTreeMap<IpAddr, ServiceKey>,
+    opts: Options,
+) -> Option<Assigned> {
     if current.len() != req.families.len() {
         return None;
     }
@@ -474,6 +530,30 @@ fn keepable(
     // is rewritten in that order.
     let kept = current == ordered;
     Some(Assigned { addresses: ordered, pool: pool.map(|p| p.name.clone()), kept })
+}
+
+/// Pass 1b: completes the addresses a Service kept for some of its families with the lowest
+/// free ones of `pool` for the others, avoiding `avoid` (the addresses Services ask for).
+/// `None` when `pool` may not serve them automatically (no `autoAssign` and not named by the
+/// Service) or has no room.
+fn completed(
+    pool: &Pool,
+    req: &Request,
+    have: &[IpAddr],
+    taken: &BTreeMap<IpAddr, ServiceKey>,
+    avoid: &BTreeSet<IpAddr>,
+) -> Option<Assigned> {
+    if !pool.auto_assign && req.pool.as_ref() != Some(&pool.name) {
+        return None;
+    }
+    let mut addresses = Vec::with_capacity(req.families.len());
+    for f in &req.families {
+        match have.iter().find(|a| Family::of(**a) == *f) {
+            Some(a) => addresses.push(*a),
+            None => addresses.push(pool.first_free(*f, None, |a| taken.contains_key(&a) || avoid.contains(&a))?),
+        }
+    }
+    Some(Assigned { addresses, pool: Some(pool.name.clone()), kept: false })
 }
 
 /// Pass 2: the addresses a Service asks for.
@@ -583,9 +663,10 @@ pub fn assign(pools: &PoolSet, services: &[Arc<Service>], filter: &ClassFilter, 
 
     let mut taken: BTreeMap<IpAddr, ServiceKey> = BTreeMap::new();
     let mut out: BTreeMap<ServiceKey, Outcome> = BTreeMap::new();
-    let mut pending: Vec<(&Service, ServiceKey, Request)> = Vec::new();
-    // Pass 1: keep what the status holds.
-    for (svc, key) in ours {
+    let mut pending: Vec<(usize, &Service, ServiceKey, Request)> = Vec::new();
+    let mut partial = Vec::new();
+    // Pass 1: keep what the status holds, per family when not all of it can be kept.
+    for (i, (svc, key)) in ours.into_iter().enumerate() {
         let req = match request(svc) {
             Ok(r) => r,
             Err(e) => {
@@ -594,18 +675,45 @@ pub fn assign(pools: &PoolSet, services: &[Arc<Service>], filter: &ClassFilter, 
             }
         };
         match keepable(pools, svc, &req, &taken, opts) {
+            Keep::All(a) => {
+                for addr in &a.addresses {
+                    taken.insert(*addr, key.clone());
+                }
+                out.insert(key, Outcome::Assigned(a));
+            }
+            Keep::Part { pool, have } => {
+                for addr in &have {
+                    taken.insert(*addr, key.clone());
+                }
+                partial.push((i, svc, key, req, pool, have));
+            }
+            Keep::Nothing => pending.push((i, svc, key, req)),
+        }
+    }
+    // Pass 1b: a Service that kept some families gets the others from the same pool, if it
+    // can without an address another Service asks for; otherwise it is assigned afresh.
+    let asked: BTreeSet<IpAddr> =
+        pending.iter().filter_map(|(_, _, _, r)| r.ips.as_ref()).flat_map(|(ips, _)| ips.iter().copied()).collect();
+    for (i, svc, key, req, pool, have) in partial {
+        match completed(pool, &req, &have, &taken, &asked) {
             Some(a) => {
                 for addr in &a.addresses {
                     taken.insert(*addr, key.clone());
                 }
                 out.insert(key, Outcome::Assigned(a));
             }
-            None => pending.push((svc, key, req)),
+            None => {
+                for addr in &have {
+                    taken.remove(addr);
+                }
+                pending.push((i, svc, key, req));
+            }
         }
     }
+    pending.sort_by_key(|(i, ..)| *i);
     // Pass 2: explicit requests, before any automatic choice can take their addresses.
     let mut rest = Vec::new();
-    for (svc, key, req) in pending {
+    for (_, svc, key, req) in pending {
         let Some((ips, _)) = &req.ips else {
             rest.push((svc, key, req));
             continue;

@@ -537,6 +537,51 @@ fn a_dual_stack_status_in_the_wrong_order_is_rewritten_in_family_order() {
 }
 
 #[test]
+fn a_service_that_becomes_dual_stack_keeps_the_address_it_holds() {
+    let pools = set(&[("public", spec(&["198.51.100.0/30", "2001:db8::/126"]))]);
+    let web = lb("web").families(&["IPv4", "IPv6"]).status(&["198.51.100.2"]);
+    let a = run(&pools, vec![web]);
+    assert_eq!(addrs(&a, "web"), ["198.51.100.2", "2001:db8::"], "the IPv4 VIP moved");
+}
+
+#[test]
+fn a_service_that_becomes_single_stack_keeps_the_address_of_its_remaining_family() {
+    let pools = set(&[("public", spec(&["198.51.100.0/30", "2001:db8::/126"]))]);
+    let v4 = lb("v4").families(&["IPv4"]).status(&["198.51.100.2", "2001:db8::2"]);
+    let v6 = lb("v6").families(&["IPv6"]).status(&["198.51.100.3", "2001:db8::3"]);
+    let a = run(&pools, vec![v4, v6]);
+    assert_eq!(addrs(&a, "v4"), ["198.51.100.2"]);
+    assert_eq!(addrs(&a, "v6"), ["2001:db8::3"]);
+}
+
+#[test]
+fn of_two_addresses_of_one_family_the_first_usable_one_listed_is_kept() {
+    let pools = set(&[("public", spec(&["198.51.100.0/30", "2001:db8::/126"]))]);
+    let a = run(&pools, vec![lb("web").status(&["198.51.100.3", "198.51.100.2"])]);
+    assert_eq!(addrs(&a, "web"), ["198.51.100.3"]);
+    // An address an older Service holds is skipped for the next one listed.
+    let old = lb("old").status(&["198.51.100.3"]).created(0);
+    let web = lb("web").status(&["198.51.100.3", "198.51.100.2"]).created(1);
+    let a = run(&pools, vec![old, web]);
+    assert_eq!(addrs(&a, "old"), ["198.51.100.3"]);
+    assert_eq!(addrs(&a, "web"), ["198.51.100.2"]);
+    // The dual-stack one keeps one per family, the first listed of each.
+    let ds = lb("ds").families(&["IPv4", "IPv6"]).status(&["2001:db8::2", "198.51.100.1", "198.51.100.2"]);
+    let a = run(&pools, vec![ds]);
+    assert_eq!(addrs(&a, "ds"), ["198.51.100.1", "2001:db8::2"]);
+}
+
+#[test]
+fn a_kept_address_is_completed_without_taking_an_address_another_service_asks_for() {
+    let pools = set(&[("public", spec(&["198.51.100.0/30", "2001:db8::/126"]))]);
+    let web = lb("web").families(&["IPv4", "IPv6"]).status(&["198.51.100.2"]);
+    let asks = lb("asks").families(&["IPv6"]).ann(ANNOTATION_LOAD_BALANCER_IPS, "2001:db8::");
+    let a = run(&pools, vec![web, asks]);
+    assert_eq!(addrs(&a, "web"), ["198.51.100.2", "2001:db8::1"]);
+    assert_eq!(addrs(&a, "asks"), ["2001:db8::"]);
+}
+
+#[test]
 fn input_order_does_not_change_the_assignment() {
     let pools = set(&[("p", spec(&["192.0.2.0/29"])), ("q", spec(&["2001:db8::/125"]))]);
     let svcs = vec![lb("c"), lb("a").families(&["IPv6"]), lb("b").status(&["192.0.2.3"]), lb("x/a").lb_ip("192.0.2.0")];
