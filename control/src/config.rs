@@ -204,7 +204,9 @@ impl Default for AnnounceConfig {
 /// With several xlb nodes on one segment (Kubernetes mode), each VIP has one owner, chosen by
 /// rendezvous hashing (`crate::announce::l2::owner`) among the nodes whose per-node Lease
 /// (`coordination.k8s.io/v1`, named `xlb-node-<nodeName>` in [`L2Config::lease_namespace`]) is
-/// unexpired ([`crate::k8s::Membership`]). Standalone, this node owns every VIP it announces.
+/// unexpired ([`crate::k8s::Membership`]) and that would announce it (for a VIP of
+/// `externalTrafficPolicy: Local` Services, those with a usable endpoint of it on their node;
+/// `crate::announce::l2::owned`). Standalone, this node owns every VIP it announces.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct L2Config {

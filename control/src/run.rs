@@ -364,6 +364,7 @@ fn serve(
     // (`NoNeighbour`). The punt device does not exist yet: no reply rules to sync.
     let Built { tables, report, vips } =
         publisher.first(input, &config, &mut LiveKernel { punt: false }).with_context(|| path.display().to_string())?;
+    let l2_local = l2_local_nodes(&config, input);
     // The source updates its index in place only when no snapshot holds it.
     drop(first);
     telemetry.metrics.set_no_local_endpoints(report.no_local_endpoints);
@@ -679,6 +680,7 @@ fn serve(
             handover: handover_rx,
             announcement,
             vips,
+            l2_local,
             membership: &mut membership,
             l2_client: l2_client.clone(),
             l2_members: None,
@@ -886,6 +888,10 @@ struct Supervisor<'a> {
     announcement: Option<Announcement>,
     /// The VIPs to announce while healthy, from the last successful build.
     vips: PrefixSet,
+    /// L2 mode, Kubernetes mode: the VIPs of `externalTrafficPolicy: Local` Services with the
+    /// nodes that have a usable endpoint of them ([`xlb::announce::l2::local_nodes`]), from
+    /// the last successful build.
+    l2_local: std::collections::BTreeMap<std::net::IpAddr, std::collections::BTreeSet<String>>,
     /// L2 mode, Kubernetes mode: the membership of the xlb nodes (per-node Leases).
     membership: &'a mut Option<xlb::k8s::Membership>,
     /// Kubernetes mode: the client and this node's name, to start the membership when a
@@ -910,6 +916,7 @@ impl Supervisor<'_> {
     ) -> Option<xlb::translate::TranslateReport> {
         let started = Instant::now();
         let refresh_host = changes.is_none_or(xlb::cluster::Changes::is_full);
+        let l2_local = l2_local_nodes(&self.config, input);
         let published = self.publisher.publish(
             input,
             &self.config,
@@ -922,6 +929,7 @@ impl Supervisor<'_> {
         match published {
             Ok(p) => {
                 self.vips = p.vips;
+                self.l2_local = l2_local;
                 if let Err(e) = p.steering {
                     tracing::error!(error = %e, "steering maps");
                 }
@@ -1139,7 +1147,8 @@ impl Supervisor<'_> {
 
     /// The VIPs this node announces while healthy: all of [`Supervisor::vips`], except in L2
     /// mode with Kubernetes, where only those whose owner among the members (per-node Leases,
-    /// [`xlb::k8s::Membership`]) is this node; none before the members are known.
+    /// [`xlb::k8s::Membership`]) that would announce them is this node
+    /// ([`xlb::announce::l2::owned`]); none before the members are known.
     /// Standalone, a node in L2 mode owns every VIP it serves.
     fn owned_vips(&mut self) -> PrefixSet {
         if self.config.announce.mode != xlb::config::AnnounceMode::L2 || self.l2_client.is_none() {
@@ -1156,11 +1165,7 @@ impl Supervisor<'_> {
             self.l2_members.clone_from(&members);
         }
         let Some(members) = members else { return PrefixSet::new() };
-        self.vips
-            .iter()
-            .filter(|v| xlb::announce::l2::owner(**v, members.iter().map(String::as_str)) == Some(node.as_str()))
-            .copied()
-            .collect()
+        xlb::announce::l2::owned(&self.vips, &members, &node, &self.l2_local)
     }
 
     /// Starts or stops the L2 membership after a reload changed `announce.mode` (Kubernetes
@@ -1191,6 +1196,20 @@ impl Supervisor<'_> {
             tracing::info!(why, "withdrawing the announced VIPs");
             log_announced(a, &none, false, &r);
         }
+    }
+}
+
+/// [`xlb::announce::l2::local_nodes`] of a Kubernetes build in L2 mode; empty otherwise
+/// (standalone, a node owns every VIP it serves).
+fn l2_local_nodes(
+    config: &xlb::config::Config,
+    input: Input<'_>,
+) -> std::collections::BTreeMap<std::net::IpAddr, std::collections::BTreeSet<String>> {
+    match input {
+        Input::Cluster { index, .. } if config.announce.mode == xlb::config::AnnounceMode::L2 => {
+            xlb::announce::l2::local_nodes(index, &xlb::announce::Scope::from_config(config))
+        }
+        _ => std::collections::BTreeMap::new(),
     }
 }
 

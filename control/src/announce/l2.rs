@@ -21,16 +21,20 @@
 //!
 //! Which VIPs a node announces is decided outside this module: with several xlb nodes on one
 //! segment (Kubernetes mode) each VIP has one owner, [`owner`] over the nodes whose per-node
-//! Lease is unexpired ([`crate::k8s::Membership`]); `xlb run` hands [`L2`] only the VIPs this
-//! node owns, so a take-over (another node died or left) is a VIP added to the set here, with
+//! Lease is unexpired ([`crate::k8s::Membership`]), and for a VIP of `externalTrafficPolicy:
+//! Local` Services over those of them with a usable endpoint of it on their node ([`owned`]);
+//! `xlb run` hands [`L2`] only the VIPs this node owns, so a take-over (another node died or left) is a VIP added to the set here, with
 //! its take-over frame, and a hand-back a VIP removed.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use nic_config::L2Responder;
 
-use super::{AnnounceError, Announcer, Applied, PrefixSet};
+use super::{AnnounceError, Announcer, Applied, PrefixSet, Scope};
+use crate::cluster::ClusterIndex;
+use crate::ipam::Family;
 
 /// The L2 [`Announcer`]: the `l2_addrs` maps of the steering programs of the answering
 /// interfaces, and their packet sockets for the take-over frames.
@@ -121,13 +125,88 @@ impl Announcer for L2 {
 /// with the next highest weight), and a joining node takes over only the VIPs for which it
 /// has the highest weight. In Kubernetes mode `xlb run` announces (puts into `l2_addrs`) only
 /// the VIPs whose owner over the members of [`crate::k8s::Membership`] (the nodes with an
-/// unexpired per-node Lease) is this node; standalone, a node owns every VIP it serves.
+/// unexpired per-node Lease) that would announce them is this node ([`owned`]); standalone, a
+/// node owns every VIP it serves.
 pub fn owner<'a>(vip: IpAddr, nodes: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
     nodes
         .into_iter()
         .map(|n| (weight(n, vip), n))
         .max_by(|a, b| a.0.cmp(&b.0).then_with(|| b.1.cmp(a.1)))
         .map(|(_, n)| n)
+}
+
+/// The VIPs of `vips` (what this node announces while healthy) that `node` owns among
+/// `members`: per VIP, the [`owner`] among the members that would announce it. For a VIP in
+/// `local` (only `externalTrafficPolicy: Local` Services make it usable, [`local_nodes`])
+/// those are the members with a usable endpoint of it on their node, as MetalLB chooses the
+/// L2 owner of such a Service; for any other VIP, every member. Every member computes the same
+/// owners from the same members and cluster state.
+pub fn owned(
+    vips: &PrefixSet,
+    members: &BTreeSet<String>,
+    node: &str,
+    local: &BTreeMap<IpAddr, BTreeSet<String>>,
+) -> PrefixSet {
+    vips.iter()
+        .filter(|v| {
+            let candidates = members.iter().filter(|m| local.get(*v).is_none_or(|nodes| nodes.contains(*m)));
+            owner(**v, candidates.map(String::as_str)) == Some(node)
+        })
+        .copied()
+        .collect()
+}
+
+/// The VIPs that only `externalTrafficPolicy: Local` Services would have nodes announce, each
+/// with the nodes that would: the addresses of xlb's `scope` (as in [`super::announced`]: the
+/// LoadBalancer ingress IPs of its class, and `spec.externalIPs` with `announce.externalIPs`)
+/// that no Service of the Cluster policy with a usable endpoint carries, with the nodes (the
+/// EndpointSlice endpoints' `nodeName`) that have a usable endpoint of the VIP's family of a
+/// Local Service carrying it: one that is ready (or whose Service publishes not-ready
+/// addresses), or serving and terminating (TP-06). A VIP left out may be announced by any
+/// node; [`owned`] chooses the owner of one listed among its nodes.
+pub fn local_nodes(cluster: &ClusterIndex, scope: &Scope<'_>) -> BTreeMap<IpAddr, BTreeSet<String>> {
+    // Per VIP: None once a Service of the Cluster policy with a usable endpoint carries it.
+    let mut by_vip: BTreeMap<IpAddr, Option<BTreeSet<String>>> = BTreeMap::new();
+    for (r, svc) in cluster.services() {
+        let Some(spec) = svc.spec.as_ref() else { continue };
+        let mut vips: Vec<IpAddr> = Vec::new();
+        let is_lb = spec.type_.as_deref() == Some("LoadBalancer");
+        if is_lb && scope.owns_class(spec.load_balancer_class.as_deref()) {
+            let ingress = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|l| l.ingress.as_ref());
+            vips.extend(ingress.into_iter().flatten().filter_map(|i| i.ip.as_deref()?.parse::<IpAddr>().ok()));
+        }
+        if scope.external_ips {
+            vips.extend(spec.external_ips.iter().flatten().filter_map(|a| a.parse::<IpAddr>().ok()));
+        }
+        if vips.is_empty() {
+            continue;
+        }
+        let local = spec.external_traffic_policy.as_deref() == Some("Local");
+        let not_ready_too = spec.publish_not_ready_addresses == Some(true);
+        for v in vips {
+            let family = Family::of(v).name();
+            let usable = || {
+                cluster
+                    .slices_of(r)
+                    .filter(|s| s.address_type == family && crate::translate::proxied(&s.metadata))
+                    .flat_map(|s| s.endpoints.iter())
+                    .filter(|e| {
+                        let c = e.conditions.as_ref();
+                        let ready = not_ready_too || c.and_then(|c| c.ready).unwrap_or(true);
+                        let serving = c.and_then(|c| c.serving).unwrap_or(true);
+                        let terminating = c.and_then(|c| c.terminating).unwrap_or(false);
+                        ready || (serving && terminating)
+                    })
+            };
+            let entry = by_vip.entry(v).or_insert_with(|| Some(BTreeSet::new()));
+            match entry {
+                Some(nodes) if local => nodes.extend(usable().filter_map(|e| e.node_name.clone())),
+                Some(_) if usable().next().is_some() => *entry = None,
+                _ => {}
+            }
+        }
+    }
+    by_vip.into_iter().filter_map(|(v, n)| n.map(|n| (v, n))).collect()
 }
 
 /// The rendezvous weight of `node` for `vip`: 64-bit FNV-1a over the node name, a 0 byte and

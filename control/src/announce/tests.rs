@@ -191,3 +191,71 @@ fn a_withdrawal_at_stop_does_not_wait_for_the_retry_period() {
     assert!(matches!(a.sync_now(&set(&[]), t0), Some(Ok(_))), "sync_now does not");
     assert!(a.sync_now(&set(&[]), t0).is_none(), "but skips what is applied");
 }
+
+/// The members (of `members`) that answer ARP for `vip`: each announces what its own
+/// translation announces and it owns among the members ([`l2::owned`]).
+fn l2_answering(
+    members: &[&str],
+    svcs: &dyn Fn() -> Vec<Svc>,
+    eps: &dyn Fn() -> Vec<Slice>,
+    vip: IpAddr,
+) -> Vec<String> {
+    let all: std::collections::BTreeSet<String> = members.iter().map(|m| (*m).to_owned()).collect();
+    members
+        .iter()
+        .filter(|m| {
+            let c = Config { node_name: Some((**m).to_owned()), ..Default::default() };
+            let st = state(svcs(), eps(), Some(node(m).addr("InternalIP", "192.168.1.10")));
+            let announced = announced_for(&st, &c).expect("valid config");
+            let local = l2::local_nodes(&crate::cluster::ClusterIndex::from_state(&st), &Scope::from_config(&c));
+            l2::owned(&announced, &all, m, &local).contains(&vip)
+        })
+        .map(|m| (*m).to_owned())
+        .collect()
+}
+
+#[test]
+fn l2_a_local_policy_vip_is_answered_by_a_member_that_has_a_local_endpoint() {
+    let members = [NODE, "node-b"];
+    let vip = (1..=200u32)
+        .map(|i| IpAddr::from(std::net::Ipv4Addr::from(0xc633_6400 + i)))
+        .find(|v| l2::owner(*v, members) == Some(NODE))
+        .expect("some VIP owned by NODE");
+    let vip_s = vip.to_string();
+    let service = |local: bool| {
+        let s = svc("default/web", "10.96.0.10")
+            .port("http", 80, 8080)
+            .ty("LoadBalancer")
+            .node_port(30080)
+            .lb_ingress(&[vip_s.as_str()]);
+        if local { s.etp_local() } else { s }
+    };
+    let eps = || vec![web_slice().ep(ep("10.0.0.1").on("node-b"))];
+    assert_eq!(l2_answering(&members, &|| vec![service(true)], &eps, vip), ["node-b"]);
+    // Under the Cluster policy the owner among all members answers, with or without an
+    // endpoint on its node.
+    assert_eq!(l2_answering(&members, &|| vec![service(false)], &eps, vip), [NODE]);
+}
+
+#[test]
+fn l2_local_nodes_count_only_usable_endpoints_of_the_vips_family_and_leave_out_shared_cluster_vips() {
+    let local_nodes = |svcs: Vec<Svc>, slices: Vec<Slice>| {
+        let st = state(svcs, slices, Some(our_node()));
+        l2::local_nodes(&crate::cluster::ClusterIndex::from_state(&st), &Scope::from_config(&cfg()))
+    };
+    let v6_slice = slice("default/web-2", "web", "IPv6").port("http", 8080);
+    let got = local_nodes(
+        vec![lb().etp_local()],
+        vec![
+            web_slice().ep(ep("10.0.0.1").on("node-b")).ep(ep("10.0.0.2").on("node-c").not_ready()),
+            v6_slice.ep(ep("fd00::1").on("node-d")),
+        ],
+    );
+    let nodes: Vec<&str> = got.get(&ip(VIP)).map(|n| n.iter().map(String::as_str).collect()).unwrap_or_default();
+    assert_eq!(nodes, ["node-b"], "not-ready node-c and IPv6-only node-d would not announce it");
+    // A Cluster-policy Service with an endpoint on the same VIP has every node announce it.
+    let other = svc("default/api", "10.96.0.11").port("grpc", 81, 9090).ty("LoadBalancer").lb_ingress(&[VIP]);
+    let api_slice = slice("default/api-1", "api", "IPv4").port("grpc", 9090).ep(ep("10.0.0.3").on("node-c"));
+    let got = local_nodes(vec![lb().etp_local(), other], vec![web_slice().ep(ep("10.0.0.1").on("node-b")), api_slice]);
+    assert!(!got.contains_key(&ip(VIP)), "{got:?}");
+}

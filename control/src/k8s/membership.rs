@@ -29,7 +29,8 @@
 //! node's own Lease was first written since it became healthy (the owner of a VIP is not
 //! known yet, and the others cannot see this node).
 //!
-//! The owner of each VIP is then `crate::announce::l2::owner` over the member names.
+//! The owner of each VIP is then `crate::announce::l2::owner` over the member names that
+//! would announce it (`crate::announce::l2::owned`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};

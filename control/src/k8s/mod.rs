@@ -90,8 +90,8 @@
 //! # L2 membership
 //! With `announce.mode: l2`, [`Membership`] keeps this node's per-node Lease
 //! (`xlb-node-<nodeName>`) renewed while the dataplane is healthy and watches the other
-//! nodes' Leases; the control thread gives each L2 VIP to one owner among the members
-//! (`crate::announce::l2::owner`).
+//! nodes' Leases; the control thread gives each L2 VIP to one owner among the members that
+//! would announce it (`crate::announce::l2::owned`).
 
 mod assigner;
 mod hcnp;
