@@ -680,25 +680,15 @@ impl Config {
                 ),
             ));
         }
-        if !dataplane::maglev::TABLE_SIZES.contains(&self.maglev_table_size) {
-            return Err(field_err(
-                "maglevTableSize",
-                format!(
-                    "{} is not one of the supported primes {:?}",
-                    self.maglev_table_size,
-                    dataplane::maglev::TABLE_SIZES
-                ),
-            ));
-        }
-        if !dataplane::maglev::TABLE_SIZES.contains(&self.maglev_min_table_size) {
-            return Err(field_err(
-                "maglevMinTableSize",
-                format!(
-                    "{} is not one of the supported primes {:?}",
-                    self.maglev_min_table_size,
-                    dataplane::maglev::TABLE_SIZES
-                ),
-            ));
+        for (field, size) in
+            [("maglevTableSize", self.maglev_table_size), ("maglevMinTableSize", self.maglev_min_table_size)]
+        {
+            if !dataplane::maglev::TABLE_SIZES.contains(&size) {
+                return Err(field_err(
+                    field,
+                    format!("{size} is not one of the supported primes {:?}", dataplane::maglev::TABLE_SIZES),
+                ));
+            }
         }
         let mut seen = BTreeMap::new();
         for (i, c) in self.dsr_source_prefixes.iter().enumerate() {
