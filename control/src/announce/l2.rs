@@ -23,8 +23,9 @@
 //! segment (Kubernetes mode) each VIP has one owner, [`owner`] over the nodes whose per-node
 //! Lease is unexpired ([`crate::k8s::Membership`]), and for a VIP of `externalTrafficPolicy:
 //! Local` Services over those of them with a usable endpoint of it on their node ([`owned`]);
-//! `xlb run` hands [`L2`] only the VIPs this node owns, so a take-over (another node died or left) is a VIP added to the set here, with
-//! its take-over frame, and a hand-back a VIP removed.
+//! `xlb run` hands [`L2`] only the VIPs this node owns, so a take-over (another node died or
+//! left) is a VIP added to the set here, with its take-over frame, and a hand-back a VIP
+//! removed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
