@@ -593,6 +593,28 @@ mod tests {
         }
     }
 
+    /// The backend `demo/a` (VIP 10.96.0.1:80) gives one new flow after each of `n` tables
+    /// builds of one builder, the services of build `i` from `services(i)`, on one
+    /// [`SchedState`] synced to each.
+    fn one_pick_per_build(n: u16, services: impl Fn(u16) -> Vec<ServiceSpec>) -> Vec<std::net::IpAddr> {
+        let mut b = TableBuilder::new();
+        let mut st = SchedState::new(7);
+        (0..n)
+            .map(|i| {
+                let spec = TablesSpec {
+                    services: services(i).into_iter().map(std::sync::Arc::new).collect(),
+                    ..Default::default()
+                };
+                let t = b.build(&spec).unwrap();
+                st.sync(&t);
+                let svc = t.services.iter().find(|s| &*s.name == "demo/a").unwrap();
+                let f = FlowInfo { src: &[192, 0, 2, 1], sport: 1000 + i, dst: &[10, 96, 0, 1] };
+                let r = st.pick(svc.id as usize, svc, f).unwrap();
+                t.backend(r).unwrap().addr
+            })
+            .collect()
+    }
+
     /// `rr` and `wrr` spread new flows over the backends (SCHED-04) even when the tables change
     /// between two new flows of the service (any other Service's endpoint change publishes new
     /// tables): with one new flow per tables generation, the flows do not all go to the first
@@ -601,36 +623,20 @@ mod tests {
     fn rr_and_wrr_keep_their_rotation_when_another_service_changes_between_new_flows() {
         let mut bad = Vec::new();
         for sched in [Scheduler::RoundRobin, Scheduler::WeightedRoundRobin] {
-            let mut b = TableBuilder::new();
-            let mut st = SchedState::new(7);
-            let mut picked = std::collections::BTreeSet::new();
-            for i in 0..6u16 {
-                let spec = TablesSpec {
-                    services: vec![
-                        std::sync::Arc::new(svc_spec(
-                            "demo/a",
-                            [10, 96, 0, 1],
-                            sched,
-                            &[([10, 0, 0, 1], 80), ([10, 0, 0, 2], 80), ([10, 0, 0, 3], 80)],
-                        )),
-                        // Another service whose endpoint changes each time.
-                        std::sync::Arc::new(svc_spec(
-                            "demo/b",
-                            [10, 96, 0, 2],
-                            Scheduler::RoundRobin,
-                            &[([10, 0, 1, 1], 1000 + i)],
-                        )),
-                    ],
-                    ..Default::default()
-                };
-                let t = b.build(&spec).unwrap();
-                st.sync(&t);
-                let svc = t.services.iter().find(|s| &*s.name == "demo/a").unwrap();
-                let si = svc.id as usize;
-                let f = FlowInfo { src: &[192, 0, 2, 1], sport: 1000 + i, dst: &[10, 96, 0, 1] };
-                let r = st.pick(si, svc, f).unwrap();
-                picked.insert(t.backend(r).unwrap().addr);
-            }
+            let picked: std::collections::BTreeSet<_> = one_pick_per_build(6, |i| {
+                vec![
+                    svc_spec(
+                        "demo/a",
+                        [10, 96, 0, 1],
+                        sched,
+                        &[([10, 0, 0, 1], 80), ([10, 0, 0, 2], 80), ([10, 0, 0, 3], 80)],
+                    ),
+                    // Another service whose endpoint changes each time.
+                    svc_spec("demo/b", [10, 96, 0, 2], Scheduler::RoundRobin, &[([10, 0, 1, 1], 1000 + i)]),
+                ]
+            })
+            .into_iter()
+            .collect();
             if picked.len() != 3 {
                 bad.push(format!("{sched:?}: six new flows over six tables generations went to {picked:?}"));
             }
@@ -645,24 +651,15 @@ mod tests {
     fn rr_and_wrr_do_not_restart_at_the_first_backend_when_their_own_backends_change() {
         let mut bad = Vec::new();
         for sched in [Scheduler::RoundRobin, Scheduler::WeightedRoundRobin] {
-            let mut b = TableBuilder::new();
-            let mut st = SchedState::new(7);
             let mut picked = std::collections::BTreeMap::new();
-            for i in 0..12u16 {
+            for addr in one_pick_per_build(12, |i| {
                 let mut backends = vec![([10, 0, 0, 1], 80), ([10, 0, 0, 2], 80), ([10, 0, 0, 3], 80)];
                 if i % 2 == 1 {
                     backends.push(([10, 0, 0, 4], 80));
                 }
-                let spec = TablesSpec {
-                    services: vec![std::sync::Arc::new(svc_spec("demo/a", [10, 96, 0, 1], sched, &backends))],
-                    ..Default::default()
-                };
-                let t = b.build(&spec).unwrap();
-                st.sync(&t);
-                let svc = &t.services[0];
-                let f = FlowInfo { src: &[192, 0, 2, 1], sport: 1000 + i, dst: &[10, 96, 0, 1] };
-                let r = st.pick(0, svc, f).unwrap();
-                *picked.entry(t.backend(r).unwrap().addr).or_insert(0) += 1;
+                vec![svc_spec("demo/a", [10, 96, 0, 1], sched, &backends)]
+            }) {
+                *picked.entry(addr).or_insert(0) += 1;
             }
             let stayed = picked.iter().filter(|(a, _)| **a != std::net::IpAddr::from([10, 0, 0, 4])).count();
             if stayed != 3 {

@@ -174,10 +174,10 @@ pub fn local_nodes(cluster: &ClusterIndex, scope: &Scope<'_>) -> BTreeMap<IpAddr
         let is_lb = spec.type_.as_deref() == Some("LoadBalancer");
         if is_lb && scope.owns_class(spec.load_balancer_class.as_deref()) {
             let ingress = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|l| l.ingress.as_ref());
-            vips.extend(ingress.into_iter().flatten().filter_map(|i| i.ip.as_deref()?.parse::<IpAddr>().ok()));
+            vips.extend(ingress.into_iter().flatten().filter_map(|i| crate::translate::parse_ip(i.ip.as_deref()?)));
         }
         if scope.external_ips {
-            vips.extend(spec.external_ips.iter().flatten().filter_map(|a| a.parse::<IpAddr>().ok()));
+            vips.extend(spec.external_ips.iter().flatten().filter_map(|a| crate::translate::parse_ip(a)));
         }
         if vips.is_empty() {
             continue;
@@ -192,11 +192,8 @@ pub fn local_nodes(cluster: &ClusterIndex, scope: &Scope<'_>) -> BTreeMap<IpAddr
                     .filter(|s| s.address_type == family && crate::translate::proxied(&s.metadata))
                     .flat_map(|s| s.endpoints.iter())
                     .filter(|e| {
-                        let c = e.conditions.as_ref();
-                        let ready = not_ready_too || c.and_then(|c| c.ready).unwrap_or(true);
-                        let serving = c.and_then(|c| c.serving).unwrap_or(true);
-                        let terminating = c.and_then(|c| c.terminating).unwrap_or(false);
-                        ready || (serving && terminating)
+                        let c = crate::translate::conditions_of(e, not_ready_too);
+                        c.ready || (c.serving && c.terminating)
                     })
             };
             let entry = by_vip.entry(v).or_insert_with(|| Some(BTreeSet::new()));

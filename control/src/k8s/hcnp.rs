@@ -63,8 +63,7 @@ fn health_checks<'a>(
                 if ep.node_name.as_deref() != Some(node_name) {
                     continue;
                 }
-                let ready = ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
-                if !ready && !publish_not_ready {
+                if !crate::translate::conditions_of(ep, *publish_not_ready).ready {
                     continue;
                 }
                 let Some(addr) = ep.addresses.first() else { continue };

@@ -4,7 +4,8 @@
 use std::net::IpAddr;
 
 use dataplane::addr::Cidr;
-use dataplane::tables::L4Proto;
+use dataplane::tables::{Conditions, L4Proto};
+use k8s_openapi::api::discovery::v1::Endpoint;
 
 use super::select::Policy;
 use super::{Issue, Severity, TranslateReport};
@@ -22,6 +23,18 @@ pub(super) struct PortInfo {
     pub(super) table_name: String,
 }
 
+/// An EndpointSlice endpoint's conditions as kube-proxy reads them (EPS-05..07, the API
+/// docs): nil `ready` and `serving` are true, nil `terminating` is false, and
+/// `publishNotReadyAddresses` (`publish_not_ready`) makes every endpoint ready.
+pub(crate) fn conditions_of(e: &Endpoint, publish_not_ready: bool) -> Conditions {
+    let c = e.conditions.as_ref();
+    Conditions {
+        ready: publish_not_ready || c.and_then(|c| c.ready).unwrap_or(true),
+        serving: c.and_then(|c| c.serving).unwrap_or(true),
+        terminating: c.and_then(|c| c.terminating).unwrap_or(false),
+    }
+}
+
 /// An address from the Service spec or status, with the field it came from.
 pub(super) struct SourcedAddr {
     pub(super) addr: IpAddr,
@@ -32,7 +45,7 @@ pub(super) struct SourcedAddr {
 /// `net.ParseIP`): an IPv4-mapped IPv6 address (`::ffff:10.0.0.1`) is the IPv4 address, so
 /// it belongs to the IPv4 family and is the same frontend or backend as `10.0.0.1` (the
 /// dataplane keys both alike, [`dataplane::addr::mapped`]).
-pub(super) fn parse_ip(s: &str) -> Option<IpAddr> {
+pub(crate) fn parse_ip(s: &str) -> Option<IpAddr> {
     s.trim().parse::<IpAddr>().ok().map(|a| a.to_canonical())
 }
 

@@ -76,6 +76,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use crate::cluster::ClusterState;
 use crate::config::Config;
 use assemble::{assemble, frontend_taken, globals, maglev_overflow, name_taken, needs_snat, snat_missing};
+pub(crate) use fields::{conditions_of, parse_ip};
 pub use incremental::{HostFacts, UpdateStats};
 use node::{Family, NodeInfo};
 pub use report::{Issue, NoLocalEndpoints, Severity, TranslateError, TranslateReport};

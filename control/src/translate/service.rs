@@ -11,7 +11,9 @@ use k8s_openapi::api::core::v1::{Service, ServicePort};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::fields::{PortInfo, parse_cidr_lenient, parse_ip, parse_policy, parse_proto, parse_sourced, port_u16};
+use super::fields::{
+    PortInfo, conditions_of, parse_cidr_lenient, parse_ip, parse_policy, parse_proto, parse_sourced, port_u16,
+};
 use super::select::{Ep, Policy, Selection};
 use super::{
     AFFINITY_DEFAULT_TIMEOUT_S, AFFINITY_MAX_TIMEOUT_S, ANNOTATION_FORWARDING_MODE, ANNOTATION_SCHEDULER,
@@ -460,11 +462,7 @@ pub(super) fn gather_endpoints(
                     continue;
                 }
             };
-            let c = e.conditions.as_ref();
-            // EPS-05..07: nil ready/serving = true, nil terminating = false (API docs).
-            let ready = publish_not_ready || c.and_then(|c| c.ready).unwrap_or(true);
-            let serving = c.and_then(|c| c.serving).unwrap_or(true);
-            let terminating = c.and_then(|c| c.terminating).unwrap_or(false);
+            let Conditions { ready, serving, terminating } = conditions_of(e, publish_not_ready);
             let local = node_name.is_some() && e.node_name.as_deref() == node_name; // TP-05
             let hint_set = |v: Option<Vec<String>>| -> Option<BTreeSet<String>> {
                 v.map(|v| v.into_iter().collect::<BTreeSet<_>>()).filter(|s| !s.is_empty())
