@@ -364,7 +364,8 @@ fn serve(
     // (`NoNeighbour`). The punt device does not exist yet: no reply rules to sync.
     let Built { tables, report, vips } =
         publisher.first(input, &config, &mut LiveKernel { punt: false }).with_context(|| path.display().to_string())?;
-    let l2_local = l2_local_nodes(&config, input);
+    let mut l2_local = xlb::announce::l2::LocalNodesCache::default();
+    update_l2_local(&mut l2_local, &config, input);
     // The source updates its index in place only when no snapshot holds it.
     drop(first);
     telemetry.metrics.set_no_local_endpoints(report.no_local_endpoints);
@@ -891,7 +892,7 @@ struct Supervisor<'a> {
     /// L2 mode, Kubernetes mode: the VIPs of `externalTrafficPolicy: Local` Services with the
     /// nodes that have a usable endpoint of them ([`xlb::announce::l2::local_nodes`]), from
     /// the last successful build.
-    l2_local: std::collections::BTreeMap<std::net::IpAddr, std::collections::BTreeSet<String>>,
+    l2_local: xlb::announce::l2::LocalNodesCache,
     /// L2 mode, Kubernetes mode: the membership of the xlb nodes (per-node Leases).
     membership: &'a mut Option<xlb::k8s::Membership>,
     /// Kubernetes mode: the client and this node's name, to start the membership when a
@@ -916,7 +917,6 @@ impl Supervisor<'_> {
     ) -> Option<xlb::translate::TranslateReport> {
         let started = Instant::now();
         let refresh_host = changes.is_none_or(xlb::cluster::Changes::is_full);
-        let l2_local = l2_local_nodes(&self.config, input);
         let published = self.publisher.publish(
             input,
             &self.config,
@@ -929,7 +929,7 @@ impl Supervisor<'_> {
         match published {
             Ok(p) => {
                 self.vips = p.vips;
-                self.l2_local = l2_local;
+                update_l2_local(&mut self.l2_local, &self.config, input);
                 if let Err(e) = p.steering {
                     tracing::error!(error = %e, "steering maps");
                 }
@@ -1165,7 +1165,7 @@ impl Supervisor<'_> {
             self.l2_members.clone_from(&members);
         }
         let Some(members) = members else { return PrefixSet::new() };
-        xlb::announce::l2::owned(&self.vips, &members, &node, &self.l2_local)
+        xlb::announce::l2::owned(&self.vips, &members, &node, self.l2_local.nodes())
     }
 
     /// Starts or stops the L2 membership after a reload changed `announce.mode` (Kubernetes
@@ -1199,17 +1199,16 @@ impl Supervisor<'_> {
     }
 }
 
-/// [`xlb::announce::l2::local_nodes`] of a Kubernetes build in L2 mode; empty otherwise
-/// (standalone, a node owns every VIP it serves).
-fn l2_local_nodes(
-    config: &xlb::config::Config,
-    input: Input<'_>,
-) -> std::collections::BTreeMap<std::net::IpAddr, std::collections::BTreeSet<String>> {
+/// Brings `cache` ([`xlb::announce::l2::local_nodes`]) to a Kubernetes build in L2 mode,
+/// reading only the Services the build's snapshot changed (a failed build queues its changes
+/// again as a full one, [`xlb::k8s::Source::sync_failed`]); empties it otherwise (standalone,
+/// a node owns every VIP it serves).
+fn update_l2_local(cache: &mut xlb::announce::l2::LocalNodesCache, config: &xlb::config::Config, input: Input<'_>) {
     match input {
-        Input::Cluster { index, .. } if config.announce.mode == xlb::config::AnnounceMode::L2 => {
-            xlb::announce::l2::local_nodes(index, &xlb::announce::Scope::from_config(config))
+        Input::Cluster { index, changes, .. } if config.announce.mode == xlb::config::AnnounceMode::L2 => {
+            cache.update(index, changes, &xlb::announce::Scope::from_config(config));
         }
-        _ => std::collections::BTreeMap::new(),
+        _ => cache.clear(),
     }
 }
 

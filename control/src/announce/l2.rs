@@ -27,14 +27,16 @@
 //! left) is a VIP added to the set here, with its take-over frame, and a hand-back a VIP
 //! removed.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::net::IpAddr;
+use std::sync::Arc;
 
+use k8s_openapi::api::core::v1::Service;
 use nic_config::L2Responder;
 
 use super::{AnnounceError, Announcer, Applied, PrefixSet, Scope};
-use crate::cluster::ClusterIndex;
+use crate::cluster::{Changes, ClusterIndex, ServiceRef};
 use crate::ipam::Family;
 
 /// The L2 [`Announcer`]: the `l2_addrs` maps of the steering programs of the answering
@@ -136,21 +138,22 @@ pub fn owner<'a>(vip: IpAddr, nodes: impl IntoIterator<Item = &'a str>) -> Optio
         .map(|(_, n)| n)
 }
 
+/// The VIPs that only `externalTrafficPolicy: Local` Services would have nodes announce, each
+/// with the names of the nodes that would (`endpoints[].nodeName`), sorted by name without
+/// repeats ([`local_nodes`]).
+pub type LocalNodes = BTreeMap<IpAddr, Vec<Arc<str>>>;
+
 /// The VIPs of `vips` (what this node announces while healthy) that `node` owns among
 /// `members`: per VIP, the [`owner`] among the members that would announce it. For a VIP in
 /// `local` (only `externalTrafficPolicy: Local` Services make it usable, [`local_nodes`])
 /// those are the members with a usable endpoint of it on their node, as MetalLB chooses the
 /// L2 owner of such a Service; for any other VIP, every member. Every member computes the same
 /// owners from the same members and cluster state.
-pub fn owned(
-    vips: &PrefixSet,
-    members: &BTreeSet<String>,
-    node: &str,
-    local: &BTreeMap<IpAddr, BTreeSet<String>>,
-) -> PrefixSet {
+pub fn owned(vips: &PrefixSet, members: &BTreeSet<String>, node: &str, local: &LocalNodes) -> PrefixSet {
     vips.iter()
         .filter(|v| {
-            let candidates = members.iter().filter(|m| local.get(*v).is_none_or(|nodes| nodes.contains(*m)));
+            let has = |nodes: &Vec<Arc<str>>, m: &str| nodes.binary_search_by(|n| (**n).cmp(m)).is_ok();
+            let candidates = members.iter().filter(|m| local.get(*v).is_none_or(|nodes| has(nodes, m)));
             owner(**v, candidates.map(String::as_str)) == Some(node)
         })
         .copied()
@@ -164,47 +167,202 @@ pub fn owned(
 /// EndpointSlice endpoints' `nodeName`) that have a usable endpoint of the VIP's family of a
 /// Local Service carrying it: one that is ready (or whose Service publishes not-ready
 /// addresses), or serving and terminating (TP-06). A VIP left out may be announced by any
-/// node; [`owned`] chooses the owner of one listed among its nodes.
-pub fn local_nodes(cluster: &ClusterIndex, scope: &Scope<'_>) -> BTreeMap<IpAddr, BTreeSet<String>> {
-    // Per VIP: None once a Service of the Cluster policy with a usable endpoint carries it.
-    let mut by_vip: BTreeMap<IpAddr, Option<BTreeSet<String>>> = BTreeMap::new();
-    for (r, svc) in cluster.services() {
-        let Some(spec) = svc.spec.as_ref() else { continue };
-        let mut vips: Vec<IpAddr> = Vec::new();
-        let is_lb = spec.type_.as_deref() == Some("LoadBalancer");
-        if is_lb && scope.owns_class(spec.load_balancer_class.as_deref()) {
-            let ingress = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|l| l.ingress.as_ref());
-            vips.extend(ingress.into_iter().flatten().filter_map(|i| crate::translate::parse_ip(i.ip.as_deref()?)));
+/// node; [`owned`] chooses the owner of one listed among its nodes. Walks every Service;
+/// [`LocalNodesCache`] keeps the answer from one cluster snapshot to the next and walks only
+/// the Services that changed.
+pub fn local_nodes(cluster: &ClusterIndex, scope: &Scope<'_>) -> LocalNodes {
+    let mut c = LocalNodesCache::default();
+    c.update(cluster, &Changes::Full, scope);
+    c.nodes
+}
+
+/// Interned node names.
+type Names = HashSet<Arc<str>, foldhash::fast::RandomState>;
+
+/// What one Service says of one VIP it carries, for [`local_nodes`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Part {
+    /// `externalTrafficPolicy: Local`: the nodes with a usable endpoint of the VIP's family.
+    Local(Vec<Arc<str>>),
+    /// Another policy, with a usable endpoint of the VIP's family: any node may announce it.
+    Anywhere,
+    /// Another policy, without one.
+    Nowhere,
+}
+
+/// [`local_nodes`] kept up to date from cluster snapshot to cluster snapshot: after a change
+/// of a few Services ([`Changes::Services`]) [`LocalNodesCache::update`] reads only those
+/// Services and recomputes only the VIPs they carried or carry; a full change
+/// ([`Changes::Full`]: the first snapshot, a relist, a periodic resync) or another `scope`
+/// walks every Service again. The answer is always the one [`local_nodes`] gives for the
+/// last snapshot passed (`make bench-cp`'s `per_sync.l2_local_nodes` is the full walk).
+#[derive(Debug, Default)]
+pub struct LocalNodesCache {
+    /// The scope of the last update (class, default class, external IPs); `None` before one.
+    scope: Option<(Option<String>, bool, bool)>,
+    /// Per Service carrying a VIP of the scope: what it says of each.
+    parts: HashMap<ServiceRef, Vec<(IpAddr, Part)>, foldhash::fast::RandomState>,
+    /// Per VIP: the Services carrying it.
+    carriers: BTreeMap<IpAddr, BTreeSet<ServiceRef>>,
+    /// Node names, one allocation per node rather than per endpoint.
+    names: Names,
+    /// The answer.
+    nodes: LocalNodes,
+}
+
+impl LocalNodesCache {
+    /// The VIPs and nodes of [`local_nodes`] for the last snapshot passed to [`Self::update`]
+    /// (empty before one).
+    #[must_use]
+    pub fn nodes(&self) -> &LocalNodes {
+        &self.nodes
+    }
+
+    /// Forgets everything (a mode without L2 ownership).
+    pub fn clear(&mut self) {
+        *self = Self::default();
+    }
+
+    /// Brings the answer to `cluster`, whose Services `changes` names as changed since the
+    /// snapshot of the previous update (every Service, if `changes` is full or `scope`
+    /// differs from the previous update's).
+    pub fn update(&mut self, cluster: &ClusterIndex, changes: &Changes, scope: &Scope<'_>) {
+        let key = (scope.class.map(str::to_owned), scope.default_class, scope.external_ips);
+        let mut touched: BTreeSet<IpAddr> = BTreeSet::new();
+        match changes {
+            Changes::Services(set) if self.scope.as_ref() == Some(&key) => {
+                for r in set {
+                    if let Some(old) = self.parts.remove(r) {
+                        for (v, _) in old {
+                            if let Some(c) = self.carriers.get_mut(&v) {
+                                c.remove(r);
+                            }
+                            touched.insert(v);
+                        }
+                    }
+                    if let Some(svc) = cluster.service(r) {
+                        self.put(cluster, r, svc, scope, &mut touched);
+                    }
+                }
+            }
+            _ => {
+                *self = Self { scope: Some(key), ..Self::default() };
+                for (r, svc) in cluster.services() {
+                    self.put(cluster, r, svc, scope, &mut touched);
+                }
+            }
         }
-        if scope.external_ips {
-            vips.extend(spec.external_ips.iter().flatten().filter_map(|a| crate::translate::parse_ip(a)));
-        }
-        if vips.is_empty() {
-            continue;
-        }
-        let local = spec.external_traffic_policy.as_deref() == Some("Local");
-        let not_ready_too = spec.publish_not_ready_addresses == Some(true);
-        for v in vips {
-            let family = Family::of(v).name();
-            let usable = || {
-                cluster
-                    .slices_of(r)
-                    .filter(|s| s.address_type == family && crate::translate::proxied(&s.metadata))
-                    .flat_map(|s| s.endpoints.iter())
-                    .filter(|e| {
-                        let c = crate::translate::conditions_of(e, not_ready_too);
-                        c.ready || (c.serving && c.terminating)
-                    })
+        for v in touched {
+            let carriers = self.carriers.get(&v).filter(|c| !c.is_empty());
+            let Some(carriers) = carriers else {
+                self.carriers.remove(&v);
+                self.nodes.remove(&v);
+                continue;
             };
-            let entry = by_vip.entry(v).or_insert_with(|| Some(BTreeSet::new()));
-            match entry {
-                Some(nodes) if local => nodes.extend(usable().filter_map(|e| e.node_name.clone())),
-                Some(_) if usable().next().is_some() => *entry = None,
-                _ => {}
+            // Each part's nodes are sorted without repeats: one part's are the answer as they are.
+            let mut nodes: Option<Vec<Arc<str>>> = Some(Vec::new());
+            let mut merged = 0;
+            let said = carriers.iter().filter_map(|r| self.parts.get(r)).flatten().filter(|(w, _)| *w == v);
+            for (_, part) in said {
+                match (part, nodes.as_mut()) {
+                    (Part::Anywhere, _) => nodes = None,
+                    (Part::Local(n), Some(nodes)) => {
+                        nodes.extend(n.iter().cloned());
+                        merged += 1;
+                    }
+                    _ => {}
+                }
+            }
+            match nodes {
+                Some(mut n) => {
+                    if merged > 1 {
+                        n.sort_unstable();
+                        n.dedup();
+                    }
+                    self.nodes.insert(v, n);
+                }
+                None => {
+                    self.nodes.remove(&v);
+                }
             }
         }
     }
-    by_vip.into_iter().filter_map(|(v, n)| n.map(|n| (v, n))).collect()
+
+    /// Reads what Service `svc` (`r`) says of its VIPs; adds them to `touched`.
+    fn put(
+        &mut self,
+        cluster: &ClusterIndex,
+        r: &ServiceRef,
+        svc: &Service,
+        scope: &Scope<'_>,
+        touched: &mut BTreeSet<IpAddr>,
+    ) {
+        let parts = parts_of(cluster, r, svc, scope, &mut self.names);
+        if parts.is_empty() {
+            return;
+        }
+        for (v, _) in &parts {
+            self.carriers.entry(*v).or_default().insert(r.clone());
+            touched.insert(*v);
+        }
+        self.parts.insert(r.clone(), parts);
+    }
+}
+
+/// What Service `svc` (`r`) says of each VIP of `scope` it carries (none: empty); node names
+/// are taken from (and added to) `names`.
+fn parts_of(
+    cluster: &ClusterIndex,
+    r: &ServiceRef,
+    svc: &Service,
+    scope: &Scope<'_>,
+    names: &mut Names,
+) -> Vec<(IpAddr, Part)> {
+    let Some(spec) = svc.spec.as_ref() else { return Vec::new() };
+    let mut vips: Vec<IpAddr> = Vec::new();
+    let is_lb = spec.type_.as_deref() == Some("LoadBalancer");
+    if is_lb && scope.owns_class(spec.load_balancer_class.as_deref()) {
+        let ingress = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|l| l.ingress.as_ref());
+        vips.extend(ingress.into_iter().flatten().filter_map(|i| crate::translate::parse_ip(i.ip.as_deref()?)));
+    }
+    if scope.external_ips {
+        vips.extend(spec.external_ips.iter().flatten().filter_map(|a| crate::translate::parse_ip(a)));
+    }
+    let local = spec.external_traffic_policy.as_deref() == Some("Local");
+    let not_ready_too = spec.publish_not_ready_addresses == Some(true);
+    vips.into_iter()
+        .map(|v| {
+            let family = Family::of(v).name();
+            let mut usable = cluster
+                .slices_of(r)
+                .filter(|s| s.address_type == family && crate::translate::proxied(&s.metadata))
+                .flat_map(|s| s.endpoints.iter())
+                .filter(|e| {
+                    let c = crate::translate::conditions_of(e, not_ready_too);
+                    c.ready || (c.serving && c.terminating)
+                });
+            let part = if local {
+                let mut n: Vec<Arc<str>> = Vec::with_capacity(cluster.slices_of(r).map(|s| s.endpoints.len()).sum());
+                n.extend(usable.filter_map(|e| {
+                    let n = e.node_name.as_deref()?;
+                    if let Some(a) = names.get(n) {
+                        return Some(Arc::clone(a));
+                    }
+                    let a: Arc<str> = Arc::from(n);
+                    names.insert(Arc::clone(&a));
+                    Some(a)
+                }));
+                n.sort_unstable();
+                n.dedup();
+                Part::Local(n)
+            } else if usable.next().is_some() {
+                Part::Anywhere
+            } else {
+                Part::Nowhere
+            };
+            (v, part)
+        })
+        .collect()
 }
 
 /// The rendezvous weight of `node` for `vip`: 64-bit FNV-1a over the node name, a 0 byte and

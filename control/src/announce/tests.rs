@@ -247,15 +247,105 @@ fn l2_local_nodes_count_only_usable_endpoints_of_the_vips_family_and_leave_out_s
     let got = local_nodes(
         vec![lb().etp_local()],
         vec![
-            web_slice().ep(ep("10.0.0.1").on("node-b")).ep(ep("10.0.0.2").on("node-c").not_ready()),
+            web_slice()
+                .ep(ep("10.0.0.1").on("node-b"))
+                .ep(ep("10.0.0.2").on("node-c").not_ready())
+                .ep(ep("10.0.0.4").on("node-b")),
             v6_slice.ep(ep("fd00::1").on("node-d")),
         ],
     );
-    let nodes: Vec<&str> = got.get(&ip(VIP)).map(|n| n.iter().map(String::as_str).collect()).unwrap_or_default();
-    assert_eq!(nodes, ["node-b"], "not-ready node-c and IPv6-only node-d would not announce it");
+    let nodes: Vec<&str> = got.get(&ip(VIP)).map(|n| n.iter().map(|n| &**n).collect()).unwrap_or_default();
+    assert_eq!(nodes, ["node-b"], "node-b once; not-ready node-c and IPv6-only node-d would not announce it");
     // A Cluster-policy Service with an endpoint on the same VIP has every node announce it.
     let other = svc("default/api", "10.96.0.11").port("grpc", 81, 9090).ty("LoadBalancer").lb_ingress(&[VIP]);
     let api_slice = slice("default/api-1", "api", "IPv4").port("grpc", 9090).ep(ep("10.0.0.3").on("node-c"));
     let got = local_nodes(vec![lb().etp_local(), other], vec![web_slice().ep(ep("10.0.0.1").on("node-b")), api_slice]);
     assert!(!got.contains_key(&ip(VIP)), "{got:?}");
+}
+
+/// A xorshift64* generator for the random edits below (repeatable, no dependency).
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+    }
+}
+
+#[test]
+fn l2_local_nodes_kept_across_changes_equal_a_full_walk_after_every_change() {
+    // Six Services over three shared VIPs (plus one IPv6), random policies, types, classes and
+    // endpoints on three nodes; each step sets or deletes one Service or one slice, and the
+    // cache is given the Services the index says changed.
+    let vips = ["198.51.100.1", "198.51.100.2", "198.51.100.3", "2001:db8::1"];
+    let nodes = ["node-a", "node-b", "node-c"];
+    let mut scope_cfg = cfg();
+    scope_cfg.announce.external_ips = true;
+    let scope = Scope::from_config(&scope_cfg);
+    // Steps whose answer lists a VIP with nodes, and steps after which a shared VIP left the
+    // answer (a Service of the Cluster policy with a usable endpoint took it).
+    let (mut with_nodes, mut left) = (0, 0);
+    for seed in 1..=20u64 {
+        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let mut ix = crate::cluster::ClusterIndex::new();
+        let mut cache = l2::LocalNodesCache::default();
+        cache.update(&ix, &crate::cluster::Changes::Full, &scope);
+        for step in 0..200 {
+            let mut changes = crate::cluster::Changes::default();
+            let i = rng.below(6);
+            let name = format!("svc-{i}");
+            match rng.below(5) {
+                0 | 1 => {
+                    let mut s = svc(&format!("default/{name}"), "10.96.0.10").port("http", 80, 8080);
+                    s = match rng.below(3) {
+                        0 => s.ty("LoadBalancer").lb_ingress(&[vips[rng.below(4) as usize]]),
+                        1 => s.ty("LoadBalancer").lb_ingress(&[vips[rng.below(4) as usize]]).lb_class("other"),
+                        _ => s.external_ips(&[vips[rng.below(4) as usize]]),
+                    };
+                    if rng.below(2) == 0 {
+                        s = s.etp_local();
+                    }
+                    if rng.below(4) == 0 {
+                        s = s.publish_not_ready();
+                    }
+                    changes.add(ix.set_service(Arc::new(s.0)));
+                }
+                2 => {
+                    let r = crate::cluster::ServiceRef::new("default", name);
+                    ix.remove_service(&r);
+                    changes.add(r);
+                }
+                3 => {
+                    let family = if rng.below(3) == 0 { "IPv6" } else { "IPv4" };
+                    let mut sl = slice(&format!("default/{name}-{}", rng.below(2)), &name, family).port("http", 8080);
+                    for k in 0..rng.below(4) {
+                        let mut e = ep(&format!("10.0.{i}.{k}")).on(nodes[rng.below(3) as usize]);
+                        e = match rng.below(4) {
+                            0 => e.not_ready(),
+                            1 => e.terminating(rng.below(2) == 0),
+                            _ => e,
+                        };
+                        sl = sl.ep(e);
+                    }
+                    for r in ix.set_slice(Arc::new(sl.0)) {
+                        changes.add(r);
+                    }
+                }
+                _ => {
+                    if let Some(r) = ix.remove_slice("default", &format!("{name}-{}", rng.below(2))) {
+                        changes.add(r);
+                    }
+                }
+            }
+            let before = cache.nodes().clone();
+            cache.update(&ix, &changes, &scope);
+            assert_eq!(cache.nodes(), &l2::local_nodes(&ix, &scope), "seed {seed} step {step}");
+            with_nodes += usize::from(cache.nodes().values().any(|n| !n.is_empty()));
+            left += usize::from(before.keys().any(|v| !cache.nodes().contains_key(v)));
+        }
+    }
+    assert!(with_nodes > 100 && left > 100, "the edits reach both cases: {with_nodes}, {left}");
 }

@@ -40,6 +40,9 @@ pub enum BenchError {
     /// The synthetic objects did not translate cleanly (a bug in [`crate::synth`]).
     #[error("translation reported errors: {0}")]
     Report(String),
+    /// A synthetic cluster did not give what a figure needs (a bug in [`crate::synth`]).
+    #[error("synthetic cluster: {0}")]
+    Synth(String),
     /// The kube-proxy model refused the spec.
     #[error(transparent)]
     Model(#[from] crate::model::ModelError),
@@ -708,6 +711,46 @@ fn per_sync(r: &mut Report, p: Profile, state: &ClusterState, repeats: usize) ->
     r.push_ms_summary(
         &format!("{prefix}.health_checks_indexed"),
         &time(&|| xlb::k8s::health_check_services_indexed(&ix, node).len()),
+    );
+    // In L2 mode, after each publish: the nodes that may own each Local-policy VIP. Measured
+    // with every Service made a LoadBalancer of `externalTrafficPolicy: Local` with an
+    // ingress IP of its own (the synthetic Services are ClusterIPs, which it skips): the full
+    // walk (`l2_local_nodes`: the first snapshot, a relist, a periodic resync), and
+    // `xlb run`'s cache after one endpoint of one Service turned not ready or ready again
+    // (`l2_local_nodes_one_change`).
+    let mut lb = ClusterIndex::from_state(&synth::as_local_load_balancers(state));
+    let mut cache = xlb::announce::l2::LocalNodesCache::default();
+    cache.update(&lb, &xlb::cluster::Changes::Full, &scope);
+    let slice = state.endpoint_slices.first().ok_or_else(|| BenchError::Synth("no EndpointSlice".into()))?;
+    let mut one_change = Vec::with_capacity(repeats);
+    for i in 0..repeats {
+        let mut s = EndpointSlice::clone(slice);
+        if let Some(c) = s.endpoints.first_mut().and_then(|e| e.conditions.as_mut()) {
+            c.ready = Some(i % 2 == 1);
+        }
+        let mut changes = xlb::cluster::Changes::default();
+        for r in lb.set_slice(Arc::new(s)) {
+            changes.add(r);
+        }
+        let t = Instant::now();
+        cache.update(&lb, &changes, &scope);
+        one_change.push(t.elapsed());
+    }
+    if cache.nodes() != &xlb::announce::l2::local_nodes(&lb, &scope) {
+        return Err(BenchError::Synth("l2 local_nodes: the cache's answer differs from a full walk".into()));
+    }
+    r.push_ms_summary(&format!("{prefix}.l2_local_nodes_one_change"), &one_change);
+    let local = xlb::announce::l2::local_nodes(&lb, &scope);
+    if local.len() != p.services {
+        return Err(BenchError::Synth(format!(
+            "l2 local_nodes: {} VIPs with nodes, {} Services",
+            local.len(),
+            p.services
+        )));
+    }
+    r.push_ms_summary(
+        &format!("{prefix}.l2_local_nodes"),
+        &time(&|| xlb::announce::l2::local_nodes(&lb, &scope).len()),
     );
     Ok(())
 }

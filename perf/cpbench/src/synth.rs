@@ -9,7 +9,9 @@ use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
+use k8s_openapi::api::core::v1::{
+    LoadBalancerIngress, LoadBalancerStatus, Service, ServicePort, ServiceSpec, ServiceStatus,
+};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -144,6 +146,48 @@ pub fn cluster(p: Profile) -> ClusterState {
         state.endpoint_slices.extend(slices(i, p.endpoints, i * p.endpoints).into_iter().map(Arc::new));
     }
     state
+}
+
+/// LoadBalancer ingress IP of Service `i` in [`as_local_load_balancers`]: `100.64.0.0/10` + i
+/// (RFC 6598 shared address space, which no synthetic cluster address uses).
+pub fn ingress_ip(i: usize) -> Ipv4Addr {
+    let base = u32::from(Ipv4Addr::new(100, 64, 0, 0));
+    Ipv4Addr::from(base + u32::try_from(i).unwrap_or(u32::MAX) % (1 << 22))
+}
+
+/// `state` with every Service `i` made a LoadBalancer of `externalTrafficPolicy: Local`
+/// whose `status.loadBalancer.ingress` is [`ingress_ip`]`(i)` (its index in
+/// `state.services`), for what only such Services cost (the L2 owner's candidates). The
+/// EndpointSlices are shared with `state`.
+pub fn as_local_load_balancers(state: &ClusterState) -> ClusterState {
+    let services = state
+        .services
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let mut s = Service::clone(s);
+            if let Some(spec) = s.spec.as_mut() {
+                spec.type_ = Some("LoadBalancer".into());
+                spec.external_traffic_policy = Some("Local".into());
+            }
+            s.status = Some(ServiceStatus {
+                load_balancer: Some(LoadBalancerStatus {
+                    ingress: Some(vec![LoadBalancerIngress {
+                        ip: Some(ingress_ip(i).to_string()),
+                        ..Default::default()
+                    }]),
+                }),
+                ..Default::default()
+            });
+            Arc::new(s)
+        })
+        .collect();
+    ClusterState {
+        services,
+        endpoint_slices: state.endpoint_slices.clone(),
+        node: state.node.clone(),
+        local_addresses: state.local_addresses.clone(),
+    }
 }
 
 /// A small deterministic PRNG (xorshift64*, Vigna 2016) so runs are repeatable without a
