@@ -1670,20 +1670,21 @@ impl Xsk {
     /// Queues frames for transmit on port `i`. When the TX ring is full, kicks the kernel,
     /// takes completions and tries again (a bounded number of times) before giving up; frames
     /// that still do not fit go back to the free list (the caller counts them as TX drops).
-    /// Frames of another UMEM are left in `frames`; the rest are taken. Returns how many were
-    /// queued.
+    /// Frames of another UMEM are left in `frames`; the rest are taken and queued in their
+    /// order in `frames`. Returns how many were queued.
     pub fn transmit(&mut self, i: usize, frames: &mut Vec<OwnedFrame>) -> usize {
         let id = self.id;
         self.scratch.clear();
-        let mut k = 0;
-        while k < frames.len() {
-            if frames.get(k).is_some_and(|f| f.umem == id) {
-                let f = frames.swap_remove(k);
-                self.scratch.push(Desc { addr: f.addr, len: f.len, options: 0 });
-            } else {
-                k += 1;
+        // In the order given (a batch's frames of one flow leave as the pipeline saw them);
+        // each frame taken becomes its descriptor, which carries its ownership from here.
+        let scratch = &mut self.scratch;
+        frames.retain(|f| {
+            if f.umem != id {
+                return true;
             }
-        }
+            scratch.push(Desc { addr: f.addr, len: f.len, options: 0 });
+            false
+        });
         if i >= self.ports.len() {
             self.free.extend(self.scratch.drain(..).map(|d| d.addr));
             return 0;
@@ -2102,6 +2103,47 @@ mod tests {
             assert_eq!(bytes[19..34], [0x5a; 15], "unaligned {unaligned}");
             assert_eq!(bytes[34..], sent[14..], "unaligned {unaligned}: the frame's data after them");
         }
+    }
+
+    /// Receives on port 0 of `x` until `n` test frames of `kind` came (within 10 s); returns
+    /// their sequence numbers in the order they were received. Other frames are released.
+    fn receive_test_frames(x: &mut Xsk, kind: u8, n: usize) -> Vec<u32> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut seqs = Vec::new();
+        while seqs.len() < n {
+            assert!(std::time::Instant::now() < deadline, "{} of {n} frames of kind {kind} within 10 s", seqs.len());
+            let mut rx = Vec::new();
+            x.complete();
+            x.refill(0);
+            x.receive(0, &mut rx, 64, 1);
+            for mut f in rx {
+                if let Some(Some((seq, k))) = x.with_buffer(&mut f, |b, len| (len, parse_test_frame(&b[..len])))
+                    && k == kind
+                {
+                    seqs.push(seq);
+                }
+                x.release(f).unwrap();
+            }
+        }
+        seqs
+    }
+
+    /// One `transmit` of a batch puts its frames in the TX ring in the batch's order: frames
+    /// of one flow queued in one batch leave in the order the pipeline saw them.
+    #[test]
+    fn a_batch_is_transmitted_in_the_order_it_was_queued() {
+        let res = in_private_netns("a_batch_is_transmitted_in_the_order_it_was_queued", || {
+            veth_pair_up();
+            let mut a = Xsk::open(&test_cfg(true), &[("xa".to_owned(), 0)]).expect("xa");
+            let mut b = Xsk::open(&test_cfg(true), &[("xb".to_owned(), 0)]).expect("xb");
+            let mut batch: Vec<OwnedFrame> = (0..8).map(|seq| b.frame_from(&test_frame(seq, REQ)).unwrap()).collect();
+            assert_eq!(b.transmit(0, &mut batch), 8);
+            assert!(batch.is_empty());
+            b.kick(0);
+            receive_test_frames(&mut a, REQ, 8)
+        });
+        let Some(seqs) = res else { return };
+        assert_eq!(seqs, (0..8).collect::<Vec<u32>>(), "received in the order queued");
     }
 
     /// Requests from `xb` echoed by a socket on `xa` come back whole and once each, with the
