@@ -391,11 +391,13 @@ impl Umem {
 }
 
 /// Where packet `p` lies in its buffer (a whole UMEM frame), as (head, length), both clamped
-/// to the buffer.
+/// to the buffer, the head to its last byte: a frame's address is its UMEM frame's start plus
+/// the head, and a head at the buffer's end would be the next UMEM frame's start (a packet
+/// emptied to the end of its buffer is an empty frame at its last byte).
 #[inline]
 fn span_of(p: &Packet<'_>) -> (usize, usize) {
-    let head = p.head.min(p.buf.len());
-    (head, p.len.min(p.buf.len() - head))
+    let head = p.head.min(p.buf.len().saturating_sub(1));
+    (head, p.len.min(p.buf.len().saturating_sub(head)))
 }
 
 /// The data address (byte offset into the UMEM) of an RX descriptor's `addr`: in unaligned
@@ -2144,6 +2146,39 @@ mod tests {
         });
         let Some(seqs) = res else { return };
         assert_eq!(seqs, (0..8).collect::<Vec<u32>>(), "received in the order queued");
+    }
+
+    /// A packet whose head the pipeline moves to the very end of its UMEM frame (nothing left
+    /// of it) still names a place in its own frame: the frame's memory afterwards is its own,
+    /// not the next frame's, which another `OwnedFrame` may hold.
+    #[test]
+    fn a_packet_moved_to_the_end_of_its_frame_stays_in_its_own_frame() {
+        in_private_netns("a_packet_moved_to_the_end_of_its_frame_stays_in_its_own_frame", || {
+            let mut x = open_on_lo();
+            let mut f = x.frame_from(&[1; 60]).unwrap();
+            let mut next = x.frame_from(&[2; 60]).unwrap();
+            assert_eq!(next.addr, f.addr + 2048, "adjacent UMEM frames");
+            let mut batch = vec![f];
+            x.with_batch(&mut batch, |pkts| {
+                let end = pkts[0].buf.len();
+                (pkts[0].head, pkts[0].len) = (end, 0);
+            })
+            .unwrap();
+            f = batch.pop().unwrap();
+            x.with_buffer(&mut f, |b, len| {
+                b.fill(0xee);
+                (len, ())
+            })
+            .unwrap();
+            let next_bytes = x.with_buffer(&mut next, |b, len| (len, b[..len].to_vec())).unwrap();
+            assert_eq!(next_bytes, [2; 60], "the next frame is untouched");
+            x.release(f).unwrap();
+            x.release(next).unwrap();
+            let mut seen: Vec<u64> = x.free.iter().map(|&a| x.umem.base(a)).collect();
+            seen.sort_unstable();
+            seen.dedup();
+            assert_eq!(seen.len(), x.free.len(), "no frame twice on the free list");
+        });
     }
 
     /// Requests from `xb` echoed by a socket on `xa` come back whole and once each, with the
