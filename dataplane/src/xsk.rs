@@ -1321,6 +1321,10 @@ impl Xsk {
             }
         }
         let umem = Umem::adopt(umem, state.frame_count, state.frame_size, state.huge_pages)?;
+        // Room for every frame, as `open` gives it: completions and released frames join the
+        // free list in the worker loop, which must not allocate.
+        let mut free = state.free;
+        free.reserve_exact((state.frame_count as usize).saturating_sub(free.len()));
         let mut ports = Vec::with_capacity(sockets.len());
         for (fd, p) in sockets.into_iter().zip(state.ports) {
             // SAFETY: `xdp_options` is a plain integer; zero is a valid value.
@@ -1355,7 +1359,7 @@ impl Xsk {
             programs: Vec::new(),
             total: state.frame_count as usize,
             umem,
-            free: state.free,
+            free,
             scratch: Vec::with_capacity(state.ring_size as usize),
             addrs: Vec::with_capacity(state.ring_size as usize),
             ring_size: state.ring_size,
@@ -2550,6 +2554,24 @@ mod tests {
     #[test]
     fn handover_to_a_child_process_loses_no_frame() {
         handover_keeps_every_frame("handover_to_a_child_process_loses_no_frame", Adopter::ChildProcess);
+    }
+
+    /// The free list of sockets adopted from another process (their state decoded from
+    /// bytes) has room for every frame of the UMEM, as a new `Xsk`'s has: completions and
+    /// released frames join it without the worker loop allocating.
+    #[test]
+    fn an_adopted_free_list_has_room_for_every_frame() {
+        in_private_netns("an_adopted_free_list_has_room_for_every_frame", || {
+            let x = open_on_lo();
+            assert!(x.free.capacity() >= x.total, "a new Xsk's");
+            let mut e = x.export();
+            let mut bytes = Vec::new();
+            e.state.encode(&mut bytes);
+            e.state = XskState::decode(&mut &bytes[..]).unwrap();
+            let y = Xsk::adopt(e, None).expect("adopt");
+            assert!(y.free.len() < y.total, "frames in the fill ring");
+            assert!(y.free.capacity() >= y.total, "{} of {}", y.free.capacity(), y.total);
+        });
     }
 
     #[test]
