@@ -1310,6 +1310,9 @@ impl Xsk {
                 state.frame_count
             ));
         }
+        // The memfd is checked first: it holds the frames the state announces, so what is
+        // allocated for them below is bounded by memory the exporter really had.
+        let umem = Umem::adopt(umem, state.frame_count, state.frame_size, state.huge_pages)?;
         let mut seen = vec![false; state.frame_count as usize];
         let fs = u64::from(state.frame_size);
         for &a in &state.free {
@@ -1320,7 +1323,6 @@ impl Xsk {
                 return bad(format!("frame {a:#x} twice on the free list"));
             }
         }
-        let umem = Umem::adopt(umem, state.frame_count, state.frame_size, state.huge_pages)?;
         // Room for every frame, as `open` gives it: completions and released frames join the
         // free list in the worker loop, which must not allocate.
         let mut free = state.free;
@@ -2574,6 +2576,61 @@ mod tests {
         });
     }
 
+    /// A handed-over state whose frame count is corrupt (far more frames than its UMEM memfd
+    /// holds) is refused before anything is allocated for it: adopting it must not cost a
+    /// byte per announced frame, which a node without that much memory cannot give (the
+    /// process would abort). The adoption runs in a child process (this test binary running
+    /// [`adopt_corrupt_state_child`]) whose address space is limited to 1 GiB.
+    #[test]
+    fn a_state_announcing_more_frames_than_its_memfd_holds_is_refused_before_allocating_for_them() {
+        let exe = std::env::current_exe().expect("test binary");
+        let out = std::process::Command::new(exe)
+            .args(["--ignored", "--exact", "xsk::tests::adopt_corrupt_state_child", "--nocapture"])
+            .env("XLB_XSK_CORRUPT_STATE_CHILD", "1")
+            .output()
+            .expect("child process");
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success() && text.contains("1 passed"), "child: {:?}\n{text}", out.status);
+    }
+
+    /// The child half of
+    /// [`a_state_announcing_more_frames_than_its_memfd_holds_is_refused_before_allocating_for_them`].
+    #[test]
+    #[ignore = "the child process of a_state_announcing_more_frames_than_its_memfd_holds_is_refused_before_allocating_for_them"]
+    fn adopt_corrupt_state_child() {
+        assert!(std::env::var_os("XLB_XSK_CORRUPT_STATE_CHILD").is_some(), "started by its parent test");
+        let limit = libc::rlimit { rlim_cur: 1 << 30, rlim_max: 1 << 30 };
+        // SAFETY: a valid rlimit on the stack, only read; limits this (child) process only.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &raw const limit) }, 0);
+        let memfd = || {
+            // SAFETY: a NUL-terminated name; returns a new descriptor or -1.
+            let fd = unsafe { libc::memfd_create(c"t".as_ptr(), libc::MFD_CLOEXEC) };
+            assert!(fd >= 0);
+            // SAFETY: a new descriptor nothing else owns.
+            unsafe { OwnedFd::from_raw_fd(fd) }
+        };
+        // Free and in-ring counts add up to the (corrupt) frame count, as the check wants.
+        let state = XskState {
+            frame_count: u32::MAX,
+            frame_size: 2048,
+            ring_size: 4,
+            need_wakeup: true,
+            huge_pages: false,
+            ports: vec![PortState {
+                ifname: "eth0".into(),
+                queue: 0,
+                zero_copy: false,
+                in_fill: u32::MAX - 1,
+                in_tx: 0,
+            }],
+            free: vec![0],
+        };
+        // A memfd stands in for the socket: the state is refused before the sockets are used.
+        let e = XskExport { state, umem: memfd(), sockets: vec![memfd()] };
+        let err = Xsk::adopt(e, None).unwrap_err().to_string();
+        assert!(err.contains("memfd holds 0 bytes"), "{err}");
+    }
+
     #[test]
     fn state_encoding_round_trips_and_adopt_refuses_a_bad_free_list() {
         let st = XskState {
@@ -2593,24 +2650,29 @@ mod tests {
         assert_eq!(XskState::decode(&mut r).unwrap(), st);
         assert!(r.is_empty());
         assert!(XskState::decode(&mut &b[..b.len() / 2 - 3]).is_err());
-        let memfd = || {
+        // A memfd of `len` bytes.
+        let memfd = |len: libc::off_t| {
             // SAFETY: a NUL-terminated name; returns a new descriptor or -1.
             let fd = unsafe { libc::memfd_create(c"t".as_ptr(), libc::MFD_CLOEXEC) };
             assert!(fd >= 0);
             // SAFETY: a new descriptor nothing else owns.
-            unsafe { OwnedFd::from_raw_fd(fd) }
+            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            // SAFETY: plain system call on our descriptor.
+            assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), len) }, 0);
+            fd
         };
         let sock = || xdp_socket().expect("AF_XDP socket");
         if xlb_testkit::skip_without_root("state_encoding_round_trips_and_adopt_refuses_a_bad_free_list") {
             return;
         }
         for (free, why) in [(vec![0, 256], "twice"), (vec![0, 8192], "outside"), (vec![0], "free frames")] {
-            let e = XskExport { state: XskState { free, ..st.clone() }, umem: memfd(), sockets: vec![sock()] };
+            // A memfd as long as the state's 4 frames: the free list is what is wrong.
+            let e = XskExport { state: XskState { free, ..st.clone() }, umem: memfd(4 * 2048), sockets: vec![sock()] };
             let err = Xsk::adopt(e, None).unwrap_err().to_string();
             assert!(err.contains(why), "{err}");
         }
         // A consistent state whose descriptor is an unbound socket: refused, not mapped.
-        let e = XskExport { state: st.clone(), umem: memfd(), sockets: vec![sock()] };
+        let e = XskExport { state: st.clone(), umem: memfd(0), sockets: vec![sock()] };
         let err = Xsk::adopt(e, None).unwrap_err().to_string();
         assert!(err.contains("memfd holds 0 bytes") || err.contains("not a bound"), "{err}");
     }
