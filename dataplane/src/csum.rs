@@ -295,6 +295,20 @@ mod tests {
         assert_eq!(update_l4(L4Sum::UdpV4, 0, &[1, 2, 3, 4], &[5, 6, 7, 8]), 0);
     }
 
+    /// The precomputed-delta form of the RFC 768 rule (the fast path's DNAT): a UDP/IPv4 sum
+    /// that comes to zero is sent as `0xffff`; a zero field (no checksum) stays zero; TCP
+    /// and UDP over IPv6 write the sum as computed.
+    #[test]
+    fn a_udp_v4_delta_to_a_computed_zero_sends_0xffff() {
+        // !(!0x1234 + 0x1234) = !0xffff = 0
+        assert_eq!(apply_delta(0x1234, 0x1234), 0);
+        assert_eq!(apply_l4_delta(L4Sum::UdpV4, 0x1234, 0x1234), 0xffff);
+        assert_eq!(apply_l4_delta(L4Sum::Always, 0x1234, 0x1234), 0);
+        assert_eq!(apply_l4_delta(L4Sum::UdpV4, 0, 0x1234), 0);
+        assert_eq!(update_l4(L4Sum::UdpV4, 0x1234, &[0, 0], &[0x12, 0x34]), 0xffff);
+        assert_eq!(update_l4(L4Sum::Always, 0x1234, &[0, 0], &[0x12, 0x34]), 0);
+    }
+
     proptest! {
         /// A precomputed delta over several changed words (with the TTL decrement folded in)
         /// gives exactly what updating the words one at a time gives, and applying the

@@ -334,6 +334,28 @@ mod tests {
         }
     }
 
+    /// RFC 768: a UDP/IPv4 checksum that computes to zero is sent as `0xffff`, since a zero
+    /// field means "no checksum". The random rewrites above reach that sum about once in
+    /// 65,536 cases and `build::verify` accepts a zero field, so they cannot tell; this
+    /// rewrite is chosen to reach it: with the new port `hc + old` (one's complement),
+    /// `~hc + ~old + new` is minus zero.
+    #[test]
+    fn udp_v4_rewrite_to_a_computed_zero_checksum_sends_0xffff() {
+        let mut f = Frame::udp_v4([10, 0, 0, 1], 40_000, [10, 96, 0, 1], 53, b"q");
+        let p = parsed(&f.bytes);
+        let hc = u16::from_be_bytes([f.bytes[p.l4 + 6], f.bytes[p.l4 + 7]]);
+        assert!(hc != 0 && hc != 0xffff, "a checksummed datagram ({hc:#x})");
+        let (sum, carry) = hc.overflowing_add(53);
+        set_dport::<V4>(&mut f.bytes, &p, sum + u16::from(carry));
+        assert_eq!(&f.bytes[p.l4 + 6..p.l4 + 8], &[0xff, 0xff], "not 0: that would switch the checksum off");
+        assert_eq!(build::verify(&f.bytes), Ok(()));
+        // The same sum over IPv6 (no zero rule) is written as computed.
+        assert_eq!(
+            csum::update_l4(csum::L4Sum::Always, hc, &53u16.to_be_bytes(), &(sum + u16::from(carry)).to_be_bytes()),
+            0
+        );
+    }
+
     #[test]
     fn udp_v4_zero_checksum_is_kept_zero_through_dnat() {
         let mut f = Frame::udp_v4([10, 0, 0, 1], 5, [10, 96, 0, 1], 53, b"q");
