@@ -526,6 +526,12 @@ mod tests {
     fn nq_prefers_idle_backends_first() {
         let c = counts(Scheduler::NeverQueue, &[1, 1, 1], 3, true);
         assert_eq!(c, vec![1, 1, 1]);
+        // With equal weights every balancing scheduler gives that. With one heavy backend, sed
+        // alone gives it the first three flows (expected delays 1/4, 2/4, 3/4 against 1/1);
+        // nq gives each idle backend one first, then is sed.
+        assert_eq!(counts(Scheduler::ShortestExpectedDelay, &[4, 1, 1], 3, true), vec![3, 0, 0]);
+        assert_eq!(counts(Scheduler::NeverQueue, &[4, 1, 1], 3, true), vec![1, 1, 1]);
+        assert_eq!(counts(Scheduler::NeverQueue, &[4, 1, 1], 6, true), vec![4, 1, 1]);
     }
 
     #[test]
