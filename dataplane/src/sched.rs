@@ -545,7 +545,30 @@ mod tests {
             for p in 2..50 {
                 assert_eq!(st.pick(0, &t.services[0], f(p)).unwrap(), first);
             }
+            // One backend for every source would pass the above: sources spread over all three.
+            let seen: std::collections::HashSet<_> = (0..100u8)
+                .map(|i| st.pick(0, &t.services[0], FlowInfo { src: &[192, 0, 2, i], sport: 1, dst: &[10, 96, 0, 1] }))
+                .collect();
+            assert_eq!(seen.len(), 3, "{sched:?}: 100 sources went to {seen:?}");
         }
+    }
+
+    /// `dh` hashes the destination: one destination is one backend whatever the source, and
+    /// destinations spread over the backends.
+    #[test]
+    fn dh_maps_one_destination_to_one_backend_and_spreads_destinations() {
+        let t = tables(Scheduler::DestinationHash, &[1, 1, 1]);
+        let mut st = SchedState::new(1);
+        st.sync(&t);
+        let svc = &t.services[0];
+        let sources: std::collections::HashSet<_> = (0..100u8)
+            .map(|i| st.pick(0, svc, FlowInfo { src: &[192, 0, 2, i], sport: u16::from(i), dst: &[10, 96, 0, 1] }))
+            .collect();
+        assert_eq!(sources.len(), 1, "one destination from 100 sources went to {sources:?}");
+        let destinations: std::collections::HashSet<_> = (0..100u8)
+            .map(|i| st.pick(0, svc, FlowInfo { src: &[192, 0, 2, 7], sport: 1, dst: &[10, 96, 1, i] }))
+            .collect();
+        assert_eq!(destinations.len(), 3, "100 destinations went to {destinations:?}");
     }
 
     #[test]
