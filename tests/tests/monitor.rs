@@ -8,7 +8,7 @@ mod monitor {
     use std::process::{Child, Command, ExitStatus, Stdio};
     use std::time::Duration;
 
-    use xlb_e2e::{Role, Testbed, Xlb, skip_without_root, wait_for, xlb_binary};
+    use xlb_e2e::{Role, Testbed, Xlb, XlbStats, skip_without_root, wait_for, xlb_binary};
 
     const CONFIG: &str = include_str!("../../deploy/examples/testbed.yaml");
 
@@ -73,12 +73,17 @@ mod monitor {
         // The admin socket keeps answering while a monitor streams.
         let services = xlb.services().expect("xlb services while a monitor runs");
         assert!(services.contains("10.250.100.1:80"), "{services}");
-        // SYNs with TTL 1 to the web VIP: xlb must not forward them (ttl_exceeded); the
-        // namespace-wide default TTL is the client's own (its namespace goes with the testbed).
+        // SYNs with TTL 1: xlb must not forward them (ttl_exceeded); the namespace-wide
+        // default TTL is the client's own (its namespace goes with the testbed).
         tb.exec_ok(Role::Client, &["sysctl", "-qw", "net.ipv4.ip_default_ttl=1"]).expect("sysctl");
-        let _ = tb.exec(Role::Client, &["curl", "-sS", "--noproxy", "*", "--max-time", "3", "http://10.250.100.1/"]);
-        // A drop to another address, which the filter must hide.
+        // First a drop to another VIP, which the filter must hide. It comes before the two the
+        // monitor is to show (the monitor ends after those two), and xlb has counted it.
         let _ = tb.exec(Role::Client, &["curl", "-sS", "--noproxy", "*", "--max-time", "1", "http://10.250.100.4/"]);
+        let ttl_drops = || XlbStats::parse(&xlb.stats().unwrap_or_default()).drops("ttl_exceeded");
+        wait_for(Duration::from_secs(5), || (ttl_drops() > 0).then_some(()))
+            .unwrap_or_else(|| panic!("no ttl_exceeded drop for 10.250.100.4:\n{}", xlb.log()));
+        // Then the web VIP's.
+        let _ = tb.exec(Role::Client, &["curl", "-sS", "--noproxy", "*", "--max-time", "3", "http://10.250.100.1/"]);
         let (done, stdout, stderr) = finish(monitor);
         let frames = read_pcapng(&pcap);
         let _ = std::fs::remove_file(&pcap);
