@@ -167,8 +167,17 @@ pub enum DsrDecap {
     /// The kernel has no ipip/ip6_tunnel driver: a tc BPF program on each backend's `eth0`
     /// ingress strips the outer header, and the VIPs sit on `lo` (with `arp_ignore=1`).
     Bpf,
-    /// Neither is available (no tunnel driver and no clang): DSR tests must skip.
+    /// Neither is available: no tunnel driver, and the BPF decap program did not build (no
+    /// clang, or a compile error in `deploy/testbed.sh`). A DSR test fails then
+    /// ([`DsrDecap::NONE_IS_A_FAILURE`]): the workspace needs clang anyway (nic-config's XDP
+    /// program), so this is a broken testbed, not a missing optional tool.
     None,
+}
+
+impl DsrDecap {
+    /// What a DSR test says when the testbed has no DSR decap ([`DsrDecap::None`]).
+    pub const NONE_IS_A_FAILURE: &'static str = "the testbed has no DSR decap: no ipip/ip6_tunnel driver and the tc BPF \
+         decap did not build (see the testbed's output; scripts/install-deps.sh installs clang)";
 }
 
 /// What went wrong in the harness.
