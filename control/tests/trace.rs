@@ -114,6 +114,7 @@ const OWN_SETUP_ROWS: &[(&str, &str, Frames)] = &[
     ("local_policy_without_local_endpoints_drops", "fixtures-local-no-endpoints.yaml", Frames::Exact),
     ("source_ranges_admit_listed_clients_and_drop_others", "fixtures-source-ranges.yaml", Frames::Exact),
     ("client_ip_affinity_keeps_a_client_on_one_backend_until_timeout", "fixtures-affinity.yaml", Frames::Exact),
+    ("client_ip_affinity_timer_restarts_with_each_new_connection", "fixtures-affinity.yaml", Frames::Exact),
     ("sctp_dnat_recomputes_crc32c", "fixtures-sctp.yaml", Frames::Exact),
     (
         "an_established_flow_keeps_its_reply_tuple_and_a_new_flow_with_the_same_one_is_dropped",
@@ -311,12 +312,12 @@ fn trace_replays_the_fixture_rows_with_their_own_setups_and_clock_steps() {
     let own = |b: &str| OWN_SETUP_ROWS.iter().find(|(r, ..)| *r == b).map(|(_, c, f)| (*c, *f));
     let checked = replay(&rows, own);
     // Every listed row is in the corpus (the DSR too-big row only for IPv4, the others for
-    // both families), and its clock steps are replayed (the affinity row's 11 s).
+    // both families), and its clock steps are replayed (the affinity rows' 11 s and 6 s).
     let replayed: Vec<&str> = rows.iter().map(|(r, _)| r.as_str()).filter(|r| own(base(r)).is_some()).collect();
     assert_eq!(replayed.len(), 2 * OWN_SETUP_ROWS.len() - 1, "{replayed:?}");
     let steps: usize = rows.iter().filter(|(r, _)| own(base(r)).is_some()).map(|(_, recs)| recs.len()).sum();
     assert_eq!(checked, steps);
-    assert_eq!(checked, 57, "records checked");
+    assert_eq!(checked, 63, "records checked");
     assert!(rows.iter().filter(|(r, _)| own(base(r)).is_some()).any(|(_, recs)| recs.iter().any(|r| r.advance_s > 0)));
 }
 

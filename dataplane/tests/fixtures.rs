@@ -889,7 +889,7 @@ fn rows_for(f: Fam) -> Vec<Row> {
     rows.push(row(
         "client_ip_affinity_keeps_a_client_on_one_backend_until_timeout",
         f,
-        aff,
+        aff.clone(),
         vec![
             step(
                 "first connection (rr picks backend 0)",
@@ -912,6 +912,35 @@ fn rows_for(f: Fam) -> Vec<Row> {
                 advance_s: 11,
                 input: tcp(c, 40003, vip, 80, SYN, 64, IN),
                 expect: Expect::Tx(tcp(c, 40003, f.backends[2], 8080, SYN, 63, to_b(2))),
+            },
+        ],
+    ));
+    // AFF-04: each new connection restarts the client's timer (kube-proxy's `recent --set`
+    // on every DNATed connection), so a client that keeps connecting stays on its backend
+    // past the timeout counted from its first connection.
+    rows.push(row(
+        "client_ip_affinity_timer_restarts_with_each_new_connection",
+        f,
+        aff.clone(),
+        vec![
+            step(
+                "first connection (rr picks backend 0)",
+                tcp(c, 40000, vip, 80, SYN, 64, IN),
+                Expect::Tx(tcp(c, 40000, b0, 8080, SYN, 63, to_b(0))),
+            ),
+            Step {
+                what: "6 s later a second connection sticks and restarts the 10 s timer",
+                retable: None,
+                advance_s: 6,
+                input: tcp(c, 40001, vip, 80, SYN, 64, IN),
+                expect: Expect::Tx(tcp(c, 40001, b0, 8080, SYN, 63, to_b(0))),
+            },
+            Step {
+                what: "12 s after the first connection, 6 s after the second: still backend 0",
+                retable: None,
+                advance_s: 6,
+                input: tcp(c, 40002, vip, 80, SYN, 64, IN),
+                expect: Expect::Tx(tcp(c, 40002, b0, 8080, SYN, 63, to_b(0))),
             },
         ],
     ));
