@@ -944,6 +944,40 @@ fn rows_for(f: Fam) -> Vec<Row> {
             },
         ],
     ));
+    // AFF-04: the timeout is checked at each new connection with the Service's current
+    // `timeoutSeconds` (kube-proxy's `recent --rcheck --seconds T`), so a lowered or raised
+    // timeout applies at once to the clients already recorded.
+    let with_timeout = |t: u32| {
+        let mut s = aff.clone();
+        Arc::make_mut(&mut s.services[0]).affinity_timeout_s = Some(t);
+        s
+    };
+    rows.push(row(
+        "client_ip_affinity_follows_a_changed_timeout_at_once",
+        f,
+        aff.clone(),
+        vec![
+            step(
+                "first connection (rr picks backend 0), 10 s timeout",
+                tcp(c, 40000, vip, 80, SYN, 64, IN),
+                Expect::Tx(tcp(c, 40000, b0, 8080, SYN, 63, to_b(0))),
+            ),
+            Step {
+                what: "timeout lowered to 3 s; 5 s later the record is too old (rr: backend 1)",
+                retable: Some(with_timeout(3)),
+                advance_s: 5,
+                input: tcp(c, 40001, vip, 80, SYN, 64, IN),
+                expect: Expect::Tx(tcp(c, 40001, f.backends[1], 8080, SYN, 63, to_b(1))),
+            },
+            Step {
+                what: "timeout raised to 10 s; 5 s later the record of backend 1 still holds",
+                retable: Some(with_timeout(10)),
+                advance_s: 5,
+                input: tcp(c, 40002, vip, 80, SYN, 64, IN),
+                expect: Expect::Tx(tcp(c, 40002, f.backends[1], 8080, SYN, 63, to_b(1))),
+            },
+        ],
+    ));
 
     // --- ICMP errors ---
     let reply_to_client = tcp(vip, 80, c, 40000, ACK, 63, OUT);

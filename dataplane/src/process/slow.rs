@@ -881,8 +881,8 @@ fn new_flow<A: Fam>(
     }
     let now = c.now_s;
     let mut chosen = None;
-    if svc.affinity_timeout_s.is_some()
-        && let Some(r) = c.affinity.get(&(svc.id, key.src.to_mapped()), now)
+    if let Some(to) = svc.affinity_timeout_s
+        && let Some(r) = c.affinity.get(&(svc.id, key.src.to_mapped()), now, to)
         // A sticky backend that left, or is draining, is not revived (AFF-08, TP-06).
         && t.backend(r).is_some_and(|b| b.eligible)
     {
@@ -909,7 +909,7 @@ fn new_flow<A: Fam>(
         return Verdict::Drop(DropReason::NoRoute);
     }
     if let Some(to) = svc.affinity_timeout_s {
-        c.affinity.put((svc.id, key.src.to_mapped()), b.this, now.saturating_add(to), now);
+        c.affinity.put((svc.id, key.src.to_mapped()), b.this, now.saturating_add(to), to, now);
     }
     let Some(baddr) = A::from_ip(b.addr) else { return Verdict::Drop(DropReason::NoSourceAddress) };
     let state = initial_state(p);
