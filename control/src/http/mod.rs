@@ -325,6 +325,22 @@ mod tests {
     }
 
     #[test]
+    fn tp_09_node_deletion_does_not_fail_health_check_node_ports() {
+        use k8s_openapi::api::core::v1::Node;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+        let h = ProxyHealth::new(Duration::from_secs(30));
+        h.updated(SystemTime::now());
+        let mut n =
+            Node { metadata: ObjectMeta { name: Some("n".into()), ..Default::default() }, ..Default::default() };
+        n.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+        h.sync_node(Some(&n));
+        assert!(!h.healthz().healthy, "/healthz fails while the node is deleted");
+        assert!(h.serving(), "healthCheckNodePorts keep answering from the endpoints (kube-proxy's rule)");
+        h.sync_node(None);
+        assert!(h.serving(), "and after the Node is gone");
+    }
+
+    #[test]
     fn lb_06_draining_fails_healthz_and_health_check_node_ports_not_livez() {
         let h = ProxyHealth::new(Duration::from_secs(30));
         h.updated(SystemTime::now());
