@@ -173,6 +173,7 @@ const NOT_REPLAYED: &[&str] = &[
     "flow_keeps_its_backend_when_the_external_frontend_splits_from_the_internal_spec",
     "terminating_serving_backend_keeps_its_flows_and_gets_no_new_ones",
     "client_ip_affinity_follows_a_changed_timeout_at_once",
+    "client_ip_affinity_does_not_send_new_connections_to_a_terminating_backend",
     "new_flow_rate_guard_drops_flows_over_the_rate",
     "full_conntrack_refuses_new_flows_but_keeps_existing_ones",
     "syn_on_a_table_full_of_unestablished_flows_evicts_the_oldest_like_early_drop",

@@ -952,6 +952,36 @@ fn rows_for(f: Fam) -> Vec<Row> {
         Arc::make_mut(&mut s.services[0]).affinity_timeout_s = Some(t);
         s
     };
+    // AFF-08: a client's recorded backend that starts terminating gets none of its new
+    // connections (they are scheduled anew); its open connection stays.
+    let mut aff_draining = aff.clone();
+    let drained = &mut Arc::make_mut(&mut aff_draining.services[0]).backends[0];
+    drained.eligible = false;
+    drained.conditions = Conditions { ready: false, serving: true, terminating: true };
+    rows.push(row(
+        "client_ip_affinity_does_not_send_new_connections_to_a_terminating_backend",
+        f,
+        aff.clone(),
+        vec![
+            step(
+                "first connection (rr picks backend 0)",
+                tcp(c, 40000, vip, 80, SYN, 64, IN),
+                Expect::Tx(tcp(c, 40000, b0, 8080, SYN, 63, to_b(0))),
+            ),
+            Step {
+                what: "backend 0 terminates: the client's next connection is scheduled (rr: backend 1)",
+                retable: Some(aff_draining),
+                advance_s: 0,
+                input: tcp(c, 40001, vip, 80, SYN, 64, IN),
+                expect: Expect::Tx(tcp(c, 40001, f.backends[1], 8080, SYN, 63, to_b(1))),
+            },
+            step(
+                "the open connection stays on backend 0",
+                tcp(c, 40000, vip, 80, ACK, 64, IN),
+                Expect::Tx(tcp(c, 40000, b0, 8080, ACK, 63, to_b(0))),
+            ),
+        ],
+    ));
     rows.push(row(
         "client_ip_affinity_follows_a_changed_timeout_at_once",
         f,
