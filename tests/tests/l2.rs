@@ -2,7 +2,7 @@
 //! The client reaches the LoadBalancer ingress IP of `demo/routed` on-link (no route via the
 //! lb): it must resolve the VIP by ARP, which xlb's steering program answers with the lb's MAC,
 //! and xlb's gratuitous ARP at start must move an entry the client had for another MAC. Only
-//! the Service's port answers on the VIP.
+//! the Service's port answers on the VIP, and nothing answers ARP for its ClusterIP.
 //!
 //! Needs root and `arping` (iputils-arping, installed by `scripts/install-deps.sh`).
 //!
@@ -21,6 +21,8 @@ mod l2 {
     const CONFIG: &str = include_str!("../../deploy/examples/testbed.yaml");
     /// LoadBalancer ingress IP of `demo/routed` (TCP 80, eTP Cluster).
     const VIP: &str = "10.250.100.23";
+    /// ClusterIP of `demo/routed`: on no interface, answered by no host (L2-01).
+    const CLUSTER_IP: &str = "10.250.100.20";
 
     fn config() -> String {
         CONFIG.replace(
@@ -88,6 +90,8 @@ mod l2 {
         tb.exec_ok(Role::Client, &["ip", "route", "add", &format!("{VIP}/32"), "dev", "eth0"]).unwrap();
         let lb_mac = mac_of(&tb, Role::Lb, "eth0");
 
+        tb.exec_ok(Role::Client, &["ip", "route", "add", &format!("{CLUSTER_IP}/32"), "dev", "eth0"]).unwrap();
+
         // Without xlb nobody answers for the VIP.
         let (replies, _, _) = arping(&tb, VIP, 2);
         assert_eq!(replies, 0, "no answer for {VIP} before xlb runs");
@@ -123,6 +127,9 @@ mod l2 {
              answered by the kernel {own_replies}/10, mean {own_ms:.3} ms"
         );
         assert_eq!(own_replies, 10, "the host's own ARP still answered");
+        // The same Service's ClusterIP is never answered: no host owns it (L2-01).
+        let (replies, _, _) = arping(&tb, CLUSTER_IP, 2);
+        assert_eq!(replies, 0, "no answer for the ClusterIP {CLUSTER_IP}");
 
         // The Service's port connects; nothing else on the VIP does. Worst case: the host
         // holds the VIP itself (as kube-proxy's IPVS mode puts it on kube-ipvs0) and listens
