@@ -814,6 +814,36 @@ fn ds_04_single_stack_service_ignores_addresses_of_the_other_family() {
     assert_eq!(r.issues[0].severity, Severity::Warning);
 }
 
+/// DS-04: a Service switched from dual-stack to single-stack keeps only `clusterIPs[0]`; the
+/// next incremental build drops the other family's table, so its VIP is no longer served, and
+/// switching back brings it back. Each step equals a full build.
+#[test]
+fn ds_04_a_service_switched_to_single_stack_loses_the_vip_of_its_other_family() {
+    let c = cfg();
+    let mut tr = Translator::new();
+    let at = |rv: &str, s: Svc| versioned(state(vec![s], dual_slices(), Some(our_node())), rv);
+    let build = |tr: &mut Translator, st: &ClusterState| {
+        let got = tr.build(st, &c).expect("valid config").0;
+        assert_eq!(got, build_spec(st, &c).expect("valid config").0, "incremental = full");
+        got
+    };
+    let vips = |t: &TablesSpec| -> Vec<String> {
+        t.services.iter().flat_map(|s| s.frontends.iter().map(|f| f.addr.to_string())).collect()
+    };
+
+    let t = build(&mut tr, &at("1", dual()));
+    assert_eq!(names(&t), ["default/web:http", "default/web:http/ipv6"]);
+    assert_eq!(vips(&t), ["10.96.0.10", "fd00:96::10"]);
+
+    let single = svc("default/web", "10.96.0.10").cluster_ips(&["10.96.0.10"]).port("http", 80, 8080);
+    let t = build(&mut tr, &at("2", single));
+    assert_eq!(names(&t), ["default/web:http"], "the IPv6 table is gone");
+    assert_eq!(vips(&t), ["10.96.0.10"], "the IPv6 VIP is no longer a frontend");
+
+    let t = build(&mut tr, &at("3", dual()));
+    assert_eq!(vips(&t), ["10.96.0.10", "fd00:96::10"], "dual-stack again");
+}
+
 #[test]
 fn ds_05_dual_stack_load_balancer_programs_both_ingress_ips_and_node_ports() {
     let s = dual().ty("LoadBalancer").node_port(30080).lb_ingress(&["198.51.100.7", "2001:db8::7"]);
