@@ -987,6 +987,23 @@ mod tests {
         assert!(c.node_port_addresses.is_empty());
     }
 
+    /// G-02: the flow-table timeouts and size that apply when the file sets none (IPVS's 900 s
+    /// and 300 s, Linux's 120 s after FIN or RST, kube-proxy's 32768 flows per core), and a
+    /// `conntrack` block that sets one field keeps the defaults of the others.
+    #[test]
+    fn g_02_conntrack_timeouts_and_size_default_per_field() {
+        let c = load(HEAD).unwrap().config.conntrack;
+        assert_eq!(c.tcp_established_timeout, Duration::from_secs(900));
+        assert_eq!(c.tcp_fin_timeout, Duration::from_secs(120));
+        assert_eq!(c.udp_timeout, Duration::from_secs(300));
+        assert_eq!(c.max_per_core, 32768);
+        let c = load(&format!("{HEAD}conntrack: {{udpTimeout: 60s}}\n")).unwrap().config.conntrack;
+        assert_eq!(c.udp_timeout, Duration::from_secs(60));
+        assert_eq!(c.tcp_established_timeout, Duration::from_secs(900));
+        assert_eq!(c.tcp_fin_timeout, Duration::from_secs(120));
+        assert_eq!(c.max_per_core, 32768);
+    }
+
     #[test]
     fn full_document_parses() {
         let text = format!(
