@@ -408,6 +408,23 @@ fn serve(
             admin_socket.display()
         );
     }
+    // One interface, one xlb (seed ARCH-04): the admin socket finds a running xlb only on the
+    // same path. An xlb started on another admin socket would replace the running one's
+    // program below, taking its interface, and remove its policy rules. A running process
+    // holds its program's fd; a dead xlb's program is held by nobody and is replaced as
+    // before. A hand-over (`--takeover`) and a resume replace a live program on purpose.
+    if !takeover && !resuming {
+        for st in &steering {
+            let Some(prog) = nic_config::interface_info(st.ifname())?.xdp_prog_id else { continue };
+            if let Some(pid) = nic_config::program_holders(prog).first() {
+                bail!(
+                    "interface {}: its XDP program {prog} is held by running process {pid} (an xlb on another admin socket?); \
+                     stop it, or start this one on its admin socket with --takeover",
+                    st.ifname()
+                );
+            }
+        }
+    }
     // Everything that does not need the previous xlb's workers stopped is done before they
     // stop: the workers are pinned and their flow tables allocated (parked, waiting for their
     // sockets and flows), and the steering programs' maps filled. Between the old workers'

@@ -1035,6 +1035,42 @@ impl Drop for Steering {
     }
 }
 
+/// The processes other than this one that hold a file descriptor of BPF program `prog_id`, by
+/// process id, in ascending order. A running xlb holds its steering program's fd for as long
+/// as it lives; a program a dead xlb left attached is held by no process (only by the
+/// interface). Read from `/proc/PID/fd` (links `anon_inode:bpf-prog`) and
+/// `/proc/PID/fdinfo/FD` (its `prog_id:` line, kernel 4.14 and later), so only processes of
+/// the calling process's PID namespace are seen, and only those whose fds it may read (all of
+/// them as root). A process that exits during the scan, or whose entries cannot be read, is
+/// left out; no `/proc` gives an empty list.
+#[must_use]
+pub fn program_holders(prog_id: u32) -> Vec<u32> {
+    let me = std::process::id();
+    let Ok(procs) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let mut pids: Vec<u32> = procs
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != me && holds_program(pid, prog_id))
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+/// Whether process `pid` has an fd of BPF program `prog_id` (see [`program_holders`]).
+fn holds_program(pid: u32, prog_id: u32) -> bool {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return false };
+    fds.filter_map(Result::ok).any(|fd| {
+        std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == "anon_inode:bpf-prog")
+            && std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{}", fd.file_name().to_string_lossy())).is_ok_and(
+                |info| {
+                    info.lines()
+                        .filter_map(|l| l.strip_prefix("prog_id:"))
+                        .any(|v| v.trim().parse::<u32>() == Ok(prog_id))
+                },
+            )
+    })
+}
+
 fn check_queue(queue: u32) -> Result<(), NicError> {
     if queue >= MAX_QUEUES {
         return Err(NicError::InvalidArgument {

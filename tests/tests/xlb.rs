@@ -1504,6 +1504,99 @@ mod xlb {
         assert!(fetch(&tb, &format!("http://{WEB_VIP}/")).is_err(), "the VIP still answers without xlb");
     }
 
+    /// Runs `xlb run --config CONFIG --admin-socket SOCKET` in the lb namespace as a second
+    /// xlb (no `--takeover`), its output in `log`; returns how it exited, or `None` if it was
+    /// still running after 10 s (then it is killed).
+    fn second_xlb(tb: &Testbed, config: &std::path::Path, socket: &std::path::Path) -> (Option<String>, String) {
+        let bin = xlb_binary().expect("xlb binary");
+        let mut child = Killed(
+            Command::new("ip")
+                .args(["netns", "exec", &tb.ns_name(Role::Lb)])
+                .arg(&bin)
+                .arg("run")
+                .arg("--config")
+                .arg(config)
+                .arg("--admin-socket")
+                .arg(socket)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn the second xlb"),
+        );
+        let status = wait_for(Duration::from_secs(10), || child.0.try_wait().ok().flatten());
+        if status.is_none() {
+            let _ = child.0.kill();
+        }
+        let mut out = String::new();
+        if let Some(mut e) = child.0.stderr.take() {
+            let _ = e.read_to_string(&mut out);
+        }
+        if let Some(mut o) = child.0.stdout.take() {
+            let _ = o.read_to_string(&mut out);
+        }
+        (status.map(|s| s.to_string()), out)
+    }
+
+    /// ARCH-04, CLN-03: one node, one xlb. A second `xlb run` on the interface of a running
+    /// xlb refuses to start and leaves the running one alone. On the same admin socket it says
+    /// an xlb runs there. On another admin socket, with its own queue, health, metrics and
+    /// punt device (so nothing else is in its way), it names the process that holds the
+    /// interface's XDP program instead of replacing that program, which would cut the running
+    /// xlb's socket off its traffic. The running xlb keeps its program and policy rules and
+    /// answers on its admin socket. (The first xlb has queue 0 only, so the VIP is not
+    /// fetched: the veth spreads flows over both queues.)
+    #[test]
+    fn a_second_xlb_on_the_interface_of_a_running_one_refuses_to_start_and_leaves_it_alone() {
+        if skip_without_root("a_second_xlb_on_the_interface_of_a_running_one_refuses_to_start_and_leaves_it_alone") {
+            return;
+        }
+        let tb = testbed();
+        let queue = |q: &str| {
+            let c =
+                CONFIG.replacen("  queues: [0, 1]\ncores: [0, 1]\n", &format!("  queues: [{q}]\ncores: [{q}]\n"), 1);
+            assert_ne!(c, CONFIG, "setup: the testbed config lists queues 0 and 1 on cores 0 and 1");
+            c
+        };
+        let xlb = Xlb::start(&tb, &queue("0")).expect("xlb start");
+        let prog = || {
+            let link = tb.exec_ok(Role::Lb, &["ip", "-d", "link", "show", "eth0"]).expect("ip link");
+            xdp_prog_id(&link).unwrap_or_else(|| panic!("no prog/xdp id in {link}"))
+        };
+        let first = prog();
+        // (`[detached]` marks a rule whose `iif` device is gone.)
+        let rules = || tb.exec_ok(Role::Lb, &["ip", "rule", "show"]).expect("ip rule").replace(" [detached]", "");
+        let rules_before = rules();
+        assert!(rules_before.contains("lookup 7892066"), "setup: a reply rule for the local pod: {rules_before}");
+
+        let (status, out) = second_xlb(&tb, xlb.config_path(), xlb.admin_socket());
+        assert!(status.as_deref().is_some_and(|s| !s.contains("exit status: 0")), "same socket: {status:?}\n{out}");
+        assert!(out.contains("an xlb is running on admin socket"), "{out}");
+        assert_eq!(prog(), first, "the running xlb keeps its program");
+        assert_eq!(rules(), rules_before, "the running xlb keeps its policy rules");
+
+        let dir = tb.run_dir().join("xlb-second");
+        std::fs::create_dir_all(&dir).expect("second xlb's directory");
+        let own = queue("1").replacen(
+            "kind: XlbConfiguration\n",
+            "kind: XlbConfiguration\nhealthzBindAddress: 127.0.0.1:20256\nmetricsBindAddress: 127.0.0.1:20249\npuntDevice: xlb9\n",
+            1,
+        );
+        assert!(own.contains("puntDevice: xlb9"), "setup: the second xlb's settings went in");
+        let config = dir.join("xlb.yaml");
+        std::fs::write(&config, own).expect("second xlb's config");
+        let (status, out) = second_xlb(&tb, &config, &dir.join("admin.sock"));
+        assert_eq!(prog(), first, "the running xlb keeps its program: {out}");
+        assert!(
+            status.as_deref().is_some_and(|s| !s.contains("exit status: 0")),
+            "another socket: the second xlb must refuse, it ran: {status:?}\n{out}"
+        );
+        let pid = xlb.pid().expect("the first xlb's pid").to_string();
+        assert!(out.contains("held by running process") && out.contains(&pid), "names the first xlb ({pid}): {out}");
+        assert_eq!(rules(), rules_before, "the running xlb keeps its policy rules: {out}");
+        xlb.stats().unwrap_or_else(|e| panic!("the first xlb answers on its admin socket: {e}"));
+    }
+
     // ---- upgrades: --after-handover, --detach, sd_notify (issue 11) ------------------------
 
     use xlb_e2e::{NotifySocket, notify_has, socket_listener_pid};
