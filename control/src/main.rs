@@ -1,13 +1,14 @@
 //! `xlb`: a userspace AF_XDP L4 load balancer that replaces kube-proxy.
 //!
 //! Subcommands: `check` validates a config file and prints the tables it would program;
-//! `run` runs the load balancer; `crd` prints the CRD of the XlbIPPool address pools;
+//! `run` runs the load balancer; `cleanup` removes what a killed one left behind; `crd` prints the CRD of the XlbIPPool address pools;
 //! `services`, `conntrack`, `stats` and `monitor` ask a running one over its admin socket; `trace` runs
 //! a capture (or one flow) through the pipeline offline; `completions` and `man` print a shell
 //! completion script and the man page, both generated from these clap definitions.
 #![forbid(unsafe_code)]
 
 mod admin;
+mod cleanup;
 mod detach;
 mod handover;
 mod monitor;
@@ -110,6 +111,19 @@ enum Command {
         /// child announces itself with `MAINPID=` on $NOTIFY_SOCKET.
         #[arg(long, requires = "takeover")]
         detach: bool,
+    },
+    /// Remove what an xlb that did not stop cleanly (kill -9, OOM kill) left behind: the
+    /// steering program on each interface of FILE, the policy rules, the program record and
+    /// the admin socket. Refuses while an xlb runs. A clean stop leaves nothing, and the next
+    /// `xlb run` replaces the leftovers itself; this is for a node where xlb will not run
+    /// again (kube-proxy's `--cleanup`).
+    Cleanup {
+        /// The XlbConfiguration whose `interfaces` are cleaned.
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
+        /// Admin socket path of the xlb that left them.
+        #[arg(long, value_name = "PATH", default_value = admin::DEFAULT_SOCKET)]
+        admin_socket: PathBuf,
     },
     /// Print the CustomResourceDefinition of the XlbIPPool address pools (YAML), generated
     /// from xlb's own type; `deploy/kubernetes/crd-xlbippools.yaml` is this output.
@@ -280,6 +294,7 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Cleanup { config, admin_socket } => report(cleanup::run(&config, &admin_socket)),
         Command::Crd => match xlb::ipam::crd_yaml() {
             Ok(y) => {
                 print_out(&y);

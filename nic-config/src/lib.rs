@@ -58,5 +58,5 @@ pub use maps::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, ServiceKey};
 pub use neighbours::{Neighbour, NeighbourEvent, NeighbourState, NeighbourWatcher};
 pub use steering::{
     MAX_ENDPOINTS, MAX_L2_ADDRS, MAX_QUEUES, MAX_SERVICES, MAX_SNAT_ADDRS, MAX_VIP_ADDRS, PROGRAM_NAME, Steering,
-    SteeringStats, XdpMode, program_holders,
+    SteeringStats, XdpMode, detach_leftover, program_holders,
 };

@@ -1056,6 +1056,41 @@ pub fn program_holders(prog_id: u32) -> Vec<u32> {
     pids
 }
 
+/// Detaches the steering program a dead xlb left attached to `ifname` (`xlb cleanup`): the
+/// attached program if it is `recorded` (the id the dead process wrote down) or is named
+/// [`PROGRAM_NAME`] (reading names needs CAP_SYS_ADMIN), in the mode it runs in. Returns its
+/// id; `None` when no program, or another tool's, is attached (that one stays). The caller
+/// must know that no running process holds it ([`program_holders`]). Call it from the
+/// interface's network namespace.
+///
+/// # Errors
+/// [`NicError::UnknownInterface`], [`NicError::Netlink`], [`NicError::Attach`] (op
+/// `detach`).
+pub fn detach_leftover(ifname: &str, recorded: Option<u32>) -> Result<Option<u32>, NicError> {
+    let Some(a) = crate::iface::attached_xdp(ifname)? else { return Ok(None) };
+    let ours = recorded == Some(a.prog_id)
+        || aya::programs::loaded_programs()
+            .filter_map(Result::ok)
+            .any(|p| p.id() == a.prog_id && p.name_as_str() == Some(PROGRAM_NAME));
+    if !ours {
+        return Ok(None);
+    }
+    let (mode, flags) = if a.skb_mode {
+        (XdpMode::Skb, crate::iface::XDP_FLAGS_SKB_MODE)
+    } else {
+        (XdpMode::Native, crate::iface::XDP_FLAGS_DRV_MODE)
+    };
+    let ifindex = crate::iface::ifindex(ifname)?;
+    let mut nl = crate::nl::RouteSocket::new("RTM_SETLINK IFLA_XDP")?;
+    crate::iface::set_xdp(&mut nl, ifindex, -1, flags, None).map_err(|source| NicError::Attach {
+        ifname: ifname.to_owned(),
+        mode,
+        op: "detach",
+        source,
+    })?;
+    Ok(Some(a.prog_id))
+}
+
 /// Whether process `pid` has an fd of BPF program `prog_id` (see [`program_holders`]).
 fn holds_program(pid: u32, prog_id: u32) -> bool {
     let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return false };

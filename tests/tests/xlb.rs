@@ -1597,6 +1597,69 @@ mod xlb {
         xlb.stats().unwrap_or_else(|e| panic!("the first xlb answers on its admin socket: {e}"));
     }
 
+    /// Runs `xlb cleanup --config CONFIG --admin-socket SOCKET` in the lb namespace; returns
+    /// whether it exited 0, and its output.
+    fn cleanup(tb: &Testbed, config: &std::path::Path, socket: &std::path::Path) -> (bool, String) {
+        let bin = xlb_binary().expect("xlb binary");
+        let out = Command::new("ip")
+            .args(["netns", "exec", &tb.ns_name(Role::Lb)])
+            .arg(&bin)
+            .arg("cleanup")
+            .arg("--config")
+            .arg(config)
+            .arg("--admin-socket")
+            .arg(socket)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run xlb cleanup");
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        (out.status.success(), text)
+    }
+
+    /// CLN-01: `xlb cleanup` removes what an xlb that did not stop cleanly (kill -9) left
+    /// behind: its steering program on the config's interfaces, its policy rules, the record
+    /// of its program ids and its admin socket. It refuses while an xlb runs, and leaves that
+    /// one alone; run again it finds nothing and succeeds.
+    #[test]
+    fn cleanup_removes_what_a_killed_xlb_left_and_refuses_while_one_runs() {
+        if skip_without_root("cleanup_removes_what_a_killed_xlb_left_and_refuses_while_one_runs") {
+            return;
+        }
+        let tb = testbed();
+        let xlb = start_xlb(&tb);
+        let (config, socket) = (xlb.config_path().to_path_buf(), xlb.admin_socket().to_path_buf());
+        let record = socket.with_extension("xdp");
+        let link = || tb.exec_ok(Role::Lb, &["ip", "-d", "link", "show", "eth0"]).expect("ip link");
+        let rules = || tb.exec_ok(Role::Lb, &["ip", "rule", "show"]).expect("ip rule");
+        let running = xdp_prog_id(&link()).expect("program id");
+        assert!(rules().contains("lookup 7892066"), "setup: a reply rule for the local pod: {}", rules());
+
+        let (ok, out) = cleanup(&tb, &config, &socket);
+        assert!(!ok && out.contains("an xlb is running"), "refused while xlb runs: {out}");
+        assert_eq!(xdp_prog_id(&link()), Some(running), "the running xlb keeps its program");
+        xlb.stats().unwrap_or_else(|e| panic!("the running xlb still answers: {e}"));
+
+        let status = xlb.kill().expect("kill -9");
+        assert!(!status.success(), "killed: {status}");
+        assert!(link().contains("xlb_steer"), "setup: the program outlives the killed xlb: {}", link());
+        assert!(record.exists() && socket.exists(), "setup: the record and the socket stay behind");
+
+        let (ok, out) = cleanup(&tb, &config, &socket);
+        assert!(ok, "cleanup after kill -9: {out}");
+        assert!(!link().contains("xdp"), "XDP left on eth0: {}\n{out}", link());
+        let left = rules();
+        assert!(!left.contains("lookup 7892066") && !left.contains("iif xlb0"), "rules left: {left}\n{out}");
+        assert!(!record.exists(), "{} left behind", record.display());
+        assert!(!socket.exists(), "{} left behind", socket.display());
+
+        let (ok, out) = cleanup(&tb, &config, &socket);
+        assert!(ok, "a second cleanup finds nothing and succeeds: {out}");
+        for i in 1..=BACKENDS {
+            let body = tb.curl(Role::Client, &format!("http://{}/", backend_v4(i))).expect("backend directly");
+            assert_eq!(body, format!("be{i}\n"));
+        }
+    }
+
     // ---- upgrades: --after-handover, --detach, sd_notify (issue 11) ------------------------
 
     use xlb_e2e::{NotifySocket, notify_has, socket_listener_pid};
