@@ -7,8 +7,8 @@
 //! interface of the config (only xlb's: the id recorded in `<admin socket>.xdp`, or the
 //! program name `xlb_steer`), xlb's policy rules (`nic_config::rules::remove_leftovers`), the
 //! record file and the admin socket file. The punt device went with the process. It refuses,
-//! before it removes anything, while an xlb answers on the admin socket or a running process
-//! holds an interface's program.
+//! before it removes anything, while an xlb answers on the admin socket, a running process
+//! holds an interface's program, or a punt device of xlb's rules exists (a running xlb's).
 
 use std::path::Path;
 
@@ -18,7 +18,8 @@ use anyhow::{Context as _, Result, bail};
 /// `admin_socket`, printing one line per thing removed.
 ///
 /// # Errors
-/// An xlb still runs (on the socket, or holding an interface's program); the config cannot
+/// An xlb still runs (on the socket, holding an interface's program, or owning a punt
+/// device); the config cannot
 /// be loaded; netlink fails (what was removed before stays removed).
 pub(crate) fn run(config: &Path, admin_socket: &Path) -> Result<()> {
     if std::os::unix::net::UnixStream::connect(admin_socket).is_ok() {
@@ -35,6 +36,17 @@ pub(crate) fn run(config: &Path, admin_socket: &Path) -> Result<()> {
         let Some(prog) = nic_config::interface_info(ifname)?.xdp_prog_id else { continue };
         if let Some(pid) = nic_config::program_holders(prog).first() {
             bail!("interface {ifname}: its XDP program {prog} is held by running process {pid}; stop it first");
+        }
+    }
+    // The policy rules are the namespace's, not an interface's: an xlb running on another
+    // admin socket and other interfaces would lose its own. Its punt device lives as long as
+    // it does (a TUN device goes with its process, even on SIGKILL), so a bypass rule whose
+    // device exists belongs to a running xlb.
+    for dev in nic_config::rules::bypass_devices()? {
+        if nic_config::ifindex(&dev).is_ok() {
+            bail!(
+                "punt device {dev} exists: an xlb runs in this network namespace (on another admin socket?); stop it first"
+            );
         }
     }
     for ifname in &ifnames {

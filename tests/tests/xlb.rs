@@ -1618,8 +1618,9 @@ mod xlb {
 
     /// CLN-01: `xlb cleanup` removes what an xlb that did not stop cleanly (kill -9) left
     /// behind: its steering program on the config's interfaces, its policy rules, the record
-    /// of its program ids and its admin socket. It refuses while an xlb runs, and leaves that
-    /// one alone; run again it finds nothing and succeeds.
+    /// of its program ids and its admin socket. It refuses while an xlb runs, on the same admin
+    /// socket or (found by its punt device) on another, and leaves that one alone; run again
+    /// it finds nothing and succeeds.
     #[test]
     fn cleanup_removes_what_a_killed_xlb_left_and_refuses_while_one_runs() {
         if skip_without_root("cleanup_removes_what_a_killed_xlb_left_and_refuses_while_one_runs") {
@@ -1637,6 +1638,17 @@ mod xlb {
         let (ok, out) = cleanup(&tb, &config, &socket);
         assert!(!ok && out.contains("an xlb is running"), "refused while xlb runs: {out}");
         assert_eq!(xdp_prog_id(&link()), Some(running), "the running xlb keeps its program");
+        // On another admin socket and an interface the running xlb does not use, the
+        // running xlb's punt device still gives it away: its rules stay.
+        let rules_before = rules();
+        let dir = tb.run_dir().join("xlb-cleanup");
+        std::fs::create_dir_all(&dir).expect("directory");
+        let other = CONFIG.replacen("- name: eth0\n", "- name: lo\n", 1);
+        assert_ne!(other, CONFIG, "setup: the testbed config lists eth0");
+        std::fs::write(dir.join("xlb.yaml"), other).expect("config");
+        let (ok, out) = cleanup(&tb, &dir.join("xlb.yaml"), &dir.join("admin.sock"));
+        assert!(!ok && out.contains("punt device xlb0"), "refused while xlb runs elsewhere: {out}");
+        assert_eq!(rules(), rules_before, "the running xlb keeps its policy rules: {out}");
         xlb.stats().unwrap_or_else(|e| panic!("the running xlb still answers: {e}"));
 
         let status = xlb.kill().expect("kill -9");
