@@ -408,7 +408,7 @@ fn serve(
             admin_socket.display()
         );
     }
-    // One interface, one xlb (seed ARCH-04): the admin socket finds a running xlb only on the
+    // One network namespace, one xlb (seed ARCH-04): the admin socket finds a running xlb only on the
     // same path. An xlb started on another admin socket would replace the running one's
     // program below, taking its interface, and remove its policy rules. A running process
     // holds its program's fd; a dead xlb's program is held by nobody and is replaced as
@@ -421,6 +421,18 @@ fn serve(
                     "interface {}: its XDP program {prog} is held by running process {pid} (an xlb on another admin socket?); \
                      stop it, or start this one on its admin socket with --takeover",
                     st.ifname()
+                );
+            }
+        }
+        // The policy rules are the network namespace's, whatever the interfaces: a running
+        // xlb on other interfaces would lose its own to this one's. Its punt device lives as
+        // long as it does (a TUN device goes with its process, even on SIGKILL), so a bypass
+        // rule whose device exists belongs to a running xlb.
+        for dev in nic_config::rules::bypass_devices()? {
+            if nic_config::ifindex(&dev).is_ok() {
+                bail!(
+                    "punt device {dev} exists: an xlb runs in this network namespace (on another admin socket?); \
+                     stop it, or start this one on its admin socket with --takeover"
                 );
             }
         }

@@ -1594,6 +1594,25 @@ mod xlb {
         let pid = xlb.pid().expect("the first xlb's pid").to_string();
         assert!(out.contains("held by running process") && out.contains(&pid), "names the first xlb ({pid}): {out}");
         assert_eq!(rules(), rules_before, "the running xlb keeps its policy rules: {out}");
+
+        // On another interface as well, the running xlb's punt device gives it away: the
+        // policy rules are the namespace's, and a second xlb would take them over.
+        let elsewhere = CONFIG
+            .replacen("- name: eth0\n  queues: [0, 1]\ncores: [0, 1]\n", "- name: lo\n  queues: [0]\ncores: [1]\n", 1)
+            .replacen(
+            "kind: XlbConfiguration\n",
+            "kind: XlbConfiguration\nhealthzBindAddress: 127.0.0.1:20256\nmetricsBindAddress: 127.0.0.1:20249\npuntDevice: xlb9\n",
+            1,
+        );
+        assert!(elsewhere.contains("- name: lo\n"), "setup: the second xlb is on lo");
+        std::fs::write(&config, elsewhere).expect("second xlb's config");
+        let (status, out) = second_xlb(&tb, &config, &dir.join("admin.sock"));
+        assert_eq!(rules(), rules_before, "the running xlb keeps its policy rules: {out}");
+        assert!(
+            status.as_deref().is_some_and(|s| !s.contains("exit status: 0")) && out.contains("punt device xlb0"),
+            "another interface: the second xlb must refuse, naming the punt device: {status:?}\n{out}"
+        );
+        assert_eq!(prog(), first, "the running xlb keeps its program");
         xlb.stats().unwrap_or_else(|e| panic!("the first xlb answers on its admin socket: {e}"));
     }
 
