@@ -356,6 +356,28 @@ fn daemonset_container_gets_only_the_capabilities_xlb_needs() {
     );
 }
 
+/// ARCH-14: containerd's RuntimeDefault seccomp profile allows `bpf(2)` only with
+/// CAP_SYS_ADMIN, which xlb does not get, so the container runs Unconfined (docs/operations.md,
+/// "Capabilities"); without it xlb cannot create its maps. CFG-14: the DaemonSet lives where
+/// kube-proxy's does, in `kube-system`.
+#[test]
+fn daemonset_runs_in_kube_system_with_a_seccomp_profile_that_allows_bpf() {
+    let ds: DaemonSet = one("DaemonSet");
+    assert_eq!(ds.metadata.namespace.as_deref(), Some("kube-system"));
+    let pod = pod_spec(&ds);
+    let c = xlb_container(pod);
+    let profile = c
+        .security_context
+        .as_ref()
+        .and_then(|sc| sc.seccomp_profile.as_ref())
+        .or_else(|| pod.security_context.as_ref().and_then(|sc| sc.seccomp_profile.as_ref()))
+        .expect("a seccompProfile is set: the runtime's default may refuse bpf(2)");
+    assert!(
+        profile.type_ == "Unconfined" || (profile.type_ == "Localhost" && profile.localhost_profile.is_some()),
+        "seccompProfile {profile:?}: RuntimeDefault refuses bpf(2) without CAP_SYS_ADMIN"
+    );
+}
+
 #[test]
 fn daemonset_pod_is_guaranteed_qos_with_whole_cpus_for_the_workers() {
     let ds: DaemonSet = one("DaemonSet");
