@@ -696,17 +696,19 @@ fn run(
 }
 
 /// Queues every port's frames for TX and kicks every port; frames that found no room are
-/// counted `tx_ring_full` and freed. A port with nothing new is kicked too: frames an earlier
-/// kick could not send (the device refused them for now: its link down, a full driver queue)
-/// wait in its TX ring and go out once the device takes them. In copy mode a port whose TX
-/// ring is empty costs no system call ([`Xsk::kick`]).
+/// counted `tx_ring_full` and freed. A port with nothing new is kicked too, once
+/// ([`Xsk::kick_pending`]): frames an earlier kick could not send (the device refused them for
+/// now: its link down, a full driver queue) wait in its TX ring and go out once the device
+/// takes them. In copy mode a port whose TX ring is empty costs no system call.
 fn transmit_all(xsk: &mut Xsk, tx: &mut [Vec<OwnedFrame>], tally: &mut Tally) {
     for (port, q) in tx.iter_mut().enumerate() {
-        if !q.is_empty() {
-            let want = q.len();
-            let sent = xsk.transmit(port, q);
-            tally.tx_ring_full += want - sent;
+        if q.is_empty() {
+            xsk.kick_pending(port);
+            continue;
         }
+        let want = q.len();
+        let sent = xsk.transmit(port, q);
+        tally.tx_ring_full += want - sent;
         xsk.kick(port);
     }
 }

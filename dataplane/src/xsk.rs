@@ -1738,6 +1738,15 @@ impl Xsk {
         self.kick_port(i, false);
     }
 
+    /// [`Xsk::kick`] for a port with nothing newly queued: in copy mode at most one
+    /// `sendto()`, for frames an earlier kick left in the TX ring (the device refused them for
+    /// now: its link down, a full driver queue), so a port that stays down costs one failing
+    /// call per worker loop rather than [`Xsk::kick`]'s up to 64; nothing if its TX ring is
+    /// empty.
+    pub fn kick_pending(&mut self, i: usize) {
+        self.kick_port(i, true);
+    }
+
     fn kick_port(&mut self, i: usize, once: bool) {
         let Some(p) = self.ports.get(i) else { return };
         if p.zero_copy {
