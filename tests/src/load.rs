@@ -256,6 +256,8 @@ pub struct Streams {
     echoes: Arc<[std::sync::atomic::AtomicU64]>,
     /// The client's local port of each connection.
     local_ports: Vec<u16>,
+    /// Where the connections go.
+    dest: SocketAddr,
     threads: Vec<JoinHandle<StreamReport>>,
     start: Instant,
 }
@@ -342,7 +344,7 @@ impl Streams {
                     .map_err(io_err("spawn a stream thread"))?,
             );
         }
-        Ok(Self { stop, broken, echoes, local_ports, threads, start })
+        Ok(Self { stop, broken, echoes, local_ports, dest, threads, start })
     }
 
     /// When the streams started (the origin of [`StreamReport::long_gaps`]' times).
@@ -370,11 +372,29 @@ impl Streams {
     }
 
     /// Stops streaming (each connection finishes its message and closes) and reports every
-    /// connection, in the order they were opened.
+    /// connection, in the order they were opened. A connection whose thread panicked is
+    /// reported broken ("stream thread panicked"), backend 0.
     #[must_use]
     pub fn finish(mut self) -> Vec<StreamReport> {
         self.stop.store(true, Ordering::Relaxed);
-        std::mem::take(&mut self.threads).into_iter().filter_map(|t| t.join().ok()).collect()
+        let threads = std::mem::take(&mut self.threads);
+        threads
+            .into_iter()
+            .enumerate()
+            .map(|(id, t)| {
+                t.join().unwrap_or_else(|_| StreamReport {
+                    id,
+                    dest: self.dest,
+                    local_port: self.local_ports.get(id).copied().unwrap_or(0),
+                    backend: 0,
+                    seen_as: String::new(),
+                    echoes: self.echoes.get(id).map_or(0, |e| e.load(Ordering::Relaxed)),
+                    max_gap: Duration::ZERO,
+                    long_gaps: Vec::new(),
+                    broken: Some((self.start.elapsed(), "stream thread panicked".to_owned())),
+                })
+            })
+            .collect()
     }
 }
 

@@ -70,6 +70,10 @@ fn substitute(expr: &str, window: &str) -> String {
 fn dashboard_queries_use_only_known_variables() {
     let queries = dashboard_queries();
     assert!(queries.len() >= 40, "{} queries", queries.len());
+    // The walk reaches every target: as many queries as `"expr"` keys in the file (the live
+    // test below checks each of them against Prometheus).
+    let text = std::fs::read_to_string(repo_root().join("deploy").join("grafana").join("xlb.json")).expect("dashboard");
+    assert_eq!(queries.len(), text.matches("\"expr\"").count(), "queries the walk found");
     for (panel, q) in &queries {
         let s = substitute(q, "1m");
         assert!(!s.contains('$'), "{panel}: a variable left in {s}");

@@ -577,11 +577,11 @@ mod xlb {
         let tb = testbed();
         let xlb = start_xlb(&tb);
         let rule = "from 10.250.40.2 ipproto tcp sport 80 lookup 7892066";
-        let has_rule = || tb.exec_ok(Role::Lb, &["ip", "rule", "show"]).unwrap_or_default().contains(rule);
+        let has_rule = || tb.exec_ok(Role::Lb, &["ip", "rule", "show"]).expect("ip rule show").contains(rule);
         assert!(
             wait_for(Duration::from_secs(5), || has_rule().then_some(())).is_some(),
             "no reply rule: {}{}",
-            tb.exec_ok(Role::Lb, &["ip", "rule", "show"]).unwrap_or_default(),
+            tb.exec_ok(Role::Lb, &["ip", "rule", "show"]).expect("ip rule show"),
             evidence(&xlb)
         );
         let before = tb.backend_access_log(4).expect("be4 access log").len();
@@ -604,15 +604,16 @@ mod xlb {
         let after = XlbStats::parse(&xlb.stats().expect("stats"));
         assert!(after.xsk("from_kernel_untracked") >= 3, "{}", evidence(&xlb));
         assert!(after.xsk("punted") >= stats.xsk("punted") + 3, "{}", evidence(&xlb));
-        let bypass = tb.exec_ok(Role::Lb, &["ip", "rule", "show"]).unwrap_or_default();
+        let bypass = tb.exec_ok(Role::Lb, &["ip", "rule", "show"]).expect("ip rule show");
         assert!(bypass.contains("iif xlb0 lookup main"), "{bypass}");
         drop(xlb);
         assert!(!has_rule(), "the reply rule is left behind");
-        let rules = tb.exec_ok(Role::Lb, &["ip", "rule", "show"]).unwrap_or_default();
+        let rules = tb.exec_ok(Role::Lb, &["ip", "rule", "show"]).expect("ip rule show");
         assert!(!rules.contains("xlb0"), "the bypass rule is left behind: {rules}");
         let link = tb.exec(Role::Lb, &["ip", "link", "show", "dev", "xlb0"]).expect("ip link");
         assert!(!link.status.success(), "xlb0 is left behind");
-        let table = tb.exec_ok(Role::Lb, &["ip", "route", "show", "table", "7892066"]).unwrap_or_default();
+        let table =
+            tb.exec_ok(Role::Lb, &["ip", "route", "show", "table", "7892066"]).expect("ip route show table 7892066");
         assert!(table.trim().is_empty(), "routes left in xlb's table: {table}");
     }
 
@@ -1295,7 +1296,7 @@ mod xlb {
         }
         let tb = testbed();
         let mut xlb = start_xlb(&tb);
-        let ip = |args: &[&str]| tb.exec_ok(Role::Lb, args).unwrap_or_default();
+        let ip = |args: &[&str]| tb.exec_ok(Role::Lb, args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
         let reply_rule = "from 10.250.40.2 ipproto tcp sport 80 lookup 7892066";
         assert!(
             wait_for(Duration::from_secs(5), || ip(&["ip", "rule", "show"]).contains(reply_rule).then_some(()))
