@@ -572,26 +572,6 @@ mod tests {
     }
 
     #[test]
-    fn dh_maps_one_destination_to_one_backend_whatever_the_source() {
-        let t = tables(Scheduler::DestinationHash, &[1, 1, 1]);
-        let mut st = SchedState::new(1);
-        st.sync(&t);
-        let vip = [10, 96, 0, 1];
-        let first = st.pick(0, &t.services[0], FlowInfo { src: &[192, 0, 2, 1], sport: 1, dst: &vip }).unwrap();
-        for (src, sport) in (2..50).zip(1000..) {
-            let f = FlowInfo { src: &[192, 0, 2, src], sport, dst: &vip };
-            assert_eq!(st.pick(0, &t.services[0], f).unwrap(), first, "source {src}");
-        }
-        // Other destinations spread over the backends (IPVS `dh` hashes the destination).
-        let mut seen = std::collections::HashSet::new();
-        for last in 0..64 {
-            let f = FlowInfo { src: &[192, 0, 2, 1], sport: 1, dst: &[10, 96, 0, last] };
-            seen.insert(st.pick(0, &t.services[0], f).unwrap());
-        }
-        assert_eq!(seen.len(), 3);
-    }
-
-    #[test]
     fn mh_with_port_spreads_one_source_over_backends() {
         let t = tables(Scheduler::Maglev { port: true }, &[1, 1, 1]);
         let mut st = SchedState::new(1);
