@@ -15,9 +15,14 @@
 //! patch is a precondition, 409 Conflict when stale), each recorded with its `fieldManager`.
 //!
 //! One global resourceVersion counter across kinds, like etcd.
+//!
+//! [`FakeApiServer::start_tls`] serves the same over HTTPS (rustls, HTTP/1.1) and answers
+//! 401 Unauthorized to every request without the expected bearer token, as the real API
+//! server does for a client without credentials; it counts the handshakes that failed.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -26,11 +31,15 @@ use axum::body::{Body, Bytes};
 use axum::extract::Path;
 use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, patch};
 use futures::SinkExt;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::{Value, json};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{broadcast, watch};
+use tokio_rustls::server::TlsStream;
 
 /// The served kinds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -117,6 +126,74 @@ pub(crate) struct FakeApiServer {
     addr: SocketAddr,
     inner: Arc<Inner>,
     task: tokio::task::JoinHandle<()>,
+    /// `https` when started with [`FakeApiServer::start_tls`], else `http`.
+    scheme: &'static str,
+    /// TLS handshakes that failed (the client refused the certificate, or spoke no TLS).
+    failed_handshakes: Arc<AtomicUsize>,
+}
+
+/// What [`FakeApiServer::start_tls`] serves with: the server's certificate chain and private
+/// key, and the bearer token every request must carry (`Authorization: Bearer <token>`).
+pub(crate) struct TlsIdentity {
+    pub(crate) chain: Vec<CertificateDer<'static>>,
+    pub(crate) key: PrivateKeyDer<'static>,
+    pub(crate) token: String,
+}
+
+/// TLS connections for `axum::serve`: a task accepts TCP connections and runs each handshake
+/// on a task of its own (a client that refuses the certificate holds up no other), handing
+/// the established streams over a channel.
+struct TlsListener {
+    streams: tokio::sync::mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    addr: SocketAddr,
+    accept_task: tokio::task::JoinHandle<()>,
+}
+
+impl TlsListener {
+    fn new(tcp: TcpListener, config: Arc<rustls::ServerConfig>, failed: Arc<AtomicUsize>) -> Self {
+        let addr = tcp.local_addr().expect("local addr");
+        let (tx, streams) = tokio::sync::mpsc::channel(64);
+        let acceptor = tokio_rustls::TlsAcceptor::from(config);
+        let accept_task = tokio::spawn(async move {
+            while let Ok((tcp, peer)) = tcp.accept().await {
+                let (acceptor, tx, failed) = (acceptor.clone(), tx.clone(), failed.clone());
+                tokio::spawn(async move {
+                    match acceptor.accept(tcp).await {
+                        Ok(tls) => {
+                            let _ = tx.send((tls, peer)).await;
+                        }
+                        Err(_) => {
+                            failed.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                });
+            }
+        });
+        Self { streams, addr, accept_task }
+    }
+}
+
+impl Drop for TlsListener {
+    fn drop(&mut self) {
+        self.accept_task.abort();
+    }
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = TlsStream<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.streams.recv().await {
+            Some(s) => s,
+            // The accept task ended (it never does while the listener lives): serve nothing more.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.addr)
+    }
 }
 
 impl Drop for FakeApiServer {
@@ -192,6 +269,16 @@ impl FakeApiServer {
     /// before it counts as compacted: a watch from an older resourceVersion (a client of a
     /// previous server) gets an in-stream ERROR 410 Expired, as after an etcd restore.
     pub(crate) async fn start_at(addr: SocketAddr, first_rv: u64) -> Self {
+        Self::start_with(addr, first_rv, None).await
+    }
+
+    /// [`FakeApiServer::start`] over HTTPS with `identity`'s certificate and key; every
+    /// request without `Authorization: Bearer <identity.token>` is answered 401 Unauthorized.
+    pub(crate) async fn start_tls(identity: TlsIdentity) -> Self {
+        Self::start_with("127.0.0.1:0".parse().expect("address"), 1, Some(identity)).await
+    }
+
+    async fn start_with(addr: SocketAddr, first_rv: u64, tls: Option<TlsIdentity>) -> Self {
         let (events, _) = broadcast::channel(4096);
         let compacted = if first_rv > 1 { first_rv } else { 0 };
         let inner = Arc::new(Inner {
@@ -232,10 +319,50 @@ impl FakeApiServer {
         socket.bind(addr).expect("bind fake apiserver");
         let listener = socket.listen(1024).expect("listen");
         let addr = listener.local_addr().expect("local addr");
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        Self { addr, inner, task }
+        let failed_handshakes = Arc::new(AtomicUsize::new(0));
+        let (task, scheme) = match tls {
+            None => (
+                tokio::spawn(async move {
+                    let _ = axum::serve(listener, app).await;
+                }),
+                "http",
+            ),
+            Some(TlsIdentity { chain, key, token }) => {
+                let provider = Arc::new(rustls::crypto::ring::default_provider());
+                let config = rustls::ServerConfig::builder_with_provider(provider)
+                    .with_safe_default_protocol_versions()
+                    .expect("TLS versions")
+                    .with_no_client_auth()
+                    .with_single_cert(chain, key)
+                    .expect("server certificate");
+                let expected = format!("Bearer {token}");
+                let app = app.layer(axum::middleware::from_fn(move |req: axum::extract::Request, next: Next| {
+                    let authorized = req.headers().get(header::AUTHORIZATION).is_some_and(|v| *v == *expected);
+                    async move {
+                        if authorized {
+                            next.run(req).await
+                        } else {
+                            (StatusCode::UNAUTHORIZED, status(401, "Unauthorized", "Unauthorized").to_string())
+                                .into_response()
+                        }
+                    }
+                }));
+                let listener = TlsListener::new(listener, Arc::new(config), failed_handshakes.clone());
+                (
+                    tokio::spawn(async move {
+                        let _ = axum::serve(listener, app).await;
+                    }),
+                    "https",
+                )
+            }
+        };
+        Self { addr, inner, task, scheme, failed_handshakes }
+    }
+
+    /// TLS handshakes that failed since the start ([`FakeApiServer::start_tls`]; always 0
+    /// over HTTP).
+    pub(crate) fn failed_handshakes(&self) -> usize {
+        self.failed_handshakes.load(Ordering::SeqCst)
     }
 
     /// The address it listens on.
@@ -248,9 +375,9 @@ impl FakeApiServer {
         self.inner.lock().rv
     }
 
-    /// `http://127.0.0.1:PORT`.
+    /// `http://127.0.0.1:PORT` (`https://` when started with [`FakeApiServer::start_tls`]).
     pub(crate) fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("{}://{}", self.scheme, self.addr)
     }
 
     /// A kube client for it.
