@@ -71,7 +71,7 @@ declare_counters! {
     pub enum DropReason {
         MalformedL2 = 1, "malformed_l2", Counter, "Ethernet header truncated.";
         MalformedL3 = 2, "malformed_l3", Counter, "IP header truncated, wrong version, bad header or total length, or an extension header chain that runs past the packet.";
-        MalformedL4 = 3, "malformed_l4", Counter, "L4 header truncated or with an impossible length (TCP data offset, UDP length).";
+        MalformedL4 = 3, "malformed_l4", Counter, "L4 header truncated or with an impossible length (TCP data offset, UDP length), or an ICMP error to translate whose checksum is wrong.";
         TtlExceeded = 4, "ttl_exceeded", Counter, "TTL / hop limit would reach 0 (RFC 791, RFC 8200 §3).";
         SourceRangeDenied = 5, "source_range_denied", Counter, "Client outside the frontend's `loadBalancerSourceRanges` (LB-01).";
         NoNeighbour = 6, "no_neighbour", Counter, "Next hop MAC not resolved yet (the control side asks the kernel to resolve it).";

@@ -7,7 +7,8 @@
 //!
 //! Checksums of generated headers are computed in full (they are new headers, tens of
 //! bytes); the checksum of a translated ICMP error is recomputed over the message because the
-//! quoted datagram changes in several places (addresses, ports, the quoted checksums).
+//! quoted datagram changes in several places (addresses, ports, the quoted checksums), after
+//! the received checksum is verified ([`checksum_ok`]).
 
 #![deny(clippy::panic, clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 
@@ -48,26 +49,42 @@ fn write_ip<A: Family>(f: &mut [u8], l3: usize, src: A, dst: A, l4_proto: u8, l4
     }
 }
 
-/// Recomputes the ICMP (IPv4) or ICMPv6 (with pseudo-header, RFC 4443 §2.3) checksum of the
-/// message at `l4..end`, for the addresses currently in the IP header at `l3`.
-pub fn refresh_icmp_checksum<A: Family>(f: &mut [u8], l3: usize, l4: usize, end: usize) {
-    let (src, dst) = match (f.get(l3 + A::SRC_OFF..), f.get(l3 + A::DST_OFF..)) {
-        (Some(s), Some(d)) => (A::from_slice(s), A::from_slice(d)),
-        _ => return,
-    };
-    let (Some(src), Some(dst)) = (src, dst) else { return };
-    let Some(msg) = f.get_mut(l4..end) else { return };
-    if msg.len() < 4 {
-        return;
-    }
-    emit::put(msg, emit::icmp::CHECKSUM, &[0, 0]);
-    let sum = if A::IS_V6 {
+/// The one's complement sum of the ICMP (IPv4) or ICMPv6 (with pseudo-header, RFC 4443 §2.3)
+/// message at `l4..end`, for the addresses currently in the IP header at `l3`, as it stands
+/// (checksum field included); `None` if the offsets are outside the frame.
+fn message_sum<A: Family>(f: &[u8], l3: usize, l4: usize, end: usize) -> Option<u32> {
+    let src = f.get(l3 + A::SRC_OFF..).and_then(A::from_slice)?;
+    let dst = f.get(l3 + A::DST_OFF..).and_then(A::from_slice)?;
+    let msg = f.get(l4..end)?;
+    Some(if A::IS_V6 {
         let len = u32::try_from(msg.len()).unwrap_or(u32::MAX);
         csum::add_bytes(csum::pseudo_header(src.octets(), dst.octets(), proto::ICMPV6, len), msg)
     } else {
         csum::add_bytes(0, msg)
-    };
-    emit::put(msg, emit::icmp::CHECKSUM, &(!csum::fold(sum)).to_be_bytes());
+    })
+}
+
+/// Whether the ICMP or ICMPv6 checksum of the message at `l4..end` verifies (RFC 1071 §1: the
+/// sum over the message with its checksum is all ones). A received error is checked before it
+/// is translated, since the translation writes a checksum computed afresh
+/// ([`refresh_icmp_checksum`]), which would make a corrupted error look sound (IPVS
+/// `ip_vs_in_icmp` and netfilter's `icmp_error` drop such errors too).
+pub fn checksum_ok<A: Family>(f: &[u8], l3: usize, l4: usize, end: usize) -> bool {
+    message_sum::<A>(f, l3, l4, end).is_some_and(|s| csum::fold(s) == 0xffff)
+}
+
+/// Recomputes the ICMP (IPv4) or ICMPv6 (with pseudo-header, RFC 4443 §2.3) checksum of the
+/// message at `l4..end`, for the addresses currently in the IP header at `l3`.
+pub fn refresh_icmp_checksum<A: Family>(f: &mut [u8], l3: usize, l4: usize, end: usize) {
+    if end < l4 + 4 {
+        return;
+    }
+    let Some(msg) = f.get_mut(l4..end) else { return };
+    emit::put(msg, emit::icmp::CHECKSUM, &[0, 0]);
+    let Some(sum) = message_sum::<A>(f, l3, l4, end) else { return };
+    if let Some(msg) = f.get_mut(l4..end) {
+        emit::put(msg, emit::icmp::CHECKSUM, &(!csum::fold(sum)).to_be_bytes());
+    }
 }
 
 /// Turns the packet into an ICMP error of `ty`/`code` (with `rest`, the 4 bytes after the

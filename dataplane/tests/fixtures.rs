@@ -1145,6 +1145,21 @@ fn rows_for(f: Fam) -> Vec<Row> {
         ],
     ));
 
+    // A too-big whose MTU was corrupted on the way (its checksum no longer matches): xlb must
+    // not rewrite it under a checksum computed afresh, which would make the backend believe
+    // the corrupted MTU (IPVS `ip_vs_in_icmp` and netfilter's `icmp_error` drop it).
+    let mut corrupted = icmp_error(f, f.router, vip, &quote(&reply_to_client, f.v6), true, 64, IN);
+    let mtu_at = if f.v6 { 54 + 6 } else { 34 + 6 };
+    corrupted[mtu_at..mtu_at + 2].copy_from_slice(&[0x00, 0x44]);
+    rows.push(row(
+        "icmp_error_with_a_bad_checksum_is_dropped_not_forwarded_under_a_fresh_checksum",
+        f,
+        spec(f, vec![]),
+        vec![
+            step("SYN", tcp(c, 40000, vip, 80, SYN, 64, IN), Expect::Tx(tcp(c, 40000, b0, 8080, SYN, 63, to_b(0)))),
+            step("too-big with a corrupted MTU", corrupted, Expect::Drop(DropReason::MalformedL4)),
+        ],
+    ));
     // --- TTL, malformed ---
     rows.push(row(
         "ttl_one_is_not_forwarded",

@@ -1448,6 +1448,11 @@ fn icmp_error_in<A: Fam>(
         Found::Expired | Found::Miss => return Verdict::Drop(DropReason::IcmpUntracked),
     };
     let Some(fl) = st.ct.rec(hit.id).copied() else { return Verdict::Drop(DropReason::IcmpUntracked) };
+    // The translation writes a checksum computed afresh: an error corrupted on its way must be
+    // caught before that, or it would leave with a checksum that vouches for the corruption.
+    if !icmp::checksum_ok::<A>(pkt.frame(), p.l3, p.l4, p.end) {
+        return Verdict::Drop(DropReason::MalformedL4);
+    }
     if hit.dir == Dir::Forward {
         let Some(b) = t.backend(fl.backend) else { return Verdict::Drop(DropReason::IcmpUntracked) };
         let Some(svc) = t.services.get(b.service as usize) else { return Verdict::Pass };
