@@ -87,14 +87,36 @@ pub fn refresh_icmp_checksum<A: Family>(f: &mut [u8], l3: usize, l4: usize, end:
     }
 }
 
+/// Whether an ICMP error may answer the packet (RFC 1122 §3.2.2, RFC 1812 §4.3.2.7, RFC 4443
+/// §2.4(e)): not if it came as a link-layer broadcast or multicast (the group bit of its
+/// destination MAC), nor if its source names no single host: the unspecified address, "this
+/// network" (0/8) and loopback, multicast, and for IPv4 class E and the limited broadcast.
+/// Otherwise a spoofed source would make xlb answer a whole group.
+pub fn may_answer<A: Family>(f: &[u8], p: &Parsed) -> bool {
+    if f.first().is_none_or(|mac0| mac0 & 1 != 0) {
+        return false;
+    }
+    let src: A = crate::nat::src(f, p);
+    match src.octets() {
+        // ::/127: unspecified and loopback (RFC 4291 §2.5.2, §2.5.3); ff00::/8 multicast.
+        [0xff, ..] => false,
+        o if A::IS_V6 => !matches!(o, [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 | 1]),
+        // 0/8, 127/8, 224/4 multicast, 240/4 class E with 255.255.255.255 (RFC 1122 §3.2.1.3).
+        o => !matches!(o, [0 | 127 | 224..=255, ..] | []),
+    }
+}
+
 /// Turns the packet into an ICMP error of `ty`/`code` (with `rest`, the 4 bytes after the
 /// checksum: zero, or the next-hop MTU) sent back to its source, from its destination,
 /// quoting the original. The Ethernet addresses are swapped; VLAN tag kept.
 ///
-/// Returns `false`, changing nothing, if the buffer cannot hold the reply with at least the
-/// original IP header plus 8 bytes quoted.
+/// Returns `false`, changing nothing, if no error may answer the packet ([`may_answer`]) or
+/// the buffer cannot hold the reply with at least the original IP header plus 8 bytes quoted.
 pub fn error_in_place<A: Family>(pkt: &mut Packet<'_>, p: &Parsed, ty: u8, code: u8, rest: [u8; 4]) -> bool {
     let f = pkt.frame();
+    if !may_answer::<A>(f, p) {
+        return false;
+    }
     let src: A = crate::nat::dst(f, p);
     let dst: A = crate::nat::src(f, p);
     let l3 = p.l3;

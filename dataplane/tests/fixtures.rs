@@ -1160,6 +1160,31 @@ fn rows_for(f: Fam) -> Vec<Row> {
             step("too-big with a corrupted MTU", corrupted, Expect::Drop(DropReason::MalformedL4)),
         ],
     ));
+    // No ICMP error to a source that names no single host (RFC 1122 §3.2.2, RFC 1812
+    // §4.3.2.7, RFC 4443 §2.4(e)): a spoofed multicast or broadcast source would make the
+    // reject an amplifier.
+    let mut sources: Vec<IpAddr> = if f.v6 {
+        vec![ip6(0xff02, 1).into(), IpAddr::from([0u8; 16])]
+    } else {
+        vec![[224, 0, 0, 1].into(), [255, 255, 255, 255].into(), [0, 0, 0, 0].into()]
+    };
+    let mut not_unicast = Vec::new();
+    for s in sources.drain(..) {
+        not_unicast.push(step(
+            "SYN from a source that is no single host to an unknown ClusterIP port",
+            tcp(s, 40000, vip, 81, SYN, 64, IN),
+            Expect::Drop(DropReason::IcmpErrorForbidden),
+        ));
+    }
+    let mut bcast_mac = tcp(c, 40000, vip, 81, SYN, 64, IN);
+    bcast_mac[..6].fill(0xff);
+    not_unicast.push(step(
+        "SYN sent as a link-layer broadcast to an unknown ClusterIP port",
+        bcast_mac,
+        Expect::Drop(DropReason::IcmpErrorForbidden),
+    ));
+    rows.push(row("no_port_unreachable_is_sent_about_a_packet_from_no_single_host", f, spec(f, vec![]), not_unicast));
+
     // --- TTL, malformed ---
     rows.push(row(
         "ttl_one_is_not_forwarded",

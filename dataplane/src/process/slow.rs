@@ -578,6 +578,9 @@ fn answers_another_connection<A: Fam>(st: &FamState<A>, p: &Parsed, hit: &Hit) -
 }
 
 fn reject<A: Fam>(c: &mut Common, pkt: &mut Packet<'_>, p: &Parsed, in_port: u8) -> Verdict {
+    if !icmp::may_answer::<A>(pkt.frame(), p) {
+        return Verdict::Drop(DropReason::IcmpErrorForbidden);
+    }
     if icmp::port_unreachable::<A>(pkt, p) {
         c.counters.event(Event::RejectSent);
         Verdict::Tx { port: in_port }
