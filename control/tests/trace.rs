@@ -161,6 +161,7 @@ const OWN_SETUP_ROWS: &[(&str, &str, Frames)] = &[
 /// - syn_answered_by_the_backend_is_still_evictable_until_the_clients_ack: a one-flow table.
 /// - a_syn_on_the_tuple_of_a_closing_flow_whose_backend_left_is_a_new_flow_to_a_backend_that_is_there:
 ///   a table change.
+/// - icmp_error_about_a_flow_of_another_worker_is_handed_to_it: two workers; a trace runs one.
 /// - a_node_address_that_is_also_an_external_ip_passes_the_nodes_own_fragments_from_the_start:
 ///   an external IP on the node's own address, a setup none of `tests/data`'s configs has;
 ///   `..._after_a_change`: a table change.
@@ -187,6 +188,7 @@ const NOT_REPLAYED: &[&str] = &[
     "a_syn_on_the_tuple_of_a_closing_flow_whose_backend_left_is_a_new_flow_to_a_backend_that_is_there",
     "a_node_address_that_is_also_an_external_ip_passes_the_nodes_own_fragments_from_the_start",
     "a_node_address_that_is_also_an_external_ip_passes_the_nodes_own_fragments_after_a_change",
+    "icmp_error_about_a_flow_of_another_worker_is_handed_to_it",
 ];
 
 /// One step of a fixture row, from `index.tsv`.

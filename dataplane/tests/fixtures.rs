@@ -203,6 +203,8 @@ enum Expect {
     Pass,
     /// Dropped with this reason.
     Drop(DropReason),
+    /// Handed, unchanged, to this worker (`Verdict::Handoff`).
+    Handoff(u16),
 }
 
 struct Step {
@@ -1185,6 +1187,36 @@ fn rows_for(f: Fam) -> Vec<Row> {
     ));
     rows.push(row("no_port_unreachable_is_sent_about_a_packet_from_no_single_host", f, spec(f, vec![]), not_unicast));
 
+    // RSS spreads ICMP by addresses alone, so an error seldom reaches the worker whose queue
+    // has its flow: like a reply, it goes to the SNAT port's owner, else to the workers in turn.
+    let mut two_workers = row(
+        "icmp_error_about_a_flow_of_another_worker_is_handed_to_it",
+        f,
+        spec(f, vec![]),
+        vec![
+            step(
+                "a backend's error about SNAT port 1600 (worker 1's) goes to worker 1",
+                icmp_error(
+                    f,
+                    b0,
+                    f.snat,
+                    &quote(&tcp(f.snat, 1600, b0, 8080, SYN, 63, to_b(0)), f.v6),
+                    false,
+                    64,
+                    from_b(0),
+                ),
+                Expect::Handoff(1),
+            ),
+            step(
+                "a too-big about VIP->client of no flow here goes to the next worker",
+                icmp_error(f, f.router, vip, &quote(&reply_to_client, f.v6), true, 64, IN),
+                Expect::Handoff(1),
+            ),
+        ],
+    );
+    two_workers.config.workers = 2;
+    rows.push(two_workers);
+
     // --- TTL, malformed ---
     rows.push(row(
         "ttl_one_is_not_forwarded",
@@ -1625,6 +1657,7 @@ fn every_fixture_row_gives_its_expected_verdict_and_frame_in_every_layout() {
                     Expect::ToKernel(want) => o.verdict == (Verdict::Tx { port: KERNEL_PORT }) && o.frame == *want,
                     Expect::Pass => o.verdict == Verdict::Pass && o.frame == s.input,
                     Expect::Drop(reason) => o.verdict == Verdict::Drop(*reason),
+                    Expect::Handoff(w) => o.verdict == Verdict::Handoff { worker: *w } && o.frame == s.input,
                 };
                 if !ok {
                     let detail = match &s.expect {
@@ -1669,6 +1702,7 @@ fn short(e: &Expect) -> String {
         Expect::ToKernel(_) => "ToKernel".into(),
         Expect::Pass => "Pass".into(),
         Expect::Drop(r) => format!("Drop({r:?})"),
+        Expect::Handoff(w) => format!("Handoff({w})"),
     }
 }
 
@@ -1678,7 +1712,8 @@ fn counters_account_for_every_frame_and_count_events() {
     for r in all_rows() {
         let (_, k) = run_row(&r);
         let drops: u64 = DropReason::ALL.iter().map(|d| k.drops_of(*d)).sum();
-        assert_eq!(k.rx.get(), k.tx.get() + k.pass.get() + drops, "{}", r.name);
+        let handed_off = k.events_of(Event::HandedOff);
+        assert_eq!(k.rx.get(), k.tx.get() + k.pass.get() + drops + handed_off, "{}", r.name);
         assert_eq!(k.rx.get(), r.steps.len() as u64, "{}", r.name);
         rx += k.rx.get();
         if r.name.ends_with(
@@ -1727,7 +1762,7 @@ fn pcap_copies_of_the_fixtures_are_current() {
             inputs.push(s.input.clone());
             expected.push(match &s.expect {
                 Expect::Tx(f) | Expect::ToKernel(f) => f.clone(),
-                Expect::Pass => s.input.clone(),
+                Expect::Pass | Expect::Handoff(_) => s.input.clone(),
                 Expect::Drop(_) => Vec::new(),
             });
             index.push_str(&format!(

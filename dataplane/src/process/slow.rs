@@ -1448,7 +1448,8 @@ fn icmp_error_in<A: Fam>(
     let h = st.ct.hash(&k);
     let hit = match lookup(st, c, &k, h) {
         Found::Live(hit) => hit,
-        Found::Expired | Found::Miss => return Verdict::Drop(DropReason::IcmpUntracked),
+        Found::Expired => return Verdict::Drop(DropReason::IcmpUntracked),
+        Found::Miss => return icmp_of_another_worker::<A>(c, t, &k),
     };
     let Some(fl) = st.ct.rec(hit.id).copied() else { return Verdict::Drop(DropReason::IcmpUntracked) };
     // The translation writes a checksum computed afresh: an error corrupted on its way must be
@@ -1514,6 +1515,23 @@ fn icmp_error_in<A: Fam>(
     nat::set_macs(fr, src_mac, fl.peer_mac);
     c.counters.event(Event::IcmpTranslated);
     Verdict::Tx { port: fl.in_port }
+}
+
+/// An ICMP error whose flow (`k`: its tuple as the flow sees it) this worker does not have.
+/// RSS hashes ICMP by its addresses alone, so the error seldom reaches the queue of the flow's
+/// packets: like a reply ([`run_l4`]), it goes to the owner of the SNAT port it quotes, else to
+/// the workers in turn (the worker punts it once every one has looked).
+fn icmp_of_another_worker<A: Fam>(c: &Common, t: &Tables, k: &FlowKey<A>) -> Verdict {
+    if A::snat(t) == Some(k.dst) {
+        return match c.cfg.snat_owner(k.dport) {
+            Some(w) if w != c.cfg.worker_id => Verdict::Handoff { worker: w },
+            _ => Verdict::Drop(DropReason::IcmpUntracked),
+        };
+    }
+    if c.cfg.workers > 1 {
+        return Verdict::Handoff { worker: (c.cfg.worker_id + 1) % c.cfg.workers };
+    }
+    Verdict::Drop(DropReason::IcmpUntracked)
 }
 
 #[cfg(test)]
