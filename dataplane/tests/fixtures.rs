@@ -1217,6 +1217,30 @@ fn rows_for(f: Fam) -> Vec<Row> {
     two_workers.config.workers = 2;
     rows.push(two_workers);
 
+    if !f.v6 {
+        // An error about a later fragment quotes no transport header: the 8 bytes after the
+        // quoted IP header are data (here data that looks like the flow's ports), which must
+        // not be read as ports nor rewritten (IPVS `ip_vs_in_icmp` leaves such errors alone).
+        let mut q = quote(&reply_to_client, false);
+        q[6..8].copy_from_slice(&185u16.to_be_bytes()); // offset 1480 bytes
+        q[10..12].fill(0);
+        let cs = dataplane::csum::checksum(&q[..20]);
+        q[10..12].copy_from_slice(&cs.to_be_bytes());
+        rows.push(row(
+            "icmp_error_quoting_a_later_fragment_is_not_translated",
+            f,
+            spec(f, vec![]),
+            vec![
+                step("SYN", tcp(c, 40000, vip, 80, SYN, 64, IN), Expect::Tx(tcp(c, 40000, b0, 8080, SYN, 63, to_b(0)))),
+                step(
+                    "too-big quoting a later fragment of VIP->client",
+                    icmp_error(f, f.router, vip, &q, true, 64, IN),
+                    Expect::Drop(DropReason::IcmpUntracked),
+                ),
+            ],
+        ));
+    }
+
     // --- TTL, malformed ---
     rows.push(row(
         "ttl_one_is_not_forwarded",

@@ -579,7 +579,8 @@ pub fn is_icmpv6_error(t: u8) -> bool {
 /// are required (RFC 792, RFC 4443 §2.4(c)). Returns (inner l3, inner l4, inner proto).
 ///
 /// # Errors
-/// `MalformedL4` if the quote is too short for the IP header plus 8 bytes.
+/// `MalformedL4` if the quote is too short for the IP header plus 8 bytes; `IcmpUntracked` if
+/// it is an IPv4 later fragment.
 pub fn quoted(frame: &[u8], at: usize, end: usize, v6: bool) -> Result<(usize, usize, u8), DropReason> {
     let q = frame.get(at..end).ok_or(DropReason::MalformedL4)?;
     let &[first, _, _, _, _, _, next, _, _, pr, ..] = q else { return Err(DropReason::MalformedL4) };
@@ -593,6 +594,11 @@ pub fn quoted(frame: &[u8], at: usize, end: usize, v6: bool) -> Result<(usize, u
         let hl = usize::from(first & 0x0f) * 4;
         if first >> 4 != 4 || hl < 20 || q.len() < hl + 8 {
             return Err(DropReason::MalformedL4);
+        }
+        // A quoted later fragment (offset > 0) carries data where the ports would be: no
+        // transport header to read or rewrite (IPVS `ip_vs_in_icmp` skips it too).
+        if read_u16(q, 6).is_none_or(|fo| fo & 0x1fff != 0) {
+            return Err(DropReason::IcmpUntracked);
         }
         Ok((at, at + hl, pr))
     }
