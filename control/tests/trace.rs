@@ -163,6 +163,7 @@ const OWN_SETUP_ROWS: &[(&str, &str, Frames)] = &[
 /// - a_syn_on_the_tuple_of_a_closing_flow_whose_backend_left_is_a_new_flow_to_a_backend_that_is_there:
 ///   a table change.
 /// - icmp_error_about_a_flow_of_another_worker_is_handed_to_it: two workers; a trace runs one.
+/// - icmp_error_about_a_masqueraded_flow_quotes_the_snat_address_the_flow_has: a table change.
 /// - a_node_address_that_is_also_an_external_ip_passes_the_nodes_own_fragments_from_the_start:
 ///   an external IP on the node's own address, a setup none of `tests/data`'s configs has;
 ///   `..._after_a_change`: a table change.
@@ -190,6 +191,7 @@ const NOT_REPLAYED: &[&str] = &[
     "a_node_address_that_is_also_an_external_ip_passes_the_nodes_own_fragments_from_the_start",
     "a_node_address_that_is_also_an_external_ip_passes_the_nodes_own_fragments_after_a_change",
     "icmp_error_about_a_flow_of_another_worker_is_handed_to_it",
+    "icmp_error_about_a_masqueraded_flow_quotes_the_snat_address_the_flow_has",
 ];
 
 /// One step of a fixture row, from `index.tsv`.

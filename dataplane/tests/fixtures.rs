@@ -1241,6 +1241,47 @@ fn rows_for(f: Fam) -> Vec<Row> {
         ));
     }
 
+    // The SNAT address changed while a masqueraded flow lives: the flow keeps the address it
+    // was given (its backend's socket is bound to it), and so must an error about it.
+    let mut snat_moved = spec(f, vec![]);
+    let snat2: IpAddr = if f.v6 { ip6(0xfd00, 0xfd).into() } else { [10, 0, 0, 253].into() };
+    if f.v6 {
+        snat_moved.snat_v6 = Some(snat2);
+    } else {
+        snat_moved.snat_v4 = Some(snat2);
+    }
+    rows.push(row(
+        "icmp_error_about_a_masqueraded_flow_quotes_the_snat_address_the_flow_has",
+        f,
+        spec(f, vec![]),
+        vec![
+            step("SYN to NodePort", tcp(c, 40000, f.node, 30080, SYN, 64, IN), Expect::Tx(snat_to_backend.clone())),
+            Step {
+                what: "after the SNAT address changed, a client-side too-big about node->client",
+                retable: Some(snat_moved),
+                advance_s: 0,
+                input: icmp_error(
+                    f,
+                    f.router,
+                    f.node,
+                    &quote(&tcp(f.node, 30080, c, 40000, ACK, 63, OUT), f.v6),
+                    true,
+                    64,
+                    IN,
+                ),
+                expect: Expect::Tx(icmp_error(
+                    f,
+                    f.router,
+                    b0,
+                    &quote(&tcp(b0, 8080, f.snat, 1024, ACK, 63, OUT), f.v6),
+                    true,
+                    63,
+                    to_b(0),
+                )),
+            },
+        ],
+    ));
+
     // --- TTL, malformed ---
     rows.push(row(
         "ttl_one_is_not_forwarded",

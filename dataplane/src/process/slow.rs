@@ -1473,10 +1473,10 @@ fn icmp_error_in<A: Fam>(
                 let fr = fr.get_mut(..p.end).unwrap_or(&mut []);
                 nat::set_src::<A>(fr, &q, baddr);
                 nat::set_sport::<A>(fr, &q, b.port);
-                if fl.flags & flow_flags::SNAT != 0
-                    && let Some(sa) = A::snat(t)
-                {
-                    nat::set_dst::<A>(fr, &q, sa);
+                if fl.flags & flow_flags::SNAT != 0 {
+                    // The address the flow was masqueraded to, which its backend talks to: the
+                    // tables' SNAT address may have changed since.
+                    nat::set_dst::<A>(fr, &q, fl.reply_dst);
                     nat::set_dport::<A>(fr, &q, fl.reply_dport);
                 }
                 nat::set_dst::<A>(fr, p, baddr);
