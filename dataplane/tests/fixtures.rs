@@ -2105,3 +2105,33 @@ fn begin_batch_expires_a_wave_of_flows_at_most_the_sweep_budget_per_call() {
     assert_eq!(most, u64::from(SWEEP_BUDGET), "the budget bounded some call");
     assert_eq!(calls, 128, "two calls per step of 313 records");
 }
+
+/// Errors xlb originates are rate-limited (RFC 4443 §2.4(f): MUST for ICMPv6; RFC 1812
+/// §4.3.2.8 for ICMP): a flood of spoofed SYNs to a port without endpoints must not make xlb a
+/// reflector of one error per packet. The budget is per worker and second, as Linux's
+/// `icmp_msgs_per_sec`.
+#[test]
+fn generated_icmp_errors_are_limited_per_second() {
+    for f in [v4(), v6()] {
+        let tables = TableBuilder::new().build(&spec(f, vec![])).expect("tables");
+        let mut p = Pipeline::new(PipelineConfig::default(), 7);
+        let syn = tcp(f.client, 40000, f.vip, 81, SYN, 64, IN);
+        let send = |p: &mut Pipeline| {
+            let mut b = vec![0u8; BUF];
+            b[..syn.len()].copy_from_slice(&syn);
+            let mut pkt = Packet::new(&mut b, 0, syn.len());
+            p.process(&tables, &mut pkt, 0)
+        };
+        p.begin_batch(&tables, 1_000);
+        let verdicts: Vec<Verdict> = (0..1_500).map(|_| send(&mut p)).collect();
+        let sent = verdicts.iter().filter(|v| **v == Verdict::Tx { port: 0 }).count();
+        assert_eq!(sent, dataplane::process::ICMP_ERRORS_PER_S as usize, "errors sent in one second");
+        assert!(verdicts[..sent].iter().all(|v| *v == Verdict::Tx { port: 0 }), "the budget comes first");
+        assert!(
+            verdicts[sent..].iter().all(|v| *v == Verdict::Drop(DropReason::IcmpRateLimited)),
+            "after the budget: dropped, counted"
+        );
+        p.begin_batch(&tables, 2_000);
+        assert_eq!(send(&mut p), Verdict::Tx { port: 0 }, "a second later the budget is back");
+    }
+}

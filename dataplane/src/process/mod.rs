@@ -404,6 +404,10 @@ struct PortInfo {
     known: bool,
 }
 
+/// ICMP errors (port unreachable, too big) one worker originates per second at most: the
+/// budget of Linux's `net.ipv4.icmp_msgs_per_sec` (1000), per worker.
+pub const ICMP_ERRORS_PER_S: u32 = 1000;
+
 /// State shared by both families on one worker.
 #[derive(Debug)]
 struct Common {
@@ -415,6 +419,10 @@ struct Common {
     last_sweep_ms: u64,
     tokens: u32,
     tokens_s: u32,
+    /// ICMP errors this worker may still originate in second `icmp_tokens_s`
+    /// ([`ICMP_ERRORS_PER_S`]).
+    icmp_tokens: u32,
+    icmp_tokens_s: u32,
     snat_cursor: u16,
     own_snat: (u16, u16),
     affinity: Arc<AffinityTable>,
@@ -451,6 +459,22 @@ impl Common {
             return false;
         }
         self.tokens -= 1;
+        true
+    }
+
+    /// Whether this worker may originate one more ICMP error this second (and takes it from
+    /// the budget): RFC 4443 §2.4(f) (MUST for ICMPv6) and RFC 1812 §4.3.2.8 limit the rate,
+    /// so a flood of spoofed packets does not turn xlb into a reflector.
+    #[inline]
+    fn admit_icmp_error(&mut self) -> bool {
+        if self.icmp_tokens_s != self.now_s {
+            self.icmp_tokens_s = self.now_s;
+            self.icmp_tokens = ICMP_ERRORS_PER_S;
+        }
+        if self.icmp_tokens == 0 {
+            return false;
+        }
+        self.icmp_tokens -= 1;
         true
     }
 
@@ -652,6 +676,8 @@ impl Pipeline {
                 last_sweep_ms: 0,
                 tokens: 0,
                 tokens_s: 0,
+                icmp_tokens: 0,
+                icmp_tokens_s: 0,
                 affinity,
                 generation: 0,
                 ports: Box::new([PortInfo::default(); 256]),

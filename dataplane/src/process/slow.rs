@@ -581,6 +581,9 @@ fn reject<A: Fam>(c: &mut Common, pkt: &mut Packet<'_>, p: &Parsed, in_port: u8)
     if !icmp::may_answer::<A>(pkt.frame(), p) {
         return Verdict::Drop(DropReason::IcmpErrorForbidden);
     }
+    if !c.admit_icmp_error() {
+        return Verdict::Drop(DropReason::IcmpRateLimited);
+    }
     if icmp::port_unreachable::<A>(pkt, p) {
         c.counters.event(Event::RejectSent);
         Verdict::Tx { port: in_port }
@@ -1279,6 +1282,9 @@ fn transmit_forward<A: Fam>(
         if inner + A::HEADER_LEN > usize::from(hop.mtu) && hop.mtu > 0 {
             let df = A::IS_V6 || pkt.frame().get(p.l3..).is_some_and(wire::emit::ipv4_dont_frag);
             let mtu = hop.mtu.saturating_sub(u16::try_from(A::HEADER_LEN).unwrap_or(0));
+            if df && !c.admit_icmp_error() {
+                return Verdict::Drop(DropReason::IcmpRateLimited);
+            }
             if df && icmp::too_big::<A>(pkt, p, mtu) {
                 c.counters.event(Event::TooBigSent);
                 return Verdict::Tx { port: r.in_port };
