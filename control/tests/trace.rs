@@ -331,7 +331,7 @@ fn trace_replays_the_fixture_rows_with_their_own_setups_and_clock_steps() {
     assert_eq!(replayed.len(), 2 * OWN_SETUP_ROWS.len() - 2, "{replayed:?}");
     let steps: usize = rows.iter().filter(|(r, _)| own(base(r)).is_some()).map(|(_, recs)| recs.len()).sum();
     assert_eq!(checked, steps);
-    assert_eq!(checked, 76, "records checked");
+    assert_eq!(checked, 77, "records checked");
     assert!(rows.iter().filter(|(r, _)| own(base(r)).is_some()).any(|(_, recs)| recs.iter().any(|r| r.advance_s > 0)));
 }
 

@@ -507,7 +507,20 @@ fn rows_for(f: Fam) -> Vec<Row> {
             "dsr_ipip_too_big_with_df_answers_fragmentation_needed",
             f,
             dsr(ForwardingMode::DsrIpip),
-            vec![step("oversized DF packet", big, Expect::Tx(want))],
+            vec![
+                step("oversized DF packet", big.clone(), Expect::Tx(want)),
+                // No error answers a link-layer broadcast (RFC 1812 §4.3.2.7), and none is
+                // taken from the worker's budget for it.
+                step(
+                    "the same sent as a link-layer broadcast",
+                    {
+                        let mut b = big;
+                        b[..6].fill(0xff);
+                        b
+                    },
+                    Expect::Drop(DropReason::IcmpErrorForbidden),
+                ),
+            ],
         ));
     }
 

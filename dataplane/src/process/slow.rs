@@ -1282,6 +1282,9 @@ fn transmit_forward<A: Fam>(
         if inner + A::HEADER_LEN > usize::from(hop.mtu) && hop.mtu > 0 {
             let df = A::IS_V6 || pkt.frame().get(p.l3..).is_some_and(wire::emit::ipv4_dont_frag);
             let mtu = hop.mtu.saturating_sub(u16::try_from(A::HEADER_LEN).unwrap_or(0));
+            if df && !icmp::may_answer::<A>(pkt.frame(), p) {
+                return Verdict::Drop(DropReason::IcmpErrorForbidden);
+            }
             if df && !c.admit_icmp_error() {
                 return Verdict::Drop(DropReason::IcmpRateLimited);
             }
