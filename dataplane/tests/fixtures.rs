@@ -1576,7 +1576,61 @@ fn fragment_rows_v6() -> Vec<Row> {
             ),
         ],
     ));
+    rows.extend(fragment_rows_v6_behind_destination_options());
     rows
+}
+
+/// IPv6 fragments of a datagram with a Destination Options header in its fragmentable part
+/// (RFC 8200 §4.5): every Fragment header's Next Header names that header, and a later
+/// fragment holds only payload after its Fragment header, so it must not be read as a chain.
+fn fragment_rows_v6_behind_destination_options() -> Vec<Row> {
+    let f = v6();
+    let c = f.client;
+    // Offsets: Fragment header at 54, Destination Options at 62 (first fragment), UDP at 70.
+    let frag = |dst: IpAddr, first: bool, ttl: u8, macs: ([u8; 6], [u8; 6]), dport: u16| {
+        // The first fragment carries Destination Options (8) + UDP (8) + 24 bytes: 40 bytes,
+        // so the later one starts at offset 5 (8-byte units).
+        let off_m: u16 = if first { 1 } else { 5 << 3 };
+        let om = off_m.to_be_bytes();
+        let fh = vec![0, 0, om[0], om[1], 0, 0, 0x42, 0x43];
+        let mut ext = vec![(proto::FRAGMENT, fh)];
+        if first {
+            ext.push((proto::DSTOPTS, vec![0, 0, 1, 4, 0, 0, 0, 0]));
+        }
+        let payload: Vec<u8> = if first { udp_datagram(5000, dport, &[0x42; 24]) } else { vec![0x42; 16] };
+        let o = IpOpts { ttl, v6_ext: ext, ..IpOpts::default() };
+        // Built as protocol 253 so the builder fills no UDP checksum.
+        let mut fr = Frame::ip(c, dst, 253, &payload, &o);
+        fr.bytes[54] = proto::DSTOPTS; // the Fragment header names the fragmentable part's first header
+        if first {
+            fr.bytes[62] = proto::UDP;
+            // UDP length covers the whole datagram (8 + 24 + 16).
+            fr.bytes[74..76].copy_from_slice(&48u16.to_be_bytes());
+        }
+        fr.macs(macs.0, macs.1);
+        fr.bytes
+    };
+    let first_in = frag(f.vip, true, 64, IN, 53);
+    let mut first_out = frag(f.backends[0], true, 63, to_b(0), 8080);
+    // Expected checksum: the input's, updated for destination address and port per RFC 1624.
+    let (IpAddr::V6(vip6), IpAddr::V6(b6)) = (f.vip, f.backends[0]) else { unreachable!() };
+    let hc = u16::from_be_bytes([first_in[76], first_in[77]]);
+    let hc = dataplane::csum::update_bytes(hc, &vip6.octets(), &b6.octets());
+    let hc = dataplane::csum::update_bytes(hc, &53u16.to_be_bytes(), &8080u16.to_be_bytes());
+    first_out[76..78].copy_from_slice(&hc.to_be_bytes());
+    vec![row(
+        "fragments_with_destination_options_after_the_fragment_header_follow_their_first_fragment",
+        f,
+        spec(f, vec![]),
+        vec![
+            step("first fragment", first_in, Expect::Tx(first_out)),
+            step(
+                "later fragment: payload after the Fragment header, whose Next Header is Destination Options",
+                frag(f.vip, false, 64, IN, 53),
+                Expect::Tx(frag(f.backends[0], false, 63, to_b(0), 8080)),
+            ),
+        ],
+    )]
 }
 
 /// IPv4 fragments: the first fragment picks the backend; later ones follow it.

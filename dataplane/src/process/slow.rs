@@ -492,7 +492,8 @@ fn run<A: Fam>(
         return icmp_error_in::<A>(st, c, t, pkt, p);
     }
     if let Frag::Later { id } = p.frag {
-        return later_fragment::<A>(st, c, t, pkt, p, FragKey { src, dst, id, proto: p.proto });
+        let proto = frag_proto(pkt.frame(), p);
+        return later_fragment::<A>(st, c, t, pkt, p, FragKey { src, dst, id, proto });
     }
     if matches!(p.proto, proto::TCP | proto::UDP | proto::SCTP) {
         let hint = match hint {
@@ -1301,7 +1302,7 @@ fn transmit_forward<A: Fam>(
     if let Frag::First { id } = p.frag {
         let e = FragEntry { action, hop, backend: b.this, expires_s: c.now_s.saturating_add(c.cfg.frag_timeout_s) };
         let (src, dst) = (r.client, r.vip);
-        if !st.frag.insert(FragKey { src, dst, id, proto: p.proto }, e, c.now_s) {
+        if !st.frag.insert(FragKey { src, dst, id, proto: frag_proto(pkt.frame(), p) }, e, c.now_s) {
             // Its later fragments could not follow it, so sending it only wastes the path.
             return Verdict::Drop(DropReason::FragmentTableFull);
         }
@@ -1390,7 +1391,7 @@ fn reply<A: Fam>(
             expires_s: now.saturating_add(c.cfg.frag_timeout_s),
         };
         let (src, dst) = (r.backend_addr, r.reply_dst);
-        if !st.frag.insert(FragKey { src, dst, id, proto: p.proto }, e, now) {
+        if !st.frag.insert(FragKey { src, dst, id, proto: frag_proto(pkt.frame(), p) }, e, now) {
             return Verdict::Drop(DropReason::FragmentTableFull);
         }
     }
@@ -1403,6 +1404,15 @@ fn reply<A: Fam>(
     }
     nat::set_macs(f, hop.src_mac, hop.dst_mac);
     Verdict::Tx { port: hop.port }
+}
+
+/// The protocol a fragment series is keyed by: the Next Header of the IPv6 Fragment header,
+/// which names the first header of the fragmentable part and is the same in every fragment
+/// (RFC 8200 §4.5; the first fragment's `proto` is the L4 protocol after the headers that part
+/// may begin with), else the IPv4 protocol field.
+#[inline]
+fn frag_proto(f: &[u8], p: &Parsed) -> u8 {
+    if p.frag_hdr == 0 { p.proto } else { f.get(p.frag_hdr).copied().unwrap_or(p.proto) }
 }
 
 fn later_fragment<A: Fam>(

@@ -78,7 +78,8 @@ pub struct Parsed {
     pub l4: usize,
     /// End of the IP packet (`l3` + IP total length); Ethernet padding lies beyond.
     pub end: usize,
-    /// L4 protocol after the extension headers.
+    /// L4 protocol after the extension headers; for a later IPv6 fragment, the Next Header of
+    /// its Fragment header (the fragmentable part's first header).
     pub proto: u8,
     /// Source port (TCP/UDP/SCTP), ICMP identifier for echo, else 0.
     pub sport: u16,
@@ -248,8 +249,16 @@ pub fn parse_v6(frame: &[u8], ethertype_at: usize) -> Result<Parsed, DropReason>
         if at > end {
             return Err(DropReason::MalformedL3);
         }
+        if matches!(frag, Frag::Later { .. }) {
+            // After a later fragment's Fragment header comes payload, not headers: its Next
+            // Header names the first header of the fragmentable part (RFC 8200 §4.5), which
+            // only the first fragment holds.
+            break;
+        }
     }
-    if matches!(next, proto::HOPOPT | proto::ROUTING | proto::DSTOPTS | proto::FRAGMENT | proto::AH) {
+    if !matches!(frag, Frag::Later { .. })
+        && matches!(next, proto::HOPOPT | proto::ROUTING | proto::DSTOPTS | proto::FRAGMENT | proto::AH)
+    {
         return Err(DropReason::MalformedL3);
     }
     let mut p = Parsed {
