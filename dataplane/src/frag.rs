@@ -74,8 +74,13 @@ pub struct FragTable<A: Family> {
 impl<A: Family> FragTable<A> {
     /// A table for at most `capacity` series (memory reserved up front).
     pub fn new(capacity: usize) -> Self {
+        // Twice the room, and one more: removed records leave tombstones, and an insert that
+        // finds no room left beside them rehashes in place only while the records plus the new
+        // one fill at most half the table; past that it would allocate a larger table, on the
+        // packet path (hashbrown `reserve_rehash`).
+        let room = capacity.saturating_mul(2).saturating_add(2);
         Self {
-            map: HashMap::with_capacity_and_hasher(capacity, foldhash::fast::RandomState::default()),
+            map: HashMap::with_capacity_and_hasher(room, foldhash::fast::RandomState::default()),
             capacity,
             last_reclaim_s: u32::MAX,
         }
@@ -149,5 +154,26 @@ mod tests {
         assert!(t.get(&k(1), 11).is_none());
         assert!(t.insert(k(3), entry(30), 20));
         assert!(t.insert(k(4), entry(50), 40), "expired record 3 is recycled");
+    }
+
+    /// Records come and go (expired ones removed by `get` and by the reclaim of a full table):
+    /// the removals leave tombstones, and the table must absorb them without growing, since
+    /// `insert` runs per packet.
+    #[test]
+    fn a_full_table_under_churn_never_reallocates() {
+        for cap in [28, 100, 1000] {
+            let mut t = FragTable::<V4>::new(cap);
+            let reserved = t.map.allocation_size();
+            let mut id = 0u32;
+            for now in 0..200u32 {
+                for _ in 0..cap {
+                    id = id.wrapping_add(0x9e37_79b9);
+                    let k = |id| FragKey { src: V4([1; 4]), dst: V4([2; 4]), id, proto: 17 };
+                    t.insert(k(id), entry(now + 1), now);
+                    let _ = t.get(&k(id ^ 1), now);
+                }
+                assert_eq!(t.map.allocation_size(), reserved, "capacity {cap}, second {now}: the table grew");
+            }
+        }
     }
 }
