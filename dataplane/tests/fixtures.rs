@@ -1633,6 +1633,70 @@ fn fragment_rows_v6_behind_destination_options() -> Vec<Row> {
     )]
 }
 
+/// IPv4 fragments of an IPIP DSR service: a later fragment that the encapsulation makes too
+/// big for the next hop's MTU is dropped as its first fragment would be, not sent oversized.
+fn dsr_fragment_rows() -> Vec<Row> {
+    let f = v4();
+    let (c, vip, b0) = (f.client, f.vip, f.backends[0]);
+    // A fragment of a UDP datagram of id 0x4243 to vip:53: the first one carries the UDP header
+    // and 24 bytes, a later one `len` bytes at offset 32.
+    let frag = |first: bool, len: usize, ttl: u8| {
+        let payload: Vec<u8> = if first { udp_datagram(5000, 53, &[0x42; 24]) } else { vec![0x42; len] };
+        let mut fr = Frame::ip(
+            c,
+            vip,
+            proto::UDP,
+            &payload,
+            &IpOpts { ttl, dont_frag: false, ident: 0x4243, ..IpOpts::default() },
+        );
+        if first {
+            fr.bytes[20] |= 0x20; // MF
+            fr.bytes[38..40].copy_from_slice(&u16::try_from(32 + len).unwrap().to_be_bytes());
+            fr.bytes[40..42].fill(0); // checksum off
+        } else {
+            fr.bytes[20..22].copy_from_slice(&4u16.to_be_bytes()); // offset 32 bytes
+            fr.bytes[40..42].fill(0x42); // the builder filled a "UDP checksum" into the data
+        }
+        fr.bytes[24..26].fill(0);
+        let cs = dataplane::csum::checksum(&fr.bytes[14..34]);
+        fr.bytes[24..26].copy_from_slice(&cs.to_be_bytes());
+        fr.macs(CLIENT_MAC, LB_MAC);
+        fr.bytes
+    };
+    let first_out = {
+        let mut o = Frame::ip(f.dsr, b0, proto::IPIP, &frag(true, 1480, 63)[14..], &opts(64));
+        // Identification 0, DF clear as in the inner fragment.
+        o.bytes[18..22].fill(0);
+        o.bytes[24..26].fill(0);
+        let cs = dataplane::csum::checksum(&o.bytes[14..34]);
+        o.bytes[24..26].copy_from_slice(&cs.to_be_bytes());
+        o.macs(LB_MAC, BMAC[0]);
+        o.bytes
+    };
+    let setup = spec(
+        f,
+        vec![service(
+            "default/dns:dns",
+            vec![Frontend::new(vip, L4Proto::Udp, 53, FrontendKind::ClusterIp, false)],
+            vec![local_backend(b0, 53)],
+            ForwardingMode::DsrIpip,
+        )],
+    );
+    vec![row(
+        "dsr_ipip_later_fragment_too_big_for_the_encapsulation_is_dropped_not_sent_oversized",
+        f,
+        setup,
+        vec![
+            step("first fragment: 52 bytes, fits after 20 bytes of IPIP", frag(true, 1480, 64), Expect::Tx(first_out)),
+            step(
+                "later fragment: 1500 bytes, 1520 encapsulated, over the MTU of 1500",
+                frag(false, 1480, 64),
+                Expect::Drop(DropReason::TooBig),
+            ),
+        ],
+    )]
+}
+
 /// IPv4 fragments: the first fragment picks the backend; later ones follow it.
 fn fragment_rows() -> Vec<Row> {
     let f = v4();
@@ -1766,6 +1830,7 @@ fn all_rows() -> Vec<Row> {
     rows.extend(rows_for(v6()));
     rows.extend(fragment_rows());
     rows.extend(fragment_rows_v6());
+    rows.extend(dsr_fragment_rows());
     rows
 }
 

@@ -493,7 +493,7 @@ fn run<A: Fam>(
     }
     if let Frag::Later { id } = p.frag {
         let proto = frag_proto(pkt.frame(), p);
-        return later_fragment::<A>(st, c, t, pkt, p, FragKey { src, dst, id, proto });
+        return later_fragment::<A>(st, c, t, pkt, p, FragKey { src, dst, id, proto }, in_port);
     }
     if matches!(p.proto, proto::TCP | proto::UDP | proto::SCTP) {
         let hint = match hint {
@@ -1278,23 +1278,8 @@ fn transmit_forward<A: Fam>(
     } else {
         FragAction::L2
     };
-    if let FragAction::Encap { .. } = action {
-        let inner = p.end - p.l3;
-        if inner + A::HEADER_LEN > usize::from(hop.mtu) && hop.mtu > 0 {
-            let df = A::IS_V6 || pkt.frame().get(p.l3..).is_some_and(wire::emit::ipv4_dont_frag);
-            let mtu = hop.mtu.saturating_sub(u16::try_from(A::HEADER_LEN).unwrap_or(0));
-            if df && !icmp::may_answer::<A>(pkt.frame(), p) {
-                return Verdict::Drop(DropReason::IcmpErrorForbidden);
-            }
-            if df && !c.admit_icmp_error() {
-                return Verdict::Drop(DropReason::IcmpRateLimited);
-            }
-            if df && icmp::too_big::<A>(pkt, p, mtu) {
-                c.counters.event(Event::TooBigSent);
-                return Verdict::Tx { port: r.in_port };
-            }
-            return Verdict::Drop(DropReason::TooBig);
-        }
+    if let Some(v) = encap_too_big::<A>(c, pkt, p, action, hop, r.in_port) {
+        return v;
     }
     if !nat::dec_ttl::<A>(pkt.frame_mut(), p) {
         return Verdict::Drop(DropReason::TtlExceeded);
@@ -1308,6 +1293,37 @@ fn transmit_forward<A: Fam>(
         }
     }
     apply(pkt, p, action, r.bport, r.reply_dport, r.flags & flow_flags::SNAT != 0, hop)
+}
+
+/// For an encapsulating `action`, the answer to a packet that would exceed the next hop's MTU
+/// once encapsulated (RFC 1191 / RFC 8201): "fragmentation needed" / "packet too big" out of
+/// `in_port` when it may not be fragmented, else a `TooBig` drop. `None` when it fits.
+fn encap_too_big<A: Fam>(
+    c: &mut Common,
+    pkt: &mut Packet<'_>,
+    p: &Parsed,
+    action: FragAction<A>,
+    hop: Hop,
+    in_port: u8,
+) -> Option<Verdict> {
+    let FragAction::Encap { .. } = action else { return None };
+    let inner = p.end - p.l3;
+    if inner + A::HEADER_LEN <= usize::from(hop.mtu) || hop.mtu == 0 {
+        return None;
+    }
+    let df = A::IS_V6 || pkt.frame().get(p.l3..).is_some_and(wire::emit::ipv4_dont_frag);
+    let mtu = hop.mtu.saturating_sub(u16::try_from(A::HEADER_LEN).unwrap_or(0));
+    if df && !icmp::may_answer::<A>(pkt.frame(), p) {
+        return Some(Verdict::Drop(DropReason::IcmpErrorForbidden));
+    }
+    if df && !c.admit_icmp_error() {
+        return Some(Verdict::Drop(DropReason::IcmpRateLimited));
+    }
+    if df && icmp::too_big::<A>(pkt, p, mtu) {
+        c.counters.event(Event::TooBigSent);
+        return Some(Verdict::Tx { port: in_port });
+    }
+    Some(Verdict::Drop(DropReason::TooBig))
 }
 
 /// Applies an L3 action (and, for first packets with L4 headers, the port rewrites), then
@@ -1422,6 +1438,7 @@ fn later_fragment<A: Fam>(
     pkt: &mut Packet<'_>,
     p: &Parsed,
     k: FragKey<A>,
+    in_port: u8,
 ) -> Verdict {
     let Some(e) = st.frag.get(&k, c.now_s) else {
         return if is_ours::<A>(t, pkt.frame(), p.l3) {
@@ -1430,6 +1447,11 @@ fn later_fragment<A: Fam>(
             Verdict::Pass
         };
     };
+    // The first fragment fit after encapsulation; a later one may not (a smaller first
+    // fragment, or one cut again on the way): the same check, not an oversized frame.
+    if let Some(v) = encap_too_big::<A>(c, pkt, p, e.action, e.hop, in_port) {
+        return v;
+    }
     if !nat::dec_ttl::<A>(pkt.frame_mut(), p) {
         return Verdict::Drop(DropReason::TtlExceeded);
     }
