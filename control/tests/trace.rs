@@ -129,6 +129,11 @@ const OWN_SETUP_ROWS: &[(&str, &str, Frames)] = &[
     ("client_ip_affinity_timer_restarts_with_each_new_connection", "fixtures-affinity.yaml", Frames::Exact),
     ("sctp_dnat_recomputes_crc32c", "fixtures-sctp.yaml", Frames::Exact),
     (
+        "sctp_first_fragment_whose_port_dnat_changes_is_dropped_as_its_crc32c_cannot_follow",
+        "fixtures-sctp.yaml",
+        Frames::Exact,
+    ),
+    (
         "an_established_flow_keeps_its_reply_tuple_and_a_new_flow_with_the_same_one_is_dropped",
         "fixtures-two-frontends.yaml",
         Frames::Exact,
@@ -174,6 +179,8 @@ const OWN_SETUP_ROWS: &[(&str, &str, Frames)] = &[
 /// - a_node_address_that_is_also_an_external_ip_passes_the_nodes_own_fragments_from_the_start:
 ///   an external IP on the node's own address, a setup none of `tests/data`'s configs has;
 ///   `..._after_a_change`: a table change.
+/// - sctp_fragments_whose_ports_stay_keep_their_crc32c_and_follow_their_first_fragment: an
+///   SCTP service whose backend port is its own, a setup none of `tests/data`'s configs has.
 const NOT_REPLAYED: &[&str] = &[
     "nodeport_masquerade_rewrites_source_to_snat_address_and_worker_port",
     "clusterip_from_outside_the_cluster_cidr_is_masqueraded_from_inside_keeps_the_client_ip",
@@ -200,6 +207,7 @@ const NOT_REPLAYED: &[&str] = &[
     "icmp_error_about_a_flow_of_another_worker_is_handed_to_it",
     "icmp_error_about_a_masqueraded_flow_quotes_the_snat_address_the_flow_has",
     "dsr_ipip_later_fragment_too_big_for_the_encapsulation_is_dropped_not_sent_oversized",
+    "sctp_fragments_whose_ports_stay_keep_their_crc32c_and_follow_their_first_fragment",
 ];
 
 /// One step of a fixture row, from `index.tsv`.
@@ -332,15 +340,15 @@ fn trace_replays_the_fixture_rows_with_their_own_setups_and_clock_steps() {
     let rows = index_rows();
     let own = |b: &str| OWN_SETUP_ROWS.iter().find(|(r, ..)| *r == b).map(|(_, c, f)| (*c, *f));
     let checked = replay(&rows, own);
-    // Every listed row is in the corpus (the DSR too-big row and the ICMP error quoting a
-    // later fragment only for IPv4, the Destination Options fragment row only for IPv6, the
-    // others for both families), and its clock steps are replayed (the affinity rows' 11 s
-    // and 6 s).
+    // Every listed row is in the corpus (the DSR too-big row, the ICMP error quoting a later
+    // fragment and the SCTP fragment row only for IPv4, the Destination Options fragment row
+    // only for IPv6, the others for both families), and its clock steps are replayed (the
+    // affinity rows' 11 s and 6 s).
     let replayed: Vec<&str> = rows.iter().map(|(r, _)| r.as_str()).filter(|r| own(base(r)).is_some()).collect();
-    assert_eq!(replayed.len(), 2 * OWN_SETUP_ROWS.len() - 3, "{replayed:?}");
+    assert_eq!(replayed.len(), 2 * OWN_SETUP_ROWS.len() - 4, "{replayed:?}");
     let steps: usize = rows.iter().filter(|(r, _)| own(base(r)).is_some()).map(|(_, recs)| recs.len()).sum();
     assert_eq!(checked, steps);
-    assert_eq!(checked, 79, "records checked");
+    assert_eq!(checked, 82, "records checked");
     assert!(rows.iter().filter(|(r, _)| own(base(r)).is_some()).any(|(_, recs)| recs.iter().any(|r| r.advance_s > 0)));
 }
 

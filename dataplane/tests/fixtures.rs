@@ -1697,6 +1697,81 @@ fn dsr_fragment_rows() -> Vec<Row> {
     )]
 }
 
+/// IPv4 fragments of SCTP packets. SCTP's CRC32c covers the whole packet (RFC 9260 §6.8), so
+/// a port rewrite cannot be folded into a first fragment's CRC as a checksum delta can; a
+/// series whose ports stay passes as it is.
+fn sctp_fragment_rows() -> Vec<Row> {
+    let f = v4();
+    let (c, vip, b0) = (f.client, f.vip, f.backends[0]);
+    let setup = |bport| {
+        spec(
+            f,
+            vec![service(
+                "default/sig:sctp",
+                vec![Frontend::new(vip, L4Proto::Sctp, 3868, FrontendKind::ClusterIp, false)],
+                vec![local_backend(b0, bport)],
+                ForwardingMode::Nat,
+            )],
+        )
+    };
+    // A fragment of an SCTP packet of id 0x4244: the first one carries the common header and
+    // a 20-byte chunk, a later one 16 bytes at offset 32. The CRC the builder fills into the
+    // first fragment's header stands for the whole packet's.
+    let fragment = |src: IpAddr,
+                    sport: u16,
+                    dst: IpAddr,
+                    first: bool,
+                    ttl: u8,
+                    macs: ([u8; 6], [u8; 6]),
+                    dport: u16| {
+        let payload: Vec<u8> = if first { sctp_packet(sport, dport, 0xfeed, &[0x42; 20]) } else { vec![0x42; 16] };
+        let pr = if first { proto::SCTP } else { 253 };
+        let mut fr =
+            Frame::ip(src, dst, pr, &payload, &IpOpts { ttl, dont_frag: false, ident: 0x4244, ..IpOpts::default() });
+        fr.bytes[23] = proto::SCTP;
+        fr.bytes[20..22].copy_from_slice(&if first { 0x2000u16 } else { 4 }.to_be_bytes());
+        fr.bytes[24..26].fill(0);
+        let cs = dataplane::csum::checksum(&fr.bytes[14..34]);
+        fr.bytes[24..26].copy_from_slice(&cs.to_be_bytes());
+        fr.macs(macs.0, macs.1);
+        fr.bytes
+    };
+    let frag = |dst, first, ttl, macs, dport| fragment(c, 5000, dst, first, ttl, macs, dport);
+    vec![
+        row(
+            "sctp_first_fragment_whose_port_dnat_changes_is_dropped_as_its_crc32c_cannot_follow",
+            f,
+            setup(3869),
+            vec![
+                step(
+                    "first fragment to vip:3868, backend port 3869",
+                    frag(vip, true, 64, IN, 3868),
+                    Expect::Drop(DropReason::FragmentUnrewritable),
+                ),
+                step("its later fragment", frag(vip, false, 64, IN, 3868), Expect::Drop(DropReason::FragmentUntracked)),
+                step(
+                    "the backend's reply first fragment, whose source port 3869 would become 3868",
+                    fragment(b0, 3869, c, true, 64, from_b(0), 5000),
+                    Expect::Drop(DropReason::FragmentUnrewritable),
+                ),
+            ],
+        ),
+        row(
+            "sctp_fragments_whose_ports_stay_keep_their_crc32c_and_follow_their_first_fragment",
+            f,
+            setup(3868),
+            vec![
+                step(
+                    "first fragment to vip:3868, backend port 3868",
+                    frag(vip, true, 64, IN, 3868),
+                    Expect::Tx(frag(b0, true, 63, to_b(0), 3868)),
+                ),
+                step("later fragment", frag(vip, false, 64, IN, 3868), Expect::Tx(frag(b0, false, 63, to_b(0), 3868))),
+            ],
+        ),
+    ]
+}
+
 /// IPv4 fragments: the first fragment picks the backend; later ones follow it.
 fn fragment_rows() -> Vec<Row> {
     let f = v4();
@@ -1831,6 +1906,7 @@ fn all_rows() -> Vec<Row> {
     rows.extend(fragment_rows());
     rows.extend(fragment_rows_v6());
     rows.extend(dsr_fragment_rows());
+    rows.extend(sctp_fragment_rows());
     rows
 }
 

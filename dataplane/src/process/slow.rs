@@ -1281,6 +1281,11 @@ fn transmit_forward<A: Fam>(
     if let Some(v) = encap_too_big::<A>(c, pkt, p, action, hop, r.in_port) {
         return v;
     }
+    let snat = r.flags & flow_flags::SNAT != 0;
+    if matches!(action, FragAction::Nat { .. }) && sctp_fragment_port_change(p, r.bport, snat.then_some(r.reply_dport))
+    {
+        return Verdict::Drop(DropReason::FragmentUnrewritable);
+    }
     if !nat::dec_ttl::<A>(pkt.frame_mut(), p) {
         return Verdict::Drop(DropReason::TtlExceeded);
     }
@@ -1292,7 +1297,17 @@ fn transmit_forward<A: Fam>(
             return Verdict::Drop(DropReason::FragmentTableFull);
         }
     }
-    apply(pkt, p, action, r.bport, r.reply_dport, r.flags & flow_flags::SNAT != 0, hop)
+    apply(pkt, p, action, r.bport, r.reply_dport, snat, hop)
+}
+
+/// Whether `p` is an SCTP first fragment whose destination port becomes `dport` and, if
+/// given, whose source port becomes `sport`, with either changing. Its CRC32c covers the whole
+/// packet (RFC 9260 §6.8), most of which is in the later fragments, so unlike a checksum delta
+/// it cannot follow the change: the reassembled packet would fail it at its receiver.
+fn sctp_fragment_port_change(p: &Parsed, dport: u16, sport: Option<u16>) -> bool {
+    p.proto == proto::SCTP
+        && matches!(p.frag, Frag::First { .. })
+        && (p.dport != dport || sport.is_some_and(|s| s != p.sport))
 }
 
 /// For an encapsulating `action`, the answer to a packet that would exceed the next hop's MTU
@@ -1390,10 +1405,13 @@ fn reply<A: Fam>(
     if new.is_evictable() != old.is_evictable() {
         st.ct.set_evictable(&hit, new.is_evictable());
     }
+    let snat = r.flags & flow_flags::SNAT != 0;
+    if sctp_fragment_port_change(p, if snat { r.cport } else { p.dport }, Some(r.vport)) {
+        return Verdict::Drop(DropReason::FragmentUnrewritable);
+    }
     if !nat::dec_ttl::<A>(pkt.frame_mut(), p) {
         return Verdict::Drop(DropReason::TtlExceeded);
     }
-    let snat = r.flags & flow_flags::SNAT != 0;
     let src_mac = {
         let port = c.port(r.in_port);
         if port.known { port.mac } else { wire::emit::dst_mac(pkt.frame()) }
