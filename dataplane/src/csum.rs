@@ -190,13 +190,17 @@ pub fn apply_delta(hc: u16, d: u16) -> u16 {
     !add16(!hc, d)
 }
 
-/// [`apply_delta`] under an L4 checksum rule: UDP over IPv4 keeps a zero checksum zero and sends
-/// a computed zero as `0xffff` (RFC 768), as [`update_l4`] does.
+/// [`apply_delta`] under an L4 checksum rule: UDP sends a computed zero as `0xffff` (RFC 768),
+/// and over IPv4 keeps a zero checksum zero, as [`update_l4`] does.
 #[inline]
 pub fn apply_l4_delta(kind: L4Sum, hc: u16, d: u16) -> u16 {
     match kind {
         L4Sum::None => hc,
         L4Sum::Always => apply_delta(hc, d),
+        L4Sum::UdpV6 => match apply_delta(hc, d) {
+            0 => 0xffff,
+            r => r,
+        },
         L4Sum::UdpV4 => {
             if hc == 0 || d == 0 {
                 hc
@@ -211,8 +215,11 @@ pub fn apply_l4_delta(kind: L4Sum, hc: u16, d: u16) -> u16 {
 /// Which L4 checksum rule applies when updating incrementally.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum L4Sum {
-    /// TCP (both families) and UDP over IPv6: always present.
+    /// TCP (both families) and ICMPv6: always present.
     Always,
+    /// UDP over IPv6: always present, and a computed 0 is sent as 0xFFFF (RFC 768): a zero
+    /// field means no checksum, which IPv6 receivers discard (RFC 8200 §8.1).
+    UdpV6,
     /// UDP over IPv4: 0 means "no checksum" and stays 0; a computed 0 is sent as 0xFFFF
     /// (RFC 768).
     UdpV4,
@@ -227,6 +234,10 @@ pub fn update_l4(kind: L4Sum, hc: u16, old: &[u8], new: &[u8]) -> u16 {
     match kind {
         L4Sum::None => hc,
         L4Sum::Always => update_bytes(hc, old, new),
+        L4Sum::UdpV6 => match update_bytes(hc, old, new) {
+            0 => 0xffff,
+            r => r,
+        },
         L4Sum::UdpV4 => {
             if hc == 0 {
                 0
@@ -295,17 +306,19 @@ mod tests {
         assert_eq!(update_l4(L4Sum::UdpV4, 0, &[1, 2, 3, 4], &[5, 6, 7, 8]), 0);
     }
 
-    /// The precomputed-delta form of the RFC 768 rule (the fast path's DNAT): a UDP/IPv4 sum
-    /// that comes to zero is sent as `0xffff`; a zero field (no checksum) stays zero; TCP
-    /// and UDP over IPv6 write the sum as computed.
+    /// The precomputed-delta form of the RFC 768 rule (the fast path's DNAT): a UDP sum that
+    /// comes to zero is sent as `0xffff` over either family; a zero UDP/IPv4 field (no
+    /// checksum) stays zero; TCP writes the sum as computed.
     #[test]
     fn a_udp_v4_delta_to_a_computed_zero_sends_0xffff() {
         // !(!0x1234 + 0x1234) = !0xffff = 0
         assert_eq!(apply_delta(0x1234, 0x1234), 0);
         assert_eq!(apply_l4_delta(L4Sum::UdpV4, 0x1234, 0x1234), 0xffff);
         assert_eq!(apply_l4_delta(L4Sum::Always, 0x1234, 0x1234), 0);
+        assert_eq!(apply_l4_delta(L4Sum::UdpV6, 0x1234, 0x1234), 0xffff);
         assert_eq!(apply_l4_delta(L4Sum::UdpV4, 0, 0x1234), 0);
         assert_eq!(update_l4(L4Sum::UdpV4, 0x1234, &[0, 0], &[0x12, 0x34]), 0xffff);
+        assert_eq!(update_l4(L4Sum::UdpV6, 0x1234, &[0, 0], &[0x12, 0x34]), 0xffff);
         assert_eq!(update_l4(L4Sum::Always, 0x1234, &[0, 0], &[0x12, 0x34]), 0);
     }
 

@@ -64,7 +64,7 @@ pub fn l4_sum<A: Family>(p: &Parsed) -> (L4Sum, usize) {
     }
     match p.proto {
         proto::TCP => (L4Sum::Always, 16),
-        proto::UDP if A::IS_V6 => (L4Sum::Always, 6),
+        proto::UDP if A::IS_V6 => (L4Sum::UdpV6, 6),
         proto::UDP => (L4Sum::UdpV4, 6),
         proto::ICMPV6 => (L4Sum::Always, 2),
         _ => (L4Sum::None, 0),

@@ -374,6 +374,33 @@ fn rows_for(f: Fam) -> Vec<Row> {
         ],
     ));
 
+    if f.v6 {
+        // A datagram whose checksum, rewritten for the backend's address and port, sums to
+        // zero: UDP over IPv6 carries that as 0xFFFF (RFC 768), as the builder writes it; 0
+        // means no checksum, which IPv6 receivers discard (RFC 8200 §8.1).
+        let dgram = |dst: IpAddr, dp: u16, w: u16, ttl: u8, macs: ([u8; 6], [u8; 6])| {
+            let mut fr = Frame::ip(c, dst, proto::UDP, &udp_datagram(5000, dp, &w.to_be_bytes()), &opts(ttl));
+            fr.macs(macs.0, macs.1);
+            fr.bytes
+        };
+        let w = (0..=u16::MAX)
+            .find(|&w| dgram(b0, 8080, w, 63, to_b(0))[60..62] == [0xff, 0xff])
+            .expect("a payload whose rewritten checksum sums to zero");
+        rows.push(row(
+            "udp_v6_dnat_whose_checksum_sums_to_zero_carries_it_as_all_ones",
+            f,
+            spec(f, vec![]),
+            vec![
+                step(
+                    "the flow's first datagram",
+                    dgram(vip, 53, w, 64, IN),
+                    Expect::Tx(dgram(b0, 8080, w, 63, to_b(0))),
+                ),
+                step("the same datagram again", dgram(vip, 53, w, 64, IN), Expect::Tx(dgram(b0, 8080, w, 63, to_b(0)))),
+            ],
+        ));
+    }
+
     // --- SNAT (NodePort, eTP Cluster) ---
     rows.push(row(
         "nodeport_masquerade_rewrites_source_to_snat_address_and_worker_port",
@@ -1575,6 +1602,25 @@ fn fragment_rows_v6() -> Vec<Row> {
                 Expect::Tx(frag(f.backends[0], false, 63, to_b(0), 8080)),
             ),
         ],
+    ));
+    // A first fragment whose checksum field, updated for the new address and port, sums to
+    // zero: UDP over IPv6 must carry that as 0xFFFF, since 0 means no checksum, which IPv6
+    // receivers discard (RFC 768; RFC 8200 §8.1). The field stands for the whole datagram, so
+    // any value is one a sender could have written.
+    let rewrite = |hc| {
+        let hc = dataplane::csum::update_bytes(hc, &vip6, &b6);
+        dataplane::csum::update_bytes(hc, &53u16.to_be_bytes(), &8080u16.to_be_bytes())
+    };
+    let hc_in = (1..=u16::MAX).find(|&hc| rewrite(hc) == 0).expect("a checksum that the rewrite takes to 0");
+    let mut zero_in = frag(f.vip, true, 64, IN, 53);
+    zero_in[68..70].copy_from_slice(&hc_in.to_be_bytes());
+    let mut zero_out = frag(f.backends[0], true, 63, to_b(0), 8080);
+    zero_out[68..70].copy_from_slice(&[0xff, 0xff]);
+    rows.push(row(
+        "a_udp_first_fragment_whose_rewritten_checksum_sums_to_zero_carries_it_as_all_ones",
+        f,
+        spec(f, vec![]),
+        vec![step("first fragment", zero_in, Expect::Tx(zero_out))],
     ));
     rows.extend(fragment_rows_v6_behind_destination_options());
     rows

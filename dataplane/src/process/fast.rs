@@ -305,7 +305,13 @@ fn nat_at<A: Family, const L3: usize, const TCP: bool>(
     emit::put_u16(h, l4 + emit::tcp::SPORT.start, n.sport);
     emit::put_u16(h, l4 + emit::tcp::DPORT.start, n.dport);
     let at = l4 + if TCP { emit::tcp::CHECKSUM.start } else { emit::udp::CHECKSUM.start };
-    let kind = if TCP || A::IS_V6 { L4Sum::Always } else { L4Sum::UdpV4 };
+    let kind = if TCP {
+        L4Sum::Always
+    } else if A::IS_V6 {
+        L4Sum::UdpV6
+    } else {
+        L4Sum::UdpV4
+    };
     emit::put_u16_ne(h, at, csum::apply_l4_delta(kind, emit::get_u16_ne(h, at), n.l4_delta));
     true
 }
