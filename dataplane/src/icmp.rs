@@ -91,9 +91,14 @@ pub fn refresh_icmp_checksum<A: Family>(f: &mut [u8], l3: usize, l4: usize, end:
 /// §2.4(e)): not if it came as a link-layer broadcast or multicast (the group bit of its
 /// destination MAC), nor if its source names no single host: the unspecified address, "this
 /// network" (0/8) and loopback, multicast, and for IPv4 class E and the limited broadcast.
-/// Otherwise a spoofed source would make xlb answer a whole group.
+/// Otherwise a spoofed source would make xlb answer a whole group. Nor, over IPv4, if it is a
+/// fragment other than the first (RFC 1812 §4.3.2.7; ICMPv6 has no such rule, and a Packet
+/// Too Big about any fragment is what path MTU discovery needs, RFC 8201).
 pub fn may_answer<A: Family>(f: &[u8], p: &Parsed) -> bool {
     if f.first().is_none_or(|mac0| mac0 & 1 != 0) {
+        return false;
+    }
+    if !A::IS_V6 && matches!(p.frag, crate::wire::Frag::Later { .. }) {
         return false;
     }
     let src: A = crate::nat::src(f, p);

@@ -1739,6 +1739,20 @@ fn dsr_fragment_rows() -> Vec<Row> {
                 frag(false, 1480, 64),
                 Expect::Drop(DropReason::TooBig),
             ),
+            // With DF set, still no "fragmentation needed": no ICMP error about a fragment
+            // other than the first (RFC 1812 §4.3.2.7, RFC 1122 §3.2.2).
+            step(
+                "the same later fragment with DF set",
+                {
+                    let mut b = frag(false, 1480, 64);
+                    b[20] |= 0x40;
+                    b[24..26].fill(0);
+                    let cs = dataplane::csum::checksum(&b[14..34]);
+                    b[24..26].copy_from_slice(&cs.to_be_bytes());
+                    b
+                },
+                Expect::Drop(DropReason::IcmpErrorForbidden),
+            ),
         ],
     )]
 }
