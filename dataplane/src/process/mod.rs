@@ -417,12 +417,10 @@ struct Common {
     now_s: u32,
     now_ms: u64,
     last_sweep_ms: u64,
-    tokens: u32,
-    tokens_s: u32,
-    /// ICMP errors this worker may still originate in second `icmp_tokens_s`
-    /// ([`ICMP_ERRORS_PER_S`]).
-    icmp_tokens: u32,
-    icmp_tokens_s: u32,
+    /// New flows this worker may still admit this second ([`PipelineConfig::new_flows_per_s`]).
+    new_flows: PerSecond,
+    /// ICMP errors this worker may still originate this second ([`ICMP_ERRORS_PER_S`]).
+    icmp_errors: PerSecond,
     snat_cursor: u16,
     own_snat: (u16, u16),
     affinity: Arc<AffinityTable>,
@@ -444,22 +442,34 @@ struct Common {
     direct_flows: u64,
 }
 
+/// A budget of events per second of the worker's clock: `left` of the second `second`.
+#[derive(Debug, Default, Clone, Copy)]
+struct PerSecond {
+    left: u32,
+    second: u32,
+}
+
+impl PerSecond {
+    /// Takes one event from second `now_s`'s budget of `per_s`; `false` when it is spent.
+    #[inline]
+    fn take(&mut self, now_s: u32, per_s: u32) -> bool {
+        if self.second != now_s {
+            self.second = now_s;
+            self.left = per_s;
+        }
+        if self.left == 0 {
+            return false;
+        }
+        self.left -= 1;
+        true
+    }
+}
+
 impl Common {
     #[inline]
     fn admit_new_flow(&mut self) -> bool {
         let rate = self.cfg.new_flows_per_s;
-        if rate == 0 {
-            return true;
-        }
-        if self.tokens_s != self.now_s {
-            self.tokens_s = self.now_s;
-            self.tokens = rate;
-        }
-        if self.tokens == 0 {
-            return false;
-        }
-        self.tokens -= 1;
-        true
+        rate == 0 || self.new_flows.take(self.now_s, rate)
     }
 
     /// Whether this worker may originate one more ICMP error this second (and takes it from
@@ -467,15 +477,7 @@ impl Common {
     /// so a flood of spoofed packets does not turn xlb into a reflector.
     #[inline]
     fn admit_icmp_error(&mut self) -> bool {
-        if self.icmp_tokens_s != self.now_s {
-            self.icmp_tokens_s = self.now_s;
-            self.icmp_tokens = ICMP_ERRORS_PER_S;
-        }
-        if self.icmp_tokens == 0 {
-            return false;
-        }
-        self.icmp_tokens -= 1;
-        true
+        self.icmp_errors.take(self.now_s, ICMP_ERRORS_PER_S)
     }
 
     #[inline]
@@ -674,10 +676,8 @@ impl Pipeline {
                 now_s: 1,
                 now_ms: 0,
                 last_sweep_ms: 0,
-                tokens: 0,
-                tokens_s: 0,
-                icmp_tokens: 0,
-                icmp_tokens_s: 0,
+                new_flows: PerSecond::default(),
+                icmp_errors: PerSecond::default(),
                 affinity,
                 generation: 0,
                 ports: Box::new([PortInfo::default(); 256]),
