@@ -7,36 +7,14 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, ListParams, WatchEvent, WatchParams};
 use support::fake_apiserver::{FakeApiServer, Res};
-use support::{kubeconfig, service};
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let d = std::env::temp_dir().join(format!("xlb-ratelimit-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).expect("temp dir");
-        Self(d)
-    }
-    fn write(&self, name: &str, text: &str) -> PathBuf {
-        let p = self.0.join(name);
-        std::fs::write(&p, text).expect("write");
-        p
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use support::{TempDir, kubeconfig, service};
 
 /// Loads `config_text` as a config file and builds the client `xlb run` would build from it
 /// and a kubeconfig pointing at `server`.
@@ -72,7 +50,7 @@ fn kube_proxy_configuration(client_connection: &str) -> String {
 async fn kube_proxy_configuration_qps_and_burst_pace_the_api_client() {
     let server = FakeApiServer::start().await;
     server.apply(Res::Services, service("default", "web", "10.96.0.10", &[("http", 80, 8080)]));
-    let dir = TempDir::new("pace");
+    let dir = TempDir::new("ratelimit-pace");
 
     // qps 20, burst 3: 13 requests need (13 - 3) / 20 = 0.5 s at least.
     let (client, cfg) = client_from_files(&dir, &server, &kube_proxy_configuration("{qps: 20, burst: 3}")).await;
@@ -108,7 +86,7 @@ async fn kube_proxy_configuration_qps_and_burst_pace_the_api_client() {
 #[tokio::test]
 async fn a_watch_costs_one_token_and_its_events_none() {
     let server = FakeApiServer::start().await;
-    let dir = TempDir::new("watch");
+    let dir = TempDir::new("ratelimit-watch");
     // One token, refilled every 0.5 s.
     let (client, _) = client_from_files(&dir, &server, &kube_proxy_configuration("{qps: 2, burst: 1}")).await;
     let api: Api<Service> = Api::all(client.clone());

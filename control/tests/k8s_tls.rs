@@ -8,7 +8,7 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Service;
@@ -16,7 +16,7 @@ use kube::api::{Api, ListParams};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use support::fake_apiserver::{FakeApiServer, Res, TlsIdentity};
-use support::{NODE, node, service, slice};
+use support::{NODE, TempDir, node, service, slice};
 use xlb::http::Telemetry;
 use xlb::k8s::{Source, SourceConfig};
 
@@ -52,30 +52,6 @@ impl Ca {
     }
 }
 
-/// A directory of the test's files, removed when dropped (also when the test fails).
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let d = std::env::temp_dir().join(format!("xlb-tls-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).expect("temp dir");
-        Self(d)
-    }
-
-    fn write(&self, name: &str, text: &str) -> PathBuf {
-        let p = self.0.join(name);
-        std::fs::write(&p, text).expect("write");
-        p
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// A kubeconfig for `server` that trusts the CA in `ca_file` and, when `token` is given,
 /// authenticates with it.
 fn kubeconfig(server: &str, ca_file: &Path, token: Option<&str>) -> String {
@@ -108,7 +84,7 @@ async fn the_source_syncs_from_an_https_api_server_with_the_kubeconfigs_ca_and_t
     let ca = Ca::new("xlb test CA");
     let server = seeded_tls(&ca).await;
     assert!(server.url().starts_with("https://"), "{}", server.url());
-    let dir = TempDir::new("ok");
+    let dir = TempDir::new("tls-ok");
     let client = client(&dir, &server, &ca, Some(TOKEN)).await;
     let cfg = SourceConfig { min_sync_period: Duration::from_millis(50), ..SourceConfig::new(NODE) };
     let mut source = Source::start(client, cfg, Telemetry::new(Duration::from_secs(30)));
@@ -134,7 +110,7 @@ async fn the_source_syncs_from_an_https_api_server_with_the_kubeconfigs_ca_and_t
 async fn a_server_certificate_the_kubeconfigs_ca_did_not_sign_is_refused() {
     let (ca, other) = (Ca::new("xlb test CA"), Ca::new("another CA"));
     let server = seeded_tls(&ca).await;
-    let dir = TempDir::new("other-ca");
+    let dir = TempDir::new("tls-other-ca");
     let client = client(&dir, &server, &other, Some(TOKEN)).await;
     let err = Api::<Service>::all(client).list(&ListParams::default()).await.expect_err("the list must fail");
     // The client gave up in the handshake: the server saw it fail and served no request.
@@ -156,7 +132,7 @@ async fn without_the_token_the_https_server_answers_401() {
     // client without it, after a handshake that succeeded.
     let ca = Ca::new("xlb test CA");
     let server = seeded_tls(&ca).await;
-    let dir = TempDir::new("no-token");
+    let dir = TempDir::new("tls-no-token");
     let client = client(&dir, &server, &ca, None).await;
     let err = Api::<Service>::all(client).list(&ListParams::default()).await.expect_err("the list must fail");
     assert!(matches!(&err, kube::Error::Api(s) if s.code == 401), "{err:?}");

@@ -8,6 +8,32 @@ use std::net::SocketAddr;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+/// A directory of a test's files under the system's temporary directory
+/// (`xlb-{tag}-{pid}`), emptied when made and removed when dropped (also when the test fails).
+pub(crate) struct TempDir(pub(crate) std::path::PathBuf);
+
+impl TempDir {
+    pub(crate) fn new(tag: &str) -> Self {
+        let d = std::env::temp_dir().join(format!("xlb-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).expect("temp dir");
+        Self(d)
+    }
+
+    /// Writes `text` into file `name` of the directory; returns its path.
+    pub(crate) fn write(&self, name: &str, text: &str) -> std::path::PathBuf {
+        let p = self.0.join(name);
+        std::fs::write(&p, text).expect("write");
+        p
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// Our node's name.
 pub(crate) const NODE: &str = "node-a";
 
