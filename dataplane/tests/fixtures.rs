@@ -1544,6 +1544,15 @@ fn node_address_also_an_external_ip_rows(f: Fam, later_fragment: Vec<u8>) -> Vec
         .collect()
 }
 
+/// The transport checksum `hc` of an IPv6 datagram to the VIP's port 53, updated per RFC 1624
+/// for the rewrite to the first backend's address and port 8080 (what the expected first
+/// fragments carry: a fragment's checksum covers the reassembled datagram).
+fn dnat_53_to_backend_sum(f: Fam, hc: u16) -> u16 {
+    let (IpAddr::V6(vip6), IpAddr::V6(b6)) = (f.vip, f.backends[0]) else { unreachable!() };
+    let hc = dataplane::csum::update_bytes(hc, &vip6.octets(), &b6.octets());
+    dataplane::csum::update_bytes(hc, &53u16.to_be_bytes(), &8080u16.to_be_bytes())
+}
+
 /// IPv6 fragments (Fragment extension header, RFC 8200 §4.5): the first fragment picks the
 /// backend; later ones follow it.
 fn fragment_rows_v6() -> Vec<Row> {
@@ -1571,18 +1580,7 @@ fn fragment_rows_v6() -> Vec<Row> {
     };
     let first_in = frag(f.vip, true, 64, IN, 53);
     let mut first_out = frag(f.backends[0], true, 63, to_b(0), 8080);
-    // Expected checksum: the input's, updated for dst address and port per RFC 1624.
-    let hc = u16::from_be_bytes([first_in[68], first_in[69]]);
-    let vip6 = match f.vip {
-        IpAddr::V6(a) => a.octets(),
-        IpAddr::V4(_) => unreachable!(),
-    };
-    let b6 = match f.backends[0] {
-        IpAddr::V6(a) => a.octets(),
-        IpAddr::V4(_) => unreachable!(),
-    };
-    let hc = dataplane::csum::update_bytes(hc, &vip6, &b6);
-    let hc = dataplane::csum::update_bytes(hc, &53u16.to_be_bytes(), &8080u16.to_be_bytes());
+    let hc = dnat_53_to_backend_sum(f, u16::from_be_bytes([first_in[68], first_in[69]]));
     first_out[68..70].copy_from_slice(&hc.to_be_bytes());
     let mut rows = node_address_also_an_external_ip_rows(f, frag(f.node, false, 64, IN, 53));
     rows.push(row(
@@ -1607,11 +1605,8 @@ fn fragment_rows_v6() -> Vec<Row> {
     // zero: UDP over IPv6 must carry that as 0xFFFF, since 0 means no checksum, which IPv6
     // receivers discard (RFC 768; RFC 8200 §8.1). The field stands for the whole datagram, so
     // any value is one a sender could have written.
-    let rewrite = |hc| {
-        let hc = dataplane::csum::update_bytes(hc, &vip6, &b6);
-        dataplane::csum::update_bytes(hc, &53u16.to_be_bytes(), &8080u16.to_be_bytes())
-    };
-    let hc_in = (1..=u16::MAX).find(|&hc| rewrite(hc) == 0).expect("a checksum that the rewrite takes to 0");
+    let hc_in =
+        (1..=u16::MAX).find(|&hc| dnat_53_to_backend_sum(f, hc) == 0).expect("a checksum that the rewrite takes to 0");
     let mut zero_in = frag(f.vip, true, 64, IN, 53);
     zero_in[68..70].copy_from_slice(&hc_in.to_be_bytes());
     let mut zero_out = frag(f.backends[0], true, 63, to_b(0), 8080);
@@ -1658,11 +1653,7 @@ fn fragment_rows_v6_behind_destination_options() -> Vec<Row> {
     };
     let first_in = frag(f.vip, true, 64, IN, 53);
     let mut first_out = frag(f.backends[0], true, 63, to_b(0), 8080);
-    // Expected checksum: the input's, updated for destination address and port per RFC 1624.
-    let (IpAddr::V6(vip6), IpAddr::V6(b6)) = (f.vip, f.backends[0]) else { unreachable!() };
-    let hc = u16::from_be_bytes([first_in[76], first_in[77]]);
-    let hc = dataplane::csum::update_bytes(hc, &vip6.octets(), &b6.octets());
-    let hc = dataplane::csum::update_bytes(hc, &53u16.to_be_bytes(), &8080u16.to_be_bytes());
+    let hc = dnat_53_to_backend_sum(f, u16::from_be_bytes([first_in[76], first_in[77]]));
     first_out[76..78].copy_from_slice(&hc.to_be_bytes());
     vec![row(
         "fragments_with_destination_options_after_the_fragment_header_follow_their_first_fragment",
