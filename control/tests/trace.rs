@@ -107,6 +107,11 @@ const OWN_SETUP_ROWS: &[(&str, &str, Frames)] = &[
     ("hairpin_backend_reaching_its_own_service_is_masqueraded", "fixtures-standard.yaml", Frames::SnatPort),
     ("icmp_too_big_about_a_reply_reaches_the_backend_that_owns_the_flow", "fixtures-standard.yaml", Frames::Exact),
     (
+        "icmp_error_about_a_dnat_flows_packet_to_its_backend_reaches_the_client_translated",
+        "fixtures-standard.yaml",
+        Frames::Exact,
+    ),
+    (
         "icmp_error_with_a_bad_checksum_is_dropped_not_forwarded_under_a_fresh_checksum",
         "fixtures-standard.yaml",
         Frames::Exact,
@@ -354,7 +359,7 @@ fn trace_replays_the_fixture_rows_with_their_own_setups_and_clock_steps() {
     assert_eq!(replayed.len(), 2 * OWN_SETUP_ROWS.len() - 6, "{replayed:?}");
     let steps: usize = rows.iter().filter(|(r, _)| own(base(r)).is_some()).map(|(_, recs)| recs.len()).sum();
     assert_eq!(checked, steps);
-    assert_eq!(checked, 85, "records checked");
+    assert_eq!(checked, 91, "records checked");
     assert!(rows.iter().filter(|(r, _)| own(base(r)).is_some()).any(|(_, recs)| recs.iter().any(|r| r.advance_s > 0)));
 }
 

@@ -1075,6 +1075,30 @@ fn rows_for(f: Fam) -> Vec<Row> {
             ),
         ],
     ));
+    // A DNAT flow keeps the client's address, so an error about its packet to the backend
+    // (the backend's port unreachable, a router's too-big on the backend side) is sent to the
+    // client and quotes client -> backend: translated back to client -> VIP (RFC 5508 section
+    // 7), from the VIP when the backend itself reports.
+    let client_to_backend = tcp(c, 40000, b0, 8080, SYN, 63, to_b(0));
+    let client_to_vip = tcp(c, 40000, vip, 80, SYN, 63, IN);
+    rows.push(row(
+        "icmp_error_about_a_dnat_flows_packet_to_its_backend_reaches_the_client_translated",
+        f,
+        spec(f, vec![]),
+        vec![
+            step("SYN", tcp(c, 40000, vip, 80, SYN, 64, IN), Expect::Tx(client_to_backend.clone())),
+            step(
+                "the backend's port unreachable to the client speaks for the VIP",
+                icmp_error(f, b0, c, &quote(&client_to_backend, f.v6), false, 64, from_b(0)),
+                Expect::Tx(icmp_error(f, vip, c, &quote(&client_to_vip, f.v6), false, 63, OUT)),
+            ),
+            step(
+                "a router's too-big on the backend side keeps its source",
+                icmp_error(f, f.router, c, &quote(&client_to_backend, f.v6), true, 64, from_b(0)),
+                Expect::Tx(icmp_error(f, f.router, c, &quote(&client_to_vip, f.v6), true, 63, OUT)),
+            ),
+        ],
+    ));
     // A backend behind a multipath route (gateways: backends 1 and 2, on-link): each flow
     // takes one path by the hash of the flow as it leaves (L4 policy here), and keeps it.
     let mut multi = spec(f, vec![]);

@@ -571,6 +571,106 @@ mod tests {
         assert!(seen.iter().all(|s| s.fragment != 0 || s.proto != IPPROTO_UDP), "first fragment passed");
     }
 
+    /// An ICMP error a router on the backend side (or the backend itself) sends about a DNAT
+    /// flow's packet goes to the client, whose address the flow keeps, and quotes the packet
+    /// as it left xlb: client to backend. Only xlb can turn the quote back into the VIP's, so
+    /// errors quoting a listed backend's (address, protocol, port) reach the XSK, in both
+    /// families; errors quoting another port of it pass.
+    #[test]
+    fn icmp_errors_to_a_client_quoting_a_packet_to_a_listed_nat_backend_reach_the_xsk() {
+        if !common::can_run("icmp_errors_to_a_client_quoting_a_packet_to_a_listed_nat_backend_reach_the_xsk") {
+            return;
+        }
+        let pair = Pair::new(1);
+        let (mut steering, mut xsk) = attach_with_xsk(&pair);
+        // The backend's addresses: nothing of the test's own sends from or to them.
+        let backend4 = IpAddr::from([10, 251, 5, 5]);
+        let backend6: IpAddr = "fd00:251:5::5".parse().unwrap();
+        let ep = |addr: IpAddr| ServiceKey { addr, proto: IPPROTO_UDP, port: 5353 };
+        steering.sync_endpoints(&[ep(backend4), ep(backend6)]).unwrap();
+        let ping = pair.client.exec(&["ping", "-6", "-c", "1", "-W", "2", &LB_V6.to_string()]);
+        assert!(ping.status.success(), "ping -6: {}", String::from_utf8_lossy(&ping.stdout));
+
+        // The lb's own address stands for the flow's client (the error's destination): it is
+        // no VIP, no service and no SNAT address here.
+        for (lb, backend) in [(IpAddr::from(LB_V4), backend4), (IpAddr::from(LB_V6), backend6)] {
+            for (port, ours) in [(5353, true), (5354, false)] {
+                let before = steering.stats().unwrap();
+                pair.client.run_in(|| send_port_unreachable(lb, backend, port));
+                let seen: Vec<_> = xsk.recv(if ours { LONG } else { SHORT }).iter().filter_map(|f| decode(f)).collect();
+                let icmp = if lb.is_ipv4() { (1, 3) } else { (58, 1) };
+                let errors = seen.iter().filter(|s| s.dst == lb && (s.proto, s.port_or_type) == icmp).count();
+                let after = steering.stats().unwrap();
+                if ours {
+                    assert_eq!(errors, 1, "the error quoting {backend}:{port} on the XSK: {seen:?}");
+                    assert_eq!(after.redirected - before.redirected, 1, "{before:?} -> {after:?}");
+                } else {
+                    assert_eq!(errors, 0, "the error quoting {backend}:{port} passed: {seen:?}");
+                    assert_eq!(after.redirected, before.redirected, "{before:?} -> {after:?}");
+                    assert!(after.passed > before.passed, "{before:?} -> {after:?}");
+                }
+            }
+        }
+    }
+
+    /// Sends, from the calling thread's namespace, an ICMP port unreachable (ICMPv6 type 1
+    /// code 4) to `to`, quoting a UDP datagram from `to`:40000 to `backend`:`port`.
+    fn send_port_unreachable(to: IpAddr, backend: IpAddr, port: u16) {
+        use nix::sys::socket::{
+            AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType, SockaddrIn, SockaddrIn6, sendto, socket,
+        };
+        use std::os::fd::AsRawFd as _;
+        let udp = |len: u16| {
+            let mut u = Vec::from(40_000u16.to_be_bytes());
+            u.extend_from_slice(&port.to_be_bytes());
+            u.extend_from_slice(&len.to_be_bytes());
+            u.extend_from_slice(&[0, 0]);
+            u
+        };
+        match (to, backend) {
+            (IpAddr::V4(to), IpAddr::V4(b)) => {
+                // The quoted IPv4 header (RFC 792: the header and 64 bits of the datagram).
+                let mut q = vec![0x45, 0, 0, 28, 0, 1, 0x40, 0, 63, 17, 0, 0];
+                q.extend_from_slice(&to.octets());
+                q.extend_from_slice(&b.octets());
+                let cs = inet_checksum(&q);
+                q[10..12].copy_from_slice(&cs.to_be_bytes());
+                q.extend(udp(8));
+                let mut icmp = vec![3, 3, 0, 0, 0, 0, 0, 0];
+                icmp.extend(q);
+                let cs = inet_checksum(&icmp);
+                icmp[2..4].copy_from_slice(&cs.to_be_bytes());
+                let fd = socket(AddressFamily::Inet, SockType::Raw, SockFlag::empty(), SockProtocol::Icmp)
+                    .expect("raw ICMP socket");
+                let dst = SockaddrIn::from(std::net::SocketAddrV4::new(to, 0));
+                sendto(fd.as_raw_fd(), &icmp, &dst, MsgFlags::empty()).expect("send the ICMP error");
+            }
+            (IpAddr::V6(to), IpAddr::V6(b)) => {
+                let mut q = vec![0x60, 0, 0, 0, 0, 8, 17, 63];
+                q.extend_from_slice(&to.octets());
+                q.extend_from_slice(&b.octets());
+                q.extend(udp(8));
+                let mut icmp = vec![1, 4, 0, 0, 0, 0, 0, 0];
+                icmp.extend(q);
+                // The kernel fills in an ICMPv6 raw socket's checksum (RFC 3542 3.1).
+                let fd = socket(AddressFamily::Inet6, SockType::Raw, SockFlag::empty(), SockProtocol::IcmpV6)
+                    .expect("raw ICMPv6 socket");
+                let dst = SockaddrIn6::from(std::net::SocketAddrV6::new(to, 0, 0, 0));
+                sendto(fd.as_raw_fd(), &icmp, &dst, MsgFlags::empty()).expect("send the ICMPv6 error");
+            }
+            _ => panic!("one family"),
+        }
+    }
+
+    /// The Internet checksum (RFC 1071) of `b`.
+    fn inet_checksum(b: &[u8]) -> u16 {
+        let mut sum: u32 = b.chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]))).sum();
+        while sum > 0xffff {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        !(sum as u16)
+    }
+
     #[test]
     fn frames_from_a_listed_nat_backend_reach_the_xsk_in_both_families_and_its_other_ports_pass() {
         if !common::can_run("frames_from_a_listed_nat_backend_reach_the_xsk_in_both_families_and_its_other_ports_pass")

@@ -11,8 +11,10 @@
 //     `endpoints` (replies of DNAT flows, whose destination is the client);
 //   * ICMP/ICMPv6 errors (v4 types 3, 11, 12; v6 types 1-4) to an address in `vip_addrs`; to
 //     other addresses only if the quoted packet left from a service address:port (NodePort on
-//     a node address) or from a SNAT address with its source port in the SNAT range. So
-//     errors about the node's own connections (PMTU for SSH, kubelet) still reach the kernel;
+//     a node address) or from a SNAT address with its source port in the SNAT range, or went
+//     to a NAT backend's (address, protocol, port) in `endpoints4` / `endpoints` (an error
+//     about a DNAT flow's packet to its backend, sent to the client). So errors about the
+//     node's own connections (PMTU for SSH, kubelet) still reach the kernel;
 //   * IPv4 non-first fragments and all IPv6 fragments whose dst address is in `vip_addrs`.
 // Everything else (ARP, NDP, echo to a VIP, SSH, traffic to the node's own addresses) passes,
 // except for the addresses this node announces in L2 mode (`l2_addrs`, value: this interface's
@@ -676,9 +678,16 @@ static __always_inline int icmp_error_verdict(struct xdp_md *ctx, void *inner, v
 		return steer(ctx);
 
 	/* Otherwise ours only if the quoted packet left from a service address:port (e.g. a
-	 * NodePort reply from a node address) or from a SNAT address:port in its range. */
+	 * NodePort reply from a node address) or from a SNAT address:port in its range, or went
+	 * to a NAT backend's address:port: a DNAT flow's packet on its way to the backend keeps
+	 * the client's address, so an error about it (the backend's port unreachable, a router's
+	 * too-big or time exceeded on the backend side) is sent to the client and quotes the
+	 * backend's address, which only xlb can turn back into the VIP's (RFC 5508 section 7;
+	 * netfilter's nf_nat_icmp_reply_translation). */
 	__u8 proto;
 	__be16 *ports;
+	struct addr_key qdst;
+	__be32 qdst4 = 0;
 	if (!v6) {
 		struct iphdr *iph = inner;
 		if ((void *)(iph + 1) > end)
@@ -686,26 +695,34 @@ static __always_inline int icmp_error_verdict(struct xdp_md *ctx, void *inner, v
 		__u32 ihl = iph->ihl;
 		if (ihl < 5)
 			return parse_error();
+		/* A quoted later fragment has no transport header: its next 8 bytes are data. */
+		if (iph->frag_off & bpf_htons(IP_OFFSET_MASK))
+			return pass();
 		ports = (void *)iph + ihl * 4;
 		proto = iph->protocol;
+		qdst4 = iph->daddr;
 	} else {
 		struct ipv6hdr *ip6 = inner;
 		if ((void *)(ip6 + 1) > end)
 			return parse_error();
 		ports = (void *)(ip6 + 1);
 		proto = ip6->nexthdr;
+		__builtin_memcpy(qdst.addr, &ip6->daddr, 16);
 	}
 	if (!is_port_proto(proto))
 		return pass();
 	if ((void *)(ports + 2) > end)
 		return parse_error();
-	/* The quoted packet's source is the error's destination: outer_dst and ports[0]. */
+	/* The quoted packet's source is the error's destination: outer_dst and ports[0]; its
+	 * destination is qdst and ports[1]. */
 	if (!v6) {
-		if (service4_listed(outer_dst4, ports[0], proto) || port_in_snat4_range(outer_dst4, ports[0]))
+		if (service4_listed(outer_dst4, ports[0], proto) || port_in_snat4_range(outer_dst4, ports[0]) ||
+		    endpoint4_listed(qdst4, ports[1], proto))
 			return steer(ctx);
 		return pass();
 	}
-	if (service6_listed(outer_dst, ports[0], proto) || port_in_snat6_range(outer_dst, ports[0]))
+	if (service6_listed(outer_dst, ports[0], proto) || port_in_snat6_range(outer_dst, ports[0]) ||
+	    endpoint6_listed(&qdst, ports[1], proto))
 		return steer(ctx);
 	return pass();
 }

@@ -760,6 +760,33 @@ mod xlb {
         assert!(backend_of(&udp.backend).is_some(), "{udp:?}");
     }
 
+    /// A UDP client of a ClusterIP whose backends have nothing on the target port learns it at
+    /// once (connection refused), in both families, as through kube-proxy: a backend's port
+    /// unreachable goes to the client (DNAT keeps its address) quoting client -> backend, which
+    /// the steering program hands to xlb (the quoted destination is a listed backend) and xlb
+    /// turns back into client -> VIP, from the VIP (RFC 5508 section 7). Without it the client
+    /// gets the error untranslated or not at all, and waits for its timeout.
+    #[test]
+    fn a_backends_port_unreachable_reaches_a_udp_client_of_a_clusterip_as_refused() {
+        if skip_without_root("a_backends_port_unreachable_reaches_a_udp_client_of_a_clusterip_as_refused") {
+            return;
+        }
+        let tb = testbed();
+        // The web and web6 slices' UDP port moves to one no backend listens on.
+        let config =
+            CONFIG.replace("- {name: dns, port: 5353, protocol: UDP}", "- {name: dns, port: 5399, protocol: UDP}");
+        assert_eq!(config.matches("port: 5399").count(), 2, "setup: both slices' dns port moved");
+        let xlb = Xlb::start(&tb, &config).expect("xlb start");
+        for vip in [IpAddr::from(WEB_VIP), IpAddr::from(WEB6_VIP)] {
+            let err = tb.udp_query(Role::Client, vip, DNS_PORT, b"q").expect_err("no backend answers on 5399");
+            assert!(
+                err.to_string().contains("refused"),
+                "the client's socket to {vip}:{DNS_PORT} is refused, not left waiting: {err}{}",
+                evidence(&xlb)
+            );
+        }
+    }
+
     /// Bytes by verdict, counted by the workers' loop: UDP datagrams of known sizes to the web
     /// ClusterIP's dns port. With TTL 1 each is dropped (`ttl_exceeded`) with its 14 + 20 +
     /// 8 + payload bytes; answered ones are counted `tx` in both directions (DNAT and un-DNAT
