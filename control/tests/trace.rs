@@ -119,6 +119,7 @@ const OWN_SETUP_ROWS: &[(&str, &str, Frames)] = &[
     ("no_port_unreachable_is_sent_about_a_packet_from_no_single_host", "fixtures-standard.yaml", Frames::Exact),
     ("icmp_error_quoting_a_later_fragment_is_not_translated", "fixtures-standard.yaml", Frames::Exact),
     ("fragments_follow_their_first_fragment", "fixtures-standard.yaml", Frames::Exact),
+    ("a_dnat_replys_later_fragments_follow_its_first_fragment_to_the_client", "fixtures-standard.yaml", Frames::Exact),
     (
         "fragments_with_destination_options_after_the_fragment_header_follow_their_first_fragment",
         "fixtures-standard.yaml",
@@ -184,6 +185,8 @@ const OWN_SETUP_ROWS: &[(&str, &str, Frames)] = &[
 /// - a_syn_on_the_tuple_of_a_closing_flow_whose_backend_left_is_a_new_flow_to_a_backend_that_is_there:
 ///   a table change.
 /// - icmp_error_about_a_flow_of_another_worker_is_handed_to_it: two workers; a trace runs one.
+/// - a_later_fragment_of_a_series_this_worker_has_not_seen_goes_to_the_next_unless_to_a_vip:
+///   two workers, as above.
 /// - dsr_ipip_later_fragment_too_big_for_the_encapsulation_is_dropped_not_sent_oversized: a
 ///   UDP service in IPIP DSR mode, a setup none of `tests/data`'s configs has.
 /// - icmp_error_about_a_masqueraded_flow_quotes_the_snat_address_the_flow_has: a table change.
@@ -216,6 +219,7 @@ const NOT_REPLAYED: &[&str] = &[
     "a_node_address_that_is_also_an_external_ip_passes_the_nodes_own_fragments_from_the_start",
     "a_node_address_that_is_also_an_external_ip_passes_the_nodes_own_fragments_after_a_change",
     "icmp_error_about_a_flow_of_another_worker_is_handed_to_it",
+    "a_later_fragment_of_a_series_this_worker_has_not_seen_goes_to_the_next_unless_to_a_vip",
     "icmp_error_about_a_masqueraded_flow_quotes_the_snat_address_the_flow_has",
     "dsr_ipip_later_fragment_too_big_for_the_encapsulation_is_dropped_not_sent_oversized",
     "sctp_fragments_whose_ports_stay_keep_their_crc32c_and_follow_their_first_fragment",
@@ -352,14 +356,14 @@ fn trace_replays_the_fixture_rows_with_their_own_setups_and_clock_steps() {
     let own = |b: &str| OWN_SETUP_ROWS.iter().find(|(r, ..)| *r == b).map(|(_, c, f)| (*c, *f));
     let checked = replay(&rows, own);
     // Every listed row is in the corpus (the DSR too-big row, the ICMP error quoting a later
-    // fragment and the SCTP fragment row only for IPv4, the Destination Options fragment row
+    // fragment, the DNAT reply's fragments and the SCTP fragment row only for IPv4, the Destination Options fragment row
     // and the two UDP checksum rows only for IPv6, the others for both families), and its
     // clock steps are replayed (the affinity rows' 11 s and 6 s).
     let replayed: Vec<&str> = rows.iter().map(|(r, _)| r.as_str()).filter(|r| own(base(r)).is_some()).collect();
-    assert_eq!(replayed.len(), 2 * OWN_SETUP_ROWS.len() - 6, "{replayed:?}");
+    assert_eq!(replayed.len(), 2 * OWN_SETUP_ROWS.len() - 7, "{replayed:?}");
     let steps: usize = rows.iter().filter(|(r, _)| own(base(r)).is_some()).map(|(_, recs)| recs.len()).sum();
     assert_eq!(checked, steps);
-    assert_eq!(checked, 91, "records checked");
+    assert_eq!(checked, 94, "records checked");
     assert!(rows.iter().filter(|(r, _)| own(base(r)).is_some()).any(|(_, recs)| recs.iter().any(|r| r.advance_s > 0)));
 }
 

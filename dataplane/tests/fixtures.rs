@@ -1851,10 +1851,11 @@ fn sctp_fragment_rows() -> Vec<Row> {
 fn fragment_rows() -> Vec<Row> {
     let f = v4();
     let c = f.client;
-    let frag = |dst: IpAddr, first: bool, ttl: u8, macs: ([u8; 6], [u8; 6]), dport: u16| {
-        let payload: Vec<u8> = if first { udp_datagram(5000, dport, &[0x42; 24]) } else { vec![0x42; 16] };
+    // A UDP datagram of 48 bytes in two fragments, from src:sport to dst:dport.
+    let frag_of = |src: IpAddr, sport: u16, dst: IpAddr, dport: u16, first: bool, ttl: u8, macs: ([u8; 6], [u8; 6])| {
+        let payload: Vec<u8> = if first { udp_datagram(sport, dport, &[0x42; 24]) } else { vec![0x42; 16] };
         let mut fr = Frame::ip(
-            c,
+            src,
             dst,
             proto::UDP,
             &payload,
@@ -1875,7 +1876,54 @@ fn fragment_rows() -> Vec<Row> {
         fr.macs(macs.0, macs.1);
         fr.bytes
     };
+    let frag = |dst: IpAddr, first: bool, ttl: u8, macs: ([u8; 6], [u8; 6]), dport: u16| {
+        frag_of(c, 5000, dst, dport, first, ttl, macs)
+    };
     let mut rows = node_address_also_an_external_ip_rows(f, frag(f.node, false, 64, IN, 53));
+    // A DNAT reply's datagram fragmented by its backend: its first fragment records the series
+    // where the flow is, and the later ones, which carry no ports, follow it to the client.
+    let b0 = f.backends[0];
+    rows.push(row(
+        "a_dnat_replys_later_fragments_follow_its_first_fragment_to_the_client",
+        f,
+        spec(f, vec![]),
+        vec![
+            step(
+                "the client's datagram",
+                udp(c, 5000, f.vip, 53, 64, IN),
+                Expect::Tx(udp(c, 5000, b0, 8080, 63, to_b(0))),
+            ),
+            step(
+                "the backend's first fragment",
+                frag_of(b0, 8080, c, 5000, true, 64, from_b(0)),
+                Expect::Tx(frag_of(f.vip, 53, c, 5000, true, 63, OUT)),
+            ),
+            step(
+                "its later fragment",
+                frag_of(b0, 8080, c, 5000, false, 64, from_b(0)),
+                Expect::Tx(frag_of(f.vip, 53, c, 5000, false, 63, OUT)),
+            ),
+        ],
+    ));
+    // RSS puts a reply's later fragments where its first one arrived, which handed that one to
+    // the worker of its flow: a series this worker has not seen goes to the next worker,
+    // unless it is sent to a VIP (a client's, whose first fragment came to this queue).
+    let mut two_workers = row(
+        "a_later_fragment_of_a_series_this_worker_has_not_seen_goes_to_the_next_unless_to_a_vip",
+        f,
+        spec(f, vec![]),
+        vec![
+            step("a DNAT reply's, to the client", frag_of(b0, 8080, c, 5000, false, 64, from_b(0)), Expect::Handoff(1)),
+            step(
+                "a SNAT reply's, to the SNAT address",
+                frag_of(b0, 8080, f.snat, 1600, false, 64, from_b(0)),
+                Expect::Handoff(1),
+            ),
+            step("a client's, to a VIP", frag(f.vip, false, 64, IN, 53), Expect::Drop(DropReason::FragmentUntracked)),
+        ],
+    );
+    two_workers.config.workers = 2;
+    rows.push(two_workers);
     rows.push(row(
         "fragments_follow_their_first_fragment",
         f,

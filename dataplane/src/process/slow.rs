@@ -1458,13 +1458,7 @@ fn later_fragment<A: Fam>(
     k: FragKey<A>,
     in_port: u8,
 ) -> Verdict {
-    let Some(e) = st.frag.get(&k, c.now_s) else {
-        return if is_ours::<A>(t, pkt.frame(), p.l3) {
-            Verdict::Drop(DropReason::FragmentUntracked)
-        } else {
-            Verdict::Pass
-        };
-    };
+    let Some(e) = st.frag.get(&k, c.now_s) else { return fragment_of_another_worker::<A>(c, t, &k) };
     // The first fragment fit after encapsulation; a later one may not (a smaller first
     // fragment, or one cut again on the way): the same check, not an oversized frame.
     if let Some(v) = encap_too_big::<A>(c, pkt, p, e.action, e.hop, in_port) {
@@ -1480,6 +1474,24 @@ fn later_fragment<A: Fam>(
         c.count_packet(svc.id, b.this);
     }
     apply(pkt, p, e.action, 0, 0, false, e.hop)
+}
+
+/// A later fragment (`k`: its series) whose first fragment this worker has not seen. A
+/// reply's first fragment is handed to the worker that holds its flow ([`run_l4`]) and records
+/// the series there, while RSS puts the later ones, which carry no ports, where the first one
+/// arrived: a series to the SNAT address or to none of xlb's addresses (a DNAT reply, to the
+/// client) goes to the workers in turn (the worker punts it once every one has looked). A
+/// series to a VIP is the client's: its first fragment, on the same queue, created the record
+/// here or nowhere.
+fn fragment_of_another_worker<A: Fam>(c: &Common, t: &Tables, k: &FragKey<A>) -> Verdict {
+    let to_vip = t.vip_addrs.get(&k.dst.to_mapped()).is_some_and(|kind| *kind >= VipAddrKind::Service);
+    if to_vip {
+        return Verdict::Drop(DropReason::FragmentUntracked);
+    }
+    if c.cfg.workers > 1 {
+        return Verdict::Handoff { worker: (c.cfg.worker_id + 1) % c.cfg.workers };
+    }
+    if A::snat(t) == Some(k.dst) { Verdict::Drop(DropReason::FragmentUntracked) } else { Verdict::Pass }
 }
 
 /// An ICMP error addressed to a VIP or the SNAT address. Its quoted datagram, read backwards,
