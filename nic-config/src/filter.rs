@@ -27,6 +27,13 @@
 /// address of `l2_addrs` (16-byte form, IPv4 v4-mapped; one address in 16 a false positive at
 /// [`crate::MAX_L2_ADDRS`] addresses).
 pub(crate) const L2_BITS: u32 = 18;
+/// log2 of the bits of `endpoint_addr_filter` (`ENDPOINT_ADDR_FILTER_BITS`): 262,144 bits,
+/// 32 KiB, one bit per address of a NAT backend (the addresses of `endpoints4` and `endpoints`,
+/// 16-byte form): the program asks it of a fragment's source, since a later fragment of a
+/// backend's reply carries no port to look up `endpoints4` / `endpoints` by. A false positive
+/// (about one address in 26 at 10,000 backend addresses) sends a fragment to xlb, which hands
+/// back to the kernel what is none of its own.
+pub(crate) const ENDPOINT_ADDR_BITS: u32 = 18;
 /// Multiplier of the bit hash: 2^64 / φ (Knuth, TAOCP vol. 3 §6.4, multiplicative hashing).
 const MUL: u64 = 0x9E37_79B9_7F4A_7C15;
 

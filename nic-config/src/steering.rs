@@ -15,6 +15,7 @@ use tracing::{info, warn};
 
 use crate::{
     NicError, ServiceKey,
+    filter::{ENDPOINT_ADDR_BITS, KeyFilter},
     index::{
         ENDPOINTS4_BITS, ENDPOINTS6_BITS, Form, SERVICES4_BITS, SERVICES6_BITS, SNAT4_BITS, SNAT6_BITS, SlotIndex,
         entry_of, fingerprint6, key_of, snat_entry, snat6_entries, snat6_id,
@@ -43,6 +44,7 @@ const MAP_SNAT_ADDRS: &str = "snat_addrs";
 const MAP_ENDPOINTS4: &str = "endpoints4";
 const MAP_ENDPOINTS: &str = "endpoints";
 const MAP_STATS: &str = "stats";
+const MAP_ENDPOINT_ADDR_FILTER: &str = "endpoint_addr_filter";
 pub(crate) const MAP_L2_ADDRS: &str = "l2_addrs";
 pub(crate) const MAP_L2_FILTER: &str = "l2_filter";
 pub(crate) const MAP_L2_SELF: &str = "l2_self";
@@ -163,6 +165,11 @@ pub struct Steering {
     services6_index: IndexMap,
     endpoints6_index: IndexMap,
     snat6_index: IndexMap,
+    /// `endpoint_addr_filter`: one bit per address of `endpoints4` and `endpoints` (`filter.rs`),
+    /// which the program asks of a fragment's source, and whether the next write compares it
+    /// with the kernel's words first.
+    endpoint_addr_filter: (KeyFilter, Array<MapData, u64>),
+    endpoint_addr_filter_verify: bool,
     /// Whether this value attached the program (and so detaches it).
     attached: bool,
     /// rtnetlink socket in the interface's network namespace (attach and detach work from
@@ -382,7 +389,7 @@ impl Steering {
         program.load().map_err(|e| prog_err(mode, e))?;
         let prog_id = program.info().map_err(|e| prog_err(mode, e))?.id();
         let ifindex = crate::iface::ifindex(ifname)?;
-        let mut map_ids = Vec::with_capacity(18);
+        let mut map_ids = Vec::with_capacity(19);
         let xsks = open_map(&mut ebpf, ifname, MAP_XSKS, &mut map_ids)?;
         let services4 = open_map(&mut ebpf, ifname, MAP_SERVICES4, &mut map_ids)?;
         let services4_index = IndexMap::new(
@@ -427,6 +434,8 @@ impl Steering {
             ENDPOINTS6_BITS,
             Form::Key8,
         );
+        let endpoint_addr_filter =
+            (KeyFilter::new(ENDPOINT_ADDR_BITS), open_map(&mut ebpf, ifname, MAP_ENDPOINT_ADDR_FILTER, &mut map_ids)?);
         let stats = open_map(&mut ebpf, ifname, MAP_STATS, &mut map_ids)?;
         // Opened again by id by `l2_responder`; kept here so the id is recorded.
         let _: Array<MapData, u64> = open_map(&mut ebpf, ifname, MAP_L2_FILTER, &mut map_ids)?;
@@ -451,6 +460,8 @@ impl Steering {
             services6_index,
             endpoints6_index,
             snat6_index,
+            endpoint_addr_filter,
+            endpoint_addr_filter_verify: false,
             attached: false,
             nl: crate::nl::RouteSocket::new("RTM_SETLINK IFLA_XDP")?,
             ebpf,
@@ -595,7 +606,8 @@ impl Steering {
     /// Kernel ids of the program's maps (`bpftool map show id N`), in the order `xsks`,
     /// `services4`, `services4_index`, `services`, `vip_addrs`, `snat4`, `snat4_index`,
     /// `snat_addrs`, `endpoints4`, `endpoints4_index`, `endpoints`, `services6_index`,
-    /// `snat6_index`, `endpoints6_index`, `stats`, `l2_filter`, `l2_addrs`, `l2_self`.
+    /// `snat6_index`, `endpoints6_index`, `endpoint_addr_filter`, `stats`, `l2_filter`,
+    /// `l2_addrs`, `l2_self`.
     #[must_use]
     pub fn map_ids(&self) -> &[u32] {
         &self.map_ids
@@ -643,6 +655,7 @@ impl Steering {
         self.services6_index.verify = true;
         self.endpoints6_index.verify = true;
         self.snat6_index.verify = true;
+        self.endpoint_addr_filter_verify = true;
     }
 
     /// Makes the `services4` (IPv4 keys) and `services` (IPv6 keys) maps equal to `keys`:
@@ -806,10 +819,26 @@ impl Steering {
         self.services6_index.sync(&self.ifname, key20_entries(self.shadow.services.as_ref()))
     }
 
-    /// [`Steering::sync_services_images`] for `endpoints4_index` and `endpoints6_index`.
+    /// [`Steering::sync_services_images`] for `endpoints4_index` and `endpoints6_index`, and
+    /// `endpoint_addr_filter` for the addresses of both maps' keys.
     fn sync_endpoints_images(&mut self) -> Result<(), NicError> {
         self.endpoints4_index.sync(&self.ifname, key8_entries(self.shadow.endpoints4.as_ref()))?;
-        self.endpoints6_index.sync(&self.ifname, key20_entries(self.shadow.endpoints.as_ref()))
+        self.endpoints6_index.sync(&self.ifname, key20_entries(self.shadow.endpoints.as_ref()))?;
+        let (Some(v4), Some(v6)) = (&self.shadow.endpoints4, &self.shadow.endpoints) else { return Ok(()) };
+        let (filter, map) = &mut self.endpoint_addr_filter;
+        if std::mem::take(&mut self.endpoint_addr_filter_verify) {
+            filter.reload(0, filter.len(), |i| map.get(&i, 0).ok());
+        }
+        let addr4 = v4.keys().map(|k| {
+            let [a, b, c, d, ..] = *k;
+            (addr_bytes(IpAddr::from([a, b, c, d])), 0)
+        });
+        let addr6 = v6.keys().map(|k| (k.first_chunk::<16>().copied().unwrap_or_default(), 0));
+        let r = filter.apply(addr4.chain(addr6), |i, v| map.set(i, v, 0));
+        if r.is_err() {
+            self.endpoint_addr_filter_verify = true;
+        }
+        r.map(|_| ()).map_err(|e| NicError::map(&self.ifname, MAP_ENDPOINT_ADDR_FILTER, "update", e))
     }
 
     /// After a failed update the shadows may be wrong: the next sync compares with the kernel.

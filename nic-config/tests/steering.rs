@@ -104,8 +104,8 @@ mod tests {
             let map_ids = steering.map_ids().to_vec();
             assert_eq!(
                 map_ids.len(),
-                18,
-                "xsks, services4, services4_index, services, vip_addrs, snat4, snat4_index, snat_addrs, endpoints4, endpoints4_index, endpoints, services6_index, snat6_index, endpoints6_index, stats, l2_filter, l2_addrs, l2_self"
+                19,
+                "xsks, services4, services4_index, services, vip_addrs, snat4, snat4_index, snat_addrs, endpoints4, endpoints4_index, endpoints, services6_index, snat6_index, endpoints6_index, endpoint_addr_filter, stats, l2_filter, l2_addrs, l2_self"
             );
 
             let info = pair.lb.run_in(|| interface_info(LB_IF).unwrap());
@@ -569,6 +569,43 @@ mod tests {
         assert_eq!(frags.len(), 2, "two non-first fragments: {seen:?}");
         assert!(frags.iter().all(|s| s.dst == IpAddr::from(VIP_V4)));
         assert!(seen.iter().all(|s| s.fragment != 0 || s.proto != IPPROTO_UDP), "first fragment passed");
+    }
+
+    /// A NAT backend's reply too big for the link leaves it in fragments, and only the first
+    /// carries the ports `endpoints4` / `endpoints` are keyed by: the later ones are steered by
+    /// their source's bit in `endpoint_addr_filter`, in both families, and pass again once the
+    /// backend is gone (the kernel then reassembles the datagram).
+    #[test]
+    fn every_fragment_of_a_listed_nat_backends_datagram_reaches_the_xsk_until_it_is_removed() {
+        if !common::can_run("every_fragment_of_a_listed_nat_backends_datagram_reaches_the_xsk_until_it_is_removed") {
+            return;
+        }
+        let pair = Pair::new(1);
+        let (mut steering, mut xsk) = attach_with_xsk(&pair);
+        // The client plays the backend, replying from port 5353 (a DNAT reply's destination is
+        // the client, here the lb's address).
+        let ep = |addr: IpAddr| ServiceKey { addr, proto: IPPROTO_UDP, port: 5353 };
+        steering.sync_endpoints(&[ep(CLIENT_V4.into()), ep(CLIENT_V6.into())]).unwrap();
+        let ping = pair.client.exec(&["ping", "-6", "-c", "1", "-W", "2", &LB_V6.to_string()]);
+        assert!(ping.status.success(), "ping -6: {}", String::from_utf8_lossy(&ping.stdout));
+        for lb in [IpAddr::from(LB_V4), IpAddr::from(LB_V6)] {
+            let kernel = lb_udp(&pair.lb, SocketAddr::new(lb, 40_700));
+            // 2,000 bytes over a 1,500-byte MTU: two fragments.
+            client_send_udp_from(&pair.client, 5353, SocketAddr::new(lb, 40_700), &[0xab; 2000]);
+            let seen: Vec<_> = xsk.recv_until(2, LONG).iter().filter_map(|f| decode(f)).collect();
+            // IPv4: the later fragment has an offset; IPv6: both have a Fragment header.
+            let want = if lb.is_ipv4() { 1 } else { 2 };
+            let fragments = seen.iter().filter(|s| s.fragment != 0).count();
+            assert_eq!(fragments, want, "the fragments to {lb} on the XSK: {seen:?}");
+            assert_eq!(seen.len(), 2, "the datagram's two frames: {seen:?}");
+            assert_eq!(kernel_got(&kernel), None, "the kernel got nothing of the datagram to {lb}");
+        }
+        steering.sync_endpoints(&[]).unwrap();
+        for lb in [IpAddr::from(LB_V4), IpAddr::from(LB_V6)] {
+            let kernel = lb_udp(&pair.lb, SocketAddr::new(lb, 40_701));
+            client_send_udp_from(&pair.client, 5353, SocketAddr::new(lb, 40_701), &[0xcd; 2000]);
+            assert_eq!(kernel_got(&kernel).map(|d| d.len()), Some(2000), "the kernel reassembled the datagram to {lb}");
+        }
     }
 
     /// An ICMP error a router on the backend side (or the backend itself) sends about a DNAT

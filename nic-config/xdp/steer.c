@@ -15,7 +15,9 @@
 //     to a NAT backend's (address, protocol, port) in `endpoints4` / `endpoints` (an error
 //     about a DNAT flow's packet to its backend, sent to the client). So errors about the
 //     node's own connections (PMTU for SSH, kubelet) still reach the kernel;
-//   * IPv4 non-first fragments and all IPv6 fragments whose dst address is in `vip_addrs`.
+//   * IPv4 non-first fragments and all IPv6 fragments whose dst address is in `vip_addrs` or
+//     whose src address has its bit in `endpoint_addr_filter` (a NAT backend's: a fragmented
+//     reply's later fragments carry no ports to find it in `endpoints4` / `endpoints` by).
 // Everything else (ARP, NDP, echo to a VIP, SSH, traffic to the node's own addresses) passes,
 // except for the addresses this node announces in L2 mode (`l2_addrs`, value: this interface's
 // MAC): the program answers ARP requests (RFC 826) and Neighbor Solicitations (RFC 4861 7.2.4)
@@ -360,6 +362,18 @@ struct {
 	__type(value, __u64);
 } l2_filter SEC(".maps");
 
+/* One bit per NAT backend's address (the addresses of `endpoints4` and `endpoints`, 16-byte
+ * form; nic-config/src/filter.rs): a later fragment of a backend's reply carries no port, so
+ * its source is asked here instead of `endpoints4` / `endpoints`. Written by
+ * Steering::sync_endpoints with the maps. */
+#define ENDPOINT_ADDR_FILTER_BITS 18
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1u << (ENDPOINT_ADDR_FILTER_BITS - 6));
+	__type(key, __u32);
+	__type(value, __u64);
+} endpoint_addr_filter SEC(".maps");
+
 /* L2 mode: this interface's MAC, to pass frames meant for other hosts (see the head comment). */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -427,6 +441,17 @@ static __always_inline int filter6_has(void *filter, __u32 bits, const struct ad
 static __always_inline __u64 port_proto(__be16 port, __u8 proto)
 {
 	return (__u64)port | ((__u64)proto << 16);
+}
+
+/* Whether a fragment from `src` to `dst` is xlb's: a client's to a VIP (xlb reassembles or
+ * follows the first fragment), or a NAT backend's (a reply whose first fragment, with the
+ * ports, was steered by `endpoints4` / `endpoints`: DNAT replies go to the client, SNAT
+ * replies to the SNAT address). A backend address's bit may be another address's too: xlb
+ * hands back to the kernel the fragments it has no series for. */
+static __always_inline int fragment_ours(const struct addr_key *src, const struct addr_key *dst)
+{
+	return bpf_map_lookup_elem(&vip_addrs, (void *)dst) ||
+	       filter6_has(&endpoint_addr_filter, ENDPOINT_ADDR_FILTER_BITS, src, 0);
 }
 
 /* A frame that is none of xlb's: to the kernel, unless its destination is an address this node
@@ -752,8 +777,10 @@ static __always_inline int handle_ipv4(struct xdp_md *ctx, const struct l2_self 
 	struct addr_key dst;
 	v4_mapped(dst.addr, iph->daddr);
 	if (later_fragment) {
-		/* Non-first fragment: no L4 header. Ours only if the address is a VIP. */
-		if (bpf_map_lookup_elem(&vip_addrs, &dst))
+		/* Non-first fragment: no L4 header. */
+		struct addr_key src;
+		v4_mapped(src.addr, iph->saddr);
+		if (fragment_ours(&src, &dst))
 			return steer(ctx);
 		return pass();
 	}
@@ -927,10 +954,11 @@ static __always_inline int handle_ipv6(struct xdp_md *ctx, const struct l2_self 
 	__u8 proto = ip6->nexthdr;
 	void *l4 = (void *)(ip6 + 1);
 	if (proto == IPV6_NEXTHDR_FRAGMENT) {
-		/* Any fragment (first or not) to a VIP goes to xlb, which reassembles or drops. */
+		/* Any fragment (first or not) to a VIP or from a NAT backend goes to xlb, which
+		 * follows its first fragment or hands it back. */
 		if ((void *)((__u8 *)l4 + 8) > end)
 			return parse_error();
-		if (bpf_map_lookup_elem(&vip_addrs, &dst))
+		if (fragment_ours(&src, &dst))
 			return steer(ctx);
 		return pass();
 	}

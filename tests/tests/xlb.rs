@@ -787,6 +787,72 @@ mod xlb {
         }
     }
 
+    /// A backend's UDP answer too big for the link leaves it in fragments, of which only the
+    /// first carries ports: through the web ClusterIPs (DNAT, the client's address kept) the
+    /// client gets the whole 3,000-byte answer from the VIP, in both families. Without the
+    /// later fragments steered to xlb (by their source, a NAT backend's address) and followed
+    /// there (handed to the worker that saw the first), the kernel forwarded them from the
+    /// backend's address and the client never reassembled the datagram.
+    #[test]
+    fn a_backends_fragmented_udp_answer_reaches_the_client_whole_from_the_clusterip() {
+        if skip_without_root("a_backends_fragmented_udp_answer_reaches_the_client_whole_from_the_clusterip") {
+            return;
+        }
+        let tb = testbed();
+        // The web and web6 slices' UDP port moves to one the test's own servers answer on.
+        let config =
+            CONFIG.replace("- {name: dns, port: 5353, protocol: UDP}", "- {name: dns, port: 5398, protocol: UDP}");
+        assert_eq!(config.matches("port: 5398").count(), 2, "setup: both slices' dns port moved");
+        let xlb = Xlb::start(&tb, &config).expect("xlb start");
+        for (vip, any) in [
+            (IpAddr::from(WEB_VIP), IpAddr::from(Ipv4Addr::UNSPECIFIED)),
+            (WEB6_VIP.into(), Ipv6Addr::UNSPECIFIED.into()),
+        ] {
+            let servers: Vec<std::net::UdpSocket> = (1..=3u8)
+                .map(|i| {
+                    tb.in_ns(Role::Backend(i), || std::net::UdpSocket::bind(SocketAddr::new(any, 5398)))
+                        .expect("backend namespace")
+                        .expect("bind 5398")
+                })
+                .collect();
+            for s in &servers {
+                s.set_nonblocking(true).expect("nonblocking");
+            }
+            let client = tb
+                .in_ns(Role::Client, || {
+                    let s = std::net::UdpSocket::bind(SocketAddr::new(any, 0))?;
+                    s.connect(SocketAddr::new(vip, DNS_PORT))?;
+                    s.set_read_timeout(Some(Duration::from_secs(3)))?;
+                    Ok::<_, std::io::Error>(s)
+                })
+                .expect("client namespace")
+                .expect("client socket");
+            client.send(b"big?").expect("send the query");
+            // The backend xlb picked answers with 3,000 bytes (three fragments on a 1,500 MTU).
+            let deadline = Instant::now() + Duration::from_secs(3);
+            let mut answered = false;
+            while !answered && Instant::now() < deadline {
+                for s in &servers {
+                    let mut buf = [0u8; 64];
+                    if let Ok((_, peer)) = s.recv_from(&mut buf) {
+                        s.send_to(&[0x5a; 3000], peer).expect("send the answer");
+                        answered = true;
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            assert!(answered, "no backend got the query to {vip}{}", evidence(&xlb));
+            let mut buf = [0u8; 4096];
+            let got = client.recv(&mut buf);
+            assert_eq!(
+                got.as_ref().ok(),
+                Some(&3000),
+                "the client's answer from {vip}:{DNS_PORT}: {got:?}{}",
+                evidence(&xlb)
+            );
+        }
+    }
+
     /// Bytes by verdict, counted by the workers' loop: UDP datagrams of known sizes to the web
     /// ClusterIP's dns port. With TTL 1 each is dropped (`ttl_exceeded`) with its 14 + 20 +
     /// 8 + payload bytes; answered ones are counted `tx` in both directions (DNAT and un-DNAT
