@@ -1694,6 +1694,58 @@ fn fragment_rows_v6_behind_destination_options() -> Vec<Row> {
     )]
 }
 
+/// IPv6 datagrams behind a Hop-by-Hop Options header (RFC 8200 4.3, a PadN option): DNAT'd
+/// whole, and fragmented (the Hop-by-Hop header in the unfragmentable part, before the
+/// Fragment header), the later fragment following the first.
+fn hop_by_hop_rows_v6() -> Vec<Row> {
+    let f = v6();
+    let c = f.client;
+    let b0 = f.backends[0];
+    let hbh = vec![0, 0, 1, 4, 0, 0, 0, 0];
+    let frame = |dst: IpAddr, dport: u16, frag: Option<bool>, ttl: u8, macs: ([u8; 6], [u8; 6])| {
+        let mut ext = vec![(proto::HOPOPT, hbh.clone())];
+        let payload = match frag {
+            None => udp_datagram(5000, dport, &[0x42; 24]),
+            Some(first) => {
+                // The first fragment's 32 bytes, then 16 more at offset 4 (8-byte units).
+                let off_m: u16 = if first { 1 } else { 4 << 3 };
+                let om = off_m.to_be_bytes();
+                ext.push((proto::FRAGMENT, vec![0, 0, om[0], om[1], 0, 0, 0x48, 0x42]));
+                if first { udp_datagram(5000, dport, &[0x42; 24]) } else { vec![0x42; 16] }
+            }
+        };
+        let pr = if frag == Some(false) { 253 } else { proto::UDP };
+        let mut fr = Frame::ip(c, dst, pr, &payload, &IpOpts { ttl, v6_ext: ext, ..IpOpts::default() });
+        if pr == 253 {
+            fr.bytes[62] = proto::UDP; // the Fragment header names UDP in every fragment
+        }
+        fr.macs(macs.0, macs.1);
+        fr.bytes
+    };
+    vec![row(
+        "datagrams_behind_a_hop_by_hop_header_are_dnatted_whole_and_in_fragments",
+        f,
+        spec(f, vec![]),
+        vec![
+            step(
+                "a datagram behind Hop-by-Hop",
+                frame(f.vip, 53, None, 64, IN),
+                Expect::Tx(frame(b0, 8080, None, 63, to_b(0))),
+            ),
+            step(
+                "a first fragment behind Hop-by-Hop",
+                frame(f.vip, 53, Some(true), 64, IN),
+                Expect::Tx(frame(b0, 8080, Some(true), 63, to_b(0))),
+            ),
+            step(
+                "its later fragment behind Hop-by-Hop",
+                frame(f.vip, 53, Some(false), 64, IN),
+                Expect::Tx(frame(b0, 8080, Some(false), 63, to_b(0))),
+            ),
+        ],
+    )]
+}
+
 /// IPv4 fragments of an IPIP DSR service: a later fragment that the encapsulation makes too
 /// big for the next hop's MTU is dropped as its first fragment would be, not sent oversized.
 fn dsr_fragment_rows() -> Vec<Row> {
@@ -2028,6 +2080,7 @@ fn all_rows() -> Vec<Row> {
     rows.extend(rows_for(v6()));
     rows.extend(fragment_rows());
     rows.extend(fragment_rows_v6());
+    rows.extend(hop_by_hop_rows_v6());
     rows.extend(dsr_fragment_rows());
     rows.extend(sctp_fragment_rows());
     rows

@@ -571,6 +571,72 @@ mod tests {
         assert!(seen.iter().all(|s| s.fragment != 0 || s.proto != IPPROTO_UDP), "first fragment passed");
     }
 
+    /// A Hop-by-Hop Options header (RFC 8200 4.3; a Router Alert, say) comes before the rest of
+    /// an IPv6 packet's headers: a service's datagram and a later fragment to a VIP behind one
+    /// reach the XSK as they do without it, and an unlisted port behind one passes.
+    #[test]
+    fn ipv6_frames_behind_a_hop_by_hop_header_are_steered_as_without_it() {
+        if !common::can_run("ipv6_frames_behind_a_hop_by_hop_header_are_steered_as_without_it") {
+            return;
+        }
+        let pair = Pair::new(1);
+        let (mut steering, mut xsk) = attach_with_xsk(&pair);
+        steering.sync_services(&[ServiceKey { addr: VIP_V6.into(), proto: IPPROTO_UDP, port: 7777 }]).unwrap();
+        steering.sync_vip_addrs(&[VIP_V6.into()]).unwrap();
+        let ping = pair.client.exec(&["ping", "-6", "-c", "1", "-W", "2", &LB_V6.to_string()]);
+        assert!(ping.status.success(), "ping -6: {}", String::from_utf8_lossy(&ping.stdout));
+        // Next header 17 (UDP) or 44 (Fragment), length 0 (8 bytes), a PadN option of 4.
+        let hbh = |next: u8| [next, 0, 1, 4, 0, 0, 0, 0];
+        let udp = |port: u16| {
+            let mut u = Vec::from(40_000u16.to_be_bytes());
+            u.extend_from_slice(&port.to_be_bytes());
+            u.extend_from_slice(&12u16.to_be_bytes());
+            u.extend_from_slice(&[0, 0, b'h', b'b', b'h', b'!']);
+            u
+        };
+        // Next header 17, offset 1,480 bytes (185 units), last fragment, identification 7.
+        let later_fragment = [17, 0, 0x05, 0xc8, 0, 0, 0, 7].iter().copied().chain([0xab; 16]).collect::<Vec<u8>>();
+        let cases: [(&str, Vec<u8>, bool); 3] = [
+            ("UDP to the listed port", hbh(17).into_iter().chain(udp(7777)).collect(), true),
+            ("a later fragment to the VIP", hbh(44).into_iter().chain(later_fragment).collect(), true),
+            ("UDP to an unlisted port", hbh(17).into_iter().chain(udp(7778)).collect(), false),
+        ];
+        for (what, after_ip, ours) in cases {
+            let before = steering.stats().unwrap();
+            pair.client.run_in(|| send_raw_ipv6(CLIENT_V6, VIP_V6, 0, &after_ip));
+            let seen: Vec<_> = xsk.recv(if ours { LONG } else { SHORT }).iter().filter_map(|f| decode(f)).collect();
+            let after = steering.stats().unwrap();
+            let on_xsk = seen.iter().filter(|s| s.dst == IpAddr::from(VIP_V6) && s.proto == 0).count();
+            if ours {
+                assert_eq!(on_xsk, 1, "{what} behind Hop-by-Hop on the XSK: {seen:?}");
+                assert_eq!(after.redirected - before.redirected, 1, "{what}: {before:?} -> {after:?}");
+            } else {
+                assert_eq!(on_xsk, 0, "{what} behind Hop-by-Hop passed: {seen:?}");
+                assert!(after.passed > before.passed, "{what}: {before:?} -> {after:?}");
+            }
+        }
+    }
+
+    /// Sends, from the calling thread's namespace, the IPv6 packet from `src` to `dst` whose
+    /// first next header is `next` and whose headers after the IPv6 header are `rest`
+    /// (`IPPROTO_RAW`: the header is ours, RFC 3542 3.5).
+    fn send_raw_ipv6(src: std::net::Ipv6Addr, dst: std::net::Ipv6Addr, next: u8, rest: &[u8]) {
+        use nix::sys::socket::{
+            AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType, SockaddrIn6, sendto, socket,
+        };
+        use std::os::fd::AsRawFd as _;
+        let mut pkt = vec![0x60, 0, 0, 0];
+        pkt.extend_from_slice(&u16::try_from(rest.len()).unwrap().to_be_bytes());
+        pkt.extend_from_slice(&[next, 64]);
+        pkt.extend_from_slice(&src.octets());
+        pkt.extend_from_slice(&dst.octets());
+        pkt.extend_from_slice(rest);
+        let fd =
+            socket(AddressFamily::Inet6, SockType::Raw, SockFlag::empty(), SockProtocol::Raw).expect("raw IPv6 socket");
+        let to = SockaddrIn6::from(std::net::SocketAddrV6::new(dst, 0, 0, 0));
+        sendto(fd.as_raw_fd(), &pkt, &to, MsgFlags::empty()).expect("send the IPv6 packet");
+    }
+
     /// A NAT backend's reply too big for the link leaves it in fragments, and only the first
     /// carries the ports `endpoints4` / `endpoints` are keyed by: the later ones are steered by
     /// their source's bit in `endpoint_addr_filter`, in both families, and pass again once the

@@ -18,6 +18,7 @@
 //   * IPv4 non-first fragments and all IPv6 fragments whose dst address is in `vip_addrs` or
 //     whose src address has its bit in `endpoint_addr_filter` (a NAT backend's: a fragmented
 //     reply's later fragments carry no ports to find it in `endpoints4` / `endpoints` by).
+// An IPv6 Hop-by-Hop Options header is skipped and the frame decided on what follows it.
 // Everything else (ARP, NDP, echo to a VIP, SSH, traffic to the node's own addresses) passes,
 // except for the addresses this node announces in L2 mode (`l2_addrs`, value: this interface's
 // MAC): the program answers ARP requests (RFC 826) and Neighbor Solicitations (RFC 4861 7.2.4)
@@ -80,6 +81,7 @@ static long (*bpf_xdp_adjust_tail)(struct xdp_md *ctx, int delta) = (void *)BPF_
 #define ETH_P_8021Q_ 0x8100
 #define ETH_P_8021AD_ 0x88A8
 #define IPPROTO_SCTP_ 132
+#define IPV6_NEXTHDR_HOP 0
 #define IPV6_NEXTHDR_FRAGMENT 44
 #define ETH_P_ARP_ 0x0806
 #define ARPHRD_ETHER_ 1
@@ -953,6 +955,18 @@ static __always_inline int handle_ipv6(struct xdp_md *ctx, const struct l2_self 
 
 	__u8 proto = ip6->nexthdr;
 	void *l4 = (void *)(ip6 + 1);
+	if (proto == IPV6_NEXTHDR_HOP) {
+		/* A Hop-by-Hop Options header comes first when present (RFC 8200 4.1): its length
+		 * in 8-octet units, not counting the first 8. What follows is decided as without it
+		 * (a fragment behind it, a service's datagram with a Router Alert). */
+		__u8 *hbh = l4;
+		if ((void *)(hbh + 2) > end)
+			return parse_error();
+		proto = hbh[0];
+		l4 = (void *)hbh + ((__u32)hbh[1] + 1) * 8;
+		if (l4 > end)
+			return parse_error();
+	}
 	if (proto == IPV6_NEXTHDR_FRAGMENT) {
 		/* Any fragment (first or not) to a VIP or from a NAT backend goes to xlb, which
 		 * follows its first fragment or hands it back. */
@@ -976,7 +990,8 @@ static __always_inline int handle_ipv6(struct xdp_md *ctx, const struct l2_self 
 		/* 1 dest unreachable, 2 packet too big, 3 time exceeded, 4 parameter problem */
 		if (t >= ICMPV6_DEST_UNREACH && t <= ICMPV6_PARAMPROB)
 			return icmp_error_verdict(ctx, (void *)(icmp + 1), end, &dst, 0, 1);
-		if (t == NDISC_NEIGHBOUR_SOLICITATION)
+		/* handle_ns() reads the solicitation right after the IPv6 header. */
+		if (t == NDISC_NEIGHBOUR_SOLICITATION && l4 == (void *)(ip6 + 1))
 			return handle_ns(ctx, l3off);
 		/* Other NDP (RS, RA, NA, redirect) is link-scoped and never for a service. */
 		if (t >= NDISC_NEIGHBOUR_SOLICITATION - 2 && t <= NDISC_NEIGHBOUR_ADVERTISEMENT + 1)
