@@ -1957,6 +1957,26 @@ fn fragment_rows() -> Vec<Row> {
             ),
         ],
     ));
+    // An echo request larger than the link: its first fragment and an unfragmented one are the
+    // kernel's (xlb answers no echo), and so is a later fragment.
+    let mut echo_later = Frame::ip(
+        c,
+        f.vip,
+        proto::ICMP,
+        &[0x42; 16],
+        &IpOpts { ttl: 64, dont_frag: false, ident: 0x4343, ..IpOpts::default() },
+    );
+    echo_later.bytes[20..22].copy_from_slice(&185u16.to_be_bytes()); // offset 1,480 bytes
+    echo_later.bytes[24..26].fill(0);
+    let cs = dataplane::csum::checksum(&echo_later.bytes[14..34]);
+    echo_later.bytes[24..26].copy_from_slice(&cs.to_be_bytes());
+    echo_later.macs(IN.0, IN.1);
+    rows.push(row(
+        "a_later_fragment_of_an_echo_request_to_a_vip_goes_to_the_kernel",
+        f,
+        spec(f, vec![]),
+        vec![step("the echo request's later fragment", echo_later.bytes, Expect::Pass)],
+    ));
     // RSS puts a reply's later fragments where its first one arrived, which handed that one to
     // the worker of its flow: a series this worker has not seen goes to the next worker,
     // unless it is sent to a VIP (a client's, whose first fragment came to this queue).

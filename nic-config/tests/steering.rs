@@ -571,6 +571,28 @@ mod tests {
         assert!(seen.iter().all(|s| s.fragment != 0 || s.proto != IPPROTO_UDP), "first fragment passed");
     }
 
+    /// An echo request larger than the link, to a VIP: its first fragment passes to the kernel
+    /// as an unfragmented one does (the VIP sits on the lb's `lo`, so the kernel answers), and
+    /// so must the later ones, in both families, or the kernel never reassembles it.
+    #[test]
+    fn a_ping_larger_than_the_link_to_a_vip_is_answered_by_the_kernel() {
+        if !common::can_run("a_ping_larger_than_the_link_to_a_vip_is_answered_by_the_kernel") {
+            return;
+        }
+        let pair = Pair::new(1);
+        let (mut steering, _xsk) = attach_with_xsk(&pair);
+        steering.sync_vip_addrs(&[VIP_V4.into(), VIP_V6.into()]).unwrap();
+        for (family, vip) in [("-4", IpAddr::from(VIP_V4)), ("-6", IpAddr::from(VIP_V6))] {
+            let ping = pair.client.exec(&["ping", family, "-c", "1", "-W", "2", "-s", "2000", &vip.to_string()]);
+            assert!(
+                ping.status.success(),
+                "ping -s 2000 {vip}: {}{:?}",
+                String::from_utf8_lossy(&ping.stdout),
+                steering.stats().unwrap()
+            );
+        }
+    }
+
     /// A Hop-by-Hop Options header (RFC 8200 4.3; a Router Alert, say) comes before the rest of
     /// an IPv6 packet's headers: a service's datagram and a later fragment to a VIP behind one
     /// reach the XSK as they do without it, and an unlisted port behind one passes.

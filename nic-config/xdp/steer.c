@@ -17,7 +17,8 @@
 //     node's own connections (PMTU for SSH, kubelet) still reach the kernel;
 //   * IPv4 non-first fragments and all IPv6 fragments whose dst address is in `vip_addrs` or
 //     whose src address has its bit in `endpoint_addr_filter` (a NAT backend's: a fragmented
-//     reply's later fragments carry no ports to find it in `endpoints4` / `endpoints` by).
+//     reply's later fragments carry no ports to find it in `endpoints4` / `endpoints` by),
+//     but not an ICMP datagram's (a large echo request goes where a small one goes).
 // An IPv6 Hop-by-Hop Options header is skipped and the frame decided on what follows it.
 // Everything else (ARP, NDP, echo to a VIP, SSH, traffic to the node's own addresses) passes,
 // except for the addresses this node announces in L2 mode (`l2_addrs`, value: this interface's
@@ -779,7 +780,10 @@ static __always_inline int handle_ipv4(struct xdp_md *ctx, const struct l2_self 
 	struct addr_key dst;
 	v4_mapped(dst.addr, iph->daddr);
 	if (later_fragment) {
-		/* Non-first fragment: no L4 header. */
+		/* Non-first fragment: no L4 header. An ICMP datagram's (an echo request larger than
+		 * the link) goes where its first fragment went: ICMP errors are never this long. */
+		if (proto == IPPROTO_ICMP)
+			return pass_unless_l2(me, &dst);
 		struct addr_key src;
 		v4_mapped(src.addr, iph->saddr);
 		if (fragment_ours(&src, &dst))
@@ -972,6 +976,10 @@ static __always_inline int handle_ipv6(struct xdp_md *ctx, const struct l2_self 
 		 * follows its first fragment or hands it back. */
 		if ((void *)((__u8 *)l4 + 8) > end)
 			return parse_error();
+		/* An ICMPv6 datagram's fragments (an echo request larger than the link) go where an
+		 * unfragmented one would: ICMPv6 errors fit in the minimum MTU (RFC 4443 2.4(c)). */
+		if (*(__u8 *)l4 == IPPROTO_ICMPV6)
+			return pass_unless_l2(me, &dst);
 		if (fragment_ours(&src, &dst))
 			return steer(ctx);
 		return pass();

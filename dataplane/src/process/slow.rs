@@ -1482,11 +1482,12 @@ fn later_fragment<A: Fam>(
 /// arrived: a series to the SNAT address or to none of xlb's addresses (a DNAT reply, to the
 /// client) goes to the workers in turn (the worker punts it once every one has looked). A
 /// series to a VIP is the client's: its first fragment, on the same queue, created the record
-/// here or nowhere.
+/// here or nowhere; but an ICMP datagram's (an echo request larger than the link) goes to the
+/// kernel, as its first fragment and an unfragmented one do.
 fn fragment_of_another_worker<A: Fam>(c: &Common, t: &Tables, k: &FragKey<A>) -> Verdict {
     let to_vip = t.vip_addrs.get(&k.dst.to_mapped()).is_some_and(|kind| *kind >= VipAddrKind::Service);
     if to_vip {
-        return Verdict::Drop(DropReason::FragmentUntracked);
+        return if k.proto == A::ICMP { Verdict::Pass } else { Verdict::Drop(DropReason::FragmentUntracked) };
     }
     if c.cfg.workers > 1 {
         return Verdict::Handoff { worker: (c.cfg.worker_id + 1) % c.cfg.workers };
