@@ -193,6 +193,8 @@ const OWN_SETUP_ROWS: &[(&str, &str, Frames)] = &[
 /// - icmp_error_about_a_flow_of_another_worker_is_handed_to_it: two workers; a trace runs one.
 /// - a_later_fragment_of_a_series_this_worker_has_not_seen_goes_to_the_next_unless_to_a_vip:
 ///   two workers, as above.
+/// - a_full_fragment_table_forgets_its_oldest_series_for_a_new_one: a table of two series;
+///   xlb's holds 8,192 per worker and family.
 /// - dsr_ipip_later_fragment_too_big_for_the_encapsulation_is_dropped_not_sent_oversized: a
 ///   UDP service in IPIP DSR mode, a setup none of `tests/data`'s configs has.
 /// - icmp_error_about_a_masqueraded_flow_quotes_the_snat_address_the_flow_has: a table change.
@@ -226,6 +228,7 @@ const NOT_REPLAYED: &[&str] = &[
     "a_node_address_that_is_also_an_external_ip_passes_the_nodes_own_fragments_after_a_change",
     "icmp_error_about_a_flow_of_another_worker_is_handed_to_it",
     "a_later_fragment_of_a_series_this_worker_has_not_seen_goes_to_the_next_unless_to_a_vip",
+    "a_full_fragment_table_forgets_its_oldest_series_for_a_new_one",
     "icmp_error_about_a_masqueraded_flow_quotes_the_snat_address_the_flow_has",
     "dsr_ipip_later_fragment_too_big_for_the_encapsulation_is_dropped_not_sent_oversized",
     "sctp_fragments_whose_ports_stay_keep_their_crc32c_and_follow_their_first_fragment",

@@ -81,7 +81,7 @@ declare_counters! {
         FragmentUntracked = 10, "fragment_untracked", Counter, "A non-first fragment with no record of its first fragment.";
         NoRoom = 11, "no_room", Counter, "Not enough headroom in the frame buffer to encapsulate, or tailroom to build a reply.";
         IcmpUntracked = 12, "icmp_untracked", Counter, "ICMP error addressed to a VIP or SNAT address quoting no tracked flow.";
-        FragmentTableFull = 13, "fragment_table_full", Counter, "Fragment table full.";
+        FragmentTableFull = 13, "fragment_table_full", Counter, "Fragment table full: no longer counted (a full table forgets its oldest series for a new one, counted as the event fragment_evicted); the number stays reserved.";
         NoEndpointsDrop = 14, "no_endpoints_drop", Counter, "Service has no eligible backend and its policy is to drop (REJ-01, REJ-02).";
         SnatUntracked = 15, "snat_untracked", Counter, "An SNAT-address packet that matches no tracked flow.";
         TooBig = 16, "too_big", Counter, "Encapsulated packet exceeds the MTU and may not be fragmented; an ICMP error could not be sent either.";
@@ -115,6 +115,7 @@ declare_counters! {
         FlowPickedUp = 12, "flow_picked_up", Counter, "A TCP packet without SYN, of no tracked flow, started a tracked flow (mid-stream pickup after a restart without hand-over or a crash). With the `mh` and `sh` schedulers it reaches the backend the flow had while the tables are the same; with the others the backend is chosen afresh and usually answers with a RST.";
         FlowImported = 13, "flow_imported", Counter, "Flows taken over from the previous xlb process at a hand-over (`xlb run --takeover`).";
         ReplyTupleReused = 14, "reply_tuple_reused", Counter, "A SYN from a backend on the reply tuple of a closing flow (FIN or RST seen): it answers a connection that did not come through xlb (a client's direct connection to the pod from the port of its earlier connection through the VIP), so the closing flow is forgotten and the packet handled as one of no flow (handed back to the kernel).";
+        FragmentEvicted = 15, "fragment_evicted", Counter, "A fragment series' record forgotten before its timeout to record a newer series in a full fragment table (oldest first); a later fragment of it that still comes counts as the drop fragment_untracked. A steady rate means more fragmented datagrams in flight than the table holds, or a flood of first fragments.";
     }
 }
 

@@ -6,8 +6,18 @@
 //! rewrite, encapsulation and next hop, without reassembly. A later fragment with no record
 //! (it arrived first, or the record expired) is a counted drop (`FragmentUntracked`). Like
 //! Katran and IPVS, out-of-order fragments are not buffered.
+//!
+//! A full table forgets its oldest series for a new one (first in, first out) rather than
+//! refusing the new one: a series needs its record only until its last fragment, micro- to
+//! milliseconds after its first, while a refusal for as long as the table stays full let one
+//! source that sends first fragments with fresh identifications at `capacity` per timeout
+//! (1,640 a second against 8,192 series and 5 s) deny every other fragmented datagram. To
+//! push out a series between its first and last fragment, a flood must now insert `capacity`
+//! series in that time. Linux's reassembly refuses instead, past `ipfrag_high_thresh`.
 
 #![deny(clippy::panic, clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+
+use std::collections::VecDeque;
 
 use hashbrown::HashMap;
 
@@ -66,14 +76,31 @@ pub struct FragEntry<A> {
 /// Per-worker fragment table with bounded capacity and a randomly seeded hasher.
 #[derive(Debug)]
 pub struct FragTable<A: Family> {
-    map: HashMap<FragKey<A>, FragEntry<A>, foldhash::fast::RandomState>,
+    /// Each series with the sequence number of its insertion.
+    map: HashMap<FragKey<A>, (FragEntry<A>, u32), foldhash::fast::RandomState>,
+    /// Series in insertion order with their sequence numbers; a series removed since (expired,
+    /// or inserted again under a newer number) is passed over when its turn comes. Never
+    /// longer than `capacity`, so the map never holds more.
+    order: VecDeque<(FragKey<A>, u32)>,
+    next_seq: u32,
     capacity: usize,
-    last_reclaim_s: u32,
+}
+
+/// What [`FragTable::insert`] did to make room.
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub enum Room {
+    /// Nothing: there was room, the series was recorded already, or the oldest record had
+    /// expired.
+    Free,
+    /// The oldest series, not yet expired, was forgotten (its later fragments, if any still
+    /// come, count as `FragmentUntracked`).
+    EvictedLive,
 }
 
 impl<A: Family> FragTable<A> {
-    /// A table for at most `capacity` series (memory reserved up front).
+    /// A table for at most `capacity` series (at least 1; memory reserved up front).
     pub fn new(capacity: usize) -> Self {
+        let capacity = capacity.max(1);
         // Twice the room, and one more: removed records leave tombstones, and an insert that
         // finds no room left beside them rehashes in place only while the records plus the new
         // one fill at most half the table; past that it would allocate a larger table, on the
@@ -81,35 +108,41 @@ impl<A: Family> FragTable<A> {
         let room = capacity.saturating_mul(2).saturating_add(2);
         Self {
             map: HashMap::with_capacity_and_hasher(room, foldhash::fast::RandomState::default()),
+            order: VecDeque::with_capacity(capacity),
+            next_seq: 0,
             capacity,
-            last_reclaim_s: u32::MAX,
         }
     }
 
-    /// Records a series. When full, expired series are dropped first.
-    ///
-    /// Returns `false` if the table is still full; the caller then drops the first fragment
-    /// (its later fragments could not follow it) as `FragmentTableFull`.
-    pub fn insert(&mut self, k: FragKey<A>, e: FragEntry<A>, now_s: u32) -> bool {
-        if self.map.len() >= self.capacity && !self.map.contains_key(&k) {
-            // Rescan at most once per second, so a full table costs a probe, not a scan.
-            if self.last_reclaim_s != now_s {
-                self.last_reclaim_s = now_s;
-                self.map.retain(|_, v| v.expires_s >= now_s);
-            }
-            if self.map.len() >= self.capacity {
-                return false;
-            }
+    /// Records a series (a series recorded already gets `e` in place). When `capacity` series
+    /// are recorded, the oldest is forgotten first: see the module's documentation. Never
+    /// allocates.
+    pub fn insert(&mut self, k: FragKey<A>, e: FragEntry<A>, now_s: u32) -> Room {
+        if let Some((x, _)) = self.map.get_mut(&k) {
+            *x = e;
+            return Room::Free;
         }
-        self.map.insert(k, e);
-        true
+        let mut room = Room::Free;
+        if self.order.len() >= self.capacity
+            && let Some((old, seq)) = self.order.pop_front()
+            && self.map.get(&old).is_some_and(|(_, s)| *s == seq)
+            && let Some((gone, _)) = self.map.remove(&old)
+            && gone.expires_s >= now_s
+        {
+            room = Room::EvictedLive;
+        }
+        let seq = self.next_seq;
+        self.next_seq = seq.wrapping_add(1);
+        self.order.push_back((k, seq));
+        self.map.insert(k, (e, seq));
+        room
     }
 
     /// The live record for `k`.
     #[inline]
     pub fn get(&mut self, k: &FragKey<A>, now_s: u32) -> Option<FragEntry<A>> {
         match self.map.get(k) {
-            Some(e) if e.expires_s >= now_s => Some(*e),
+            Some((e, _)) if e.expires_s >= now_s => Some(*e),
             Some(_) => {
                 self.map.remove(k);
                 None
@@ -145,25 +178,48 @@ mod tests {
     }
 
     #[test]
-    fn records_expire_and_full_table_recycles_expired_records() {
-        let mut t = FragTable::<V4>::new(1);
+    fn records_expire_and_a_full_table_forgets_its_oldest_series_for_a_new_one() {
+        let mut t = FragTable::<V4>::new(2);
         let k = |id| FragKey { src: V4([1; 4]), dst: V4([2; 4]), id, proto: 17 };
-        assert!(t.insert(k(1), entry(10), 0));
-        assert!(!t.insert(k(2), entry(10), 5));
-        assert!(t.get(&k(1), 10).is_some());
-        assert!(t.get(&k(1), 11).is_none());
-        assert!(t.insert(k(3), entry(30), 20));
-        assert!(t.insert(k(4), entry(50), 40), "expired record 3 is recycled");
+        assert_eq!(t.insert(k(1), entry(10), 0), Room::Free);
+        assert_eq!(t.insert(k(2), entry(10), 0), Room::Free);
+        assert_eq!(t.insert(k(1), entry(12), 1), Room::Free, "a series recorded again keeps its place");
+        assert_eq!(t.insert(k(3), entry(10), 5), Room::EvictedLive, "full: the oldest, live, goes");
+        assert!(t.get(&k(1), 5).is_none(), "series 1, the oldest, was forgotten");
+        assert!(t.get(&k(2), 5).is_some() && t.get(&k(3), 5).is_some());
+        assert!(t.get(&k(2), 11).is_none(), "expired");
+        assert_eq!(t.insert(k(4), entry(30), 20), Room::Free, "series 2's turn: removed already");
+        assert_eq!(t.insert(k(5), entry(30), 20), Room::Free, "series 3's turn: expired, not live");
+        assert_eq!(t.len(), 2);
+        assert!(t.get(&k(4), 30).is_some() && t.get(&k(5), 30).is_some());
+        assert!(t.get(&k(4), 31).is_none());
     }
 
-    /// Records come and go (expired ones removed by `get` and by the reclaim of a full table):
-    /// the removals leave tombstones, and the table must absorb them without growing, since
-    /// `insert` runs per packet.
+    /// A series removed (expired) and recorded again is a new series: the old turn in the
+    /// order does not forget the new record.
+    #[test]
+    fn a_series_recorded_again_after_expiry_is_not_forgotten_for_its_old_turn() {
+        let mut t = FragTable::<V4>::new(3);
+        let k = |id| FragKey { src: V4([1; 4]), dst: V4([2; 4]), id, proto: 17 };
+        t.insert(k(1), entry(1), 0);
+        t.insert(k(2), entry(100), 0);
+        assert!(t.get(&k(1), 2).is_none(), "expired, removed");
+        t.insert(k(1), entry(100), 2);
+        // Full: the oldest turn is series 1's first, stale; nothing live goes for series 3.
+        assert_eq!(t.insert(k(3), entry(100), 3), Room::Free);
+        assert!(t.get(&k(1), 3).is_some(), "series 1's new record stays");
+        assert!(t.get(&k(2), 3).is_some() && t.get(&k(3), 3).is_some());
+    }
+
+    /// Records come and go (expired ones removed by `get`, the oldest by a full table's
+    /// insert): the removals leave tombstones, and the table must absorb them without growing,
+    /// since `insert` runs per packet; nor may the order grow.
     #[test]
     fn a_full_table_under_churn_never_reallocates() {
         for cap in [28, 100, 1000] {
             let mut t = FragTable::<V4>::new(cap);
             let reserved = t.map.allocation_size();
+            let order_room = t.order.capacity();
             let mut id = 0u32;
             for now in 0..200u32 {
                 for _ in 0..cap {
@@ -173,6 +229,7 @@ mod tests {
                     let _ = t.get(&k(id ^ 1), now);
                 }
                 assert_eq!(t.map.allocation_size(), reserved, "capacity {cap}, second {now}: the table grew");
+                assert!(t.order.len() <= cap && t.order.capacity() == order_room, "capacity {cap}: the order grew");
             }
         }
     }

@@ -1957,6 +1957,45 @@ fn fragment_rows() -> Vec<Row> {
             ),
         ],
     ));
+    // A full fragment table forgets its oldest series for a new one: a flood of first
+    // fragments with fresh identifications no longer keeps every other datagram out for the
+    // table's timeout, and the flood's own oldest series loses its later fragments.
+    let with_ident = |mut fr: Vec<u8>, id: u16| {
+        fr[18..20].copy_from_slice(&id.to_be_bytes());
+        fr[24..26].fill(0);
+        let cs = dataplane::csum::checksum(&fr[14..34]);
+        fr[24..26].copy_from_slice(&cs.to_be_bytes());
+        fr
+    };
+    let flood = IpAddr::from([192, 0, 2, 77]);
+    let flood_in = |id: u16, first: bool| with_ident(frag_of(flood, 5000, f.vip, 53, first, 64, IN), id);
+    let flood_out = |id: u16| with_ident(frag_of(flood, 5000, b0, 8080, true, 63, to_b(0)), id);
+    let mut full = row(
+        "a_full_fragment_table_forgets_its_oldest_series_for_a_new_one",
+        f,
+        spec(f, vec![]),
+        vec![
+            step("a flood's first fragment, series 1", flood_in(1, true), Expect::Tx(flood_out(1))),
+            step("its first fragment of series 2: the table is full", flood_in(2, true), Expect::Tx(flood_out(2))),
+            step(
+                "a client's first fragment is recorded all the same",
+                frag(f.vip, true, 64, IN, 53),
+                Expect::Tx(frag(b0, true, 63, to_b(0), 8080)),
+            ),
+            step(
+                "the client's later fragment follows it",
+                frag(f.vip, false, 64, IN, 53),
+                Expect::Tx(frag(b0, false, 63, to_b(0), 8080)),
+            ),
+            step(
+                "the flood's series 1, the oldest, was forgotten",
+                flood_in(1, false),
+                Expect::Drop(DropReason::FragmentUntracked),
+            ),
+        ],
+    );
+    full.config.frag_capacity = 2;
+    rows.push(full);
     // An echo request larger than the link: its first fragment and an unfragmented one are the
     // kernel's (xlb answers no echo), and so is a later fragment.
     let mut echo_later = Frame::ip(

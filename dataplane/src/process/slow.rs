@@ -6,7 +6,7 @@
 use crate::conntrack::{self, Conntrack, CtState, Dir, FlowKey, Hit, Rec, flow_flags};
 use crate::counters::{DropReason, Event};
 use crate::csum;
-use crate::frag::{FragAction, FragEntry, FragKey};
+use crate::frag::{FragAction, FragEntry, FragKey, Room};
 use crate::icmp;
 use crate::maglev;
 use crate::nat::{self, Packet};
@@ -1292,9 +1292,9 @@ fn transmit_forward<A: Fam>(
     if let Frag::First { id } = p.frag {
         let e = FragEntry { action, hop, backend: b.this, expires_s: c.now_s.saturating_add(c.cfg.frag_timeout_s) };
         let (src, dst) = (r.client, r.vip);
-        if !st.frag.insert(FragKey { src, dst, id, proto: frag_proto(pkt.frame(), p) }, e, c.now_s) {
-            // Its later fragments could not follow it, so sending it only wastes the path.
-            return Verdict::Drop(DropReason::FragmentTableFull);
+        if st.frag.insert(FragKey { src, dst, id, proto: frag_proto(pkt.frame(), p) }, e, c.now_s) == Room::EvictedLive
+        {
+            c.counters.event(Event::FragmentEvicted);
         }
     }
     apply(pkt, p, action, r.bport, r.reply_dport, snat, hop)
@@ -1425,8 +1425,8 @@ fn reply<A: Fam>(
             expires_s: now.saturating_add(c.cfg.frag_timeout_s),
         };
         let (src, dst) = (r.backend_addr, r.reply_dst);
-        if !st.frag.insert(FragKey { src, dst, id, proto: frag_proto(pkt.frame(), p) }, e, now) {
-            return Verdict::Drop(DropReason::FragmentTableFull);
+        if st.frag.insert(FragKey { src, dst, id, proto: frag_proto(pkt.frame(), p) }, e, now) == Room::EvictedLive {
+            c.counters.event(Event::FragmentEvicted);
         }
     }
     let f = pkt.frame_mut();
