@@ -714,7 +714,15 @@ fn serve(
             membership: &mut membership,
             l2_client: l2_client.clone(),
             l2_members: None,
+            stall_watch: xlb::http::WorkerStallWatch::new(
+                workers.iter().map(|w| (w.id, w.counters.clone())).collect(),
+                xlb::http::WORKER_STALL_LIMIT,
+                Instant::now(),
+            ),
         };
+        // A supervisor that takes over from another (a failed hand-over) starts from workers
+        // that run.
+        telemetry.health.set_stalled_workers(Vec::new());
         let handover = sup.run(&mut cluster, k8s.as_mut(), shutdown, reload)?;
         drop(admin);
         Ok(handover.map(|(stream, layout)| (stream, layout, sup.config.clone())))
@@ -929,6 +937,9 @@ struct Supervisor<'a> {
     l2_client: Option<(kube::Client, String)>,
     /// The L2 members last logged.
     l2_members: Option<std::collections::BTreeSet<String>>,
+    /// The workers' heartbeats, read with the interface counters once a second: a worker
+    /// whose loop stands still fails `/livez` and `/healthz`.
+    stall_watch: xlb::http::WorkerStallWatch,
 }
 
 type K8s = (xlb::k8s::Source, xlb::http::HealthCheckServers, String);
@@ -973,6 +984,26 @@ impl Supervisor<'_> {
                 None
             }
         }
+    }
+
+    /// Reads the workers' heartbeats; a change in which workers stand still is logged and
+    /// given to the health state (`/livez` and `/healthz` fail while any does).
+    fn check_workers(&mut self) {
+        let stalled = self.stall_watch.stalled(Instant::now());
+        let before = self.telemetry.health.stalled_workers();
+        if stalled == before {
+            return;
+        }
+        if stalled.is_empty() {
+            tracing::info!(workers = ?before, "the stalled workers run again: /livez and /healthz answer 200");
+        } else {
+            tracing::error!(
+                workers = ?stalled,
+                limit_s = xlb::http::WORKER_STALL_LIMIT.as_secs(),
+                "worker loop stalled (its heartbeat stood still longer than the limit): /livez and /healthz answer 503"
+            );
+        }
+        self.telemetry.health.set_stalled_workers(stalled);
     }
 
     /// Reads every steering program's counters (one map lookup per interface) for `/metrics`.
@@ -1136,6 +1167,7 @@ impl Supervisor<'_> {
             if last_stats.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
                 last_stats = Some(Instant::now());
                 self.refresh_interface_stats();
+                self.check_workers();
             }
             if last_resolve.elapsed() > Duration::from_secs(2) {
                 let t = self.handle.load();

@@ -265,6 +265,11 @@ pub struct WorkerCounters {
     pub busy_ns: Counter,
     /// Loop iterations that found work (the iterations [`busy_ns`](Self::busy_ns) counts).
     pub busy_loops: Counter,
+    /// The worker loop's clock, in milliseconds since the workers' epoch (at least 1), stored
+    /// about once a second while the loop runs (0: not yet). It stops advancing when the loop
+    /// does (a worker stuck, or whose thread ended): the control side reads its progress to
+    /// tell a stalled worker (`/livez`, `/healthz`).
+    pub heartbeat_ms: Counter,
     /// Bytes by verdict class (index = [`ByteCounter`] as usize), written by the worker loop
     /// once per batch ([`add_bytes`](Self::add_bytes)), not by the pipeline.
     pub bytes: [Counter; ByteCounter::COUNT],
@@ -289,6 +294,7 @@ impl WorkerCounters {
             ct_capacity: Counter::default(),
             busy_ns: Counter::default(),
             busy_loops: Counter::default(),
+            heartbeat_ms: Counter::default(),
             bytes: core::array::from_fn(|_| Counter::default()),
             drop_bytes: core::array::from_fn(|_| Counter::default()),
             objects: ObjectCounters {

@@ -556,6 +556,8 @@ fn run(
         if now_ms >= next_socket_stats_ms {
             next_socket_stats_ms = now_ms.saturating_add(SOCKET_STATS_EVERY_MS);
             refresh_socket_stats(xsk, xc);
+            // The loop runs: its clock, for the control side's stall check (at least 1).
+            counters.heartbeat_ms.set(now_ms.max(1));
         }
         pipeline.begin_batch(t, now_ms);
         xsk.complete();

@@ -853,6 +853,57 @@ mod xlb {
         }
     }
 
+    /// A worker whose loop stands still fails `/livez` and `/healthz` (so that the DaemonSet's
+    /// liveness probe restarts the pod, and its readiness probe and the VIP announcements take
+    /// the node out) within the stall limit, 5 s, and the second the control loop takes to
+    /// look; once it runs again both answer 200. The worker's thread is stopped alone with
+    /// `PTRACE_INTERRUPT` (the other threads run on), as a worker stuck in a loop would stand.
+    #[test]
+    fn a_stalled_worker_fails_livez_and_healthz_until_it_runs_again() {
+        use nix::sys::ptrace;
+        use nix::sys::wait::{WaitPidFlag, waitpid};
+        use nix::unistd::Pid;
+        if skip_without_root("a_stalled_worker_fails_livez_and_healthz_until_it_runs_again") {
+            return;
+        }
+        let tb = testbed();
+        let xlb = start_xlb(&tb);
+        let code = |path: &str| {
+            let url = format!("http://127.0.0.1:10256{path}");
+            tb.exec_ok(Role::Lb, &["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", &url]).unwrap_or_default()
+        };
+        let both = || (code("/livez"), code("/healthz"));
+        let ok = ("200".to_owned(), "200".to_owned());
+        wait_for(Duration::from_secs(10), || (both() == ok).then_some(()))
+            .unwrap_or_else(|| panic!("xlb healthy after its start: {:?}{}", both(), evidence(&xlb)));
+        let pid = xlb.pid().expect("xlb pid");
+        let tid = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .expect("the threads of xlb")
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+            .find(|t| {
+                std::fs::read_to_string(format!("/proc/{pid}/task/{t}/comm")).is_ok_and(|c| c.trim() == "xlb-worker-0")
+            })
+            .expect("the thread xlb-worker-0");
+        let tid = Pid::from_raw(tid);
+        ptrace::seize(tid, ptrace::Options::empty()).expect("PTRACE_SEIZE the worker");
+        ptrace::interrupt(tid).expect("PTRACE_INTERRUPT");
+        waitpid(tid, Some(WaitPidFlag::__WALL)).expect("the worker stops");
+        let stopped = Instant::now();
+        let failed = wait_for(Duration::from_secs(12), || {
+            let b = both();
+            (b == ("503".to_owned(), "503".to_owned())).then_some(b)
+        });
+        let took = stopped.elapsed();
+        let log = xlb.log();
+        ptrace::detach(tid, None).expect("PTRACE_DETACH: the worker runs on");
+        assert!(failed.is_some(), "/livez and /healthz 503 while worker 0 stands: {:?}{}", both(), evidence(&xlb));
+        assert!(took >= Duration::from_secs(4), "not before the limit: {took:?}");
+        assert!(log.contains("worker loop stalled"), "{log}");
+        wait_for(Duration::from_secs(10), || (both() == ok).then_some(()))
+            .unwrap_or_else(|| panic!("healthy again once the worker runs: {:?}{}", both(), evidence(&xlb)));
+        assert!(xlb.log().contains("the stalled workers run again"));
+    }
+
     /// Bytes by verdict, counted by the workers' loop: UDP datagrams of known sizes to the web
     /// ClusterIP's dns port. With TTL 1 each is dropped (`ttl_exceeded`) with its 14 + 20 +
     /// 8 + payload bytes; answered ones are counted `tx` in both directions (DNAT and un-DNAT

@@ -1,9 +1,10 @@
 //! kube-proxy's proxier health state (`pkg/proxy/healthcheck/proxy_health.go`,
 //! `ProxyHealthServer`): HC-02..04, SYNC-05.
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, SystemTime};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant, SystemTime};
 
+use dataplane::counters::WorkerCounters;
 use k8s_openapi::api::core::v1::Node;
 
 /// What `/healthz` or `/livez` answers.
@@ -34,6 +35,8 @@ struct Inner {
     node_eligible: bool,
     node_seen: bool,
     draining: bool,
+    /// Workers whose loop stands still ([`WorkerStallWatch`]), in worker order.
+    stalled_workers: Vec<u16>,
 }
 
 /// Health of the sync loop and eligibility of the node.
@@ -43,7 +46,11 @@ struct Inner {
 ///   than the health timeout, 2 × `syncPeriod`: syncs run at least every `syncPeriod`, so a
 ///   missing one means the loop is stuck; or
 /// - a change has been queued and not synced for the health timeout (kube-proxy's rule:
-///   `QueuedUpdate` … `Updated`).
+///   `QueuedUpdate` … `Updated`); or
+/// - a worker's loop has stood still for [`WORKER_STALL_LIMIT`] ([`WorkerStallWatch`]; xlb's
+///   own rule: the tables may be fresh while a queue's frames go nowhere, and the
+///   DaemonSet's liveness probe on `/livez` then restarts the pod, its readiness probe and
+///   the VIP announcements on `/healthz` take the node out).
 ///
 /// `/healthz` is additionally 503 while the Node has a `deletionTimestamp` or was deleted
 /// (HC-03), and from the moment xlb starts draining on SIGTERM ([`ProxyHealth::begin_drain`],
@@ -73,6 +80,7 @@ impl ProxyHealth {
                 node_eligible: true,
                 node_seen: false,
                 draining: false,
+                stalled_workers: Vec::new(),
             }),
         }
     }
@@ -117,6 +125,17 @@ impl ProxyHealth {
         }
     }
 
+    /// Sets the workers whose loop stands still (empty: none), as [`WorkerStallWatch::stalled`]
+    /// found them: while any is, `/livez` and `/healthz` answer 503.
+    pub fn set_stalled_workers(&self, workers: Vec<u16>) {
+        self.lock().stalled_workers = workers;
+    }
+
+    /// The workers last set stalled ([`ProxyHealth::set_stalled_workers`]).
+    pub fn stalled_workers(&self) -> Vec<u16> {
+        self.lock().stalled_workers.clone()
+    }
+
     /// Whether the node is eligible (`nodeEligible`).
     pub fn node_eligible(&self) -> bool {
         self.lock().node_eligible
@@ -150,7 +169,7 @@ impl ProxyHealth {
         let older = |t: SystemTime| now.duration_since(t).is_ok_and(|d| d > self.timeout);
         let stale = older(i.last_updated.unwrap_or(self.created));
         let pending_late = i.oldest_pending.is_some_and(older);
-        (!stale && !pending_late, i.last_updated)
+        (!stale && !pending_late && i.stalled_workers.is_empty(), i.last_updated)
     }
 
     /// `/healthz` (HC-01..03), now.
@@ -180,6 +199,69 @@ impl ProxyHealth {
             current_time: now,
             node_eligible: true,
         }
+    }
+}
+
+/// How long a worker's heartbeat may stand still before the worker counts as stalled: its
+/// loop stores it about once a second ([`WorkerCounters::heartbeat_ms`]), also when idle (an
+/// idle loop sleeps at most 1 ms in `poll(2)`), so 5 s is four missed beats at least.
+pub const WORKER_STALL_LIMIT: Duration = Duration::from_secs(5);
+
+/// Tells the workers whose loop stands still from their heartbeats
+/// ([`WorkerCounters::heartbeat_ms`]): a worker stuck in a loop, or whose thread ended (a
+/// panic closes its sockets; the steering program then drops its queue's frames), no longer
+/// advances its own. Read by the control loop about once a second while the workers run.
+#[derive(Debug)]
+pub struct WorkerStallWatch {
+    workers: Vec<Beat>,
+    limit: Duration,
+    /// The last call of [`WorkerStallWatch::stalled`].
+    last_check: Instant,
+}
+
+#[derive(Debug)]
+struct Beat {
+    id: u16,
+    counters: Arc<WorkerCounters>,
+    /// The heartbeat last read, and when it was first read with that value.
+    last: u64,
+    since: Instant,
+}
+
+impl WorkerStallWatch {
+    /// The longest time between two calls of [`WorkerStallWatch::stalled`] after which a
+    /// heartbeat standing still still counts.
+    pub const CHECK_GAP: Duration = Duration::from_secs(2);
+
+    /// Watches `workers` (id, counters) from `now` on: a worker whose heartbeat does not move
+    /// for longer than `limit` from now on is stalled.
+    pub fn new(workers: Vec<(u16, Arc<WorkerCounters>)>, limit: Duration, now: Instant) -> Self {
+        let workers = workers
+            .into_iter()
+            .map(|(id, counters)| {
+                let last = counters.heartbeat_ms.get();
+                Beat { id, counters, last, since: now }
+            })
+            .collect();
+        Self { workers, limit, last_check: now }
+    }
+
+    /// The workers, in the order given, whose heartbeat has not moved for longer than the
+    /// limit at `now` (each read once per call). Meant to be called about once a second: after
+    /// a gap of more than [`WorkerStallWatch::CHECK_GAP`] since the last call (the caller
+    /// itself did not run: the whole process stopped, or its loop was held up) every worker
+    /// is judged afresh from `now`, since its heartbeat's standing still then says nothing of
+    /// the worker.
+    pub fn stalled(&mut self, now: Instant) -> Vec<u16> {
+        let gap = now.saturating_duration_since(self.last_check) > Self::CHECK_GAP;
+        self.last_check = now;
+        for b in &mut self.workers {
+            let v = b.counters.heartbeat_ms.get();
+            if v != b.last || gap {
+                (b.last, b.since) = (v, now);
+            }
+        }
+        self.workers.iter().filter(|b| now.saturating_duration_since(b.since) > self.limit).map(|b| b.id).collect()
     }
 }
 

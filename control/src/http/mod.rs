@@ -27,7 +27,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 pub use hcnp::{HealthCheckServers, HealthCheckService};
-pub use health::{HealthStatus, ProxyHealth, go_time};
+pub use health::{HealthStatus, ProxyHealth, WORKER_STALL_LIMIT, WorkerStallWatch, go_time};
 pub use metrics::{
     BackendStats, CountersView, DataplaneView, EndpointCounts, InterfaceStats, InterfaceStatsCell,
     OPENMETRICS_CONTENT_TYPE, PROMETHEUS_CONTENT_TYPE, ProxyMetrics, ServiceStats, WATCHED_RESOURCES, WorkerStats,
@@ -338,6 +338,63 @@ mod tests {
         assert!(h.serving(), "healthCheckNodePorts keep answering from the endpoints (kube-proxy's rule)");
         h.sync_node(None);
         assert!(h.serving(), "and after the Node is gone");
+    }
+
+    #[test]
+    fn a_stalled_worker_fails_livez_healthz_and_health_check_node_ports_until_it_moves_again() {
+        let h = ProxyHealth::new(Duration::from_secs(30));
+        h.updated(SystemTime::now());
+        assert!(h.livez().healthy && h.healthz().healthy && h.serving());
+        h.set_stalled_workers(vec![1]);
+        assert_eq!(h.stalled_workers(), [1]);
+        assert_eq!((h.livez().code(), h.healthz().code()), (503, 503));
+        assert!(!h.serving());
+        h.set_stalled_workers(vec![]);
+        assert!(h.livez().healthy && h.healthz().healthy && h.serving());
+    }
+
+    #[test]
+    fn a_worker_is_stalled_once_its_heartbeat_stands_still_for_longer_than_the_limit() {
+        use dataplane::counters::WorkerCounters;
+        let (a, b) = (Arc::new(WorkerCounters::new(1, 1)), Arc::new(WorkerCounters::new(1, 1)));
+        let t0 = std::time::Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut w = WorkerStallWatch::new(vec![(0, a.clone()), (1, b.clone())], Duration::from_secs(5), t0);
+        // Worker 0 beats every second; worker 1 beats once, then stops.
+        for s in 1..=5u64 {
+            a.heartbeat_ms.set(s * 1000);
+            if s == 1 {
+                b.heartbeat_ms.set(1000);
+            }
+            assert!(w.stalled(at(s * 1000)).is_empty(), "second {s}");
+        }
+        a.heartbeat_ms.set(6000);
+        assert!(w.stalled(at(6000)).is_empty(), "worker 1's beat stood still for exactly the limit");
+        a.heartbeat_ms.set(6100);
+        assert_eq!(w.stalled(at(6100)), [1], "longer than the limit");
+        // Worker 1 moves again; worker 0, its heartbeat standing still from now on, stalls in
+        // turn.
+        b.heartbeat_ms.set(7000);
+        assert!(w.stalled(at(7000)).is_empty());
+        for ms in [8000, 9000, 10_000, 11_000] {
+            assert!(w.stalled(at(ms)).is_empty(), "{ms} ms");
+        }
+        assert_eq!(w.stalled(at(11_101)), [0], "worker 0's last beat was read at 6.1 s");
+        assert_eq!(w.stalled(at(12_001)), [0, 1], "worker 1's at 7 s");
+        // A worker that never beats is stalled the limit after the watch began.
+        let c = Arc::new(WorkerCounters::new(1, 1));
+        let mut w = WorkerStallWatch::new(vec![(2, c)], Duration::from_secs(5), t0);
+        for ms in [1000, 2000, 3000, 4000, 5000] {
+            assert!(w.stalled(at(ms)).is_empty(), "{ms} ms");
+        }
+        assert_eq!(w.stalled(at(5001)), [2]);
+        // The caller itself did not run for longer than the check gap (the process stopped):
+        // nothing is judged from the time it missed.
+        assert!(w.stalled(at(20_000)).is_empty(), "after a gap, judged afresh");
+        for ms in [21_000, 22_000, 23_000, 24_000, 25_000] {
+            assert!(w.stalled(at(ms)).is_empty(), "{ms} ms");
+        }
+        assert_eq!(w.stalled(at(25_001)), [2]);
     }
 
     #[test]
