@@ -39,6 +39,12 @@ pub trait Family: Copy + Eq + Hash + Debug + Default + Send + Sync + Pod + 'stat
     fn to_mapped(self) -> [u8; 16];
     /// Extracts this family's address from `ip`; `None` if `ip` is of the other family.
     fn from_ip(ip: IpAddr) -> Option<Self>;
+    /// Whether this is a martian source, one no packet on the wire may carry (RFC 1812
+    /// §5.3.7, §4.2.2.11; Linux's `ip_route_input_slow` and `ip6_rcv_core` drop the same but
+    /// for class E): IPv4 0.0.0.0/8, 127.0.0.0/8, 224.0.0.0/4 (multicast) and 240.0.0.0/4
+    /// (class E, reserved, with 255.255.255.255); IPv6 `::`, `::1` and ff00::/8 (multicast).
+    /// The IPv4 set is [`crate::icmp::may_answer`]'s.
+    fn is_martian_source(&self) -> bool;
 }
 
 /// An IPv4 address in network byte order. Plain bytes (`Pod`), so flow records holding it
@@ -81,6 +87,12 @@ impl Family for V4 {
             IpAddr::V6(_) => None,
         }
     }
+    #[inline]
+    fn is_martian_source(&self) -> bool {
+        // 0/8 and 224/4 to 255/8 in one compare (0 wraps to 255).
+        let [a, ..] = self.0;
+        a == 127 || a.wrapping_sub(1) >= 223
+    }
 }
 
 impl Family for V6 {
@@ -111,6 +123,11 @@ impl Family for V6 {
             IpAddr::V6(a) => Some(Self(a.octets())),
             IpAddr::V4(_) => None,
         }
+    }
+    #[inline]
+    fn is_martian_source(&self) -> bool {
+        let [a, ..] = self.0;
+        a == 0xff || u128::from_be_bytes(self.0) <= 1
     }
 }
 
@@ -244,6 +261,24 @@ mod tests {
         assert!("10.0.0.0/33".parse::<Cidr>().is_err());
         assert!("fd00::/129".parse::<Cidr>().is_err());
         assert_eq!("fd00::1".parse::<Cidr>().unwrap().len, 128);
+    }
+
+    #[test]
+    fn martian_sources_are_the_unspecified_loopback_multicast_and_reserved_ones() {
+        for a in [[0, 0, 0, 0], [0, 1, 2, 3], [127, 0, 0, 1], [224, 0, 0, 1], [239, 9, 9, 9], [240, 0, 0, 1], [255; 4]]
+        {
+            assert!(V4(a).is_martian_source(), "{a:?}");
+        }
+        for a in [[1, 0, 0, 0], [10, 0, 0, 1], [126, 255, 255, 255], [128, 0, 0, 1], [223, 255, 255, 255]] {
+            assert!(!V4(a).is_martian_source(), "{a:?}");
+        }
+        let v6 = |s: &str| V6(s.parse::<Ipv6Addr>().unwrap().octets());
+        for a in ["::", "::1", "ff02::1", "ff0e::5"] {
+            assert!(v6(a).is_martian_source(), "{a}");
+        }
+        for a in ["::2", "fd00::1", "2001:db8::1", "::ffff:1.2.3.4", "fe80::1"] {
+            assert!(!v6(a).is_martian_source(), "{a}");
+        }
     }
 
     #[test]

@@ -93,6 +93,7 @@ declare_counters! {
         IcmpErrorForbidden = 22, "icmp_error_forbidden", Counter, "A packet that would be answered with an ICMP error (port unreachable, too big), but whose source names no single host (unspecified, loopback, multicast, IPv4 class E or limited broadcast) or that came as a link-layer broadcast or multicast, or an IPv4 fragment other than the first: RFC 1122 §3.2.2, RFC 1812 §4.3.2.7 and RFC 4443 §2.4(e) forbid the error.";
         IcmpRateLimited = 23, "icmp_rate_limited", Counter, "A packet that would be answered with an ICMP error (port unreachable, too big) while the worker's budget of errors for this second is spent (1000 per second and worker: RFC 4443 §2.4(f), RFC 1812 §4.3.2.8).";
         FragmentUnrewritable = 24, "fragment_unrewritable", Counter, "A first fragment whose NAT rewrite would leave wrong a checksum that covers the whole datagram: SCTP's CRC32c when a port changes (RFC 9260 §6.8); xlb does not reassemble.";
+        MartianSource = 25, "martian_source", Counter, "A packet that would start a flow from a source no host has (IPv4 0.0.0.0/8, 127.0.0.0/8, multicast, class E and 255.255.255.255; IPv6 ::, ::1, multicast): spoofed; a router drops it (RFC 1812 §5.3.7; Linux's martian sources).";
     }
 }
 

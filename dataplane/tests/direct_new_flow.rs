@@ -4,7 +4,7 @@
 //! that variant with its Maglev services on the random scheduler (whose draw the direct route
 //! makes in stage 5): streams of new flows of every kind — direct ones, hairpins, masqueraded
 //! NodePorts, source ranges, DSR, affinity, IPv6, tagged frames, mid-stream pickups, a TTL that
-//! expires, a service without endpoints, duplicates in one batch, SYNs to a second VIP from the
+//! expires, a service without endpoints, martian sources, duplicates in one batch, SYNs to a second VIP from the
 //! client port of a picked-up flow with the same backends (one reply tuple) — through a small
 //! flow table that fills and evicts, and under a new-flow rate limit. Both routes must give the same
 //! verdicts and bytes, the same flows and the same counters; the direct route must have been
@@ -80,6 +80,9 @@ fn variant_spec() -> dataplane::tables::TablesSpec {
 fn random_tables() -> Tables {
     let mut spec = variant_spec();
     spec.cluster_cidrs.push(Cidr { addr: v4([10, 1, 0, 0]), len: 24 });
+    // The stream's martian sources (224.0.0.0/24) inside the cluster CIDRs too, so that only
+    // their source keeps them off the direct route.
+    spec.cluster_cidrs.push(Cidr { addr: v4([224, 0, 0, 0]), len: 24 });
     for s in &mut spec.services {
         if matches!(s.scheduler, Scheduler::Maglev { .. }) {
             std::sync::Arc::make_mut(s).scheduler = Scheduler::Random;
@@ -118,6 +121,8 @@ fn stream(n: usize, seed: u64) -> Vec<Vec<u8>> {
         let host = (g.next() % 200) as u8 + 2;
         // Inside the variant's cluster CIDR, or outside it.
         let client = if r & 1 == 0 { v4([10, 0, 0, host]) } else { v4([192, 168, 1, host]) };
+        // Now and then a martian source (multicast), which neither route may make a flow of.
+        let client = if (r >> 20).is_multiple_of(32) { v4([224, 0, 0, host]) } else { client };
         let vip = v4(harness::VIP4);
         let f = match (r >> 1) % 16 {
             0..=5 => tcp(client, sport, vip, 80, tcp_flags::SYN, 64),

@@ -1346,6 +1346,41 @@ fn rows_for(f: Fam) -> Vec<Row> {
         ],
     ));
 
+    // A source no host has (spoofed: multicast, loopback, unspecified) starts no flow; a
+    // router drops it (RFC 1812 §5.3.7). Its backend would answer a group, or itself.
+    let martians: [IpAddr; 3] = if f.v6 {
+        [ip6(0xff02, 1).into(), "::1".parse().unwrap(), "::".parse().unwrap()]
+    } else {
+        [[224, 0, 0, 1].into(), [127, 0, 0, 1].into(), [255, 255, 255, 255].into()]
+    };
+    rows.push(row(
+        "a_packet_from_a_martian_source_starts_no_flow",
+        f,
+        spec(f, vec![]),
+        vec![
+            step(
+                "a SYN from a multicast source",
+                tcp(martians[0], 40000, vip, 80, SYN, 64, IN),
+                Expect::Drop(DropReason::MartianSource),
+            ),
+            step(
+                "from loopback",
+                tcp(martians[1], 40000, vip, 80, SYN, 64, IN),
+                Expect::Drop(DropReason::MartianSource),
+            ),
+            step(
+                "a UDP datagram from the broadcast or unspecified address",
+                udp(martians[2], 5000, vip, 53, 64, IN),
+                Expect::Drop(DropReason::MartianSource),
+            ),
+            step(
+                "a client's SYN after them",
+                tcp(c, 40000, vip, 80, SYN, 64, IN),
+                Expect::Tx(tcp(c, 40000, b0, 8080, SYN, 63, to_b(0))),
+            ),
+        ],
+    ));
+
     // --- TTL, malformed ---
     rows.push(row(
         "ttl_one_is_not_forwarded",

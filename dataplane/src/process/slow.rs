@@ -713,6 +713,11 @@ fn forward<A: Fam>(
         }
         Found::Expired | Found::Miss => {}
     }
+    // No flow from a source no host has (spoofed): a router drops it (RFC 1812 §5.3.7), and
+    // its backend would answer a group or itself.
+    if key.src.is_martian_source() {
+        return Verdict::Drop(DropReason::MartianSource);
+    }
     new_flow::<A>(st, c, t, pkt, p, fe, key, h, hint.found, in_port)
 }
 
@@ -997,6 +1002,10 @@ fn new_flow_direct<A: Fam, T: DirectTable<A>>(
         return None;
     }
     let (Some(hop), Some(baddr)) = (b.hop, A::from_ip(b.addr)) else { return None };
+    // A martian source: the general route drops it (`forward`).
+    if l.key.src.is_martian_source() {
+        return None;
+    }
     if !c.admit_new_flow() {
         return Some(Verdict::Drop(DropReason::NewFlowRateLimited));
     }
@@ -1041,6 +1050,10 @@ fn new_flow_drawn<'t, A: Fam, T: DirectTable<A>>(
         return Drawn::General;
     };
     if !still_new(ct, l) {
+        return Drawn::General;
+    }
+    // A martian source: the general route drops it (`forward`).
+    if l.key.src.is_martian_source() {
         return Drawn::General;
     }
     if !c.admit_new_flow() {
