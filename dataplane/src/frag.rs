@@ -114,13 +114,16 @@ impl<A: Family> FragTable<A> {
         }
     }
 
-    /// Records a series (a series recorded already gets `e` in place). When `capacity` series
-    /// are recorded, the oldest is forgotten first: see the module's documentation. Never
-    /// allocates.
+    /// Records a series (a live series recorded already gets `e` in place and keeps its turn;
+    /// an expired one is recorded anew). When `capacity` series are recorded, the oldest is
+    /// forgotten first: see the module's documentation. Never allocates.
     pub fn insert(&mut self, k: FragKey<A>, e: FragEntry<A>, now_s: u32) -> Room {
         if let Some((x, _)) = self.map.get_mut(&k) {
-            *x = e;
-            return Room::Free;
+            if x.expires_s >= now_s {
+                *x = e;
+                return Room::Free;
+            }
+            self.map.remove(&k);
         }
         let mut room = Room::Free;
         if self.order.len() >= self.capacity
@@ -209,6 +212,14 @@ mod tests {
         assert_eq!(t.insert(k(3), entry(100), 3), Room::Free);
         assert!(t.get(&k(1), 3).is_some(), "series 1's new record stays");
         assert!(t.get(&k(2), 3).is_some() && t.get(&k(3), 3).is_some());
+        // An expired record not yet removed, recorded again, takes a new turn: the next
+        // insert forgets series 2 (the oldest live turn), not it.
+        let mut t = FragTable::<V4>::new(2);
+        t.insert(k(1), entry(1), 0);
+        t.insert(k(2), entry(100), 0);
+        t.insert(k(1), entry(100), 5);
+        assert_eq!(t.insert(k(3), entry(100), 6), Room::EvictedLive);
+        assert!(t.get(&k(1), 6).is_some() && t.get(&k(2), 6).is_none());
     }
 
     /// Records come and go (expired ones removed by `get`, the oldest by a full table's
