@@ -77,6 +77,20 @@ fn eleven_of_one_home<K>(mut candidates: impl Iterator<Item = K>, home: impl Fn(
     same
 }
 
+/// The client pings the lb's IPv6 address (neighbour discovery passes the program): the
+/// client's neighbour entry for it is made before a test's own IPv6 frames.
+fn ping6_lb(pair: &Pair) {
+    let ping = pair.client.exec(&["ping", "-6", "-c", "1", "-W", "2", &LB_V6.to_string()]);
+    assert!(ping.status.success(), "ping -6: {}", String::from_utf8_lossy(&ping.stdout));
+}
+
+/// Lists the client, in both families, as a NAT backend replying from UDP port 5353: a DNAT
+/// reply's destination is the client, so only its source marks it as xlb's.
+fn list_client_as_backend(steering: &mut Steering) {
+    let ep = |addr: IpAddr| ServiceKey { addr, proto: IPPROTO_UDP, port: 5353 };
+    steering.sync_endpoints(&[ep(CLIENT_V4.into()), ep(CLIENT_V6.into())]).unwrap();
+}
+
 /// Attaches the program to lb0 and binds an AF_XDP socket on queue 0 into `xsks`.
 fn attach_with_xsk(pair: &Pair) -> (Steering, Xsk) {
     pair.lb.run_in(|| {
@@ -411,8 +425,7 @@ mod tests {
         }
         let pair = Pair::new(1);
         let (mut steering, mut xsk) = attach_with_xsk(&pair);
-        let ping = pair.client.exec(&["ping", "-6", "-c", "1", "-W", "2", &LB_V6.to_string()]);
-        assert!(ping.status.success(), "ping -6: {}", String::from_utf8_lossy(&ping.stdout));
+        ping6_lb(&pair);
         pair.client.ip(&["-6", "route", "add", "fd00:251:c::/64", "via", &LB_V6.to_string()]);
         let addr = |i: u32| std::net::Ipv6Addr::new(0xfd00, 0x251, 0xc, 0, 0, 0, (i >> 16) as u16, i as u16);
         let same = eleven_of_one_home((1..0x10_0000).map(addr), |a| snat6_index_home(*a));
@@ -605,8 +618,7 @@ mod tests {
         let (mut steering, mut xsk) = attach_with_xsk(&pair);
         steering.sync_services(&[ServiceKey { addr: VIP_V6.into(), proto: IPPROTO_UDP, port: 7777 }]).unwrap();
         steering.sync_vip_addrs(&[VIP_V6.into()]).unwrap();
-        let ping = pair.client.exec(&["ping", "-6", "-c", "1", "-W", "2", &LB_V6.to_string()]);
-        assert!(ping.status.success(), "ping -6: {}", String::from_utf8_lossy(&ping.stdout));
+        ping6_lb(&pair);
         // Next header 17 (UDP) or 44 (Fragment), length 0 (8 bytes), a PadN option of 4.
         let hbh = |next: u8| [next, 0, 1, 4, 0, 0, 0, 0];
         let udp = |port: u16| {
@@ -670,12 +682,10 @@ mod tests {
         }
         let pair = Pair::new(1);
         let (mut steering, mut xsk) = attach_with_xsk(&pair);
-        // The client plays the backend, replying from port 5353 (a DNAT reply's destination is
-        // the client, here the lb's address).
-        let ep = |addr: IpAddr| ServiceKey { addr, proto: IPPROTO_UDP, port: 5353 };
-        steering.sync_endpoints(&[ep(CLIENT_V4.into()), ep(CLIENT_V6.into())]).unwrap();
-        let ping = pair.client.exec(&["ping", "-6", "-c", "1", "-W", "2", &LB_V6.to_string()]);
-        assert!(ping.status.success(), "ping -6: {}", String::from_utf8_lossy(&ping.stdout));
+        // The client plays the backend (the lb's address, its reply's destination, plays the
+        // client).
+        list_client_as_backend(&mut steering);
+        ping6_lb(&pair);
         for lb in [IpAddr::from(LB_V4), IpAddr::from(LB_V6)] {
             let kernel = lb_udp(&pair.lb, SocketAddr::new(lb, 40_700));
             // 2,000 bytes over a 1,500-byte MTU: two fragments.
@@ -713,8 +723,7 @@ mod tests {
         let backend6: IpAddr = "fd00:251:5::5".parse().unwrap();
         let ep = |addr: IpAddr| ServiceKey { addr, proto: IPPROTO_UDP, port: 5353 };
         steering.sync_endpoints(&[ep(backend4), ep(backend6)]).unwrap();
-        let ping = pair.client.exec(&["ping", "-6", "-c", "1", "-W", "2", &LB_V6.to_string()]);
-        assert!(ping.status.success(), "ping -6: {}", String::from_utf8_lossy(&ping.stdout));
+        ping6_lb(&pair);
 
         // The lb's own address stands for the flow's client (the error's destination): it is
         // no VIP, no service and no SNAT address here.
@@ -804,12 +813,8 @@ mod tests {
         }
         let pair = Pair::new(1);
         let (mut steering, mut xsk) = attach_with_xsk(&pair);
-        // The client plays a backend replying from port 5353 (a DNAT flow's reply keeps the
-        // client as its destination, so only its source marks it as xlb's).
-        let ep = |addr: IpAddr| ServiceKey { addr, proto: IPPROTO_UDP, port: 5353 };
-        steering.sync_endpoints(&[ep(CLIENT_V4.into()), ep(CLIENT_V6.into())]).unwrap();
-        let ping = pair.client.exec(&["ping", "-6", "-c", "1", "-W", "2", &LB_V6.to_string()]);
-        assert!(ping.status.success(), "ping -6: {}", String::from_utf8_lossy(&ping.stdout));
+        list_client_as_backend(&mut steering);
+        ping6_lb(&pair);
         for lb in [IpAddr::from(LB_V4), IpAddr::from(LB_V6)] {
             let kernel = lb_udp(&pair.lb, SocketAddr::new(lb, 40_600));
             client_send_udp_from(&pair.client, 5353, SocketAddr::new(lb, 40_600), b"reply");
@@ -835,8 +840,7 @@ mod tests {
         let unlisted = lb_udp(&pair.lb, SocketAddr::new(VIP_V6.into(), 7778));
 
         // Neighbour discovery for the gateway passes; the node answers ping6.
-        let ping = pair.client.exec(&["ping", "-6", "-c", "1", "-W", "2", &LB_V6.to_string()]);
-        assert!(ping.status.success(), "ping -6: {}", String::from_utf8_lossy(&ping.stdout));
+        ping6_lb(&pair);
 
         client_send_udp(&pair.client, SocketAddr::new(VIP_V6.into(), 7777), b"v6");
         let seen: Vec<_> = xsk.recv_until(1, LONG).iter().filter_map(|f| decode(f)).collect();
@@ -866,8 +870,7 @@ mod tests {
             );
         };
         let lb6 = IpAddr::from(LB_V6);
-        let ping = pair.client.exec(&["ping", "-6", "-c", "1", "-W", "2", &LB_V6.to_string()]);
-        assert!(ping.status.success(), "ping -6: {}", String::from_utf8_lossy(&ping.stdout));
+        ping6_lb(&pair);
 
         steering.sync_snat(&[(lb6, 41_000, 41_009)]).unwrap();
         let outside = lb_udp(&pair.lb, SocketAddr::new(lb6, 41_010));
@@ -913,8 +916,7 @@ mod tests {
         let (mut steering, mut xsk) = attach_with_xsk(&pair);
         let key = ServiceKey { addr: VIP_V6.into(), proto: IPPROTO_UDP, port: 7777 };
         steering.sync_services(&[key]).unwrap();
-        let ping = pair.client.exec(&["ping", "-6", "-c", "1", "-W", "2", &LB_V6.to_string()]);
-        assert!(ping.status.success(), "ping -6: {}", String::from_utf8_lossy(&ping.stdout));
+        ping6_lb(&pair);
         client_send_udp(&pair.client, SocketAddr::new(VIP_V6.into(), 7777), b"listed");
         assert!(!xsk.recv_until(1, LONG).is_empty(), "the service's frame on the XSK");
 
@@ -952,8 +954,7 @@ mod tests {
         }
         let pair = Pair::new(1);
         let (mut steering, mut xsk) = attach_with_xsk(&pair);
-        let ping = pair.client.exec(&["ping", "-6", "-c", "1", "-W", "2", &LB_V6.to_string()]);
-        assert!(ping.status.success(), "ping -6: {}", String::from_utf8_lossy(&ping.stdout));
+        ping6_lb(&pair);
         let key = |net: u16, i: u32, port| ServiceKey {
             addr: IpAddr::from(std::net::Ipv6Addr::new(0xfd00, 0x251, net, 0, 0, 0, (i >> 16) as u16, i as u16)),
             proto: IPPROTO_UDP,
