@@ -723,6 +723,7 @@ fn serve(
         // A supervisor that takes over from another (a failed hand-over) starts from workers
         // that run.
         telemetry.health.set_stalled_workers(Vec::new());
+        telemetry.metrics.set_workers_stalled(0);
         let handover = sup.run(&mut cluster, k8s.as_mut(), shutdown, reload)?;
         drop(admin);
         Ok(handover.map(|(stream, layout)| (stream, layout, sup.config.clone())))
@@ -1003,6 +1004,7 @@ impl Supervisor<'_> {
                 "worker loop stalled (its heartbeat stood still longer than the limit): /livez and /healthz answer 503"
             );
         }
+        self.telemetry.metrics.set_workers_stalled(stalled.len());
         self.telemetry.health.set_stalled_workers(stalled);
     }
 

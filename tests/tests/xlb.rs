@@ -895,13 +895,20 @@ mod xlb {
         });
         let took = stopped.elapsed();
         let log = xlb.log();
+        let stalled_gauge = || {
+            let m = tb.exec_ok(Role::Lb, &["curl", "-s", "http://127.0.0.1:10249/metrics"]).unwrap_or_default();
+            m.lines().find(|l| l.starts_with("xlb_workers_stalled ")).map(str::to_owned)
+        };
+        let gauge = stalled_gauge();
         ptrace::detach(tid, None).expect("PTRACE_DETACH: the worker runs on");
         assert!(failed.is_some(), "/livez and /healthz 503 while worker 0 stands: {:?}{}", both(), evidence(&xlb));
         assert!(took >= Duration::from_secs(4), "not before the limit: {took:?}");
         assert!(log.contains("worker loop stalled"), "{log}");
+        assert_eq!(gauge.as_deref(), Some("xlb_workers_stalled 1"), "/metrics while worker 0 stands");
         wait_for(Duration::from_secs(10), || (both() == ok).then_some(()))
             .unwrap_or_else(|| panic!("healthy again once the worker runs: {:?}{}", both(), evidence(&xlb)));
         assert!(xlb.log().contains("the stalled workers run again"));
+        assert_eq!(stalled_gauge().as_deref(), Some("xlb_workers_stalled 0"));
     }
 
     /// Bytes by verdict, counted by the workers' loop: UDP datagrams of known sizes to the web

@@ -569,6 +569,8 @@ fn unix_seconds(t: SystemTime) -> f64 {
 /// - `kubeproxy_sync_proxy_rules_service_changes_total`,
 ///   `kubeproxy_sync_proxy_rules_endpoint_changes_total` counters;
 /// - `xlb_watch_errors_total{resource}` (API watch errors, cf. MET-08);
+/// - `xlb_workers_stalled` gauge: workers whose loop stands still
+///   ([`crate::http::WorkerStallWatch`]);
 /// - the `xlb_*` dataplane families of the [`DataplaneView`], if one is set.
 pub struct ProxyMetrics {
     registry: Registry,
@@ -582,6 +584,7 @@ pub struct ProxyMetrics {
     watch_errors: Family<[(&'static str, String); 1], Counter>,
     service_changes: Counter,
     endpoint_changes: Counter,
+    workers_stalled: Gauge,
     view: SharedView,
 }
 
@@ -612,6 +615,7 @@ impl ProxyMetrics {
         let watch_errors = Family::<[(&'static str, String); 1], Counter>::default();
         let service_changes = Counter::default();
         let endpoint_changes = Counter::default();
+        let workers_stalled = Gauge::default();
         registry.register(
             "kubeproxy_sync_proxy_rules_duration_seconds",
             "SyncProxyRules latency in seconds: from taking a snapshot to publishing its tables.",
@@ -650,6 +654,11 @@ impl ProxyMetrics {
             "Cumulative proxy rules Endpoint changes: EndpointSlice add, update and delete events after the initial list (a config file reload: EndpointSlices added, changed or removed).",
             endpoint_changes.clone(),
         );
+        registry.register(
+            "xlb_workers_stalled",
+            "Workers whose loop has stood still for 5 s or more (their heartbeat did not move); /livez and /healthz answer 503 meanwhile.",
+            workers_stalled.clone(),
+        );
         let view: SharedView = Arc::new(RwLock::new(None));
         registry.register_collector(Box::new(DataplaneCollector { view: view.clone() }));
         for p in ["internal", "external"] {
@@ -674,6 +683,7 @@ impl ProxyMetrics {
             watch_errors,
             service_changes,
             endpoint_changes,
+            workers_stalled,
             view,
         }
     }
@@ -691,6 +701,11 @@ impl ProxyMetrics {
     /// Observes one change's network programming latency.
     pub fn observe_network_programming(&self, d: Duration) {
         self.network_programming.observe(d.as_secs_f64());
+    }
+
+    /// Sets how many workers stand still ([`crate::http::ProxyHealth::set_stalled_workers`]).
+    pub fn set_workers_stalled(&self, n: usize) {
+        self.workers_stalled.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     /// Sets the last successful sync time.
@@ -906,6 +921,9 @@ mod tests {
         assert!(text.contains("xlb_steering_packets_total{interface=\"eth0\",action=\"l2_dropped\"} 2"), "{text}");
         assert!(text.contains("xlb_steering_packets_total{interface=\"eth0\",action=\"l2_other_host\"} 3"), "{text}");
         assert!(text.contains("kubeproxy_proxy_healthz_total{code=\"503\"} 0"), "{text}");
+        assert!(text.contains("\nxlb_workers_stalled 0\n"), "{text}");
+        m.set_workers_stalled(2);
+        assert!(m.encode().unwrap().contains("\nxlb_workers_stalled 2\n"));
         let classic = m.encode_prometheus().unwrap();
         assert!(classic.contains("# TYPE xlb_worker_rx_packets_total counter\n"), "{classic}");
         assert!(classic.contains("# HELP xlb_worker_rx_packets_total Frames received"), "{classic}");
