@@ -257,6 +257,14 @@ fn icmp_error(
     fr.bytes
 }
 
+/// Writes the IPv4 header checksum (RFC 791) of the `hl`-byte header at 14 of frame `fr`,
+/// after a test changed its fields.
+fn ipv4_header_checksum(fr: &mut [u8], hl: usize) {
+    fr[24..26].fill(0);
+    let cs = dataplane::csum::checksum(&fr[14..14 + hl]);
+    fr[24..26].copy_from_slice(&cs.to_be_bytes());
+}
+
 /// The first `ip header + 8` bytes of a frame's IP packet (what routers quote).
 fn quote(frame: &[u8], v6: bool) -> Vec<u8> {
     let hl = if v6 { 40 } else { 20 };
@@ -279,9 +287,7 @@ fn ipip(f: Fam, inner: &[u8], backend: IpAddr, mac: [u8; 6], sport: u16) -> Vec<
     } else {
         // Identification 0; DF copied from the inner header (set by the builder).
         o.bytes[18..20].fill(0);
-        o.bytes[24..26].fill(0);
-        let c = dataplane::csum::checksum(&o.bytes[14..34]);
-        o.bytes[24..26].copy_from_slice(&c.to_be_bytes());
+        ipv4_header_checksum(&mut o.bytes, 20);
     }
     o.macs(LB_MAC, mac);
     o.bytes
@@ -524,9 +530,7 @@ fn rows_for(f: Fam) -> Vec<Row> {
             let mut fr = Frame::ip(vip, c, proto::ICMP, &icmp_message(3, 4, [0, 0, 0x05, 0xc8], q), &opts(64));
             fr.bytes[18..20].copy_from_slice(&[0, 0]);
             fr.bytes[20] = 0;
-            fr.bytes[24..26].fill(0);
-            let cs = dataplane::csum::checksum(&fr.bytes[14..34]);
-            fr.bytes[24..26].copy_from_slice(&cs.to_be_bytes());
+            ipv4_header_checksum(&mut fr.bytes, 20);
             fr.macs(LB_MAC, CLIENT_MAC);
             fr.bytes
         };
@@ -576,9 +580,7 @@ fn rows_for(f: Fam) -> Vec<Row> {
         if !f.v6 {
             fr.bytes[18..20].copy_from_slice(&[0, 0]);
             fr.bytes[20] = 0;
-            fr.bytes[24..26].fill(0);
-            let cs = dataplane::csum::checksum(&fr.bytes[14..14 + hl]);
-            fr.bytes[24..26].copy_from_slice(&cs.to_be_bytes());
+            ipv4_header_checksum(&mut fr.bytes, hl);
         }
         fr.macs(LB_MAC, CLIENT_MAC);
         fr.bytes
@@ -731,9 +733,7 @@ fn rows_for(f: Fam) -> Vec<Row> {
         if !f.v6 {
             fr.bytes[18..20].copy_from_slice(&[0, 0]);
             fr.bytes[20] = 0;
-            fr.bytes[24..26].fill(0);
-            let cs = dataplane::csum::checksum(&fr.bytes[14..34]);
-            fr.bytes[24..26].copy_from_slice(&cs.to_be_bytes());
+            ipv4_header_checksum(&mut fr.bytes, 20);
         }
         // the generated RST carries window 0
         let l4 = if f.v6 { 54 } else { 34 };
@@ -1805,9 +1805,7 @@ fn dsr_fragment_rows() -> Vec<Row> {
             fr.bytes[20..22].copy_from_slice(&4u16.to_be_bytes()); // offset 32 bytes
             fr.bytes[40..42].fill(0x42); // the builder filled a "UDP checksum" into the data
         }
-        fr.bytes[24..26].fill(0);
-        let cs = dataplane::csum::checksum(&fr.bytes[14..34]);
-        fr.bytes[24..26].copy_from_slice(&cs.to_be_bytes());
+        ipv4_header_checksum(&mut fr.bytes, 20);
         fr.macs(CLIENT_MAC, LB_MAC);
         fr.bytes
     };
@@ -1815,9 +1813,7 @@ fn dsr_fragment_rows() -> Vec<Row> {
         let mut o = Frame::ip(f.dsr, b0, proto::IPIP, &frag(true, 1480, 63)[14..], &opts(64));
         // Identification 0, DF clear as in the inner fragment.
         o.bytes[18..22].fill(0);
-        o.bytes[24..26].fill(0);
-        let cs = dataplane::csum::checksum(&o.bytes[14..34]);
-        o.bytes[24..26].copy_from_slice(&cs.to_be_bytes());
+        ipv4_header_checksum(&mut o.bytes, 20);
         o.macs(LB_MAC, BMAC[0]);
         o.bytes
     };
@@ -1848,9 +1844,7 @@ fn dsr_fragment_rows() -> Vec<Row> {
                 {
                     let mut b = frag(false, 1480, 64);
                     b[20] |= 0x40;
-                    b[24..26].fill(0);
-                    let cs = dataplane::csum::checksum(&b[14..34]);
-                    b[24..26].copy_from_slice(&cs.to_be_bytes());
+                    ipv4_header_checksum(&mut b, 20);
                     b
                 },
                 Expect::Drop(DropReason::IcmpErrorForbidden),
@@ -1892,9 +1886,7 @@ fn sctp_fragment_rows() -> Vec<Row> {
             Frame::ip(src, dst, pr, &payload, &IpOpts { ttl, dont_frag: false, ident: 0x4244, ..IpOpts::default() });
         fr.bytes[23] = proto::SCTP;
         fr.bytes[20..22].copy_from_slice(&if first { 0x2000u16 } else { 4 }.to_be_bytes());
-        fr.bytes[24..26].fill(0);
-        let cs = dataplane::csum::checksum(&fr.bytes[14..34]);
-        fr.bytes[24..26].copy_from_slice(&cs.to_be_bytes());
+        ipv4_header_checksum(&mut fr.bytes, 20);
         fr.macs(macs.0, macs.1);
         fr.bytes
     };
@@ -1957,9 +1949,7 @@ fn fragment_rows() -> Vec<Row> {
             fr.bytes[20..22].copy_from_slice(&4u16.to_be_bytes()); // offset 32 bytes
             fr.bytes[40..42].fill(0x42); // the builder filled a "UDP checksum" into the data
         }
-        fr.bytes[24..26].fill(0);
-        let cs = dataplane::csum::checksum(&fr.bytes[14..34]);
-        fr.bytes[24..26].copy_from_slice(&cs.to_be_bytes());
+        ipv4_header_checksum(&mut fr.bytes, 20);
         fr.macs(macs.0, macs.1);
         fr.bytes
     };
@@ -1997,9 +1987,7 @@ fn fragment_rows() -> Vec<Row> {
     // table's timeout, and the flood's own oldest series loses its later fragments.
     let with_ident = |mut fr: Vec<u8>, id: u16| {
         fr[18..20].copy_from_slice(&id.to_be_bytes());
-        fr[24..26].fill(0);
-        let cs = dataplane::csum::checksum(&fr[14..34]);
-        fr[24..26].copy_from_slice(&cs.to_be_bytes());
+        ipv4_header_checksum(&mut fr, 20);
         fr
     };
     let flood = IpAddr::from([192, 0, 2, 77]);
@@ -2041,9 +2029,7 @@ fn fragment_rows() -> Vec<Row> {
         &IpOpts { ttl: 64, dont_frag: false, ident: 0x4343, ..IpOpts::default() },
     );
     echo_later.bytes[20..22].copy_from_slice(&185u16.to_be_bytes()); // offset 1,480 bytes
-    echo_later.bytes[24..26].fill(0);
-    let cs = dataplane::csum::checksum(&echo_later.bytes[14..34]);
-    echo_later.bytes[24..26].copy_from_slice(&cs.to_be_bytes());
+    ipv4_header_checksum(&mut echo_later.bytes, 20);
     echo_later.macs(IN.0, IN.1);
     rows.push(row(
         "a_later_fragment_of_an_echo_request_to_a_vip_goes_to_the_kernel",
