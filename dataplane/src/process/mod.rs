@@ -168,6 +168,14 @@ impl PipelineConfig {
         Self::snat_range_for(self.snat_ports.0, self.snat_ports.1, self.workers, self.worker_id)
     }
 
+    /// The worker after this one, for a frame this worker holds no state for (a reply, an
+    /// ICMP error or a later fragment of a flow another worker may hold): the workers are
+    /// asked in turn, and the worker loop hands the frame to the kernel once every one has
+    /// looked. `None` with one worker.
+    pub fn next_worker(&self) -> Option<u16> {
+        (self.workers > 1).then(|| (self.worker_id + 1) % self.workers)
+    }
+
     /// The worker whose slice holds SNAT port `port`, if any.
     pub fn snat_owner(&self, port: u16) -> Option<u16> {
         let (lo, hi) = self.snat_ports;

@@ -558,10 +558,12 @@ fn run_l4<A: Fam>(
             _ => Verdict::Drop(DropReason::SnatUntracked),
         };
     }
-    if c.cfg.workers > 1 && t.endpoints.contains(&VipKey { addr: src.to_mapped(), port: p.sport, proto: p.proto }) {
+    if let Some(worker) = c.cfg.next_worker()
+        && t.endpoints.contains(&VipKey { addr: src.to_mapped(), port: p.sport, proto: p.proto })
+    {
         // A reply from a backend that this worker has no flow for: RSS may have put it
         // on another queue than its forward packets. The next worker looks.
-        return Verdict::Handoff { worker: (c.cfg.worker_id + 1) % c.cfg.workers };
+        return Verdict::Handoff { worker };
     }
     if t.vip_addrs.get(&dst.to_mapped()) == Some(&VipAddrKind::ClusterIp) {
         return reject::<A>(c, pkt, p, in_port);
@@ -1502,8 +1504,8 @@ fn fragment_of_another_worker<A: Fam>(c: &Common, t: &Tables, k: &FragKey<A>) ->
     if to_vip {
         return if k.proto == A::ICMP { Verdict::Pass } else { Verdict::Drop(DropReason::FragmentUntracked) };
     }
-    if c.cfg.workers > 1 {
-        return Verdict::Handoff { worker: (c.cfg.worker_id + 1) % c.cfg.workers };
+    if let Some(worker) = c.cfg.next_worker() {
+        return Verdict::Handoff { worker };
     }
     if A::snat(t) == Some(k.dst) { Verdict::Drop(DropReason::FragmentUntracked) } else { Verdict::Pass }
 }
@@ -1613,8 +1615,8 @@ fn icmp_of_another_worker<A: Fam>(c: &Common, t: &Tables, k: &FlowKey<A>) -> Ver
             _ => Verdict::Drop(DropReason::IcmpUntracked),
         };
     }
-    if c.cfg.workers > 1 {
-        return Verdict::Handoff { worker: (c.cfg.worker_id + 1) % c.cfg.workers };
+    if let Some(worker) = c.cfg.next_worker() {
+        return Verdict::Handoff { worker };
     }
     Verdict::Drop(DropReason::IcmpUntracked)
 }
