@@ -84,7 +84,7 @@ declare_counters! {
         FragmentTableFull = 13, "fragment_table_full", Counter, "Fragment table full: no longer counted (a full table forgets its oldest series for a new one, counted as the event fragment_evicted); the number stays reserved.";
         NoEndpointsDrop = 14, "no_endpoints_drop", Counter, "Service has no eligible backend and its policy is to drop (REJ-01, REJ-02).";
         SnatUntracked = 15, "snat_untracked", Counter, "An SNAT-address packet that matches no tracked flow.";
-        TooBig = 16, "too_big", Counter, "Encapsulated packet exceeds the MTU and may not be fragmented; an ICMP error could not be sent either.";
+        TooBig = 16, "too_big", Counter, "Packet exceeds the MTU of the port it leaves on (encapsulated, or a port smaller than the one it arrived on) and may be fragmented (xlb does not), or an ICMP error could not be sent.";
         NoSourceAddress = 17, "no_source_address", Counter, "A backend's forwarding mode needs an address that is not configured (SNAT address, DSR source prefix).";
         UnsupportedProtocol = 18, "unsupported_protocol", Counter, "Protocol on a VIP that the pipeline does not balance (not TCP/UDP/SCTP/ICMP).";
         ReplyUntracked = 19, "reply_untracked", Counter, "A reply handed from worker to worker that no worker has a flow for, and no punt device to hand it to the kernel, or within 5 s of a start after a crash (its flow may not be picked up yet).";
@@ -105,7 +105,7 @@ declare_counters! {
         RstBackendGone = 1, "rst_backend_gone", Counter, "A TCP RST sent because the flow's backend left the tables.";
         ReselectBackendGone = 2, "reselect_backend_gone", Counter, "A UDP/SCTP flow re-assigned because its backend left the tables.";
         IcmpTranslated = 3, "icmp_translated", Counter, "ICMP error translated and forwarded.";
-        TooBigSent = 4, "too_big_sent", Counter, "ICMP \"fragmentation needed\" / \"packet too big\" sent for an oversized encapsulation.";
+        TooBigSent = 4, "too_big_sent", Counter, "ICMP \"fragmentation needed\" / \"packet too big\" sent for a packet over the MTU of the port it leaves on (an encapsulation, or a port smaller than the one it arrived on).";
         ConntrackEvicted = 5, "conntrack_evicted", Counter, "Conntrack entries evicted before expiry to make room.";
         ConntrackExpired = 6, "conntrack_expired", Counter, "Conntrack entries removed by expiry.";
         NewFlow = 7, "new_flow", Counter, "New flows created.";

@@ -196,6 +196,8 @@ const OUT: ([u8; 6], [u8; 6]) = (LB_MAC, CLIENT_MAC);
 enum Expect {
     /// Transmitted on port 0 as exactly this frame.
     Tx(Vec<u8>),
+    /// Transmitted on this port (not 0) as exactly this frame.
+    TxOn(u8, Vec<u8>),
     /// Handed to the kernel ([`KERNEL_PORT`]: the worker writes its IP packet into the punt
     /// device) as exactly this frame.
     ToKernel(Vec<u8>),
@@ -2163,6 +2165,121 @@ fn all_rows() -> Vec<Row> {
     rows.extend(hop_by_hop_rows_v6());
     rows.extend(dsr_fragment_rows());
     rows.extend(sctp_fragment_rows());
+    rows.extend(mtu_rows(v4()));
+    rows.extend(mtu_rows(v6()));
+    rows
+}
+
+/// MAC of the fixtures' second port (port 1).
+const LB_MAC1: [u8; 6] = [0x02, 0, 0, 0, 0, 0xef];
+
+/// Rows of a node whose two ports differ in MTU: the clients on port 0, the backends behind
+/// port 1. A NAT packet keeps its size, so it can exceed only the MTU of a port smaller than
+/// the one it arrived on; such a packet gets "fragmentation needed" / "packet too big" (RFC
+/// 1191, RFC 8201; IPVS's NAT mode does the same) instead of leaving oversized.
+fn mtu_rows(f: Fam) -> Vec<Row> {
+    let (c, vip, b0) = (f.client, f.vip, f.backends[0]);
+    let mut rows = Vec::new();
+    // Port 0 (clients) and port 1 (backends) with these MTUs; the web service with
+    // `scheduler` (Maglev and random are the schedulers of the direct routes, which such a
+    // node does not take: they check no packet's size).
+    let setup = |client_mtu: u16, backend_mtu: u16, scheduler: Scheduler| {
+        let mut web = service(
+            "default/web:http",
+            vec![Frontend::new(vip, L4Proto::Tcp, 80, FrontendKind::ClusterIp, false)],
+            vec![local_backend(b0, 8080)],
+            ForwardingMode::Nat,
+        );
+        web.scheduler = scheduler;
+        let mut t = spec(f, vec![web]);
+        t.ports = vec![
+            PortSpec { name: "eth0".into(), mac: LB_MAC, mtu: client_mtu },
+            PortSpec { name: "eth1".into(), mac: LB_MAC1, mtu: backend_mtu },
+        ];
+        for n in &mut t.neighbours {
+            n.port = 1;
+        }
+        t
+    };
+    // A TCP ACK of `len` bytes of IP packet, DF set (IPv4).
+    let sized = |src: IpAddr, sp: u16, dst: IpAddr, dp: u16, ttl: u8, macs: ([u8; 6], [u8; 6]), len: usize| {
+        let hl = if f.v6 { 40 } else { 20 };
+        let seg = tcp_segment(sp, dp, ACK, 1, 1, &vec![0x61; len - hl - 20]);
+        let mut fr = Frame::ip(src, dst, proto::TCP, &seg, &opts(ttl));
+        fr.macs(macs.0, macs.1);
+        fr.bytes
+    };
+    // 1,600 bytes: more than 1,500.
+    let big = |src, sp, dst, dp, ttl, macs| sized(src, sp, dst, dp, ttl, macs, 1600);
+    // The error `from` → `to` about `input`, carrying MTU 1500: as much of it as fits in 576
+    // (IPv4) or 1,280 (IPv6) bytes.
+    let too_big = |from: IpAddr, to: IpAddr, input: &[u8], macs: ([u8; 6], [u8; 6])| {
+        let q = &input[14..14 + if f.v6 { 1280 - 48 } else { 576 - 28 }];
+        let (pr, ty, code, rest) =
+            if f.v6 { (proto::ICMPV6, 2, 0, 1500u32.to_be_bytes()) } else { (proto::ICMP, 3, 4, [0, 0, 0x05, 0xdc]) };
+        let mut fr = Frame::ip(from, to, pr, &icmp_message(ty, code, rest, q), &opts(64));
+        if !f.v6 {
+            fr.bytes[18..20].copy_from_slice(&[0, 0]);
+            fr.bytes[20] = 0;
+            ipv4_header_checksum(&mut fr.bytes, 20);
+        }
+        fr.macs(macs.0, macs.1);
+        fr.bytes
+    };
+    let to_b0 = (LB_MAC1, BMAC[0]);
+    let fwd_big = big(c, 40000, vip, 80, 64, IN);
+    let mut steps = vec![
+        step("SYN to VIP:80 leaves on the backends' port", tcp(c, 40000, vip, 80, SYN, 64, IN), {
+            Expect::TxOn(1, tcp(c, 40000, b0, 8080, SYN, 63, to_b0))
+        }),
+        step("SYN-ACK from the backend", tcp(b0, 8080, c, 40000, SYN | ACK, 64, from_b(0)), {
+            Expect::Tx(tcp(vip, 80, c, 40000, SYN | ACK, 63, OUT))
+        }),
+        step(
+            "a 1,600-byte packet of the flow, too big for the backends' port",
+            fwd_big.clone(),
+            Expect::Tx(too_big(vip, c, &fwd_big, OUT)),
+        ),
+        step("an ACK of the flow still leaves on the backends' port", tcp(c, 40000, vip, 80, ACK, 64, IN), {
+            Expect::TxOn(1, tcp(c, 40000, b0, 8080, ACK, 63, to_b0))
+        }),
+    ];
+    if !f.v6 {
+        // Without DF a router would fragment it; xlb does not: a counted drop.
+        let mut no_df = fwd_big.clone();
+        no_df[20] = 0;
+        ipv4_header_checksum(&mut no_df, 20);
+        steps.push(step("the same without DF", no_df, Expect::Drop(DropReason::TooBig)));
+    }
+    rows.push(row(
+        "a_packet_larger_than_the_backends_smaller_port_is_answered_with_fragmentation_needed",
+        f,
+        setup(9000, 1500, Scheduler::Maglev { port: true }),
+        steps,
+    ));
+    let reply_big = big(b0, 8080, c, 40000, 64, from_b(0));
+    // 1,500 bytes: fits the clients' port.
+    let reply_fits = sized(b0, 8080, c, 40000, 64, from_b(0), 1500);
+    let reply_fits_out = sized(vip, 80, c, 40000, 63, OUT, 1500);
+    rows.push(row(
+        "a_reply_larger_than_the_clients_smaller_port_is_answered_with_fragmentation_needed",
+        f,
+        setup(1500, 9000, Scheduler::Random),
+        vec![
+            step("SYN to VIP:80", tcp(c, 40000, vip, 80, SYN, 64, IN), {
+                Expect::TxOn(1, tcp(c, 40000, b0, 8080, SYN, 63, to_b0))
+            }),
+            step("SYN-ACK from the backend", tcp(b0, 8080, c, 40000, SYN | ACK, 64, from_b(0)), {
+                Expect::Tx(tcp(vip, 80, c, 40000, SYN | ACK, 63, OUT))
+            }),
+            step(
+                "a 1,600-byte reply, too big for the clients' port: the error goes to the backend",
+                reply_big.clone(),
+                Expect::Tx(too_big(c, b0, &reply_big, (LB_MAC, BMAC[0]))),
+            ),
+            step("a 1,500-byte reply fits", reply_fits, Expect::Tx(reply_fits_out)),
+        ],
+    ));
     rows
 }
 
@@ -2183,6 +2300,7 @@ fn every_fixture_row_gives_its_expected_verdict_and_frame_in_every_layout() {
                 count += 1;
                 let ok = match &s.expect {
                     Expect::Tx(want) => o.verdict == (Verdict::Tx { port: 0 }) && o.frame == *want,
+                    Expect::TxOn(port, want) => o.verdict == (Verdict::Tx { port: *port }) && o.frame == *want,
                     Expect::ToKernel(want) => o.verdict == (Verdict::Tx { port: KERNEL_PORT }) && o.frame == *want,
                     Expect::Pass => o.verdict == Verdict::Pass && o.frame == s.input,
                     Expect::Drop(reason) => o.verdict == Verdict::Drop(*reason),
@@ -2190,7 +2308,7 @@ fn every_fixture_row_gives_its_expected_verdict_and_frame_in_every_layout() {
                 };
                 if !ok {
                     let detail = match &s.expect {
-                        Expect::Tx(want) | Expect::ToKernel(want) => {
+                        Expect::Tx(want) | Expect::TxOn(_, want) | Expect::ToKernel(want) => {
                             format!("\n want frame:\n{}\n got frame:\n{}", hex(want), hex(&o.frame))
                         }
                         _ => String::new(),
@@ -2204,7 +2322,7 @@ fn every_fixture_row_gives_its_expected_verdict_and_frame_in_every_layout() {
                         detail
                     ));
                 }
-                if let (Expect::Tx(_), Err(e)) = (&s.expect, build::verify(&o.frame)) {
+                if let (Expect::Tx(_) | Expect::TxOn(..), Err(e)) = (&s.expect, build::verify(&o.frame)) {
                     failures.push(format!("{} / {} ({layout:?}): output checksum: {e}", r.name, s.what));
                 }
             }
@@ -2228,6 +2346,7 @@ fn batched_layouts_put_several_steps_of_a_row_in_one_batch() {
 fn short(e: &Expect) -> String {
     match e {
         Expect::Tx(_) => "Tx".into(),
+        Expect::TxOn(port, _) => format!("Tx({port})"),
         Expect::ToKernel(_) => "ToKernel".into(),
         Expect::Pass => "Pass".into(),
         Expect::Drop(r) => format!("Drop({r:?})"),
@@ -2290,7 +2409,7 @@ fn pcap_copies_of_the_fixtures_are_current() {
         for s in &r.steps {
             inputs.push(s.input.clone());
             expected.push(match &s.expect {
-                Expect::Tx(f) | Expect::ToKernel(f) => f.clone(),
+                Expect::Tx(f) | Expect::TxOn(_, f) | Expect::ToKernel(f) => f.clone(),
                 Expect::Pass | Expect::Handoff(_) => s.input.clone(),
                 Expect::Drop(_) => Vec::new(),
             });

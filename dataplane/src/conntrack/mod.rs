@@ -198,6 +198,13 @@ pub mod flow_flags {
     /// Set by the batch pipeline while a packet of this flow waits for the slow path, so later
     /// packets of the same flow in that batch wait too (keeps per-flow order).
     pub const DEFERRED: u8 = 0x10;
+    /// The flow's two ports (where the client's packets arrive, `in_port`, and where they
+    /// leave, `out_port`) have different MTUs, so a packet of it may not fit the port it leaves
+    /// on (NAT does not grow packets: only there). Set with the next hop when the tables'
+    /// generation is stamped; the fast stage leaves such a flow's packets to the slow path,
+    /// which checks their size (RFC 1191 / RFC 8201 answer). Not set for encapsulating flows,
+    /// whose packets the fast stage checks itself.
+    pub const MTU_CHECK: u8 = 0x20;
 }
 
 /// One flow: its tuples, state and the precomputed rewrite. `Pod`, so the slab lives in plain

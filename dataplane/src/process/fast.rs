@@ -50,11 +50,15 @@ macro_rules! fast_lane {
             && (hit.dir == Dir::Reply || $l.tcp_flags & tcp_flags::ACK == 0)
             && matches!(old, CtState::FinWait | CtState::Closed);
         // The record's rewrite applies: made under these tables, not expired, not a
-        // reused tuple, and no earlier packet of the flow waiting in the slow path. The
-        // flag is tested last: tested before `reuse`, the two were computed as bytes and
-        // or-ed (3 instructions more per packet, callgrind, docs/benchmarks.md).
-        let applies =
-            r.generation == $generation && r.expires_s >= $now && !reuse && r.flags & flow_flags::DEFERRED == 0;
+        // reused tuple, no earlier packet of the flow waiting in the slow path, and no
+        // size to check against a smaller out port (`MTU_CHECK`, tested with `DEFERRED`
+        // in one mask). The flags are tested last: tested before `reuse`, the two were
+        // computed as bytes and or-ed (3 instructions more per packet, callgrind,
+        // docs/benchmarks.md).
+        let applies = r.generation == $generation
+            && r.expires_s >= $now
+            && !reuse
+            && r.flags & (flow_flags::DEFERRED | flow_flags::MTU_CHECK) == 0;
         let out = if applies { $rewrite::<A>($c, hit.dir, r, $pkt, $l, is_tcp) } else { None };
         let Some(port) = out else {
             if r.flags & flow_flags::DEFERRED == 0 {

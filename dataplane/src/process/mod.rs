@@ -444,8 +444,14 @@ struct Common {
     /// Ports of the adopted tables, by index (256 entries: any `u8` port index is valid).
     ports: Box<[PortInfo; 256]>,
     /// New flows of the most common kind take `slow::new_flow_direct` (see
-    /// [`Pipeline::set_direct_new_flows`]).
+    /// [`Pipeline::set_direct_new_flows`]): `direct_on`, unless the ports' MTUs differ
+    /// (`mtu_mixed`; the direct routes check no packet's size against its out port).
     direct: bool,
+    /// [`Pipeline::set_direct_new_flows`]'s setting.
+    direct_on: bool,
+    /// Two ports of the adopted tables have different MTUs (both known): a packet may arrive
+    /// larger than the port it leaves on.
+    mtu_mixed: bool,
     /// New flows `slow::new_flow_direct` made ([`Pipeline::direct_new_flows`]).
     direct_flows: u64,
 }
@@ -555,6 +561,14 @@ impl Common {
     #[inline]
     fn port_mtu(&self, i: u8) -> u16 {
         self.ports.get(usize::from(i)).map_or(0, |p| p.mtu)
+    }
+
+    /// Whether ports `a` and `b` both have a known MTU and the two differ: a flow between
+    /// them gets [`flow_flags::MTU_CHECK`].
+    #[inline]
+    fn mtu_differs(&self, a: u8, b: u8) -> bool {
+        let (x, y) = (self.port_mtu(a), self.port_mtu(b));
+        self.mtu_mixed && x != 0 && y != 0 && x != y
     }
 
     #[inline]
@@ -690,6 +704,8 @@ impl Pipeline {
                 generation: 0,
                 ports: Box::new([PortInfo::default(); 256]),
                 direct: true,
+                direct_on: true,
+                mtu_mixed: false,
                 direct_flows: 0,
             },
             slow: 0,
@@ -741,6 +757,10 @@ impl Pipeline {
             for (i, slot) in self.c.ports.iter_mut().enumerate() {
                 *slot = t.ports.get(i).map(|p| PortInfo { mac: p.mac, mtu: p.mtu, known: true }).unwrap_or_default();
             }
+            let mut mtus = t.ports.iter().map(|p| p.mtu).filter(|m| *m != 0);
+            let first = mtus.next();
+            self.c.mtu_mixed = mtus.any(|m| Some(m) != first);
+            self.c.direct = self.c.direct_on && !self.c.mtu_mixed;
         }
         if now_ms.saturating_sub(self.c.last_sweep_ms) >= self.c.cfg.sweep_interval_ms {
             self.c.last_sweep_ms = now_ms;
@@ -1079,7 +1099,8 @@ impl Pipeline {
     /// which gives the same verdicts, bytes, flows and counters: the differential tests
     /// (`dataplane/tests/direct_new_flow.rs`) and `callgrind-pipeline` compare the two.
     pub fn set_direct_new_flows(&mut self, on: bool) {
-        self.c.direct = on;
+        self.c.direct_on = on;
+        self.c.direct = on && !self.c.mtu_mixed;
     }
 
     /// Replaces both families' flow tables with empty ones hashed with `seeds`

@@ -534,7 +534,7 @@ fn run_l4<A: Fam>(
     match lookup(st, c, &key, h) {
         Found::Live(hit) if hit.dir == Dir::Reply => {
             if !answers_another_connection(st, p, &hit) {
-                return reply::<A>(st, c, t, pkt, p, hit);
+                return reply::<A>(st, c, t, pkt, p, hit, in_port);
             }
             // A backend's SYN on the reply tuple of a closing flow answers a SYN that did not
             // come through xlb (that SYN would have replaced the flow, IPVS conn_reuse_mode):
@@ -762,8 +762,7 @@ fn established<A: Fam>(
     c.count_packet(svc_id, b.this);
     refresh::<A>(&mut r, c, t, b, svc_id);
     if let Some(x) = st.ct.rec_mut(hit.id) {
-        (x.state, x.expires_s, x.svc, x.generation, x.out_port, x.hop_mac, x.reply_dst) =
-            (r.state, r.expires_s, r.svc, r.generation, r.out_port, r.hop_mac, r.reply_dst);
+        write_refreshed(x, &r, true);
     }
     if new.is_evictable() != old.is_evictable() {
         st.ct.set_evictable(hit, new.is_evictable());
@@ -772,8 +771,9 @@ fn established<A: Fam>(
 }
 
 /// Recomputes the parts of a record that depend on the tables (next hop, service id, the outer
-/// source of an encapsulated flow) and stamps it with their generation; a backend without a
-/// next hop leaves the record unstamped (its packets are dropped until the neighbour resolves).
+/// source of an encapsulated flow, [`flow_flags::MTU_CHECK`]) and stamps it with their
+/// generation; a backend without a next hop leaves the record unstamped (its packets are
+/// dropped until the neighbour resolves).
 fn refresh<A: Fam>(r: &mut Rec<A>, c: &Common, t: &Tables, b: &Backend, svc_id: u32) {
     r.svc = svc_id;
     if r.flags & flow_flags::ENCAP != 0
@@ -786,9 +786,23 @@ fn refresh<A: Fam>(r: &mut Rec<A>, c: &Common, t: &Tables, b: &Backend, svc_id: 
             r.out_port = hop.port;
             r.hop_mac = hop.dst_mac;
             r.generation = c.generation;
+            let check = r.flags & flow_flags::ENCAP == 0 && c.mtu_differs(r.in_port, hop.port);
+            r.flags = r.flags & !flow_flags::MTU_CHECK | if check { flow_flags::MTU_CHECK } else { 0 };
         }
         None => r.generation = 0,
     }
+}
+
+/// Writes what [`refresh`] recomputed from the copy `r` back into the record `x` in the table
+/// (the reply destination too when `reply_dst`), keeping `x`'s other flags (the batch's
+/// [`flow_flags::DEFERRED`] among them).
+fn write_refreshed<A: Fam>(x: &mut Rec<A>, r: &Rec<A>, reply_dst: bool) {
+    (x.state, x.expires_s, x.svc, x.generation, x.out_port, x.hop_mac) =
+        (r.state, r.expires_s, r.svc, r.generation, r.out_port, r.hop_mac);
+    if reply_dst {
+        x.reply_dst = r.reply_dst;
+    }
+    x.flags = x.flags & !flow_flags::MTU_CHECK | r.flags & flow_flags::MTU_CHECK;
 }
 
 /// The next hop of flow `r` to backend `b`: its path of a multipath route
@@ -1279,6 +1293,11 @@ fn transmit_forward<A: Fam>(
     b: &Backend,
 ) -> Verdict {
     let Some(hop) = flow_hop(t, b, r) else { return Verdict::Drop(DropReason::NoNeighbour) };
+    if r.flags & flow_flags::MTU_CHECK != 0
+        && let Some(v) = too_big::<A>(c, pkt, p, FragAction::L2, hop, r.in_port)
+    {
+        return v;
+    }
     if r.flags & flow_flags::DSR == 0 && super::fast::shaped::<A>(p) {
         // The packet has the fast parser's shape: the record's precomputed rewrite applies.
         return super::fast::nat_forward::<A>(c, r, pkt, p).unwrap_or(Verdict::Drop(DropReason::TtlExceeded));
@@ -1293,7 +1312,9 @@ fn transmit_forward<A: Fam>(
     } else {
         FragAction::L2
     };
-    if let Some(v) = encap_too_big::<A>(c, pkt, p, action, hop, r.in_port) {
+    if matches!(action, FragAction::Encap { .. })
+        && let Some(v) = too_big::<A>(c, pkt, p, action, hop, r.in_port)
+    {
         return v;
     }
     let snat = r.flags & flow_flags::SNAT != 0;
@@ -1325,10 +1346,13 @@ fn sctp_fragment_port_change(p: &Parsed, dport: u16, sport: Option<u16>) -> bool
         && (p.dport != dport || sport.is_some_and(|s| s != p.sport))
 }
 
-/// For an encapsulating `action`, the answer to a packet that would exceed the next hop's MTU
-/// once encapsulated (RFC 1191 / RFC 8201): "fragmentation needed" / "packet too big" out of
-/// `in_port` when it may not be fragmented, else a `TooBig` drop. `None` when it fits.
-fn encap_too_big<A: Fam>(
+/// The answer to a packet that would exceed the MTU of `hop` (0: none known) once `action`
+/// is applied (RFC 1191 / RFC 8201): "fragmentation needed" / "packet too big" out of
+/// `in_port` when it may not be fragmented, else a `TooBig` drop (xlb does not fragment).
+/// Encapsulation adds its outer header; NAT and MAC-only DSR keep the size, so a packet is too
+/// big for them only where the port it leaves on has a smaller MTU than the one it arrived on
+/// ([`flow_flags::MTU_CHECK`]). `None` when it fits.
+fn too_big<A: Fam>(
     c: &mut Common,
     pkt: &mut Packet<'_>,
     p: &Parsed,
@@ -1336,13 +1360,13 @@ fn encap_too_big<A: Fam>(
     hop: Hop,
     in_port: u8,
 ) -> Option<Verdict> {
-    let FragAction::Encap { .. } = action else { return None };
+    let add = if matches!(action, FragAction::Encap { .. }) { A::HEADER_LEN } else { 0 };
     let inner = p.end - p.l3;
-    if inner + A::HEADER_LEN <= usize::from(hop.mtu) || hop.mtu == 0 {
+    if inner + add <= usize::from(hop.mtu) || hop.mtu == 0 {
         return None;
     }
     let df = A::IS_V6 || pkt.frame().get(p.l3..).is_some_and(wire::emit::ipv4_dont_frag);
-    let mtu = hop.mtu.saturating_sub(u16::try_from(A::HEADER_LEN).unwrap_or(0));
+    let mtu = hop.mtu.saturating_sub(u16::try_from(add).unwrap_or(0));
     if df && !icmp::may_answer::<A>(pkt.frame(), p) {
         return Some(Verdict::Drop(DropReason::IcmpErrorForbidden));
     }
@@ -1399,6 +1423,7 @@ fn reply<A: Fam>(
     pkt: &mut Packet<'_>,
     p: &Parsed,
     hit: Hit,
+    in_port: u8,
 ) -> Verdict {
     let Some(mut r) = st.ct.rec(hit.id).copied() else { return Verdict::Pass };
     let now = c.now_s;
@@ -1414,11 +1439,21 @@ fn reply<A: Fam>(
         refresh::<A>(&mut r, c, t, b, svc.id);
     }
     if let Some(x) = st.ct.rec_mut(hit.id) {
-        (x.state, x.expires_s, x.svc, x.generation, x.out_port, x.hop_mac, x.reply_dst) =
-            (r.state, r.expires_s, r.svc, r.generation, r.out_port, r.hop_mac, x.reply_dst);
+        write_refreshed(x, &r, false);
     }
     if new.is_evictable() != old.is_evictable() {
         st.ct.set_evictable(&hit, new.is_evictable());
+    }
+    let src_mac = {
+        let port = c.port(r.in_port);
+        if port.known { port.mac } else { wire::emit::dst_mac(pkt.frame()) }
+    };
+    // The client's port's MTU, for a flow whose two ports differ in it (the later fragments'
+    // record keeps it too); 0, nothing to check, otherwise.
+    let mtu = if r.flags & flow_flags::MTU_CHECK != 0 { c.port_mtu(r.in_port) } else { 0 };
+    let hop = Hop { port: r.in_port, dst_mac: r.peer_mac, src_mac, mtu };
+    if let Some(v) = too_big::<A>(c, pkt, p, FragAction::L2, hop, in_port) {
+        return v;
     }
     let snat = r.flags & flow_flags::SNAT != 0;
     if sctp_fragment_port_change(p, if snat { r.cport } else { p.dport }, Some(r.vport)) {
@@ -1427,11 +1462,6 @@ fn reply<A: Fam>(
     if !nat::dec_ttl::<A>(pkt.frame_mut(), p) {
         return Verdict::Drop(DropReason::TtlExceeded);
     }
-    let src_mac = {
-        let port = c.port(r.in_port);
-        if port.known { port.mac } else { wire::emit::dst_mac(pkt.frame()) }
-    };
-    let hop = Hop { port: r.in_port, dst_mac: r.peer_mac, src_mac, mtu: 0 };
     if let Frag::First { id } = p.frag {
         let e = FragEntry {
             action: FragAction::Nat { src: r.vip, dst: r.client },
@@ -1476,7 +1506,7 @@ fn later_fragment<A: Fam>(
     let Some(e) = st.frag.get(&k, c.now_s) else { return fragment_of_another_worker::<A>(c, t, &k) };
     // The first fragment fit after encapsulation; a later one may not (a smaller first
     // fragment, or one cut again on the way): the same check, not an oversized frame.
-    if let Some(v) = encap_too_big::<A>(c, pkt, p, e.action, e.hop, in_port) {
+    if let Some(v) = too_big::<A>(c, pkt, p, e.action, e.hop, in_port) {
         return v;
     }
     if !nat::dec_ttl::<A>(pkt.frame_mut(), p) {
