@@ -1098,6 +1098,8 @@ impl Pipeline {
     /// take the slow path's direct route for them (`true`, the default) or the general one,
     /// which gives the same verdicts, bytes, flows and counters: the differential tests
     /// (`dataplane/tests/direct_new_flow.rs`) and `callgrind-pipeline` compare the two.
+    /// While the tables' ports differ in MTU, every new flow takes the general route, which
+    /// checks a packet's size against the port it leaves on.
     pub fn set_direct_new_flows(&mut self, on: bool) {
         self.c.direct_on = on;
         self.c.direct = on && !self.c.mtu_mixed;
