@@ -2227,14 +2227,20 @@ fn mtu_rows(f: Fam) -> Vec<Row> {
         fr.bytes
     };
     let to_b0 = (LB_MAC1, BMAC[0]);
+    // The flow's SYN, out on the backends' port, and the backend's SYN-ACK, back on port 0.
+    let handshake = || {
+        vec![
+            step("SYN to VIP:80 leaves on the backends' port", tcp(c, 40000, vip, 80, SYN, 64, IN), {
+                Expect::TxOn(1, tcp(c, 40000, b0, 8080, SYN, 63, to_b0))
+            }),
+            step("SYN-ACK from the backend", tcp(b0, 8080, c, 40000, SYN | ACK, 64, from_b(0)), {
+                Expect::Tx(tcp(vip, 80, c, 40000, SYN | ACK, 63, OUT))
+            }),
+        ]
+    };
     let fwd_big = big(c, 40000, vip, 80, 64, IN);
-    let mut steps = vec![
-        step("SYN to VIP:80 leaves on the backends' port", tcp(c, 40000, vip, 80, SYN, 64, IN), {
-            Expect::TxOn(1, tcp(c, 40000, b0, 8080, SYN, 63, to_b0))
-        }),
-        step("SYN-ACK from the backend", tcp(b0, 8080, c, 40000, SYN | ACK, 64, from_b(0)), {
-            Expect::Tx(tcp(vip, 80, c, 40000, SYN | ACK, 63, OUT))
-        }),
+    let mut steps = handshake();
+    steps.extend([
         step(
             "a 1,600-byte packet of the flow, too big for the backends' port",
             fwd_big.clone(),
@@ -2243,7 +2249,7 @@ fn mtu_rows(f: Fam) -> Vec<Row> {
         step("an ACK of the flow still leaves on the backends' port", tcp(c, 40000, vip, 80, ACK, 64, IN), {
             Expect::TxOn(1, tcp(c, 40000, b0, 8080, ACK, 63, to_b0))
         }),
-    ];
+    ]);
     if !f.v6 {
         // Without DF a router would fragment it; xlb does not: a counted drop.
         let mut no_df = fwd_big.clone();
@@ -2265,20 +2271,17 @@ fn mtu_rows(f: Fam) -> Vec<Row> {
         "a_reply_larger_than_the_clients_smaller_port_is_answered_with_fragmentation_needed",
         f,
         setup(1500, 9000, Scheduler::Random),
-        vec![
-            step("SYN to VIP:80", tcp(c, 40000, vip, 80, SYN, 64, IN), {
-                Expect::TxOn(1, tcp(c, 40000, b0, 8080, SYN, 63, to_b0))
-            }),
-            step("SYN-ACK from the backend", tcp(b0, 8080, c, 40000, SYN | ACK, 64, from_b(0)), {
-                Expect::Tx(tcp(vip, 80, c, 40000, SYN | ACK, 63, OUT))
-            }),
-            step(
-                "a 1,600-byte reply, too big for the clients' port: the error goes to the backend",
-                reply_big.clone(),
-                Expect::Tx(too_big(c, b0, &reply_big, (LB_MAC, BMAC[0]))),
-            ),
-            step("a 1,500-byte reply fits", reply_fits, Expect::Tx(reply_fits_out)),
-        ],
+        handshake()
+            .into_iter()
+            .chain([
+                step(
+                    "a 1,600-byte reply, too big for the clients' port: the error goes to the backend",
+                    reply_big.clone(),
+                    Expect::Tx(too_big(c, b0, &reply_big, (LB_MAC, BMAC[0]))),
+                ),
+                step("a 1,500-byte reply fits", reply_fits, Expect::Tx(reply_fits_out)),
+            ])
+            .collect(),
     ));
     rows
 }
