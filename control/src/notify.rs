@@ -12,14 +12,105 @@
 //! - `STOPPING=1` when SIGTERM starts the drain, or when it stops ([`stopping`]). Never on a
 //!   hand-over: systemd would take the unit for stopping and ignore the new process's
 //!   `READY=1`.
+//! - `WATCHDOG=1` every half of the watchdog timeout (`WatchdogSec=`, sd_watchdog_enabled(3);
+//!   [`watchdog_timeout`], [`watchdog`]) while no worker's loop stands still: a stalled
+//!   worker (the `/livez` check) stops the pings, so that systemd restarts xlb
+//!   (`Restart=on-failure`), as the DaemonSet's liveness probe restarts the pod.
 
 use std::ffi::OsStr;
 use std::os::linux::net::SocketAddrExt as _;
 use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
+use std::path::Path;
+use std::time::Duration;
 
 /// The environment variable that names the service manager's socket.
 pub(crate) const SOCKET_ENV: &str = "NOTIFY_SOCKET";
+
+/// The watchdog timeout systemd gives the process it started, in microseconds
+/// (sd_watchdog_enabled(3)).
+pub(crate) const WATCHDOG_USEC_ENV: &str = "WATCHDOG_USEC";
+
+/// The process [`WATCHDOG_USEC_ENV`] is meant for; another process (a child) ignores it.
+pub(crate) const WATCHDOG_PID_ENV: &str = "WATCHDOG_PID";
+
+/// Sends `WATCHDOG=1`: the process is alive and its workers run.
+pub(crate) fn watchdog() {
+    send("WATCHDOG=1\n");
+}
+
+/// The watchdog timeout of this process, `None` without one; keeps `ADMIN.watchdog` (beside
+/// the admin socket, as `ADMIN.xdp` is) current. A process that systemd started
+/// (`ExecStart=`) has `$WATCHDOG_USEC` for itself: it writes the timeout to that file, or
+/// removes the file without one. A hand-over's new process (`takeover`) is started by the
+/// unit's `ExecReload=`, which systemd gives no watchdog (`WATCHDOG_PID`, when set, names the
+/// old process): it takes the timeout from the file the process it takes over from wrote,
+/// and goes on feeding the watchdog once systemd follows it as the main process. A file that
+/// cannot be written or read is logged; the process then runs without the watchdog's
+/// timeout from it.
+pub(crate) fn watchdog_timeout(admin_socket: &Path, takeover: bool) -> Option<Duration> {
+    let file = admin_socket.with_extension("watchdog");
+    let usec = std::env::var(WATCHDOG_USEC_ENV).ok();
+    let pid = std::env::var(WATCHDOG_PID_ENV).ok();
+    match timeout_from(usec.as_deref(), pid.as_deref(), std::process::id()) {
+        Some(t) => {
+            if let Err(e) = std::fs::write(&file, format!("{}\n", t.as_micros())) {
+                tracing::warn!(file = %file.display(), error = %e, "cannot record the watchdog timeout for a hand-over");
+            }
+            Some(t)
+        }
+        None if takeover => {
+            let text = std::fs::read_to_string(&file).ok()?;
+            let t = timeout_from(Some(&text), None, std::process::id());
+            if t.is_none() {
+                tracing::warn!(file = %file.display(), content = text.trim(), "not a watchdog timeout; ignored");
+            }
+            t
+        }
+        None => {
+            let _ = std::fs::remove_file(&file);
+            None
+        }
+    }
+}
+
+/// The watchdog timeout in `usec` (microseconds, a positive decimal number) when it is meant
+/// for process `me`: `pid` unset, or `me` (sd_watchdog_enabled(3)). `None` otherwise.
+fn timeout_from(usec: Option<&str>, pid: Option<&str>, me: u32) -> Option<Duration> {
+    if let Some(p) = pid
+        && p.trim().parse::<u32>().ok() != Some(me)
+    {
+        return None;
+    }
+    let us = usec?.trim().parse::<u64>().ok().filter(|u| *u > 0)?;
+    Some(Duration::from_micros(us))
+}
+
+/// When to send `WATCHDOG=1`: every half of the timeout (systemd.service(5) asks for a ping
+/// within it; half leaves room for a slow tick of the control loop), and only while no worker
+/// stands still.
+#[derive(Debug)]
+pub(crate) struct WatchdogFeed {
+    every: Duration,
+    last: Option<std::time::Instant>,
+}
+
+impl WatchdogFeed {
+    /// A feed for `timeout`.
+    pub(crate) fn new(timeout: Duration) -> Self {
+        Self { every: timeout / 2, last: None }
+    }
+
+    /// Whether to send a ping at `now`, the workers standing still or not (`stalled`);
+    /// records the ping when it says yes.
+    pub(crate) fn due(&mut self, now: std::time::Instant, stalled: bool) -> bool {
+        if stalled || self.last.is_some_and(|t| now.saturating_duration_since(t) < self.every) {
+            return false;
+        }
+        self.last = Some(now);
+        true
+    }
+}
 
 /// Sends `READY=1` and `MAINPID=<this process>`: it forwards and serves its admin socket.
 pub(crate) fn ready() {
@@ -106,6 +197,30 @@ mod tests {
         let sock = UnixDatagram::bind_addr(&addr).unwrap_or_else(|e| panic!("bind @{name}: {e}"));
         send_to(OsStr::new(&format!("@{name}")), "STOPPING=1\n").unwrap_or_else(|e| panic!("send: {e}"));
         assert_eq!(recv(&sock), "STOPPING=1\n");
+    }
+
+    #[test]
+    fn watchdog_timeout_is_read_for_this_process_only() {
+        assert_eq!(timeout_from(Some("30000000"), None, 7), Some(Duration::from_secs(30)));
+        assert_eq!(timeout_from(Some("30000000"), Some("7"), 7), Some(Duration::from_secs(30)));
+        assert_eq!(timeout_from(Some("30000000"), Some("8"), 7), None, "meant for another process");
+        assert_eq!(timeout_from(Some("0"), None, 7), None);
+        assert_eq!(timeout_from(Some("-1"), None, 7), None);
+        assert_eq!(timeout_from(Some("soon"), None, 7), None);
+        assert_eq!(timeout_from(None, Some("7"), 7), None);
+        assert_eq!(timeout_from(Some("500000\n"), None, 7), Some(Duration::from_millis(500)), "the file's form");
+    }
+
+    #[test]
+    fn watchdog_is_fed_every_half_timeout_while_no_worker_stands_still() {
+        let t0 = std::time::Instant::now();
+        let mut f = WatchdogFeed::new(Duration::from_secs(10));
+        assert!(f.due(t0, false), "at once");
+        assert!(!f.due(t0 + Duration::from_secs(4), false));
+        assert!(f.due(t0 + Duration::from_secs(5), false));
+        assert!(!f.due(t0 + Duration::from_secs(11), true), "not while a worker stands still");
+        assert!(!f.due(t0 + Duration::from_secs(20), true));
+        assert!(f.due(t0 + Duration::from_secs(21), false), "again once it runs");
     }
 
     #[test]

@@ -229,10 +229,13 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource, opt
     let reload = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGHUP, reload.clone())?;
     let mut start = if opts.takeover { Start::Takeover } else { Start::Fresh };
+    // Once per process: a process that resumes after a failed hand-over keeps feeding the
+    // watchdog it had (its environment may not name it: a hand-over's new process).
+    let watchdog = crate::notify::watchdog_timeout(&admin_socket, opts.takeover);
     let ended = loop {
         // Everything of the serving incarnation is gone when it returns (workers, sockets,
         // runtime, tables); after a failed hand-over only its flows and config remain.
-        match serve(&path, &admin_socket, &source, start, &shutdown, &reload)? {
+        match serve(&path, &admin_socket, &source, start, &shutdown, &reload, watchdog)? {
             Ended::Resume(r) => start = Start::Resume(r),
             ended => break ended,
         }
@@ -251,7 +254,8 @@ pub(crate) fn run(path: PathBuf, admin_socket: PathBuf, source: StateSource, opt
     Ok(())
 }
 
-/// Serves until SIGINT, or SIGTERM and the drain after it, or a hand-over.
+/// Serves until SIGINT, or SIGTERM and the drain after it, or a hand-over; feeds systemd's
+/// watchdog of timeout `watchdog` meanwhile.
 fn serve(
     path: &Path,
     admin_socket: &Path,
@@ -259,6 +263,7 @@ fn serve(
     start: Start,
     shutdown: &Shutdown,
     reload: &AtomicBool,
+    watchdog: Option<Duration>,
 ) -> Result<Ended> {
     let path = path.to_owned();
     let admin_socket = admin_socket.to_owned();
@@ -719,6 +724,7 @@ fn serve(
                 xlb::http::WORKER_STALL_LIMIT,
                 Instant::now(),
             ),
+            watchdog: watchdog.map(crate::notify::WatchdogFeed::new),
         };
         // A supervisor that takes over from another (a failed hand-over) starts from workers
         // that run.
@@ -941,6 +947,8 @@ struct Supervisor<'a> {
     /// The workers' heartbeats, read with the interface counters once a second: a worker
     /// whose loop stands still fails `/livez` and `/healthz`.
     stall_watch: xlb::http::WorkerStallWatch,
+    /// systemd's watchdog (`WatchdogSec=`): fed from the loop while no worker stands still.
+    watchdog: Option<crate::notify::WatchdogFeed>,
 }
 
 type K8s = (xlb::k8s::Source, xlb::http::HealthCheckServers, String);
@@ -1170,6 +1178,11 @@ impl Supervisor<'_> {
                 last_stats = Some(Instant::now());
                 self.refresh_interface_stats();
                 self.check_workers();
+            }
+            if let Some(w) = self.watchdog.as_mut()
+                && w.due(Instant::now(), !self.telemetry.health.stalled_workers().is_empty())
+            {
+                crate::notify::watchdog();
             }
             if last_resolve.elapsed() > Duration::from_secs(2) {
                 let t = self.handle.load();

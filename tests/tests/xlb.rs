@@ -858,16 +858,23 @@ mod xlb {
     /// the node out) within the stall limit, 5 s, and the second the control loop takes to
     /// look; once it runs again both answer 200. The worker's thread is stopped alone with
     /// `PTRACE_INTERRUPT` (the other threads run on), as a worker stuck in a loop would stand.
+    /// Under systemd (`NOTIFY_SOCKET`, `WATCHDOG_USEC` of 1 s) the watchdog is fed meanwhile
+    /// (`WATCHDOG=1` every half second) but not while the worker stands: systemd would
+    /// restart xlb (ARCH-05).
     #[test]
     fn a_stalled_worker_fails_livez_and_healthz_until_it_runs_again() {
         use nix::sys::ptrace;
         use nix::sys::wait::{WaitPidFlag, waitpid};
         use nix::unistd::Pid;
+        use xlb_e2e::{NotifySocket, notify_has};
         if skip_without_root("a_stalled_worker_fails_livez_and_healthz_until_it_runs_again") {
             return;
         }
         let tb = testbed();
-        let xlb = start_xlb(&tb);
+        let notify = NotifySocket::bind(&tb).expect("notify socket");
+        let env = [("NOTIFY_SOCKET", notify.path().as_os_str()), ("WATCHDOG_USEC", std::ffi::OsStr::new("1000000"))];
+        let xlb = Xlb::start_with_env(&tb, CONFIG, &[] as &[&str], &env).expect("xlb start");
+        let fed = |within: Duration| notify.recv_until(within, |m| notify_has(m, "WATCHDOG=1")).is_ok();
         let code = |path: &str| {
             let url = format!("http://127.0.0.1:10256{path}");
             tb.exec_ok(Role::Lb, &["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", &url]).unwrap_or_default()
@@ -876,6 +883,7 @@ mod xlb {
         let ok = ("200".to_owned(), "200".to_owned());
         wait_for(Duration::from_secs(10), || (both() == ok).then_some(()))
             .unwrap_or_else(|| panic!("xlb healthy after its start: {:?}{}", both(), evidence(&xlb)));
+        assert!(fed(Duration::from_secs(2)) && fed(Duration::from_secs(2)), "WATCHDOG=1 while the workers run");
         let pid = xlb.pid().expect("xlb pid");
         let tid = std::fs::read_dir(format!("/proc/{pid}/task"))
             .expect("the threads of xlb")
@@ -900,15 +908,20 @@ mod xlb {
             m.lines().find(|l| l.starts_with("xlb_workers_stalled ")).map(str::to_owned)
         };
         let gauge = stalled_gauge();
+        // What was sent before the stall was seen, then nothing for two timeouts.
+        let _ = notify.recv_until(Duration::from_millis(300), |_| false);
+        let fed_while_stalled = failed.is_some() && fed(Duration::from_secs(2));
         ptrace::detach(tid, None).expect("PTRACE_DETACH: the worker runs on");
         assert!(failed.is_some(), "/livez and /healthz 503 while worker 0 stands: {:?}{}", both(), evidence(&xlb));
         assert!(took >= Duration::from_secs(4), "not before the limit: {took:?}");
         assert!(log.contains("worker loop stalled"), "{log}");
         assert_eq!(gauge.as_deref(), Some("xlb_workers_stalled 1"), "/metrics while worker 0 stands");
+        assert!(!fed_while_stalled, "no WATCHDOG=1 while worker 0 stands");
         wait_for(Duration::from_secs(10), || (both() == ok).then_some(()))
             .unwrap_or_else(|| panic!("healthy again once the worker runs: {:?}{}", both(), evidence(&xlb)));
         assert!(xlb.log().contains("the stalled workers run again"));
         assert_eq!(stalled_gauge().as_deref(), Some("xlb_workers_stalled 0"));
+        assert!(fed(Duration::from_secs(2)), "WATCHDOG=1 again once the worker runs");
     }
 
     /// Bytes by verdict, counted by the workers' loop: UDP datagrams of known sizes to the web
@@ -1979,6 +1992,40 @@ mod xlb {
             .unwrap_or_else(|e| panic!("VIP after the take-over: {e}{}", evidence(&new)));
         let status = new.interrupt().expect("the new xlb stops on SIGINT");
         assert!(status.success(), "{status}");
+    }
+
+    /// systemd's watchdog through a reload: the xlb systemd started has `WATCHDOG_USEC` (1 s)
+    /// and feeds it; the new xlb of `xlb run --takeover --detach` (the unit's `ExecReload=`,
+    /// which systemd gives no watchdog) goes on feeding it once the old one has exited
+    /// (ARCH-05).
+    #[test]
+    fn the_watchdog_is_fed_by_the_new_xlb_after_a_reload() {
+        if skip_without_root("the_watchdog_is_fed_by_the_new_xlb_after_a_reload") {
+            return;
+        }
+        let tb = testbed();
+        let notify = NotifySocket::bind(&tb).expect("notify socket");
+        let usec = std::ffi::OsStr::new("1000000");
+        let env = [("NOTIFY_SOCKET", notify.path().as_os_str()), ("WATCHDOG_USEC", usec)];
+        let mut old = Xlb::start_with_env(&tb, CONFIG, &[] as &[&str], &env).expect("xlb start");
+        let fed = |within: Duration| notify.recv_until(within, |m| notify_has(m, "WATCHDOG=1")).is_ok();
+        notify
+            .recv_until(Duration::from_secs(5), |m| notify_has(m, "READY=1"))
+            .unwrap_or_else(|e| panic!("READY=1 from the first xlb: {e}\n{}", old.log()));
+        assert!(fed(Duration::from_secs(2)), "WATCHDOG=1 from the xlb systemd started");
+        let reload_env = [("NOTIFY_SOCKET", notify.path().as_os_str())];
+        let (status, new) = old.take_over_detached(&tb, &reload_env).unwrap_or_else(|e| panic!("--detach: {e}"));
+        assert!(status.success(), "{status}\n{}", new.log());
+        let status = old.wait_exit_within(Duration::from_secs(10)).unwrap_or_else(|e| panic!("the old xlb: {e}"));
+        assert!(status.success(), "{status}\n{}", old.log());
+        // The old one's last pings, then the new one's.
+        let _ = notify.recv_until(Duration::from_millis(300), |_| false);
+        assert!(
+            fed(Duration::from_secs(2)) && fed(Duration::from_secs(2)),
+            "WATCHDOG=1 from the new xlb, whose environment has no WATCHDOG_USEC\n{}",
+            new.log()
+        );
+        new.interrupt().unwrap_or_else(|e| panic!("the new xlb stops on SIGINT: {e}"));
     }
 
     /// The systemd unit's reload: with `NOTIFY_SOCKET` set, xlb sends `READY=1` and its
