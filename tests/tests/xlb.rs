@@ -624,7 +624,13 @@ mod xlb {
     /// Before, xlb translated the SYN-ACK to come from the VIP and the connection timed out:
     /// the way `pod_behind_a_veth_...` failed once, when the kernel gave a direct connection
     /// the ephemeral port of one of its VIP connections. socat binds with SO_REUSEADDR so that
-    /// the second connection gets the first one's port while that one is in TIME_WAIT.
+    /// the second connection gets the first one's port while that one is in TIME_WAIT. The
+    /// client closes first (HTTP/1.1: nginx keeps the connection open and closes once it reads
+    /// the client's FIN), so the TIME_WAIT is the client's: had the pod closed first (HTTP/1.0,
+    /// or both at once), its TIME_WAIT socket of the same four-tuple would answer the direct
+    /// SYN with an ACK instead of a SYN-ACK unless the SYN's timestamp happened to be newer
+    /// (RFC 6191; Linux `tcp_timewait_state_process`), which failed this test in 1 run of 3
+    /// on one machine.
     #[test]
     fn a_direct_connection_to_the_pod_from_the_port_of_a_closing_vip_connection_is_made() {
         if skip_without_root("a_direct_connection_to_the_pod_from_the_port_of_a_closing_vip_connection_is_made") {
@@ -634,7 +640,7 @@ mod xlb {
         let xlb = start_xlb(&tb);
         let get = |dst: &str| {
             let cmd = format!(
-                "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | socat -T5 - TCP:{dst}:80,bind=:40001,reuseaddr,connect-timeout=5"
+                "printf 'GET / HTTP/1.1\\r\\nHost: be4\\r\\n\\r\\n' | socat -T5 - TCP:{dst}:80,bind=:40001,reuseaddr,connect-timeout=5"
             );
             let out = tb.exec(Role::Client, &["sh", "-c", &cmd]).expect("run socat");
             let body = String::from_utf8_lossy(&out.stdout).lines().last().map(str::to_owned);
