@@ -29,10 +29,10 @@ pub(crate) const SOCKET_ENV: &str = "NOTIFY_SOCKET";
 
 /// The watchdog timeout systemd gives the process it started, in microseconds
 /// (sd_watchdog_enabled(3)).
-pub(crate) const WATCHDOG_USEC_ENV: &str = "WATCHDOG_USEC";
+const WATCHDOG_USEC_ENV: &str = "WATCHDOG_USEC";
 
 /// The process [`WATCHDOG_USEC_ENV`] is meant for; another process (a child) ignores it.
-pub(crate) const WATCHDOG_PID_ENV: &str = "WATCHDOG_PID";
+const WATCHDOG_PID_ENV: &str = "WATCHDOG_PID";
 
 /// Sends `WATCHDOG=1`: the process is alive and its workers run.
 pub(crate) fn watchdog() {

@@ -1293,6 +1293,15 @@ impl NotifySocket {
     }
 }
 
+impl NotifySocket {
+    /// Whether a `WATCHDOG=1` arrives within `within` (sd_notify(3)); what arrives before it
+    /// is read and dropped.
+    #[must_use]
+    pub fn watchdog_fed(&self, within: Duration) -> bool {
+        self.recv_until(within, |m| notify_has(m, "WATCHDOG=1")).is_ok()
+    }
+}
+
 impl Drop for NotifySocket {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);

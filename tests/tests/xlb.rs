@@ -872,7 +872,7 @@ mod xlb {
         use nix::sys::ptrace;
         use nix::sys::wait::{WaitPidFlag, waitpid};
         use nix::unistd::Pid;
-        use xlb_e2e::{NotifySocket, notify_has};
+        use xlb_e2e::NotifySocket;
         if skip_without_root("a_stalled_worker_fails_livez_and_healthz_until_it_runs_again") {
             return;
         }
@@ -880,7 +880,7 @@ mod xlb {
         let notify = NotifySocket::bind(&tb).expect("notify socket");
         let env = [("NOTIFY_SOCKET", notify.path().as_os_str()), ("WATCHDOG_USEC", std::ffi::OsStr::new("1000000"))];
         let xlb = Xlb::start_with_env(&tb, CONFIG, &[] as &[&str], &env).expect("xlb start");
-        let fed = |within: Duration| notify.recv_until(within, |m| notify_has(m, "WATCHDOG=1")).is_ok();
+        let fed = |within: Duration| notify.watchdog_fed(within);
         let code = |path: &str| {
             let url = format!("http://127.0.0.1:10256{path}");
             tb.exec_ok(Role::Lb, &["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", &url]).unwrap_or_default()
@@ -2014,7 +2014,7 @@ mod xlb {
         let usec = std::ffi::OsStr::new("1000000");
         let env = [("NOTIFY_SOCKET", notify.path().as_os_str()), ("WATCHDOG_USEC", usec)];
         let mut old = Xlb::start_with_env(&tb, CONFIG, &[] as &[&str], &env).expect("xlb start");
-        let fed = |within: Duration| notify.recv_until(within, |m| notify_has(m, "WATCHDOG=1")).is_ok();
+        let fed = |within: Duration| notify.watchdog_fed(within);
         notify
             .recv_until(Duration::from_secs(5), |m| notify_has(m, "READY=1"))
             .unwrap_or_else(|e| panic!("READY=1 from the first xlb: {e}\n{}", old.log()));

@@ -568,7 +568,7 @@ impl Common {
     #[inline]
     fn mtu_differs(&self, a: u8, b: u8) -> bool {
         let (x, y) = (self.port_mtu(a), self.port_mtu(b));
-        self.mtu_mixed && x != 0 && y != 0 && x != y
+        x != 0 && y != 0 && x != y
     }
 
     #[inline]
