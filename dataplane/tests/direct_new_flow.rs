@@ -546,6 +546,103 @@ fn known_flows_next_packets_take_the_fast_stage_on_every_path() {
     assert_eq!(p.shaped_batches(), [3, 2]);
 }
 
+/// A node whose two ports differ in MTU (jumbo frames on one side, 1,500 bytes on the other,
+/// either way round): the packets of its flows that fit the port they leave on are rewritten
+/// by the fast stage (each flow has `flow_flags::MTU_CHECK`, which the stage checks), exactly
+/// at the smaller MTU too, on the common shapes' stages (IPv4, IPv6) and the general ones
+/// (802.1Q-tagged); one byte more, forward or reply, and every one goes to the slow path (which
+/// answers it with "fragmentation needed" / "packet too big"), none leaving oversized; after
+/// that the flows' packets that fit take the fast stage again.
+#[test]
+fn flows_between_ports_of_different_mtus_take_the_fast_stage_with_every_packet_that_fits() {
+    let (c4, vip4) = (v4([10, 0, 0, 7]), v4(harness::VIP4));
+    let (c6, vip6) = (IpAddr::V6(Ipv6Addr::from(harness::CLIENT6)), IpAddr::V6(Ipv6Addr::from(harness::VIP6)));
+    // A TCP segment of `src` → `dst` whose IP packet is `len` bytes (`tagged`: behind 802.1Q).
+    let sized = |src: IpAddr, sp: u16, dst: IpAddr, dp: u16, flags: u8, len: usize, tagged: bool| {
+        let hl = if src.is_ipv4() { 20 } else { 40 };
+        let data = vec![0x61; len.saturating_sub(hl + 20)];
+        let mut f = Frame::ip(src, dst, proto::TCP, &tcp_segment(sp, dp, flags, 1000, 7000, &data), &IpOpts::default());
+        if tagged {
+            f.vlan(7);
+        }
+        f.bytes
+    };
+    for (client_mtu, backend_mtu) in [(9000u16, 1500u16), (1500, 9000)] {
+        let mut spec = harness::spec();
+        spec.ports[0].mtu = client_mtu;
+        spec.ports[1].mtu = backend_mtu;
+        let t = TableBuilder::new().build(&spec).unwrap_or_else(|e| panic!("spec: {e}"));
+        let cfg = PipelineConfig { conntrack_capacity: 4096, ..harness::config() };
+        let mut p = Pipeline::new(cfg, harness::SEED);
+        let small = usize::from(client_mtu.min(backend_mtu));
+        // Forward packets grow past the smaller MTU where the backends' port has it, replies
+        // where the clients' port has it.
+        let (fwd_max, reply_max) = if backend_mtu < client_mtu { (small, 9000) } else { (9000, small) };
+        let mut batch = 0u64;
+        // Runs `frames` arriving on port `in_port` (`process` takes it from the batch's
+        // number); the packets that went to the slow path, and the verdicts and frames.
+        let mut run = |p: &mut Pipeline, frames: &[Vec<u8>], in_port: u64| {
+            batch += 1 + u64::from(batch % 2 == in_port);
+            let before = p.slow_packets();
+            let out = process(p, &t, frames, batch);
+            (p.slow_packets() - before, out)
+        };
+        let shapes: [(&str, IpAddr, IpAddr, bool); 3] =
+            [("IPv4", c4, vip4, false), ("IPv6", c6, vip6, false), ("tagged", c4, vip4, true)];
+        for (k, (what, client, vip, tagged)) in shapes.into_iter().enumerate() {
+            let what = format!("{what}, MTUs {client_mtu} / {backend_mtu}");
+            let sport = |i: u16| 20_000 + 1000 * u16::try_from(k).unwrap_or(0) + i;
+            let fwd = |flags: u8, len: usize| -> Vec<Vec<u8>> {
+                (0..64).map(|i| sized(client, sport(i), vip, 80, flags, len, tagged)).collect()
+            };
+            let (slow, out) = run(&mut p, &fwd(tcp_flags::SYN, 60), 0);
+            assert_eq!(slow, 64, "{what}: the SYNs are new flows");
+            assert!(out.iter().all(|(v, _)| *v == Verdict::Tx { port: 1 }), "{what}: {out:?}");
+            // Each flow's tuple as its SYN left (the source the backend answers: the client, or
+            // the SNAT address and port where the flow is masqueraded).
+            let left: Vec<[(IpAddr, u16); 2]> = out
+                .iter()
+                .map(|(_, f)| {
+                    let (l3, v6) = (if tagged { 18 } else { 14 }, !tagged && client.is_ipv6());
+                    let addr = |at: usize| match v6 {
+                        true => IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(&f[at..at + 16]).unwrap_or_default())),
+                        false => IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(&f[at..at + 4]).unwrap_or_default())),
+                    };
+                    let (src, dst, l4) = if v6 { (l3 + 8, l3 + 24, l3 + 40) } else { (l3 + 12, l3 + 16, l3 + 20) };
+                    let port = |at: usize| u16::from_be_bytes([f[at], f[at + 1]]);
+                    [(addr(src), port(l4)), (addr(dst), port(l4 + 2))]
+                })
+                .collect();
+            let replies = |len: usize| -> Vec<Vec<u8>> {
+                left.iter().map(|&[(s, sp), (b, bp)]| sized(b, bp, s, sp, tcp_flags::ACK, len, tagged)).collect()
+            };
+            let (slow, out) = run(&mut p, &fwd(tcp_flags::ACK, fwd_max), 0);
+            assert_eq!(slow, 0, "{what}: forward packets of {fwd_max} bytes through stage 3");
+            assert!(out.iter().all(|(v, _)| *v == Verdict::Tx { port: 1 }), "{what}");
+            let (slow, out) = run(&mut p, &replies(reply_max), 1);
+            assert_eq!(slow, 0, "{what}: replies of {reply_max} bytes through stage 3");
+            assert!(out.iter().all(|(v, _)| *v == Verdict::Tx { port: 0 }), "{what}");
+            // One byte over the smaller port's MTU, in the direction that leaves on it.
+            let (over, in_port, out_port) = if backend_mtu < client_mtu {
+                (fwd(tcp_flags::ACK, small + 1), 0, 1)
+            } else {
+                (replies(small + 1), 1, 0)
+            };
+            let (slow, out) = run(&mut p, &over, in_port);
+            assert_eq!(slow, 64, "{what}: {} bytes go to the slow path", small + 1);
+            assert!(
+                out.iter().all(|(v, f)| match v {
+                    Verdict::Tx { port } => *port != out_port && f.len() < small,
+                    _ => true,
+                }),
+                "{what}: none leaves oversized"
+            );
+            let (slow, _) = run(&mut p, &fwd(tcp_flags::ACK, fwd_max), 0);
+            assert_eq!(slow, 0, "{what}: forward packets through stage 3 again");
+        }
+    }
+}
+
 /// The next packets of DSR flows (IPIP, IP6IP6, and L2 DSR over UDP) are rewritten by the fast
 /// stage (stage 3, `dsr_at`) into the frames the slow path makes of them (`nat::encap_at`,
 /// which the slow path runs when a record is stale: the same tables built again, one

@@ -38,7 +38,9 @@
 //! how many new flows took the direct route. With `CG_SCHEDULER=random` every service uses the
 //! random scheduler (as `make bench` configures xlb) instead of Maglev. With `CG_ONE_SERVICE`
 //! set, the new flows of `new_flow` and `syn_flood` all go to one service (as `make bench`'s
-//! SYN flood does) instead of taking turns over the 1,000.
+//! SYN flood does) instead of taking turns over the 1,000. With `CG_BACKEND_MTU=N` the backends
+//! are behind a second port of MTU `N` (the clients' keeps 1,500), so every flow is checked for
+//! size (`flow_flags::MTU_CHECK`).
 //!
 //! `callgrind-pipeline jitter syn_flood uniform BATCHES` (natively, not under valgrind) times
 //! each batch instead: the `syn_flood` world, then `BATCHES` batches of 64 new SYNs with the

@@ -157,8 +157,15 @@ pub(crate) fn scheduler() -> Scheduler {
     }
 }
 
+/// The MTU of a second port, behind which the backends are, with `CG_BACKEND_MTU=N` in the
+/// environment (the clients' port keeps 1,500): a node whose ports differ in MTU, whose flows
+/// the pipeline checks for size (`flow_flags::MTU_CHECK`). `None`, one port, by default.
+pub(crate) fn backend_mtu() -> Option<u16> {
+    std::env::var("CG_BACKEND_MTU").ok().and_then(|s| s.parse().ok())
+}
+
 /// The table spec of a world: [`SERVICES`] services × [`BACKENDS_PER_SERVICE`] backends, one
-/// port, one neighbour per backend.
+/// port (two with [`backend_mtu`]), one neighbour per backend.
 pub(crate) fn spec_of(kind: Kind) -> TablesSpec {
     let v6 = kind == Kind::Dnat6;
     let vip_of = |s| if v6 { IpAddr::V6(Ipv6Addr::from(vip6(s))) } else { IpAddr::V4(Ipv4Addr::from(vip(s))) };
@@ -184,15 +191,20 @@ pub(crate) fn spec_of(kind: Kind) -> TablesSpec {
         })
         .map(std::sync::Arc::new)
         .collect();
+    let backend_mtu = backend_mtu();
     let neighbours = (0..BACKENDS)
         .map(|i| {
             let [_, b, c, d] = backend_addr(i);
-            NeighbourSpec { addr: backend_of(i), mac: [0x02, 0xbe, 0, b, c, d], port: 0 }
+            NeighbourSpec { addr: backend_of(i), mac: [0x02, 0xbe, 0, b, c, d], port: u8::from(backend_mtu.is_some()) }
         })
         .collect();
+    let mut ports = vec![PortSpec { name: "eth0".into(), mac: [0x02, 0, 0, 0, 0, 0xfe], mtu: 1500 }];
+    if let Some(mtu) = backend_mtu {
+        ports.push(PortSpec { name: "eth1".into(), mac: [0x02, 0, 0, 0, 1, 0xfe], mtu });
+    }
     TablesSpec {
         services,
-        ports: vec![PortSpec { name: "eth0".into(), mac: [0x02, 0, 0, 0, 0, 0xfe], mtu: 1500 }],
+        ports,
         neighbours,
         routes: vec![],
         kernel_routes: vec![],

@@ -201,9 +201,10 @@ pub mod flow_flags {
     /// The flow's two ports (where the client's packets arrive, `in_port`, and where they
     /// leave, `out_port`) have different MTUs, so a packet of it may not fit the port it leaves
     /// on (NAT does not grow packets: only there). Set with the next hop when the tables'
-    /// generation is stamped; the fast stage leaves such a flow's packets to the slow path,
-    /// which checks their size (RFC 1191 / RFC 8201 answer). Not set for encapsulating flows,
-    /// whose packets the fast stage checks itself.
+    /// generation is stamped; the fast stage checks such a flow's packets against the MTU of
+    /// the port each leaves on and leaves the larger ones to the slow path, which answers them
+    /// (RFC 1191 / RFC 8201). Not set for encapsulating flows, whose packets the fast stage
+    /// checks for the outer header too.
     pub const MTU_CHECK: u8 = 0x20;
 }
 

@@ -50,15 +50,15 @@ macro_rules! fast_lane {
             && (hit.dir == Dir::Reply || $l.tcp_flags & tcp_flags::ACK == 0)
             && matches!(old, CtState::FinWait | CtState::Closed);
         // The record's rewrite applies: made under these tables, not expired, not a
-        // reused tuple, no earlier packet of the flow waiting in the slow path, and no
-        // size to check against a smaller out port (`MTU_CHECK`, tested with `DEFERRED`
-        // in one mask). The flags are tested last: tested before `reuse`, the two were
-        // computed as bytes and or-ed (3 instructions more per packet, callgrind,
-        // docs/benchmarks.md).
+        // reused tuple, no earlier packet of the flow waiting in the slow path, and the
+        // packet no larger than the port it leaves on (`MTU_CHECK` flows only, tested with
+        // `DEFERRED` in one mask, `fits` out of line). The flags are tested last: tested
+        // before `reuse`, the two were computed as bytes and or-ed (3 instructions more per
+        // packet, callgrind, docs/benchmarks.md).
         let applies = r.generation == $generation
             && r.expires_s >= $now
             && !reuse
-            && r.flags & (flow_flags::DEFERRED | flow_flags::MTU_CHECK) == 0;
+            && (r.flags & (flow_flags::DEFERRED | flow_flags::MTU_CHECK) == 0 || fits::<A>($c, hit.dir, r, $l.seg));
         let out = if applies { $rewrite::<A>($c, hit.dir, r, $pkt, $l, is_tcp) } else { None };
         let Some(port) = out else {
             if r.flags & flow_flags::DEFERRED == 0 {
@@ -216,6 +216,24 @@ fast_stage!(
     rewrite_shaped,
     shaped = true
 );
+
+/// Whether a packet of flow `r` whose flags have [`flow_flags::DEFERRED`] or
+/// [`flow_flags::MTU_CHECK`] may still be rewritten by the fast stage: not deferred, and its IP
+/// packet (the header and `seg` bytes of transport segment) no larger than the MTU of the port
+/// it leaves on: the client's (`in_port`) for a reply, `out_port` for a forward packet (NAT
+/// keeps the size; an encapsulating flow has no `MTU_CHECK`, [`dsr_at`] checks its own). A
+/// larger packet goes to the slow path, which answers it (RFC 1191 / RFC 8201). Out of line
+/// and cold: only flows between ports of different MTUs come here, and the established path
+/// keeps its one test of the mask.
+#[cold]
+#[inline(never)]
+fn fits<A: Fam>(c: &Common, dir: Dir, r: &Rec<A>, seg: u16) -> bool {
+    if r.flags & flow_flags::DEFERRED != 0 {
+        return false;
+    }
+    let port = if dir == Dir::Reply { r.in_port } else { r.out_port };
+    A::HEADER_LEN + usize::from(seg) <= usize::from(c.port_mtu(port))
+}
 
 /// What the NAT rewrite writes into a forward packet of flow `r`: the reply tuple's mirror
 /// (`reply_dst`, `backend_addr` and their ports), the forward deltas, the out port's MAC and
