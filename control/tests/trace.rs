@@ -84,7 +84,7 @@ const STANDARD_ROWS: &[&str] = &[
     "udp_dnat_and_reply",
     "clusterip_on_an_unknown_port_is_rejected",
     "traffic_not_for_a_vip_passes_to_the_kernel",
-    "ttl_one_is_not_forwarded",
+    "ttl_one_is_answered_with_time_exceeded_from_the_vip",
     "malformed_l4_to_a_vip_is_dropped_and_to_others_passed",
     "vlan_tagged_frames_keep_their_tag",
     "a_backends_syn_ack_on_the_reply_tuple_of_a_closing_flow_is_the_kernels_and_the_flow_is_forgotten",
@@ -104,6 +104,7 @@ enum Frames {
 /// Further fixture rows `xlb trace` expresses: (row, its setup as an xlb config in
 /// `tests/data/`, how its frames are checked). Clock steps are the capture's timestamps.
 const OWN_SETUP_ROWS: &[(&str, &str, Frames)] = &[
+    ("ttl_one_on_the_direct_route_is_answered_with_time_exceeded_from_the_vip", "fixtures-maglev.yaml", Frames::Exact),
     ("hairpin_backend_reaching_its_own_service_is_masqueraded", "fixtures-standard.yaml", Frames::SnatPort),
     ("icmp_too_big_about_a_reply_reaches_the_backend_that_owns_the_flow", "fixtures-standard.yaml", Frames::Exact),
     (
@@ -362,7 +363,7 @@ fn trace_replays_the_fixture_corpus_with_the_expected_verdicts_and_frames() {
     let listed = rows.iter().filter(|(row, _)| STANDARD_ROWS.contains(&base(row))).count();
     assert_eq!(listed, 2 * STANDARD_ROWS.len(), "every listed row, v4 and v6");
     let checked = replay(&rows, |b| STANDARD_ROWS.contains(&b).then_some(("fixtures-standard.yaml", Frames::Exact)));
-    assert_eq!(checked, 40, "records checked");
+    assert_eq!(checked, 48, "records checked");
 }
 
 #[test]
@@ -379,7 +380,7 @@ fn trace_replays_the_fixture_rows_with_their_own_setups_and_clock_steps() {
     assert_eq!(replayed.len(), 2 * OWN_SETUP_ROWS.len() - 9, "{replayed:?}");
     let steps: usize = rows.iter().filter(|(r, _)| own(base(r)).is_some()).map(|(_, recs)| recs.len()).sum();
     assert_eq!(checked, steps);
-    assert_eq!(checked, 106, "records checked");
+    assert_eq!(checked, 112, "records checked");
     assert!(rows.iter().filter(|(r, _)| own(base(r)).is_some()).any(|(_, recs)| recs.iter().any(|r| r.advance_s > 0)));
 }
 

@@ -117,6 +117,7 @@ declare_counters! {
         FlowImported = 13, "flow_imported", Counter, "Flows taken over from the previous xlb process at a hand-over (`xlb run --takeover`).";
         ReplyTupleReused = 14, "reply_tuple_reused", Counter, "A SYN from a backend on the reply tuple of a closing flow (FIN or RST seen): it answers a connection that did not come through xlb (a client's direct connection to the pod from the port of its earlier connection through the VIP), so the closing flow is forgotten and the packet handled as one of no flow (handed back to the kernel).";
         FragmentEvicted = 15, "fragment_evicted", Counter, "A fragment series' record forgotten before its timeout to record a newer series in a full fragment table (oldest first); a later fragment of it that still comes counts as the drop fragment_untracked. A steady rate means more fragmented datagrams in flight than the table holds, or a flood of first fragments.";
+        TimeExceededSent = 16, "time_exceeded_sent", Counter, "ICMP \"time exceeded in transit\" sent, from the VIP, for a client's packet to a VIP whose TTL / hop limit would reach 0 (RFC 1812 §5.3.1; IPVS's decrement_ttl does the same); unanswered ones count as the drop ttl_exceeded.";
     }
 }
 

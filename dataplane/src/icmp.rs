@@ -30,6 +30,10 @@ pub const V6_UNREACH: u8 = 1;
 pub const V6_PORT_UNREACH: u8 = 4;
 /// ICMPv6 packet too big (RFC 4443 §3.2).
 pub const V6_TOO_BIG: u8 = 2;
+/// ICMPv4 time exceeded (RFC 792); code 0: time to live exceeded in transit.
+pub const V4_TIME_EXCEEDED: u8 = 11;
+/// ICMPv6 time exceeded (RFC 4443 §3.3); code 0: hop limit exceeded in transit.
+pub const V6_TIME_EXCEEDED: u8 = 3;
 
 /// Writes a fresh IP header of family `A` at `l3` (no options, no extension headers): TTL 64,
 /// TOS 0, DF clear, as a host's stack answers.
@@ -166,6 +170,13 @@ pub fn too_big<A: Family>(pkt: &mut Packet<'_>, p: &Parsed, mtu: u16) -> bool {
         let m = mtu.to_be_bytes();
         error_in_place::<A>(pkt, p, V4_UNREACH, V4_FRAG_NEEDED, [0, 0, m[0], m[1]])
     }
+}
+
+/// "Time exceeded in transit" (RFC 792 type 11 code 0, RFC 4443 §3.3 type 3 code 0): what a
+/// router sends back for a packet whose TTL / hop limit it cannot decrement (RFC 1812 §5.3.1).
+pub fn time_exceeded<A: Family>(pkt: &mut Packet<'_>, p: &Parsed) -> bool {
+    let ty = if A::IS_V6 { V6_TIME_EXCEEDED } else { V4_TIME_EXCEEDED };
+    error_in_place::<A>(pkt, p, ty, 0, [0; 4])
 }
 
 /// Turns a TCP segment into the RST that RFC 9293 §3.10.7.1 prescribes for a segment that

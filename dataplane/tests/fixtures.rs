@@ -1384,11 +1384,71 @@ fn rows_for(f: Fam) -> Vec<Row> {
     ));
 
     // --- TTL, malformed ---
+    // A router answers a packet whose TTL / hop limit it cannot decrement with "time exceeded
+    // in transit" (RFC 1812 §5.3.1; IPVS's decrement_ttl does), here from the VIP, as IPVS,
+    // which holds the VIP, does: on a new flow (the direct route), on a known flow's packet
+    // (the fast stage leaves it to the slow path), over UDP; not to a link-layer broadcast.
+    let time_exceeded = |input: &[u8]| {
+        let mut fr = Frame::ip(
+            vip,
+            c,
+            if f.v6 { proto::ICMPV6 } else { proto::ICMP },
+            &icmp_message(if f.v6 { 3 } else { 11 }, 0, [0; 4], &input[14..]),
+            &opts(64),
+        );
+        if !f.v6 {
+            fr.bytes[18..20].copy_from_slice(&[0, 0]);
+            fr.bytes[20] = 0;
+            ipv4_header_checksum(&mut fr.bytes, 20);
+        }
+        fr.macs(LB_MAC, CLIENT_MAC);
+        fr.bytes
+    };
+    let (syn1, ack1, udp1) =
+        (tcp(c, 40000, vip, 80, SYN, 1, IN), tcp(c, 40000, vip, 80, ACK, 1, IN), udp(c, 5000, vip, 53, 1, IN));
+    let mut broadcast = tcp(c, 40001, vip, 80, SYN, 1, IN);
+    broadcast[..6].fill(0xff);
     rows.push(row(
-        "ttl_one_is_not_forwarded",
+        "ttl_one_is_answered_with_time_exceeded_from_the_vip",
         f,
         spec(f, vec![]),
-        vec![step("TTL 1", tcp(c, 40000, vip, 80, SYN, 1, IN), Expect::Drop(DropReason::TtlExceeded))],
+        vec![
+            step("a SYN with TTL 1", syn1.clone(), Expect::Tx(time_exceeded(&syn1))),
+            step("its flow's ACK with TTL 1", ack1.clone(), Expect::Tx(time_exceeded(&ack1))),
+            step(
+                "its flow's ACK with TTL 64 is forwarded",
+                tcp(c, 40000, vip, 80, ACK, 64, IN),
+                Expect::Tx(tcp(c, 40000, b0, 8080, ACK, 63, to_b(0))),
+            ),
+            step("a UDP datagram with TTL 1", udp1.clone(), Expect::Tx(time_exceeded(&udp1))),
+            step("a SYN with TTL 1 sent to the link-layer broadcast", broadcast, Expect::Drop(DropReason::TtlExceeded)),
+        ],
+    ));
+    // The same on a Maglev service, whose new flows take the slow path's direct route.
+    let mut web = service(
+        "default/web:http",
+        vec![
+            Frontend::new(f.vip, L4Proto::Tcp, 80, FrontendKind::ClusterIp, false),
+            Frontend::new(f.vip, L4Proto::Udp, 53, FrontendKind::ClusterIp, false),
+            Frontend::new(f.node, L4Proto::Tcp, 30080, FrontendKind::NodePort, true),
+        ],
+        vec![local_backend(f.backends[0], 8080)],
+        ForwardingMode::Nat,
+    );
+    web.scheduler = Scheduler::Maglev { port: true };
+    rows.push(row(
+        "ttl_one_on_the_direct_route_is_answered_with_time_exceeded_from_the_vip",
+        f,
+        spec(f, vec![web]),
+        vec![
+            step("a SYN with TTL 1", syn1.clone(), Expect::Tx(time_exceeded(&syn1))),
+            step(
+                "the same SYN with TTL 64 is forwarded",
+                tcp(c, 40000, vip, 80, SYN, 64, IN),
+                Expect::Tx(tcp(c, 40000, b0, 8080, SYN, 63, to_b(0))),
+            ),
+            step("a UDP datagram with TTL 1", udp1.clone(), Expect::Tx(time_exceeded(&udp1))),
+        ],
     ));
     let mut truncated = tcp(c, 40000, vip, 80, SYN, 64, IN);
     let l4 = if f.v6 { 54 } else { 34 };

@@ -63,6 +63,46 @@ pub const CLIENT_MAC: [u8; 6] = [0x02, 0x00, 0x0a, 0xfa, 0x01, 0x02];
 pub const LB_MAC: [u8; 6] = [0x02, 0x00, 0x0a, 0xfa, 0x01, 0x01];
 /// Number of backends (`be1` ..= `be3`).
 pub const BACKENDS: u8 = 3;
+/// The ingress IP of [`DROPPING_SERVICE`].
+pub const DROPPING_LB_V4: Ipv4Addr = Ipv4Addr::new(10, 250, 100, 41);
+/// A LoadBalancer Service to append to the testbed's config (`deploy/examples/testbed.yaml`)
+/// in tests that need packets xlb drops whole and every time: `externalTrafficPolicy: Local`
+/// with its one endpoint on another node, so each packet to its ingress IP
+/// [`DROPPING_LB_V4`] (TCP 80 and 9000, UDP 53) is dropped as `no_endpoints_drop`
+/// (kube-proxy's rule for a Local policy without a local endpoint, seed REJ-01).
+pub const DROPPING_SERVICE: &str = "
+---
+apiVersion: v1
+kind: Service
+metadata: {name: elsewhere, namespace: demo}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.250.100.40
+  clusterIPs: [10.250.100.40]
+  externalTrafficPolicy: Local
+  ports:
+  - {name: http, port: 80, protocol: TCP, targetPort: 80, nodePort: 30090}
+  - {name: echo, port: 9000, protocol: TCP, targetPort: 9000, nodePort: 30091}
+  - {name: dns, port: 53, protocol: UDP, targetPort: 5353, nodePort: 30092}
+status:
+  loadBalancer:
+    ingress:
+    - ip: 10.250.100.41
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: elsewhere-x1
+  namespace: demo
+  labels: {kubernetes.io/service-name: elsewhere}
+addressType: IPv4
+endpoints:
+- {addresses: [10.250.2.11], conditions: {ready: true}, nodeName: node-b1}
+ports:
+- {name: http, port: 80, protocol: TCP}
+- {name: echo, port: 9000, protocol: TCP}
+- {name: dns, port: 5353, protocol: UDP}
+";
 
 /// Which backend answered, from the body every backend server sends (`be<i>`, 1-based, or
 /// [`LOCAL_POD`]);

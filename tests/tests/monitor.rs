@@ -8,7 +8,7 @@ mod monitor {
     use std::process::{Child, Command, ExitStatus, Stdio};
     use std::time::Duration;
 
-    use xlb_e2e::{Role, Testbed, Xlb, XlbStats, skip_without_root, wait_for, xlb_binary};
+    use xlb_e2e::{DROPPING_SERVICE, Role, Testbed, Xlb, XlbStats, skip_without_root, wait_for, xlb_binary};
 
     const CONFIG: &str = include_str!("../../deploy/examples/testbed.yaml");
 
@@ -19,7 +19,7 @@ mod monitor {
             eprintln!("testbed up failed, trying once more: {e}");
             Testbed::up().expect("testbed up (second try)")
         });
-        let xlb = Xlb::start(&tb, CONFIG).expect("xlb start");
+        let xlb = Xlb::start(&tb, &format!("{CONFIG}{DROPPING_SERVICE}")).expect("xlb start");
         (tb, xlb)
     }
 
@@ -65,25 +65,25 @@ mod monitor {
                 "--count".as_ref(),
                 "2".as_ref(),
                 "--filter".as_ref(),
-                "10.250.100.1/80".as_ref(),
+                "10.250.100.41/80".as_ref(),
                 "-w".as_ref(),
                 pcap.as_os_str(),
             ],
         );
         // The admin socket keeps answering while a monitor streams.
         let services = xlb.services().expect("xlb services while a monitor runs");
-        assert!(services.contains("10.250.100.1:80"), "{services}");
-        // SYNs with TTL 1: xlb must not forward them (ttl_exceeded); the namespace-wide
-        // default TTL is the client's own (its namespace goes with the testbed).
-        tb.exec_ok(Role::Client, &["sysctl", "-qw", "net.ipv4.ip_default_ttl=1"]).expect("sysctl");
-        // First a drop to another VIP, which the filter must hide. It comes before the two the
-        // monitor is to show (the monitor ends after those two), and xlb has counted it.
-        let _ = tb.exec(Role::Client, &["curl", "-sS", "--noproxy", "*", "--max-time", "1", "http://10.250.100.4/"]);
-        let ttl_drops = || XlbStats::parse(&xlb.stats().unwrap_or_default()).drops("ttl_exceeded");
-        wait_for(Duration::from_secs(5), || (ttl_drops() > 0).then_some(()))
-            .unwrap_or_else(|| panic!("no ttl_exceeded drop for 10.250.100.4:\n{}", xlb.log()));
-        // Then the web VIP's.
-        let _ = tb.exec(Role::Client, &["curl", "-sS", "--noproxy", "*", "--max-time", "3", "http://10.250.100.1/"]);
+        assert!(services.contains("10.250.100.41:80"), "{services}");
+        // SYNs to the ingress IP of a Service whose endpoints are all on other nodes
+        // (`DROPPING_SERVICE`): xlb drops them (no_endpoints_drop). First a drop to another
+        // port, which the filter must hide. It comes before the two the monitor is to show
+        // (the monitor ends after those two), and xlb has counted it.
+        let _ =
+            tb.exec(Role::Client, &["curl", "-sS", "--noproxy", "*", "--max-time", "1", "http://10.250.100.41:9000/"]);
+        let drops = || XlbStats::parse(&xlb.stats().unwrap_or_default()).drops("no_endpoints_drop");
+        wait_for(Duration::from_secs(5), || (drops() > 0).then_some(()))
+            .unwrap_or_else(|| panic!("no no_endpoints_drop drop for 10.250.100.41:9000:\n{}", xlb.log()));
+        // Then port 80's.
+        let _ = tb.exec(Role::Client, &["curl", "-sS", "--noproxy", "*", "--max-time", "3", "http://10.250.100.41/"]);
         let (done, stdout, stderr) = finish(monitor);
         let frames = read_pcapng(&pcap);
         let _ = std::fs::remove_file(&pcap);
@@ -92,14 +92,14 @@ mod monitor {
         let lines: Vec<&str> = stdout.lines().collect();
         assert_eq!(lines.len(), 2, "{stdout}");
         for l in &lines {
-            assert!(l.contains(" drop ttl_exceeded tcp ") && l.contains(" -> 10.250.100.1:80 "), "{l}");
+            assert!(l.contains(" drop no_endpoints_drop tcp ") && l.contains(" -> 10.250.100.41:80 "), "{l}");
         }
         assert_eq!(frames.len(), 2);
         for (frame, comment) in &frames {
-            assert!(comment.starts_with("xlb: drop ttl_exceeded worker "), "{comment}");
-            // IPv4 destination (offset 30) is the VIP, TTL (offset 22) is 1.
-            assert_eq!(&frame[30..34], &[10, 250, 100, 1]);
-            assert_eq!(frame[22], 1);
+            assert!(comment.starts_with("xlb: drop no_endpoints_drop worker "), "{comment}");
+            // IPv4 destination (offset 30) is the ingress IP, TCP destination port (36) 80.
+            assert_eq!(&frame[30..34], &[10, 250, 100, 41]);
+            assert_eq!(&frame[36..38], &[0, 80]);
         }
         // The client is gone: the server notices (at its next tick) and turns the taps off.
         wait_for(Duration::from_secs(5), || xlb.log().contains("drop monitor stopped").then_some(()))

@@ -16,9 +16,9 @@ mod xlb {
 
     use socket2::{Domain, Protocol, Socket, Type};
     use xlb_e2e::{
-        AccessLogEntry, BACKENDS, CLIENT_V4, CLIENT_V6, DSR_VIP_V4, DsrDecap, HTTP_PORT, LB_BACKEND_SIDE_V4,
-        LB_CLIENT_SIDE_V4, LB_CLIENT_SIDE_V6, Role, ServiceReply, TCP_PORT, Testbed, Xlb, XlbStats, backend_of,
-        backend_v4, backend_v6, service_backends, skip_without_root, wait_for, xlb_binary,
+        AccessLogEntry, BACKENDS, CLIENT_V4, CLIENT_V6, DROPPING_LB_V4, DROPPING_SERVICE, DSR_VIP_V4, DsrDecap,
+        HTTP_PORT, LB_BACKEND_SIDE_V4, LB_CLIENT_SIDE_V4, LB_CLIENT_SIDE_V6, Role, ServiceReply, TCP_PORT, Testbed,
+        Xlb, XlbStats, backend_of, backend_v4, backend_v6, service_backends, skip_without_root, wait_for, xlb_binary,
     };
 
     /// The configuration every test starts from (the one `make demo` runs).
@@ -930,19 +930,73 @@ mod xlb {
         assert!(fed(Duration::from_secs(2)), "WATCHDOG=1 again once the worker runs");
     }
 
+    /// A client's datagram to a ClusterIP with TTL 1 would leave xlb with TTL 0: xlb answers
+    /// it with ICMP time exceeded in transit from the VIP (RFC 1812 §5.3.1; IPVS's
+    /// `decrement_ttl` does the same), which reaches the client (read on a raw ICMP socket:
+    /// from the VIP, type 11 code 0, quoting the datagram as it arrived) and is counted
+    /// `time_exceeded_sent`, the datagram not forwarded (no `ttl_exceeded` drop either).
+    #[test]
+    fn a_datagram_with_ttl_1_to_a_vip_is_answered_with_time_exceeded_from_the_vip() {
+        if skip_without_root("a_datagram_with_ttl_1_to_a_vip_is_answered_with_time_exceeded_from_the_vip") {
+            return;
+        }
+        let tb = testbed();
+        let xlb = start_xlb(&tb);
+        let stats = || XlbStats::parse(&xlb.stats().expect("xlb stats"));
+        // One answered query first: the backends' neighbours are resolved.
+        tb.udp_query(Role::Client, WEB_VIP.into(), DNS_PORT, b"warm").expect("udp via the ClusterIP");
+        let before = stats();
+        let dest = SocketAddr::new(WEB_VIP.into(), DNS_PORT);
+        let (port, answer) = tb
+            .in_ns(Role::Client, || {
+                let icmp = Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::ICMPV4)).expect("raw ICMP socket");
+                icmp.set_read_timeout(Some(Duration::from_millis(200))).expect("timeout");
+                let dying = std::net::UdpSocket::bind("0.0.0.0:0").expect("bind");
+                dying.set_ttl(1).expect("ttl 1");
+                let port = dying.local_addr().expect("local address").port();
+                dying.send_to(&[b'x'; 100], dest).expect("send ttl 1");
+                let deadline = Instant::now() + Duration::from_secs(3);
+                let mut buf = [0u8; 2048];
+                while Instant::now() < deadline {
+                    let Ok(n) = (&icmp).read(&mut buf) else { continue };
+                    // The IPv4 header (20 bytes), the ICMP header (8), the quoted IPv4 header
+                    // (20) and UDP header: the one about this datagram.
+                    let p = &buf[..n];
+                    if n >= 52 && p[20] == 11 && p[44..48] == WEB_VIP.octets() && p[48..50] == port.to_be_bytes() {
+                        return (port, Some(p.to_vec()));
+                    }
+                }
+                (port, None)
+            })
+            .expect("client namespace");
+        let p = answer.unwrap_or_else(|| panic!("no time exceeded about port {port}:\n{}", evidence(&xlb)));
+        assert_eq!(&p[12..16], &WEB_VIP.octets(), "from the VIP");
+        assert_eq!(&p[16..20], &CLIENT_V4.octets(), "to the client");
+        assert_eq!(p[21], 0, "code 0: TTL exceeded in transit");
+        assert_eq!(p[28 + 8], 1, "the datagram quoted as it arrived, TTL 1");
+        let after = wait_for(Duration::from_secs(5), || {
+            let s = stats();
+            (s.event("time_exceeded_sent") > before.event("time_exceeded_sent")).then_some(s)
+        })
+        .unwrap_or_else(|| panic!("time_exceeded_sent not counted:\n{}", evidence(&xlb)));
+        assert_eq!(after.event("time_exceeded_sent") - before.event("time_exceeded_sent"), 1);
+        assert_eq!(after.drops("ttl_exceeded"), before.drops("ttl_exceeded"), "answered, not dropped");
+    }
+
     /// Bytes by verdict, counted by the workers' loop: UDP datagrams of known sizes to the web
-    /// ClusterIP's dns port. With TTL 1 each is dropped (`ttl_exceeded`) with its 14 + 20 +
-    /// 8 + payload bytes; answered ones are counted `tx` in both directions (DNAT and un-DNAT
-    /// keep the length); every frame received is counted `rx` once per worker that processed
-    /// it, so `rx` = `tx` + `pass` + `handed_off` + drops (the one class the test does not
-    /// control, `pass`, is only in that sum).
+    /// ClusterIP's dns port, answered ones counted `tx` in both directions (DNAT and un-DNAT
+    /// keep the length), and to the ingress IP of a Service whose endpoints are all on other
+    /// nodes (`xlb_e2e::DROPPING_SERVICE`), each dropped (`no_endpoints_drop`) with its 14 +
+    /// 20 + 8 + payload bytes; every frame received is counted `rx` once per worker that
+    /// processed it, so `rx` = `tx` + `pass` + `handed_off` + drops (the one class the test
+    /// does not control, `pass`, is only in that sum).
     #[test]
     fn bytes_are_counted_by_verdict() {
         if skip_without_root("bytes_are_counted_by_verdict") {
             return;
         }
         let tb = testbed();
-        let xlb = start_xlb(&tb);
+        let xlb = Xlb::start(&tb, &format!("{CONFIG}{DROPPING_SERVICE}")).expect("xlb start");
         let stats = || XlbStats::parse(&xlb.stats().expect("xlb stats"));
         // Answered queries first (one flow per backend, round robin): the backends'
         // neighbours are resolved before the counted traffic.
@@ -950,17 +1004,17 @@ mod xlb {
             tb.udp_query(Role::Client, WEB_VIP.into(), DNS_PORT, b"warm").expect("udp via the ClusterIP");
         }
         let before = stats();
-        const TTL1: u64 = 7;
-        const TTL1_PAYLOAD: usize = 100;
+        const DROPPED: u64 = 7;
+        const DROPPED_PAYLOAD: usize = 100;
         const QUERIES: usize = 5;
         const QUERY_PAYLOAD: usize = 333;
         let dest = SocketAddr::new(WEB_VIP.into(), DNS_PORT);
+        let dropped_dest = SocketAddr::new(DROPPING_LB_V4.into(), DNS_PORT);
         let replies: Vec<usize> = tb
             .in_ns(Role::Client, || {
-                let dying = std::net::UdpSocket::bind("0.0.0.0:0").expect("bind");
-                dying.set_ttl(1).expect("ttl 1");
-                for _ in 0..TTL1 {
-                    dying.send_to(&[b'x'; TTL1_PAYLOAD], dest).expect("send ttl 1");
+                let dropped = std::net::UdpSocket::bind("0.0.0.0:0").expect("bind");
+                for _ in 0..DROPPED {
+                    dropped.send_to(&[b'x'; DROPPED_PAYLOAD], dropped_dest).expect("send to be dropped");
                 }
                 let sock = std::net::UdpSocket::bind("0.0.0.0:0").expect("bind");
                 sock.set_read_timeout(Some(Duration::from_secs(2))).expect("timeout");
@@ -974,23 +1028,23 @@ mod xlb {
                     .collect()
             })
             .expect("client namespace");
-        let ttl1_frame = (14 + 20 + 8 + TTL1_PAYLOAD) as u64;
+        let dropped_frame = (14 + 20 + 8 + DROPPED_PAYLOAD) as u64;
         let forward = (QUERIES * (14 + 20 + 8 + QUERY_PAYLOAD)) as u64;
         let back: u64 = replies.iter().map(|n| (14 + 20 + 8 + n) as u64).sum();
         // The counters are written after each batch is sent: wait until they show at least
         // what was sent and received, then require exactly that.
         let after = wait_for(Duration::from_secs(10), || {
             let s = stats();
-            (s.drops("ttl_exceeded") - before.drops("ttl_exceeded") >= TTL1
+            (s.drops("no_endpoints_drop") - before.drops("no_endpoints_drop") >= DROPPED
                 && s.bytes("tx") - before.bytes("tx") >= forward + back)
                 .then_some(s)
         })
         .unwrap_or_else(|| panic!("drops or bytes not counted:\n{}", evidence(&xlb)));
         let delta = |f: &dyn Fn(&XlbStats) -> u64| f(&after) - f(&before);
         println!("{}", xlb.stats().unwrap_or_default());
-        assert_eq!(delta(&|s| s.drops("ttl_exceeded")), TTL1);
-        assert_eq!(delta(&|s| s.drop_bytes("ttl_exceeded")), TTL1 * ttl1_frame, "{}", evidence(&xlb));
-        assert_eq!(delta(&|s| s.all_drop_bytes()), TTL1 * ttl1_frame, "no other drop: {}", evidence(&xlb));
+        assert_eq!(delta(&|s| s.drops("no_endpoints_drop")), DROPPED);
+        assert_eq!(delta(&|s| s.drop_bytes("no_endpoints_drop")), DROPPED * dropped_frame, "{}", evidence(&xlb));
+        assert_eq!(delta(&|s| s.all_drop_bytes()), DROPPED * dropped_frame, "no other drop: {}", evidence(&xlb));
         assert_eq!(delta(&|s| s.bytes("tx")), forward + back, "replies {replies:?}: {}", evidence(&xlb));
         // `pass` is not pinned: the kernel may route a packet of its own into the punt device
         // meanwhile (a run on 2026-11-25 saw one 90-byte frame there, counted

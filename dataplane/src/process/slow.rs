@@ -1128,7 +1128,10 @@ fn insert_direct<A: Fam, T: DirectTable<A>>(
     }
     c.count_packet(svc.id, b.this);
     let tcp = key.proto == proto::TCP;
-    super::fast::nat_forward_lane::<A>(c, &r, pkt, l.l3, tcp).unwrap_or(Verdict::Drop(DropReason::TtlExceeded))
+    match super::fast::nat_forward_lane::<A>(c, &r, pkt, l.l3, tcp) {
+        Some(v) => v,
+        None => ttl_expired_unparsed::<A>(c, pkt, in_port),
+    }
 }
 
 /// Whether lane `l`'s flow is new for the direct routes: it missed in stage 3 and is still
@@ -1300,7 +1303,10 @@ fn transmit_forward<A: Fam>(
     }
     if r.flags & flow_flags::DSR == 0 && super::fast::shaped::<A>(p) {
         // The packet has the fast parser's shape: the record's precomputed rewrite applies.
-        return super::fast::nat_forward::<A>(c, r, pkt, p).unwrap_or(Verdict::Drop(DropReason::TtlExceeded));
+        return match super::fast::nat_forward::<A>(c, r, pkt, p) {
+            Some(v) => v,
+            None => ttl_expired::<A>(c, pkt, p, r.in_port),
+        };
     }
     let action = if r.flags & flow_flags::DSR == 0 {
         FragAction::Nat { src: r.reply_dst, dst: r.backend_addr }
@@ -1323,7 +1329,7 @@ fn transmit_forward<A: Fam>(
         return Verdict::Drop(DropReason::FragmentUnrewritable);
     }
     if !nat::dec_ttl::<A>(pkt.frame_mut(), p) {
-        return Verdict::Drop(DropReason::TtlExceeded);
+        return ttl_expired::<A>(c, pkt, p, r.in_port);
     }
     if let Frag::First { id } = p.frag {
         let e = FragEntry { action, hop, backend: b.this, expires_s: c.now_s.saturating_add(c.cfg.frag_timeout_s) };
@@ -1334,6 +1340,35 @@ fn transmit_forward<A: Fam>(
         }
     }
     apply(pkt, p, action, r.bport, r.reply_dport, snat, hop)
+}
+
+/// The answer to a client's packet of a flow to a VIP whose TTL / hop limit would reach 0 on
+/// its way to the backend (the frame untouched: the rewrites check it before their first
+/// write): ICMP time exceeded in transit from the VIP (the packet's destination) back out of
+/// `in_port` (RFC 1812 §5.3.1; IPVS's `decrement_ttl` answers so, from the VIP it holds), within
+/// the worker's budget of ICMP errors; else a `ttl_exceeded` drop (no error may answer it,
+/// [`icmp::may_answer`]: a later IPv4 fragment, a source of no single host; or the budget is
+/// spent). Replies and translated ICMP errors whose TTL runs out are dropped without an answer
+/// (a reply's destination is no address of the node's; an error never answers an error).
+#[cold]
+#[inline(never)]
+fn ttl_expired<A: Fam>(c: &mut Common, pkt: &mut Packet<'_>, p: &Parsed, in_port: u8) -> Verdict {
+    if icmp::may_answer::<A>(pkt.frame(), p) && c.admit_icmp_error() && icmp::time_exceeded::<A>(pkt, p) {
+        c.counters.event(Event::TimeExceededSent);
+        return Verdict::Tx { port: in_port };
+    }
+    Verdict::Drop(DropReason::TtlExceeded)
+}
+
+/// [`ttl_expired`] for a fast-parsed packet of the direct routes, which carry no full parse:
+/// the frame is parsed here.
+#[cold]
+#[inline(never)]
+fn ttl_expired_unparsed<A: Fam>(c: &mut Common, pkt: &mut Packet<'_>, in_port: u8) -> Verdict {
+    match wire::parse(pkt.frame()) {
+        Ok(Some(p)) => ttl_expired::<A>(c, pkt, &p, in_port),
+        _ => Verdict::Drop(DropReason::TtlExceeded),
+    }
 }
 
 /// Whether `p` is an SCTP first fragment whose destination port becomes `dport` and, if
@@ -1510,7 +1545,7 @@ fn later_fragment<A: Fam>(
         return v;
     }
     if !nat::dec_ttl::<A>(pkt.frame_mut(), p) {
-        return Verdict::Drop(DropReason::TtlExceeded);
+        return ttl_expired::<A>(c, pkt, p, in_port);
     }
     c.counters.event(Event::FragmentForwarded);
     if let Some(b) = t.backend(e.backend)
