@@ -110,20 +110,26 @@ fn service(name: &str, frontends: Vec<Frontend>, backends: Vec<BackendSpec>, mod
     }
 }
 
+/// The standard setup's web service (see [`spec`]): ClusterIP :80/TCP and :53/UDP and NodePort
+/// :30080 (masqueraded) to backend 0's 8080, round robin.
+fn standard_web(f: Fam) -> ServiceSpec {
+    service(
+        "default/web:http",
+        vec![
+            Frontend::new(f.vip, L4Proto::Tcp, 80, FrontendKind::ClusterIp, false),
+            Frontend::new(f.vip, L4Proto::Udp, 53, FrontendKind::ClusterIp, false),
+            Frontend::new(f.node, L4Proto::Tcp, 30080, FrontendKind::NodePort, true),
+        ],
+        vec![local_backend(f.backends[0], 8080)],
+        ForwardingMode::Nat,
+    )
+}
+
 /// The standard setup for a family: one web service (ClusterIP :80 → :8080, NodePort
 /// :30080 masqueraded, LB IP :80 with source ranges), one backend unless told otherwise.
 fn spec(f: Fam, mut services: Vec<ServiceSpec>) -> TablesSpec {
     if services.is_empty() {
-        services.push(service(
-            "default/web:http",
-            vec![
-                Frontend::new(f.vip, L4Proto::Tcp, 80, FrontendKind::ClusterIp, false),
-                Frontend::new(f.vip, L4Proto::Udp, 53, FrontendKind::ClusterIp, false),
-                Frontend::new(f.node, L4Proto::Tcp, 30080, FrontendKind::NodePort, true),
-            ],
-            vec![local_backend(f.backends[0], 8080)],
-            ForwardingMode::Nat,
-        ));
+        services.push(standard_web(f));
     }
     let (dsr4, dsr6) =
         if f.v6 { (None, Some(Cidr { addr: f.dsr, len: 128 })) } else { (Some(Cidr { addr: f.dsr, len: 32 }), None) };
@@ -1425,16 +1431,7 @@ fn rows_for(f: Fam) -> Vec<Row> {
         ],
     ));
     // The same on a Maglev service, whose new flows take the slow path's direct route.
-    let mut web = service(
-        "default/web:http",
-        vec![
-            Frontend::new(f.vip, L4Proto::Tcp, 80, FrontendKind::ClusterIp, false),
-            Frontend::new(f.vip, L4Proto::Udp, 53, FrontendKind::ClusterIp, false),
-            Frontend::new(f.node, L4Proto::Tcp, 30080, FrontendKind::NodePort, true),
-        ],
-        vec![local_backend(f.backends[0], 8080)],
-        ForwardingMode::Nat,
-    );
+    let mut web = standard_web(f);
     web.scheduler = Scheduler::Maglev { port: true };
     rows.push(row(
         "ttl_one_on_the_direct_route_is_answered_with_time_exceeded_from_the_vip",
