@@ -1,16 +1,16 @@
 //! A node whose two ports differ in MTU, end to end (docs/reliability.md, "The out port's MTU in
 //! NAT mode"): xlb two-armed between a client (`c0` ↔ `l0`, port 0) and a backend (`l1` ↔ `b0`,
-//! port 1), one side at 1,500 bytes and the other at 1,400, a ClusterIP UDP Service (DNAT) in
-//! front of the backend. The backend echoes each datagram's length or, asked with `big N`,
-//! answers `N` bytes.
+//! port 1), one side at 1,500 bytes and the other at 1,400, a dual-stack ClusterIP UDP Service
+//! (DNAT) in front of the backend. The backend echoes each datagram's length or, asked with
+//! `big N`, answers `N` bytes. Each test runs over IPv4 and over IPv6.
 //!
 //! - Backends' side smaller: a client's datagram that fills the backends' MTU exactly reaches
-//!   the backend whole. One of 1,500 bytes with DF (Linux's default for UDP) is answered with
-//!   "fragmentation needed" carrying MTU 1,400 (RFC 1191): the client's kernel records that
-//!   path MTU for the VIP, and the same datagram sent again leaves the client in fragments
-//!   that xlb forwards and the backend reassembles. Without the check xlb would send the
-//!   1,500-byte frame out of `l1` and the kernel would lose it there: no error, nothing
-//!   recorded, the datagram lost every time.
+//!   the backend whole. One of 1,500 bytes (with DF, Linux's default for UDP over IPv4) is
+//!   answered with "fragmentation needed" (RFC 1191) or "packet too big" (RFC 8201) carrying
+//!   MTU 1,400: the client's kernel records that path MTU for the VIP, and the same datagram
+//!   sent again leaves the client in fragments that xlb forwards and the backend reassembles.
+//!   Without the check xlb would send the 1,500-byte frame out of `l1` and the kernel would
+//!   lose it there: no error, nothing recorded, the datagram lost every time.
 //! - Clients' side smaller: the same for the backend's answers (the error goes to the backend,
 //!   whose kernel records the path MTU towards the client).
 //!
@@ -26,11 +26,37 @@ use std::time::{Duration, Instant};
 use xlb_e2e::{XlbStats, xlb_binary};
 use xlb_testkit::{ChildGuard, Netns, have_tool, skip_without_root};
 
-const CLIENT: &str = "10.253.0.2";
-const LB0: &str = "10.253.0.1";
-const LB1: &str = "10.253.1.1";
-const BACKEND: &str = "10.253.1.11";
-const VIP: &str = "10.253.100.1";
+/// The addresses of one family: client, node on the clients' side, node on the backends'
+/// side, backend, VIP; the prefix length of the two links; the IP header's length.
+#[derive(Clone, Copy)]
+struct Fam {
+    client: &'static str,
+    lb0: &'static str,
+    lb1: &'static str,
+    backend: &'static str,
+    vip: &'static str,
+    len: u8,
+    header: usize,
+}
+
+const V4: Fam = Fam {
+    client: "10.253.0.2",
+    lb0: "10.253.0.1",
+    lb1: "10.253.1.1",
+    backend: "10.253.1.11",
+    vip: "10.253.100.1",
+    len: 24,
+    header: 20,
+};
+const V6: Fam = Fam {
+    client: "fd00:253::2",
+    lb0: "fd00:253::1",
+    lb1: "fd00:253:1::1",
+    backend: "fd00:253:1::11",
+    vip: "fd00:253:100::1",
+    len: 64,
+    header: 40,
+};
 const PORT: u16 = 9000;
 const MAC_C0: &str = "02:00:0a:fd:00:02";
 const MAC_L0: &str = "02:00:0a:fd:00:01";
@@ -43,7 +69,7 @@ fn config() -> String {
         r#"apiVersion: xlb.dev/v1alpha1
 kind: XlbConfiguration
 nodeName: mtu-node
-nodeAddresses: [{LB0}]
+nodeAddresses: [{lb0}, "{lb0_6}"]
 shutdownGracePeriod: 0s
 healthzBindAddress: 127.0.0.1:10256
 metricsBindAddress: 127.0.0.1:10249
@@ -58,8 +84,10 @@ kind: Service
 metadata: {{name: echo, namespace: mtu}}
 spec:
   type: ClusterIP
-  clusterIP: {VIP}
-  clusterIPs: [{VIP}]
+  clusterIP: {vip}
+  clusterIPs: [{vip}, "{vip6}"]
+  ipFamilies: [IPv4, IPv6]
+  ipFamilyPolicy: RequireDualStack
   ports:
   - {{name: echo, port: {PORT}, protocol: UDP, targetPort: {PORT}}}
 ---
@@ -71,10 +99,28 @@ metadata:
   labels: {{kubernetes.io/service-name: echo}}
 addressType: IPv4
 endpoints:
-- {{addresses: [{BACKEND}], conditions: {{ready: true, serving: true, terminating: false}}}}
+- {{addresses: [{backend}], conditions: {{ready: true, serving: true, terminating: false}}}}
 ports:
 - {{name: echo, port: {PORT}, protocol: UDP}}
-"#
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: echo-2
+  namespace: mtu
+  labels: {{kubernetes.io/service-name: echo}}
+addressType: IPv6
+endpoints:
+- {{addresses: ["{backend6}"], conditions: {{ready: true, serving: true, terminating: false}}}}
+ports:
+- {{name: echo, port: {PORT}, protocol: UDP}}
+"#,
+        lb0 = V4.lb0,
+        lb0_6 = V6.lb0,
+        vip = V4.vip,
+        vip6 = V6.vip,
+        backend = V4.backend,
+        backend6 = V6.backend,
     )
 }
 
@@ -105,25 +151,30 @@ impl Net {
             "link", "add", "l1", "address", MAC_L1, "type", "veth", "peer", "name", "b0", "netns", b, "address", MAC_B0,
         ]);
         let (cm, bm) = (client_mtu.to_string(), backend_mtu.to_string());
-        for (ns, dev, mtu, addr) in
-            [(&client, "c0", &cm, CLIENT), (&lb, "l0", &cm, LB0), (&lb, "l1", &bm, LB1), (&backend, "b0", &bm, BACKEND)]
-        {
+        for (ns, dev, mtu) in [(&client, "c0", &cm), (&lb, "l0", &cm), (&lb, "l1", &bm), (&backend, "b0", &bm)] {
             ns.ip(&["link", "set", dev, "mtu", mtu, "up"]);
-            ns.ip(&["addr", "add", &format!("{addr}/24"), "dev", dev]);
         }
         // Frames with complete checksums (veth leaves them to the receiver otherwise, and xlb
         // updates them incrementally), as deploy/testbed.sh does.
         client.sh(&["ethtool", "-K", "c0", "tx", "off"]);
         backend.sh(&["ethtool", "-K", "b0", "tx", "off"]);
-        client.ip(&["route", "add", "10.253.100.0/24", "via", LB0]);
-        backend.ip(&["route", "add", "default", "via", LB1]);
-        for (ns, addr, mac, dev) in [
-            (&client, LB0, MAC_L0, "c0"),
-            (&lb, CLIENT, MAC_C0, "l0"),
-            (&lb, BACKEND, MAC_B0, "l1"),
-            (&backend, LB1, MAC_L1, "b0"),
-        ] {
-            ns.ip(&["neigh", "replace", addr, "lladdr", mac, "dev", dev, "nud", "permanent"]);
+        for f in [V4, V6] {
+            for (ns, dev, addr) in
+                [(&client, "c0", f.client), (&lb, "l0", f.lb0), (&lb, "l1", f.lb1), (&backend, "b0", f.backend)]
+            {
+                // No duplicate address detection: the addresses are usable at once.
+                ns.ip(&["addr", "add", &format!("{addr}/{}", f.len), "dev", dev, "nodad"]);
+            }
+            client.ip(&["route", "add", f.vip, "via", f.lb0]);
+            backend.ip(&["route", "add", "default", "via", f.lb1]);
+            for (ns, addr, mac, dev) in [
+                (&client, f.lb0, MAC_L0, "c0"),
+                (&lb, f.client, MAC_C0, "l0"),
+                (&lb, f.backend, MAC_B0, "l1"),
+                (&backend, f.lb1, MAC_L1, "b0"),
+            ] {
+                ns.ip(&["neigh", "replace", addr, "lladdr", mac, "dev", dev, "nud", "permanent"]);
+            }
         }
         Self { client, lb, backend, stop: Arc::new(AtomicBool::new(false)) }
     }
@@ -159,7 +210,8 @@ fn stats(dir: &Path) -> XlbStats {
 /// The backend's server: answers each datagram with its length in ASCII, or a datagram of
 /// `N` bytes to `big N`. Runs until `net` goes.
 fn serve(net: &Net) {
-    let sock = net.backend.run_in(|| UdpSocket::bind(("0.0.0.0", PORT)).expect("bind"));
+    // Both families on one socket (IPv4 clients as mapped addresses).
+    let sock = net.backend.run_in(|| UdpSocket::bind(("::", PORT)).expect("bind"));
     sock.set_read_timeout(Some(Duration::from_millis(100))).expect("timeout");
     let stop = Arc::clone(&net.stop);
     std::thread::spawn(move || {
@@ -216,19 +268,20 @@ fn wait<T>(within: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
 }
 
 /// Sets up the network and xlb with the two MTUs and returns them with the client's socket
-/// (connected to the VIP), once a small datagram went through.
-fn setup(client_mtu: u16, backend_mtu: u16, dir: &Path) -> (Net, ChildGuard, UdpSocket) {
+/// of family `f` (connected to the VIP), once a small datagram went through.
+fn setup(f: Fam, client_mtu: u16, backend_mtu: u16, dir: &Path) -> (Net, ChildGuard, UdpSocket) {
     let net = Net::up(client_mtu, backend_mtu);
     serve(&net);
     let xlb = spawn_xlb(&net.lb, dir);
+    let vip: std::net::IpAddr = f.vip.parse().expect("VIP");
     let sock = net.client.run_in(|| {
-        let s = UdpSocket::bind("0.0.0.0:0").expect("bind");
-        s.connect(SocketAddr::from(([10, 253, 100, 1], PORT))).expect("connect");
+        let s = UdpSocket::bind(if vip.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }).expect("bind");
+        s.connect(SocketAddr::new(vip, PORT)).expect("connect");
         s.set_read_timeout(Some(Duration::from_millis(300))).expect("timeout");
         s
     });
     let log = || std::fs::read_to_string(dir.join("xlb.log")).unwrap_or_default();
-    assert_eq!(ask(&sock, b"hi", 100).as_deref(), Some(&b"2"[..]), "xlb forwards\n{}", log());
+    assert_eq!(ask(&sock, b"hi", 100).as_deref(), Some(&b"2"[..]), "xlb forwards {}\n{}", f.vip, log());
     (net, xlb, sock)
 }
 
@@ -240,22 +293,27 @@ fn a_datagram_larger_than_the_backends_smaller_port_is_answered_with_fragmentati
     {
         return;
     }
-    let dir = tempfile::tempdir().expect("dir");
-    let (net, _xlb, sock) = setup(1500, 1400, dir.path());
-    let log = || std::fs::read_to_string(dir.path().join("xlb.log")).unwrap_or_default();
-    // 1,372 bytes of data: a 1,400-byte IP packet, the backends' MTU exactly.
-    assert_eq!(ask(&sock, &[b'a'; 1372], 5).as_deref(), Some(&b"1372"[..]), "fits\n{}", log());
-    assert_eq!(path_mtu(&net.client, VIP), None, "no path MTU recorded yet");
-    let before = stats(dir.path()).event("too_big_sent");
-    // 1,472 bytes: a 1,500-byte packet with DF; xlb answers, the client records 1,400.
-    sock.send(&[b'a'; 1472]).expect("send");
-    let recorded = wait(Duration::from_secs(3), || path_mtu(&net.client, VIP));
-    assert_eq!(recorded, Some(1400), "the client's kernel took xlb's fragmentation needed\n{}", log());
-    assert!(stats(dir.path()).event("too_big_sent") > before, "counted");
-    // Sent again: in fragments of at most 1,400 bytes, which reach the backend and are
-    // reassembled there.
-    let got = ask(&sock, &[b'a'; 1472], 5);
-    assert_eq!(got.as_deref(), Some(&b"1472"[..]), "arrives in fragments\n{}", log());
+    for f in [V4, V6] {
+        let dir = tempfile::tempdir().expect("dir");
+        let (net, _xlb, sock) = setup(f, 1500, 1400, dir.path());
+        let log = || format!("{}:\n{}", f.vip, std::fs::read_to_string(dir.path().join("xlb.log")).unwrap_or_default());
+        // A 1,400-byte IP packet, the backends' MTU exactly.
+        let fits = 1400 - f.header - 8;
+        let answer = ask(&sock, &vec![b'a'; fits], 5);
+        assert_eq!(answer, Some(fits.to_string().into_bytes()), "fits {}", log());
+        assert_eq!(path_mtu(&net.client, f.vip), None, "no path MTU recorded yet {}", log());
+        let before = stats(dir.path()).event("too_big_sent");
+        // A 1,500-byte packet (DF over IPv4); xlb answers, the client records 1,400.
+        let big = 1500 - f.header - 8;
+        sock.send(&vec![b'a'; big]).expect("send");
+        let recorded = wait(Duration::from_secs(3), || path_mtu(&net.client, f.vip));
+        assert_eq!(recorded, Some(1400), "the client's kernel took xlb's answer {}", log());
+        assert!(stats(dir.path()).event("too_big_sent") > before, "counted {}", log());
+        // Sent again: in fragments of at most 1,400 bytes, which reach the backend and are
+        // reassembled there.
+        let answer = ask(&sock, &vec![b'a'; big], 5);
+        assert_eq!(answer, Some(big.to_string().into_bytes()), "arrives in fragments {}", log());
+    }
 }
 
 #[test]
@@ -266,19 +324,25 @@ fn an_answer_larger_than_the_clients_smaller_port_is_answered_with_fragmentation
     {
         return;
     }
-    let dir = tempfile::tempdir().expect("dir");
-    let (net, _xlb, sock) = setup(1400, 1500, dir.path());
-    let log = || std::fs::read_to_string(dir.path().join("xlb.log")).unwrap_or_default();
-    // The clients' MTU exactly.
-    assert_eq!(ask(&sock, b"big 1372", 5).map(|a| a.len()), Some(1372), "fits\n{}", log());
-    let before = stats(dir.path()).event("too_big_sent");
-    // A 1,500-byte answer: xlb sends the error to the backend, whose kernel records 1,400
-    // towards the client (DNAT keeps the client's address) and fragments the next answer.
-    let mut buf = [0u8; 2048];
-    sock.send(b"big 1472").expect("send");
-    assert!(sock.recv(&mut buf).is_err(), "the first answer does not leave oversized");
-    let recorded = wait(Duration::from_secs(3), || path_mtu(&net.backend, CLIENT));
-    assert_eq!(recorded, Some(1400), "the backend's kernel took xlb's fragmentation needed\n{}", log());
-    assert!(stats(dir.path()).event("too_big_sent") > before, "counted");
-    assert_eq!(ask(&sock, b"big 1472", 5).map(|a| a.len()), Some(1472), "arrives in fragments\n{}", log());
+    for f in [V4, V6] {
+        let dir = tempfile::tempdir().expect("dir");
+        let (net, _xlb, sock) = setup(f, 1400, 1500, dir.path());
+        let log = || format!("{}:\n{}", f.vip, std::fs::read_to_string(dir.path().join("xlb.log")).unwrap_or_default());
+        // The clients' MTU exactly.
+        let fits = 1400 - f.header - 8;
+        let answer = ask(&sock, format!("big {fits}").as_bytes(), 5);
+        assert_eq!(answer.map(|a| a.len()), Some(fits), "fits {}", log());
+        let before = stats(dir.path()).event("too_big_sent");
+        // A 1,500-byte answer: xlb sends the error to the backend, whose kernel records 1,400
+        // towards the client (DNAT keeps the client's address) and fragments the next answer.
+        let big = 1500 - f.header - 8;
+        let mut buf = [0u8; 2048];
+        sock.send(format!("big {big}").as_bytes()).expect("send");
+        assert!(sock.recv(&mut buf).is_err(), "the first answer does not leave oversized {}", log());
+        let recorded = wait(Duration::from_secs(3), || path_mtu(&net.backend, f.client));
+        assert_eq!(recorded, Some(1400), "the backend's kernel took xlb's answer {}", log());
+        assert!(stats(dir.path()).event("too_big_sent") > before, "counted {}", log());
+        let answer = ask(&sock, format!("big {big}").as_bytes(), 5);
+        assert_eq!(answer.map(|a| a.len()), Some(big), "arrives in fragments {}", log());
+    }
 }
