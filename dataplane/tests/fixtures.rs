@@ -1735,6 +1735,55 @@ fn fragment_rows_v6() -> Vec<Row> {
         spec(f, vec![]),
         vec![step("first fragment", zero_in, Expect::Tx(zero_out))],
     ));
+    // A DNAT reply's series: its later fragment whose hop limit runs out is dropped, not
+    // answered (time exceeded answers a client's packet to a VIP from the VIP; a reply's
+    // destination, the client, is no address of the node's to answer from).
+    let b0 = f.backends[0];
+    let rfrag = |src: IpAddr, sport: u16, first: bool, ttl: u8, macs: ([u8; 6], [u8; 6])| {
+        let off_m: u16 = if first { 1 } else { 4 << 3 };
+        let om = off_m.to_be_bytes();
+        let fh = vec![proto::UDP, 0, om[0], om[1], 0, 0, 0x43, 0x43];
+        let payload: Vec<u8> = if first { udp_datagram(sport, 5000, &[0x43; 24]) } else { vec![0x43; 16] };
+        let o = IpOpts { ttl, v6_ext: vec![(proto::FRAGMENT, fh)], ..IpOpts::default() };
+        let mut fr = Frame::ip(src, c, 253, &payload, &o);
+        fr.bytes[20] = proto::FRAGMENT;
+        fr.bytes[54] = proto::UDP;
+        if first {
+            fr.bytes[66..68].copy_from_slice(&48u16.to_be_bytes());
+        }
+        fr.macs(macs.0, macs.1);
+        fr.bytes
+    };
+    let (IpAddr::V6(vip6), IpAddr::V6(b6)) = (f.vip, b0) else { unreachable!() };
+    let reply_first = rfrag(b0, 8080, true, 64, from_b(0));
+    let mut reply_first_out = rfrag(f.vip, 53, true, 63, OUT);
+    let hc = u16::from_be_bytes([reply_first[68], reply_first[69]]);
+    let hc = dataplane::csum::update_bytes(hc, &b6.octets(), &vip6.octets());
+    let hc = dataplane::csum::update_bytes(hc, &8080u16.to_be_bytes(), &53u16.to_be_bytes());
+    reply_first_out[68..70].copy_from_slice(&hc.to_be_bytes());
+    rows.push(row(
+        "a_replys_later_fragment_whose_hop_limit_runs_out_is_dropped_unanswered",
+        f,
+        spec(f, vec![]),
+        vec![
+            step(
+                "the client's datagram",
+                udp(c, 5000, f.vip, 53, 64, IN),
+                Expect::Tx(udp(c, 5000, b0, 8080, 63, to_b(0))),
+            ),
+            step("the backend's first fragment", reply_first, Expect::Tx(reply_first_out)),
+            step(
+                "its later fragment with hop limit 1",
+                rfrag(b0, 8080, false, 1, from_b(0)),
+                Expect::Drop(DropReason::TtlExceeded),
+            ),
+            step(
+                "its later fragment with hop limit 64",
+                rfrag(b0, 8080, false, 64, from_b(0)),
+                Expect::Tx(rfrag(f.vip, 53, false, 63, OUT)),
+            ),
+        ],
+    ));
     rows.extend(fragment_rows_v6_behind_destination_options());
     rows
 }

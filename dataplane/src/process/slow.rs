@@ -1348,8 +1348,9 @@ fn transmit_forward<A: Fam>(
 /// `in_port` (RFC 1812 §5.3.1; IPVS's `decrement_ttl` answers so, from the VIP it holds), within
 /// the worker's budget of ICMP errors; else a `ttl_exceeded` drop (no error may answer it,
 /// [`icmp::may_answer`]: a later IPv4 fragment, a source of no single host; or the budget is
-/// spent). Replies and translated ICMP errors whose TTL runs out are dropped without an answer
-/// (a reply's destination is no address of the node's; an error never answers an error).
+/// spent). Replies, later fragments (their series may be a reply's) and translated ICMP
+/// errors whose TTL runs out are dropped without an answer (a reply's destination is no
+/// address of the node's; an error never answers an error).
 #[cold]
 #[inline(never)]
 fn ttl_expired<A: Fam>(c: &mut Common, pkt: &mut Packet<'_>, p: &Parsed, in_port: u8) -> Verdict {
@@ -1545,7 +1546,10 @@ fn later_fragment<A: Fam>(
         return v;
     }
     if !nat::dec_ttl::<A>(pkt.frame_mut(), p) {
-        return ttl_expired::<A>(c, pkt, p, in_port);
+        // Unanswered (`ttl_expired` answers a client's packet to a VIP): the series may be a
+        // backend's reply, whose destination is no address of the node's, and over IPv4 no
+        // error may answer a later fragment anyway.
+        return Verdict::Drop(DropReason::TtlExceeded);
     }
     c.counters.event(Event::FragmentForwarded);
     if let Some(b) = t.backend(e.backend)
