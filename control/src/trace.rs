@@ -77,8 +77,8 @@ pub(crate) struct Traced {
     /// The flow's backend after the frame (`address:port`), when it has a flow.
     pub backend: Option<SocketAddr>,
     /// `dnat`, `snat`, `dsr`, `reply` (a backend's reply translated back), `reject`, `rst`,
-    /// `icmp` (an ICMP error translated), `too_big`, `tx` (other transmit), `pass`, `drop`,
-    /// `handoff`.
+    /// `icmp` (an ICMP error translated), `too_big`, `time_exceeded` (ICMP time exceeded sent
+    /// back for a TTL that ran out), `tx` (other transmit), `pass`, `drop`, `handoff`.
     pub action: &'static str,
     /// The drop reason (`DropReason::name`) for `drop`.
     pub drop_reason: Option<&'static str>,
@@ -215,6 +215,8 @@ impl Tracer {
                     "rst"
                 } else if has(Event::TooBigSent) {
                     "too_big"
+                } else if has(Event::TimeExceededSent) {
+                    "time_exceeded"
                 } else if has(Event::IcmpTranslated) {
                     "icmp"
                 } else {
