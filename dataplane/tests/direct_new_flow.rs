@@ -643,6 +643,48 @@ fn flows_between_ports_of_different_mtus_take_the_fast_stage_with_every_packet_t
     }
 }
 
+/// A node with two ports on the clients' side (0 and 2, MTU 9,000) and the backends behind
+/// port 1 (MTU 1,500): an ICMP error answering a packet of a known flow leaves on the port that
+/// packet came in on, to the MAC it came from, even when the flow's first packet came in on the
+/// other (the record's `in_port`, where replies go): "fragmentation needed" for a packet too
+/// big for the backends' port, time exceeded for a TTL that runs out. On the record's port
+/// instead, the error would reach no one.
+#[test]
+fn errors_about_a_known_flows_packet_leave_on_the_port_it_came_in_on() {
+    let mut spec = harness::spec();
+    spec.ports[0].mtu = 9000;
+    spec.ports[1].mtu = 1500;
+    spec.ports.push(dataplane::tables::PortSpec { name: "client2".into(), mac: [2, 0, 0, 0, 2, 0xfd], mtu: 9000 });
+    let t = TableBuilder::new().build(&spec).unwrap_or_else(|e| panic!("spec: {e}"));
+    let cfg = PipelineConfig { conntrack_capacity: 4096, ..harness::config() };
+    let mut p = Pipeline::new(cfg, harness::SEED);
+    let (c4, vip4) = (v4([10, 0, 0, 7]), v4(harness::VIP4));
+    // One frame through the pipeline, arrived on `port`: its verdict and bytes.
+    let mut one = |frame: Vec<u8>, port: u8, batch: u64| {
+        p.begin_batch(&t, harness::NOW_MS + 100 * batch);
+        let mut buf = frame.clone();
+        buf.resize(frame.len() + harness::TAILROOM, 0);
+        let mut pkt = Packet::new(&mut buf, 0, frame.len());
+        let v = p.process(&t, &mut pkt, port);
+        (v, pkt.frame().to_vec())
+    };
+    let segment = |flags: u8, ttl: u8, len: usize| {
+        let o = IpOpts { ttl, ..IpOpts::default() };
+        let data = vec![0x61; len - 40];
+        Frame::ip(c4, vip4, proto::TCP, &tcp_segment(30_000, 80, flags, 1000, 7000, &data), &o).bytes
+    };
+    let (v, _) = one(segment(tcp_flags::SYN, 64, 40), 0, 0);
+    assert_eq!(v, Verdict::Tx { port: 1 }, "the flow's SYN, in on port 0");
+    for (what, frame) in [("1,600 bytes", segment(tcp_flags::ACK, 64, 1600)), ("TTL 1", segment(tcp_flags::ACK, 1, 40))]
+    {
+        let src_mac = frame[6..12].to_vec();
+        let (v, out) = one(frame, 2, 1);
+        assert_eq!(v, Verdict::Tx { port: 2 }, "{what}, in on port 2: the error leaves there");
+        assert_eq!(out[0..6], src_mac[..], "{what}: to the MAC it came from");
+        assert_eq!(out[23], proto::ICMP, "{what}: an ICMP error");
+    }
+}
+
 /// The next packets of DSR flows (IPIP, IP6IP6, and L2 DSR over UDP) are rewritten by the fast
 /// stage (stage 3, `dsr_at`) into the frames the slow path makes of them (`nat::encap_at`,
 /// which the slow path runs when a record is stale: the same tables built again, one

@@ -685,7 +685,7 @@ fn forward<A: Fam>(
                 backend = Some(b);
             }
             match (backend, reuse) {
-                (Some(b), false) => return established::<A>(st, c, t, pkt, p, &hit, r, b),
+                (Some(b), false) => return established::<A>(st, c, t, pkt, p, &hit, r, b, in_port),
                 (_, true) => {
                     // A new connection on the tuple of a closing one (IPVS conn_reuse_mode),
                     // whether or not the closing one's backend is still in the tables.
@@ -737,9 +737,9 @@ fn remove_flow<A: Fam>(st: &mut FamState<A>, c: &mut Common, id: conntrack::RecI
     }
 }
 
-/// A packet of a tracked flow whose record the fast stage could not use: state, expiry and
-/// counters as usual, the record refreshed from the tables (next hop, service) and stamped
-/// with their generation, then the rewrite.
+/// A packet of a tracked flow whose record the fast stage could not use, arrived on
+/// `in_port`: state, expiry and counters as usual, the record refreshed from the tables (next
+/// hop, service) and stamped with their generation, then the rewrite.
 #[expect(clippy::too_many_arguments, reason = "the pipeline's stage inputs, all borrowed")]
 fn established<A: Fam>(
     st: &mut FamState<A>,
@@ -750,6 +750,7 @@ fn established<A: Fam>(
     hit: &Hit,
     mut r: Rec<A>,
     b: &Backend,
+    in_port: u8,
 ) -> Verdict {
     let old = r.ct_state();
     let new = if p.proto == proto::TCP { conntrack::tcp_next(old, p.tcp_flags) } else { old };
@@ -767,7 +768,7 @@ fn established<A: Fam>(
     if new.is_evictable() != old.is_evictable() {
         st.ct.set_evictable(hit, new.is_evictable());
     }
-    transmit_forward::<A>(st, c, t, pkt, p, &r, b)
+    transmit_forward::<A>(st, c, t, pkt, p, &r, b, in_port)
 }
 
 /// Recomputes the parts of a record that depend on the tables (next hop, service id, the outer
@@ -983,7 +984,7 @@ fn new_flow<A: Fam>(
         c.counters.event(Event::FlowPickedUp);
     }
     c.count_packet(svc.id, b.this);
-    transmit_forward::<A>(st, c, t, pkt, p, &r, b)
+    transmit_forward::<A>(st, c, t, pkt, p, &r, b, in_port)
 }
 
 /// A new flow of the most common kind, which stage 4 found (`Misses::direct`; packet `i` of
@@ -1283,9 +1284,12 @@ pub(super) fn run_direct<'t, A: Fam>(
     RunStop::Left
 }
 
-/// Applies the forwarding mode of record `r` to a client → service packet of the slow path:
-/// next hop, MTU check for encapsulation (RFC 1191 / RFC 8201 answer), TTL, the fragment
-/// record of a first fragment, then the rewrite.
+/// Applies the forwarding mode of record `r` to a client → service packet of the slow path
+/// that arrived on `in_port`: next hop, MTU check (RFC 1191 / RFC 8201 answer), TTL, the
+/// fragment record of a first fragment, then the rewrite. An ICMP error answering the packet
+/// leaves on `in_port`, to the MAC the packet came from: the flow's first packet may have come
+/// in on another port (`r.in_port`, where its replies go).
+#[expect(clippy::too_many_arguments, reason = "the pipeline's stage inputs, all borrowed")]
 fn transmit_forward<A: Fam>(
     st: &mut FamState<A>,
     c: &mut Common,
@@ -1294,10 +1298,11 @@ fn transmit_forward<A: Fam>(
     p: &Parsed,
     r: &Rec<A>,
     b: &Backend,
+    in_port: u8,
 ) -> Verdict {
     let Some(hop) = flow_hop(t, b, r) else { return Verdict::Drop(DropReason::NoNeighbour) };
     if r.flags & flow_flags::MTU_CHECK != 0
-        && let Some(v) = too_big::<A>(c, pkt, p, FragAction::L2, hop, r.in_port)
+        && let Some(v) = too_big::<A>(c, pkt, p, FragAction::L2, hop, in_port)
     {
         return v;
     }
@@ -1305,7 +1310,7 @@ fn transmit_forward<A: Fam>(
         // The packet has the fast parser's shape: the record's precomputed rewrite applies.
         return match super::fast::nat_forward::<A>(c, r, pkt, p) {
             Some(v) => v,
-            None => ttl_expired::<A>(c, pkt, p, r.in_port),
+            None => ttl_expired::<A>(c, pkt, p, in_port),
         };
     }
     let action = if r.flags & flow_flags::DSR == 0 {
@@ -1319,7 +1324,7 @@ fn transmit_forward<A: Fam>(
         FragAction::L2
     };
     if matches!(action, FragAction::Encap { .. })
-        && let Some(v) = too_big::<A>(c, pkt, p, action, hop, r.in_port)
+        && let Some(v) = too_big::<A>(c, pkt, p, action, hop, in_port)
     {
         return v;
     }
@@ -1329,7 +1334,7 @@ fn transmit_forward<A: Fam>(
         return Verdict::Drop(DropReason::FragmentUnrewritable);
     }
     if !nat::dec_ttl::<A>(pkt.frame_mut(), p) {
-        return ttl_expired::<A>(c, pkt, p, r.in_port);
+        return ttl_expired::<A>(c, pkt, p, in_port);
     }
     if let Frag::First { id } = p.frag {
         let e = FragEntry { action, hop, backend: b.this, expires_s: c.now_s.saturating_add(c.cfg.frag_timeout_s) };
