@@ -1469,6 +1469,22 @@ fn detached_pid(log: &str) -> Option<u32> {
 }
 
 impl Xlb {
+    /// [`Xlb::start`] as systemd starts a unit with `Type=notify` and `WatchdogSec=`:
+    /// `NOTIFY_SOCKET` names `notify`, `WATCHDOG_USEC` is `watchdog` in microseconds.
+    ///
+    /// # Errors
+    /// As [`Xlb::start`].
+    pub fn start_under_watchdog(
+        tb: &Testbed,
+        config_yaml: &str,
+        notify: &NotifySocket,
+        watchdog: Duration,
+    ) -> Result<Self> {
+        let usec = watchdog.as_micros().to_string();
+        let env = [("NOTIFY_SOCKET", notify.path().as_os_str()), ("WATCHDOG_USEC", OsStr::new(&usec))];
+        Self::start_with_env(tb, config_yaml, &[] as &[&str], &env)
+    }
+
     /// [`Xlb::start_with_args`] with `env` added to xlb's environment (e.g. `NOTIFY_SOCKET`).
     ///
     /// # Errors

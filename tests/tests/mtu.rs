@@ -201,6 +201,11 @@ fn spawn_xlb(lb: &Netns, dir: &Path) -> ChildGuard {
     ChildGuard::graceful(child, Duration::from_secs(10))
 }
 
+/// xlb's log in `dir`, headed by family `f`'s VIP: the evidence of a failed assertion.
+fn log(f: Fam, dir: &Path) -> String {
+    format!("{}:\n{}", f.vip, std::fs::read_to_string(dir.join("xlb.log")).unwrap_or_default())
+}
+
 fn stats(dir: &Path) -> XlbStats {
     let bin = xlb_binary().expect("xlb binary");
     let out = Command::new(bin).args(["stats", "--admin-socket"]).arg(dir.join("admin.sock")).output().expect("stats");
@@ -280,8 +285,7 @@ fn setup(f: Fam, client_mtu: u16, backend_mtu: u16, dir: &Path) -> (Net, ChildGu
         s.set_read_timeout(Some(Duration::from_millis(300))).expect("timeout");
         s
     });
-    let log = || std::fs::read_to_string(dir.join("xlb.log")).unwrap_or_default();
-    assert_eq!(ask(&sock, b"hi", 100).as_deref(), Some(&b"2"[..]), "xlb forwards {}\n{}", f.vip, log());
+    assert_eq!(ask(&sock, b"hi", 100).as_deref(), Some(&b"2"[..]), "xlb forwards {}", log(f, dir));
     (net, xlb, sock)
 }
 
@@ -296,23 +300,22 @@ fn a_datagram_larger_than_the_backends_smaller_port_is_answered_with_fragmentati
     for f in [V4, V6] {
         let dir = tempfile::tempdir().expect("dir");
         let (net, _xlb, sock) = setup(f, 1500, 1400, dir.path());
-        let log = || format!("{}:\n{}", f.vip, std::fs::read_to_string(dir.path().join("xlb.log")).unwrap_or_default());
         // A 1,400-byte IP packet, the backends' MTU exactly.
         let fits = 1400 - f.header - 8;
         let answer = ask(&sock, &vec![b'a'; fits], 5);
-        assert_eq!(answer, Some(fits.to_string().into_bytes()), "fits {}", log());
-        assert_eq!(path_mtu(&net.client, f.vip), None, "no path MTU recorded yet {}", log());
+        assert_eq!(answer, Some(fits.to_string().into_bytes()), "fits {}", log(f, dir.path()));
+        assert_eq!(path_mtu(&net.client, f.vip), None, "no path MTU recorded yet {}", log(f, dir.path()));
         let before = stats(dir.path()).event("too_big_sent");
         // A 1,500-byte packet (DF over IPv4); xlb answers, the client records 1,400.
         let big = 1500 - f.header - 8;
         sock.send(&vec![b'a'; big]).expect("send");
         let recorded = wait(Duration::from_secs(3), || path_mtu(&net.client, f.vip));
-        assert_eq!(recorded, Some(1400), "the client's kernel took xlb's answer {}", log());
-        assert!(stats(dir.path()).event("too_big_sent") > before, "counted {}", log());
+        assert_eq!(recorded, Some(1400), "the client's kernel took xlb's answer {}", log(f, dir.path()));
+        assert!(stats(dir.path()).event("too_big_sent") > before, "counted {}", log(f, dir.path()));
         // Sent again: in fragments of at most 1,400 bytes, which reach the backend and are
         // reassembled there.
         let answer = ask(&sock, &vec![b'a'; big], 5);
-        assert_eq!(answer, Some(big.to_string().into_bytes()), "arrives in fragments {}", log());
+        assert_eq!(answer, Some(big.to_string().into_bytes()), "arrives in fragments {}", log(f, dir.path()));
     }
 }
 
@@ -327,22 +330,21 @@ fn an_answer_larger_than_the_clients_smaller_port_is_answered_with_fragmentation
     for f in [V4, V6] {
         let dir = tempfile::tempdir().expect("dir");
         let (net, _xlb, sock) = setup(f, 1400, 1500, dir.path());
-        let log = || format!("{}:\n{}", f.vip, std::fs::read_to_string(dir.path().join("xlb.log")).unwrap_or_default());
         // The clients' MTU exactly.
         let fits = 1400 - f.header - 8;
         let answer = ask(&sock, format!("big {fits}").as_bytes(), 5);
-        assert_eq!(answer.map(|a| a.len()), Some(fits), "fits {}", log());
+        assert_eq!(answer.map(|a| a.len()), Some(fits), "fits {}", log(f, dir.path()));
         let before = stats(dir.path()).event("too_big_sent");
         // A 1,500-byte answer: xlb sends the error to the backend, whose kernel records 1,400
         // towards the client (DNAT keeps the client's address) and fragments the next answer.
         let big = 1500 - f.header - 8;
         let mut buf = [0u8; 2048];
         sock.send(format!("big {big}").as_bytes()).expect("send");
-        assert!(sock.recv(&mut buf).is_err(), "the first answer does not leave oversized {}", log());
+        assert!(sock.recv(&mut buf).is_err(), "the first answer does not leave oversized {}", log(f, dir.path()));
         let recorded = wait(Duration::from_secs(3), || path_mtu(&net.backend, f.client));
-        assert_eq!(recorded, Some(1400), "the backend's kernel took xlb's answer {}", log());
-        assert!(stats(dir.path()).event("too_big_sent") > before, "counted {}", log());
+        assert_eq!(recorded, Some(1400), "the backend's kernel took xlb's answer {}", log(f, dir.path()));
+        assert!(stats(dir.path()).event("too_big_sent") > before, "counted {}", log(f, dir.path()));
         let answer = ask(&sock, format!("big {big}").as_bytes(), 5);
-        assert_eq!(answer.map(|a| a.len()), Some(big), "arrives in fragments {}", log());
+        assert_eq!(answer.map(|a| a.len()), Some(big), "arrives in fragments {}", log(f, dir.path()));
     }
 }

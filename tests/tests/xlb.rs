@@ -878,8 +878,7 @@ mod xlb {
         }
         let tb = testbed();
         let notify = NotifySocket::bind(&tb).expect("notify socket");
-        let env = [("NOTIFY_SOCKET", notify.path().as_os_str()), ("WATCHDOG_USEC", std::ffi::OsStr::new("1000000"))];
-        let xlb = Xlb::start_with_env(&tb, CONFIG, &[] as &[&str], &env).expect("xlb start");
+        let xlb = Xlb::start_under_watchdog(&tb, CONFIG, &notify, Duration::from_secs(1)).expect("xlb start");
         let fed = |within: Duration| notify.watchdog_fed(within);
         let code = |path: &str| {
             let url = format!("http://127.0.0.1:10256{path}");
@@ -2065,9 +2064,7 @@ mod xlb {
         }
         let tb = testbed();
         let notify = NotifySocket::bind(&tb).expect("notify socket");
-        let usec = std::ffi::OsStr::new("1000000");
-        let env = [("NOTIFY_SOCKET", notify.path().as_os_str()), ("WATCHDOG_USEC", usec)];
-        let mut old = Xlb::start_with_env(&tb, CONFIG, &[] as &[&str], &env).expect("xlb start");
+        let mut old = Xlb::start_under_watchdog(&tb, CONFIG, &notify, Duration::from_secs(1)).expect("xlb start");
         let fed = |within: Duration| notify.watchdog_fed(within);
         notify
             .recv_until(Duration::from_secs(5), |m| notify_has(m, "READY=1"))
